@@ -1,0 +1,99 @@
+// Package audit writes one JSON line per decision (CONTRACT §6). An Event carries names,
+// never values: no secret, token, credential-bearing header, query value or body reaches it
+// (except the policy input, which has credential-bearing headers removed, when enabled).
+package audit
+
+import (
+	"io"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Decisions.
+const (
+	Allow = "allow"
+	Deny  = "deny"
+)
+
+// Event is one audit record.
+type Event struct {
+	RequestID      string
+	Agent          string
+	SourceIP       string
+	Phase          string
+	Method         string
+	Scheme         string
+	Host           string
+	Port           int
+	Path           string
+	Decision       string
+	Reason         string
+	Credentials    []string
+	Status         int
+	BytesIn        int64
+	BytesOut       int64
+	Start          time.Time
+	PolicyRevision string
+	Mode           string
+	WouldDeny      bool
+	// Error is the internal cause of a failure, for operators; never shown to the agent.
+	Error string
+	Input map[string]any
+}
+
+// Logger writes events. Safe for concurrent use.
+type Logger struct {
+	zl           zerolog.Logger
+	includeInput bool
+	now          func() time.Time
+}
+
+// New writes events to w, one JSON object per line.
+func New(w io.Writer, includeInput bool) *Logger {
+	return &Logger{
+		zl:           zerolog.New(zerolog.SyncWriter(w)).With().Timestamp().Logger(),
+		includeInput: includeInput,
+		now:          time.Now,
+	}
+}
+
+// Write records one decision.
+func (l *Logger) Write(e *Event) {
+	ev := l.zl.Info().
+		Str("request_id", e.RequestID).
+		Str("agent", e.Agent).
+		Str("source_ip", e.SourceIP).
+		Str("phase", e.Phase).
+		Str("method", e.Method).
+		Str("scheme", e.Scheme).
+		Str("host", e.Host).
+		Int("port", e.Port).
+		Str("path", e.Path).
+		Str("decision", e.Decision).
+		Str("reason", e.Reason).
+		Strs("credentials", nonNil(e.Credentials)).
+		Int("status", e.Status).
+		Int64("bytes_in", e.BytesIn).
+		Int64("bytes_out", e.BytesOut).
+		Float64("duration_ms", float64(l.now().Sub(e.Start).Microseconds())/1000).
+		Str("policy_revision", e.PolicyRevision).
+		Str("mode", e.Mode)
+	if e.WouldDeny {
+		ev = ev.Bool("would_deny", true)
+	}
+	if e.Error != "" {
+		ev = ev.Str("error", e.Error)
+	}
+	if l.includeInput && e.Input != nil {
+		ev = ev.Interface("input", e.Input)
+	}
+	ev.Msg("decision")
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,185 @@
+// Package broker is the request pipeline: listener and MITM (goproxy) -> identity -> policy
+// decision -> credential injection -> upstream -> response scrubbing -> audit.
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/elazarl/goproxy"
+	"github.com/rs/zerolog"
+
+	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/certs"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/identity"
+	"github.com/capbroker/capbroker/broker/inject"
+	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/credentials"
+)
+
+// Decider decides one request. *policy.Engine implements it.
+type Decider interface {
+	Decide(ctx context.Context, in *policy.Input) (policy.Decision, error)
+}
+
+// Secrets returns credential values by name. *credentials.Store implements it.
+type Secrets interface {
+	Get(ctx context.Context, name string) (credentials.Secret, error)
+}
+
+var (
+	_ Decider = (*policy.Engine)(nil)
+	_ Secrets = (*credentials.Store)(nil)
+)
+
+// Deps are the broker's collaborators, built by the caller.
+type Deps struct {
+	Policy  Decider
+	Secrets Secrets
+	CA      *certs.CA
+	Audit   *audit.Logger
+	Metrics *Metrics
+	Log     zerolog.Logger
+}
+
+// Limits of the agent-facing side.
+const (
+	maxHeaderBytes    = 64 << 10
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 90 * time.Second
+	// maxPolicyBody is the largest JSON request body parsed into the policy input.
+	maxPolicyBody = 64 << 10
+	certCacheSize = 10000
+)
+
+// Broker is the proxy. Create with New, serve with Serve.
+type Broker struct {
+	mode       string
+	auditInput bool
+	agents    *identity.Identifier
+	bindings  *inject.Set
+	policy    Decider
+	secrets   Secrets
+	transport *http.Transport
+	dialer    *upstream.Dialer
+	certs     *certs.Cache
+	audit     *audit.Logger
+	metrics   *Metrics
+	log       zerolog.Logger
+	proxy     *goproxy.ProxyHttpServer
+
+	inflight sync.WaitGroup // requests in the pipeline, for draining
+}
+
+// New builds the broker from a validated config.
+func New(cfg *config.Config, deps Deps) (*Broker, error) {
+	if deps.Policy == nil || deps.Secrets == nil || deps.CA == nil || deps.Audit == nil {
+		return nil, errors.New("broker: Policy, Secrets, CA and Audit are required")
+	}
+	agents, err := identity.New(cfg.Agents)
+	if err != nil {
+		return nil, err
+	}
+	allow := make([]netip.Prefix, 0, len(cfg.Upstream.AllowPrivate))
+	for _, s := range cfg.Upstream.AllowPrivate {
+		p, err := config.ParsePrefix(s)
+		if err != nil {
+			return nil, err
+		}
+		allow = append(allow, p)
+	}
+	tr, err := upstream.NewTransport(upstream.Options{CAFile: cfg.Upstream.CAFile, AllowPrivate: allow})
+	if err != nil {
+		return nil, err
+	}
+	m := deps.Metrics
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	b := &Broker{
+		mode:       cfg.Policy.Mode,
+		auditInput: cfg.Audit.IncludeInput,
+		agents:    agents,
+		bindings:  inject.NewSet(cfg.Credentials),
+		policy:    deps.Policy,
+		secrets:   deps.Secrets,
+		transport: tr,
+		dialer:    upstream.NewDialer(allow, 10*time.Second),
+		certs:     certs.NewCache(deps.CA, certCacheSize),
+		audit:     deps.Audit,
+		metrics:   m,
+		log:       deps.Log,
+	}
+	m.certCacheSize(b.certs.Len)
+	b.proxy = b.newProxy()
+	return b, nil
+}
+
+// newProxy configures goproxy with every unsafe default replaced: our transport (verified TLS,
+// no proxy environment, checked dialer), our dialer for tunnels, our CA and certificate cache,
+// and our handlers for every request and CONNECT.
+func (b *Broker) newProxy() *goproxy.ProxyHttpServer {
+	p := goproxy.NewProxyHttpServer()
+	p.Tr = b.transport
+	p.ConnectDial = nil
+	p.ConnectDialWithReq = func(*http.Request, string, string) (net.Conn, error) {
+		return nil, errors.New("broker: goproxy must not dial on its own") // every tunnel is ours
+	}
+	p.CertStore = nil
+	p.Verbose = false
+	p.Logger = goproxyLogger{b.log}
+	p.KeepHeader = false
+	p.AllowHTTP2 = false
+	p.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "capbroker is a forward proxy: send absolute-form requests or CONNECT", http.StatusBadRequest)
+	})
+	p.OnRequest().HandleConnectFunc(b.handleConnect)
+	p.OnRequest().DoFunc(b.handleRequest)
+	return p
+}
+
+// Serve accepts agent connections on ln until ctx ends, then drains: it stops accepting,
+// waits up to grace for requests in flight, and returns.
+func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
+	srv := &http.Server{
+		Handler:           b.proxy,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          nil,
+		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	b.log.Info().Msg("draining requests in flight")
+	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	_ = srv.Shutdown(drainCtx) // stops accepting; waits for non-hijacked connections
+	done := make(chan struct{})
+	go func() { b.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-drainCtx.Done():
+		b.log.Warn().Msg("drain timed out with requests in flight")
+	}
+	b.transport.CloseIdleConnections()
+	return nil
+}
+
+// goproxyLogger sends goproxy's own messages to the debug level: they may contain URLs.
+type goproxyLogger struct{ log zerolog.Logger }
+
+func (l goproxyLogger) Printf(format string, v ...any) { l.log.Debug().Msgf(format, v...) }

@@ -1,0 +1,195 @@
+// Package config is the broker's YAML configuration: a typed struct decoded with unknown keys
+// rejected, defaults, and Validate, which lists every problem by its key path.
+package config
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole configuration file (CONTRACT §3).
+type Config struct {
+	Proxy       Proxy        `yaml:"proxy"`
+	Admin       Admin        `yaml:"admin"`
+	CA          CA           `yaml:"ca"`
+	Upstream    Upstream     `yaml:"upstream"`
+	Policy      Policy       `yaml:"policy"`
+	Audit       Audit        `yaml:"audit"`
+	Agents      []Agent      `yaml:"agents"`
+	Vault       *Vault       `yaml:"vault"`
+	Credentials []Credential `yaml:"credentials"`
+}
+
+type Proxy struct {
+	Listen string `yaml:"listen"`
+}
+
+type Admin struct {
+	Listen string `yaml:"listen"`
+}
+
+type CA struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+type Upstream struct {
+	CAFile       string   `yaml:"ca_file"`
+	AllowPrivate []string `yaml:"allow_private"`
+}
+
+type Policy struct {
+	Dir  string `yaml:"dir"`
+	Mode string `yaml:"mode"`
+}
+
+// Policy modes.
+const (
+	ModeEnforce = "enforce"
+	ModeMonitor = "monitor"
+)
+
+type Audit struct {
+	File         string `yaml:"file"`
+	IncludeInput bool   `yaml:"include_input"`
+}
+
+// Agent is one identity that may use the proxy: by proxy password, or by source address.
+type Agent struct {
+	ID          string            `yaml:"id"`
+	TokenEnv    string            `yaml:"token_env"`
+	TokenFile   string            `yaml:"token_file"`
+	TokenSHA256 string            `yaml:"token_sha256"`
+	Addresses   []string          `yaml:"addresses"`
+	Labels      map[string]string `yaml:"labels"`
+}
+
+type Vault struct {
+	Address         string        `yaml:"address"`
+	CAFile          string        `yaml:"ca_file"`
+	Namespace       string        `yaml:"namespace"`
+	RefreshInterval time.Duration `yaml:"refresh_interval"`
+	MaxStale        time.Duration `yaml:"max_stale"`
+	Auth            VaultAuth     `yaml:"auth"`
+}
+
+type VaultAuth struct {
+	Method       string `yaml:"method"`
+	TokenEnv     string `yaml:"token_env"`
+	TokenFile    string `yaml:"token_file"`
+	RoleIDFile   string `yaml:"role_id_file"`
+	RoleIDEnv    string `yaml:"role_id_env"`
+	SecretIDFile string `yaml:"secret_id_file"`
+	SecretIDEnv  string `yaml:"secret_id_env"`
+	Mount        string `yaml:"mount"`
+}
+
+// Credential is one secret, the hosts it may be sent to, where it comes from and how it is injected.
+type Credential struct {
+	Name   string   `yaml:"name"`
+	Hosts  []string `yaml:"hosts"`
+	Source Source   `yaml:"source"`
+	Inject Inject   `yaml:"inject"`
+}
+
+type Source struct {
+	Vault *VaultSource `yaml:"vault"`
+	Env   string       `yaml:"env"`
+	File  string       `yaml:"file"`
+}
+
+type VaultSource struct {
+	Mount     string `yaml:"mount"`
+	Path      string `yaml:"path"`
+	Field     string `yaml:"field"`
+	KVVersion int    `yaml:"kv_version"`
+	Lease     bool   `yaml:"lease"`
+}
+
+type Inject struct {
+	Header      string     `yaml:"header"`
+	Value       string     `yaml:"value"`
+	Query       string     `yaml:"query"`
+	BasicAuth   *BasicAuth `yaml:"basic_auth"`
+	Placeholder string     `yaml:"placeholder"`
+	Body        bool       `yaml:"body"`
+}
+
+type BasicAuth struct {
+	Username string `yaml:"username"`
+}
+
+// Load reads, decodes, defaults and validates a config file. The error lists every problem.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(b)
+}
+
+//go:embed dev.yaml
+var devYAML []byte
+
+// Dev returns the embedded configuration that `broker dev` runs with.
+func Dev() *Config {
+	c, err := Parse(devYAML)
+	if err != nil {
+		panic("embedded dev config is invalid: " + err.Error()) // a build defect, caught by tests
+	}
+	return c
+}
+
+// Parse decodes YAML (unknown keys are errors), applies defaults and validates.
+func Parse(b []byte) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c.SetDefaults()
+	if errs := c.Validate(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return &c, nil
+}
+
+// SetDefaults fills in what the file may leave out.
+func (c *Config) SetDefaults() {
+	if c.Proxy.Listen == "" {
+		c.Proxy.Listen = "127.0.0.1:8080"
+	}
+	if c.Admin.Listen == "" {
+		c.Admin.Listen = "127.0.0.1:9090"
+	}
+	if c.Policy.Mode == "" {
+		c.Policy.Mode = ModeEnforce
+	}
+	if c.Vault != nil {
+		if c.Vault.RefreshInterval == 0 {
+			c.Vault.RefreshInterval = time.Minute
+		}
+		if c.Vault.MaxStale == 0 {
+			c.Vault.MaxStale = 15 * time.Minute
+		}
+		if c.Vault.Auth.Method == "" {
+			c.Vault.Auth.Method = "token"
+		}
+		if c.Vault.Auth.Mount == "" && c.Vault.Auth.Method == "approle" {
+			c.Vault.Auth.Mount = "approle"
+		}
+	}
+	for i := range c.Credentials {
+		if v := c.Credentials[i].Source.Vault; v != nil && v.KVVersion == 0 && !v.Lease {
+			v.KVVersion = 2
+		}
+	}
+}

@@ -1,0 +1,69 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBadConfigs checks each testdata/*.yaml that has a *.errors file beside it: loading must
+// fail with exactly those lines, in order.
+func TestBadConfigs(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.errors")
+	if len(files) == 0 {
+		t.Fatal("no testdata")
+	}
+	for _, ef := range files {
+		name := strings.TrimSuffix(filepath.Base(ef), ".errors")
+		t.Run(name, func(t *testing.T) {
+			want, _ := os.ReadFile(ef)
+			_, err := Load(filepath.Join("testdata", name+".yaml"))
+			if err == nil {
+				t.Fatal("config loaded, want errors")
+			}
+			got := strings.TrimSpace(err.Error())
+			if w := strings.TrimSpace(string(want)); !strings.Contains(got, w) {
+				t.Fatalf("errors differ.\n got:\n%s\nwant:\n%s", got, w)
+			}
+		})
+	}
+}
+
+func TestValidConfig(t *testing.T) {
+	c, err := Load("testdata/valid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Admin.Listen != "127.0.0.1:9090" || c.Policy.Mode != ModeMonitor || len(c.Credentials) != 4 {
+		t.Fatalf("decoded: %+v", c)
+	}
+	if c.Vault.RefreshInterval != time.Minute || c.Vault.MaxStale != 15*time.Minute {
+		t.Fatalf("vault defaults: %+v", c.Vault)
+	}
+	if c.Credentials[0].Source.Vault.KVVersion != 2 {
+		t.Fatal("kv_version default")
+	}
+}
+
+func TestDevConfigIsValid(t *testing.T) {
+	c := Dev()
+	if c.Proxy.Listen != "127.0.0.1:8080" || c.Admin.Listen != "127.0.0.1:9090" || len(c.Agents) != 1 {
+		t.Fatalf("dev config: %+v", c)
+	}
+}
+
+func TestParsePrefix(t *testing.T) {
+	for in, want := range map[string]string{"10.0.0.0/8": "10.0.0.0/8", "10.1.2.3/8": "10.0.0.0/8", "127.0.0.1": "127.0.0.1/32", "::1": "::1/128"} {
+		p, err := ParsePrefix(in)
+		if err != nil || p.String() != want {
+			t.Errorf("ParsePrefix(%q) = %v, %v; want %s", in, p, err, want)
+		}
+	}
+	for _, bad := range []string{"", "10.0.0.0/33", "host.example", "1.2.3"} {
+		if _, err := ParsePrefix(bad); err == nil {
+			t.Errorf("ParsePrefix(%q) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,250 @@
+package config
+
+import (
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"strings"
+)
+
+var (
+	agentIDRe    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	credNameRe   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+	headerNameRe = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+	hostLabelRe  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+)
+
+// errs collects problems, each prefixed by its key path.
+type errs []error
+
+func (e *errs) add(path, format string, args ...any) {
+	*e = append(*e, fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...)))
+}
+
+// Validate returns every problem in the config, each naming its key path. It never includes a
+// secret value: the config holds only references to secrets.
+func (c *Config) Validate() []error {
+	var e errs
+	checkListen(&e, "proxy.listen", c.Proxy.Listen)
+	checkListen(&e, "admin.listen", c.Admin.Listen)
+	if c.CA.CertFile == "" {
+		e.add("ca.cert_file", "required")
+	}
+	if c.CA.KeyFile == "" {
+		e.add("ca.key_file", "required")
+	}
+	for i, s := range c.Upstream.AllowPrivate {
+		if _, err := ParsePrefix(s); err != nil {
+			e.add(fmt.Sprintf("upstream.allow_private[%d]", i), "%v", err)
+		}
+	}
+	if c.Policy.Dir == "" {
+		e.add("policy.dir", "required")
+	}
+	if c.Policy.Mode != ModeEnforce && c.Policy.Mode != ModeMonitor {
+		e.add("policy.mode", "must be %q or %q, not %q", ModeEnforce, ModeMonitor, c.Policy.Mode)
+	}
+	c.validateAgents(&e)
+	usesVault := c.validateCredentials(&e)
+	if usesVault && c.Vault == nil {
+		e.add("vault", "required: a credential has a vault source")
+	}
+	if c.Vault != nil {
+		c.Vault.validate(&e)
+	}
+	return e
+}
+
+func checkListen(e *errs, path, addr string) {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		e.add(path, "must be host:port, not %q", addr)
+	}
+}
+
+// ParsePrefix accepts a CIDR or a bare IP address (taken as a single-address prefix).
+func ParsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", s)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not an IP address or CIDR", s)
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+func (c *Config) validateAgents(e *errs) {
+	seen := map[string]bool{}
+	for i, a := range c.Agents {
+		p := fmt.Sprintf("agents[%d]", i)
+		switch {
+		case a.ID == "":
+			e.add(p+".id", "required")
+		case !agentIDRe.MatchString(a.ID):
+			e.add(p+".id", "%q must be 1-64 letters, digits, '.', '_' or '-'", a.ID)
+		case seen[a.ID]:
+			e.add(p+".id", "duplicate agent %q", a.ID)
+		}
+		seen[a.ID] = true
+		tokens := count(a.TokenEnv != "", a.TokenFile != "", a.TokenSHA256 != "")
+		if tokens > 1 {
+			e.add(p, "set only one of token_env, token_file, token_sha256")
+		}
+		if tokens == 0 && len(a.Addresses) == 0 {
+			e.add(p, "needs a token (token_env, token_file or token_sha256) or addresses")
+		}
+		if a.TokenSHA256 != "" {
+			if b, err := hex.DecodeString(a.TokenSHA256); err != nil || len(b) != 32 {
+				e.add(p+".token_sha256", "must be 64 hex digits (the SHA-256 of the token)")
+			}
+		}
+		for j, s := range a.Addresses {
+			if _, err := ParsePrefix(s); err != nil {
+				e.add(fmt.Sprintf("%s.addresses[%d]", p, j), "%v", err)
+			}
+		}
+	}
+}
+
+func (c *Config) validateCredentials(e *errs) (usesVault bool) {
+	seen := map[string]bool{}
+	for i, cr := range c.Credentials {
+		p := fmt.Sprintf("credentials[%d]", i)
+		switch {
+		case cr.Name == "":
+			e.add(p+".name", "required")
+		case !credNameRe.MatchString(cr.Name):
+			e.add(p+".name", "%q must be 1-64 lower-case letters, digits, '_' or '-'", cr.Name)
+		case seen[cr.Name]:
+			e.add(p+".name", "duplicate credential %q", cr.Name)
+		}
+		seen[cr.Name] = true
+		if len(cr.Hosts) == 0 {
+			e.add(p+".hosts", "required: the hosts this secret may be sent to")
+		}
+		for j, h := range cr.Hosts {
+			if err := checkHostPattern(h); err != nil {
+				e.add(fmt.Sprintf("%s.hosts[%d]", p, j), "%v", err)
+			}
+		}
+		s := cr.Source
+		switch count(s.Vault != nil, s.Env != "", s.File != "") {
+		case 0:
+			e.add(p+".source", "required: one of vault, env, file")
+		case 1:
+		default:
+			e.add(p+".source", "set only one of vault, env, file")
+		}
+		if s.Vault != nil {
+			usesVault = true
+			if s.Vault.Path == "" {
+				e.add(p+".source.vault.path", "required")
+			}
+			if s.Vault.Field == "" {
+				e.add(p+".source.vault.field", "required")
+			}
+			if !s.Vault.Lease && s.Vault.Mount == "" {
+				e.add(p+".source.vault.mount", "required for a KV secret")
+			}
+			if !s.Vault.Lease && s.Vault.KVVersion != 1 && s.Vault.KVVersion != 2 {
+				e.add(p+".source.vault.kv_version", "must be 1 or 2")
+			}
+		}
+		validateInject(e, p+".inject", cr.Inject)
+	}
+	return usesVault
+}
+
+func validateInject(e *errs, p string, in Inject) {
+	switch count(in.Header != "", in.Query != "", in.BasicAuth != nil, in.Placeholder != "") {
+	case 0:
+		e.add(p, "required: one of header, query, basic_auth, placeholder")
+		return
+	case 1:
+	default:
+		e.add(p, "set only one of header, query, basic_auth, placeholder")
+		return
+	}
+	if in.Header != "" {
+		if !headerNameRe.MatchString(in.Header) {
+			e.add(p+".header", "%q is not a valid header name", in.Header)
+		}
+		if !strings.Contains(in.Value, "{{secret}}") {
+			e.add(p+".value", "must contain {{secret}}")
+		}
+		if strings.ContainsAny(in.Value, "\r\n") {
+			e.add(p+".value", "must not contain line breaks")
+		}
+	} else if in.Value != "" {
+		e.add(p+".value", "only used with header")
+	}
+	if in.Placeholder != "" && len(in.Placeholder) < 8 {
+		e.add(p+".placeholder", "must be at least 8 characters, so it cannot occur by accident")
+	}
+	if in.Body && in.Placeholder == "" {
+		e.add(p+".body", "only used with placeholder")
+	}
+}
+
+// checkHostPattern accepts a lower-case DNS name, "*." followed by one, or an IP literal.
+func checkHostPattern(h string) error {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return nil
+	}
+	name := strings.TrimPrefix(h, "*.")
+	if name == "" || len(name) > 253 {
+		return fmt.Errorf("%q is not a host name", h)
+	}
+	for _, label := range strings.Split(name, ".") {
+		if !hostLabelRe.MatchString(label) {
+			return fmt.Errorf("%q is not a lower-case host name or *.domain (no ports, schemes or paths)", h)
+		}
+	}
+	return nil
+}
+
+func (v *Vault) validate(e *errs) {
+	if v.Address == "" {
+		e.add("vault.address", "required")
+	} else if !strings.HasPrefix(v.Address, "http://") && !strings.HasPrefix(v.Address, "https://") {
+		e.add("vault.address", "must start with http:// or https://")
+	}
+	if v.RefreshInterval < 0 {
+		e.add("vault.refresh_interval", "must be positive")
+	}
+	if v.MaxStale < 0 {
+		e.add("vault.max_stale", "must be positive")
+	}
+	a := v.Auth
+	switch a.Method {
+	case "token":
+		if count(a.TokenEnv != "", a.TokenFile != "") != 1 {
+			e.add("vault.auth", "token auth needs exactly one of token_env, token_file")
+		}
+	case "approle":
+		if count(a.RoleIDEnv != "", a.RoleIDFile != "") != 1 {
+			e.add("vault.auth", "approle auth needs exactly one of role_id_env, role_id_file")
+		}
+		if count(a.SecretIDEnv != "", a.SecretIDFile != "") != 1 {
+			e.add("vault.auth", "approle auth needs exactly one of secret_id_env, secret_id_file")
+		}
+	default:
+		e.add("vault.auth.method", "must be token or approle, not %q", a.Method)
+	}
+}
+
+func count(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}

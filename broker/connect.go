@@ -1,0 +1,142 @@
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/elazarl/goproxy"
+
+	"github.com/capbroker/capbroker/broker/identity"
+	"github.com/capbroker/capbroker/broker/policy"
+)
+
+// tunnel is what a CONNECT established: who asked, and where to. goproxy hands it to every
+// request read from an intercepted tunnel through ProxyCtx.UserData.
+type tunnel struct {
+	agent  identity.Agent
+	target target
+}
+
+// tunnelOf is the one accessor for the per-tunnel state. Requests outside a tunnel have none,
+// and must then identify themselves (see requestTarget).
+func tunnelOf(ctx *goproxy.ProxyCtx) *tunnel {
+	t, _ := ctx.UserData.(*tunnel)
+	return t
+}
+
+// handleConnect decides a CONNECT: refuse (403/407 before any TLS), intercept, or tunnel.
+func (b *Broker) handleConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
+	r := ctx.Req
+	x := b.begin(policy.PhaseConnect, r)
+	action, err := b.connect(x, r, ctx)
+	if err != nil {
+		ctx.Resp = x.fail(r, err)
+		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
+	}
+	return action, host
+}
+
+func (b *Broker) connect(x *exchange, r *http.Request, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, error) {
+	agent, err := b.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
+	if err != nil {
+		return nil, err
+	}
+	x.identify(agent)
+	host, port, err := splitHost(r.Host, 443)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	t := target{scheme: "https", host: host, port: port}
+	x.ev.Host, x.ev.Port = host, port
+
+	in := &policy.Input{
+		Phase:       policy.PhaseConnect,
+		AgentID:     agent.ID,
+		Labels:      agent.Labels,
+		SourceIP:    x.ev.SourceIP,
+		Method:      http.MethodConnect,
+		Host:        host,
+		Port:        port,
+		Credentials: b.bindings.Matching(host),
+	}
+	d, err := b.policy.Decide(r.Context(), in)
+	if err == nil && d.Allow && !d.Intercept && len(d.Credentials) > 0 {
+		d.Allow, d.Reason = false, "credentials cannot be injected into an opaque tunnel (intercept: false)"
+	}
+	if _, err := b.authorize(x, in, d, err); err != nil {
+		return nil, err
+	}
+	x.ev.Credentials = nil // nothing is injected at connect time
+
+	if d.Intercept || x.ev.WouldDeny {
+		ctx.UserData = &tunnel{agent: agent, target: t}
+		x.ev.Status = http.StatusOK
+		x.finish()
+		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: b.mitmTLS(t)}, nil
+	}
+	return &goproxy.ConnectAction{
+		Action: goproxy.ConnectHijack,
+		Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) { b.pipe(x, req, client, t) },
+	}, nil
+}
+
+// mitmTLS is the agent-facing TLS config of an intercepted tunnel: a leaf for the CONNECT
+// host from our CA, issued only now that the CONNECT was allowed. A ClientHello naming
+// another host (SNI) fails the handshake.
+func (b *Broker) mitmTLS(t target) func(string, *goproxy.ProxyCtx) (*tls.Config, error) {
+	return func(string, *goproxy.ProxyCtx) (*tls.Config, error) {
+		return &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"http/1.1"},
+			GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+				if hello.ServerName != "" && !strings.EqualFold(strings.TrimSuffix(hello.ServerName, "."), t.host) {
+					b.log.Warn().Str("sni", hello.ServerName).Str("connect_host", t.host).Msg("TLS SNI does not match the CONNECT host; handshake refused")
+					return nil, errors.New("SNI does not match the CONNECT host")
+				}
+				return b.certs.Get(t.host)
+			},
+		}, nil
+	}
+}
+
+// pipe is an opaque tunnel: bytes are copied both ways, uninspected, to the checked address.
+// Its audit event is written when both directions have ended.
+func (b *Broker) pipe(x *exchange, req *http.Request, client net.Conn, t target) {
+	defer client.Close()
+	up, err := b.dialer.DialContext(context.Background(), "tcp", t.hostPort())
+	if err != nil {
+		resp := x.fail(req, fmt.Errorf("tunnel dial: %w", err))
+		_ = resp.Write(client)
+		return
+	}
+	defer up.Close()
+	x.ev.Status = http.StatusOK
+	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		x.finish()
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); copyHalf(up, client, &x.bytesIn) }()
+	go func() { defer wg.Done(); copyHalf(client, up, &x.bytesOut) }()
+	wg.Wait()
+	x.finish()
+}
+
+// copyHalf copies src to dst, then half-closes dst so the other side sees EOF.
+func copyHalf(dst, src net.Conn, n interface{ Add(int64) int64 }) {
+	c, _ := io.Copy(dst, src)
+	n.Add(c)
+	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	} else {
+		_ = dst.Close()
+	}
+}

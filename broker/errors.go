@@ -1,0 +1,111 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/capbroker/capbroker/broker/identity"
+	"github.com/capbroker/capbroker/broker/inject"
+	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/credentials"
+)
+
+// The failures the pipeline maps to an agent-facing response. Everything else is an upstream error.
+var (
+	errDenied          = errors.New("denied")
+	errBadRequest      = errors.New("bad request")
+	errUpstreamTimeout = errors.New("upstream timeout")
+)
+
+// denial is a deny whose reason the agent may read.
+type denial struct{ reason string }
+
+func (d denial) Error() string        { return "denied: " + d.reason }
+func (d denial) Is(target error) bool { return target == errDenied }
+
+// agentError is what the agent is told: the code, the status, a reason and a hint. Internal
+// error text never reaches it; it is logged in the audit event instead.
+type agentError struct {
+	status int
+	code   string
+	reason string
+	hint   string
+}
+
+// classify maps an error to what the agent sees. It is the only place that does.
+func classify(err error) agentError {
+	var d denial
+	switch {
+	case errors.As(err, &d):
+		return agentError{http.StatusForbidden, "denied", d.reason,
+			"This request is not allowed by the broker's policy. Do not retry it; ask the operator if it should be allowed."}
+	case errors.Is(err, inject.ErrNotBound):
+		return agentError{http.StatusForbidden, "denied", "the policy granted a credential that may not be sent to this host",
+			"This request is not allowed by the broker's policy. Do not retry it; ask the operator if it should be allowed."}
+	case errors.Is(err, identity.ErrUnauthenticated):
+		return agentError{http.StatusProxyAuthRequired, "proxy_auth_required", "missing or invalid proxy credentials",
+			"Use the proxy URL you were given: HTTPS_PROXY=http://AGENT_ID:TOKEN@broker:port."}
+	case errors.Is(err, policy.ErrEvaluation):
+		return agentError{http.StatusServiceUnavailable, "policy_error", "the broker could not evaluate its policy; the request was not sent",
+			"This is a problem on the broker's side. Retrying later may work."}
+	case errors.Is(err, credentials.ErrUnavailable):
+		return agentError{http.StatusServiceUnavailable, "credential_unavailable", "a credential this request needs is unavailable; the request was not sent",
+			"This is a problem on the broker's side. Retrying later may work."}
+	case errors.Is(err, errBadRequest):
+		return agentError{http.StatusBadRequest, "bad_request", "the request could not be processed",
+			"Check the request's host, URL and headers."}
+	case errors.Is(err, errUpstreamTimeout) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		return agentError{http.StatusGatewayTimeout, "upstream_error", "the upstream server did not answer in time",
+			"The upstream may be slow or down. Retrying later may work."}
+	default:
+		return agentError{http.StatusBadGateway, "upstream_error", "the upstream server could not be reached or failed TLS verification",
+			"The upstream may be down, or its certificate is not trusted. The details are in the broker's audit log."}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// errorBody is the JSON the agent gets on any refusal (CONTRACT §5).
+type errorBody struct {
+	Error     string `json:"error"`
+	Reason    string `json:"reason"`
+	RequestID string `json:"request_id"`
+	Agent     string `json:"agent"`
+	Host      string `json:"host"`
+	Hint      string `json:"hint"`
+}
+
+// errorResponse builds the response for a refused request.
+func errorResponse(req *http.Request, ae agentError, requestID, agent, host string) *http.Response {
+	b, _ := json.Marshal(errorBody{ae.code, ae.reason, requestID, agent, host, ae.hint})
+	b = append(b, '\n')
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("X-Broker-Request-Id", requestID)
+	h.Set("Cache-Control", "no-store")
+	if ae.status == http.StatusProxyAuthRequired {
+		h.Set("Proxy-Authenticate", `Basic realm="broker"`)
+	}
+	return &http.Response{
+		Status:        strconv.Itoa(ae.status) + " " + http.StatusText(ae.status),
+		StatusCode:    ae.status,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h,
+		Body:          io.NopCloser(strings.NewReader(string(b))),
+		ContentLength: int64(len(b)),
+		Request:       req,
+		Close:         ae.status == http.StatusProxyAuthRequired || ae.status == http.StatusBadRequest,
+	}
+}

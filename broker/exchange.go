@@ -1,0 +1,130 @@
+package broker
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/identity"
+)
+
+// exchange is the state of one decision, from arrival to the audit event. finish writes the
+// event exactly once, whichever path ends the exchange (response sent, refusal, client gone).
+type exchange struct {
+	b     *Broker
+	ev    audit.Event
+	agent identity.Agent
+	once  sync.Once
+	// bytesIn and bytesOut are updated by the body wrappers, possibly from another goroutine.
+	bytesIn, bytesOut atomic.Int64
+}
+
+func (b *Broker) begin(phase string, r *http.Request) *exchange {
+	b.inflight.Add(1)
+	x := &exchange{b: b}
+	x.ev = audit.Event{
+		RequestID: newRequestID(),
+		Phase:     phase,
+		Method:    r.Method,
+		Start:     time.Now(),
+		Mode:      b.mode,
+		SourceIP:  sourceAddr(r).String(),
+	}
+	return x
+}
+
+func (x *exchange) identify(a identity.Agent) {
+	x.agent = a
+	x.ev.Agent = a.ID
+}
+
+// finish records the decision: audit event, metrics, and the end of the in-flight request.
+func (x *exchange) finish() {
+	x.once.Do(func() {
+		x.ev.BytesIn, x.ev.BytesOut = x.bytesIn.Load(), x.bytesOut.Load()
+		decision := x.ev.Decision
+		if decision == "" {
+			x.ev.Decision = audit.Deny
+			decision = "error"
+		}
+		x.b.metrics.requests.WithLabelValues(x.ev.Phase, decision).Inc()
+		x.b.metrics.latency.WithLabelValues(x.ev.Phase).Observe(time.Since(x.ev.Start).Seconds())
+		x.b.audit.Write(&x.ev)
+		x.b.inflight.Done()
+	})
+}
+
+// fail turns an error into the agent's response, records it, and finishes the exchange.
+func (x *exchange) fail(r *http.Request, err error) *http.Response {
+	ae := classify(err)
+	if ae.code == "denied" {
+		x.ev.Decision = audit.Deny
+		x.ev.Reason = ae.reason
+	} else {
+		x.ev.Error = err.Error()
+		if x.ev.Reason == "" {
+			x.ev.Reason = ae.reason
+		}
+	}
+	resp := errorResponse(r, ae, x.ev.RequestID, x.agent.ID, x.ev.Host)
+	x.ev.Status = ae.status
+	x.bytesOut.Add(resp.ContentLength)
+	x.finish()
+	return resp
+}
+
+func newRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics rather than return short)
+	return hex.EncodeToString(b[:])
+}
+
+func sourceAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+// countingBody counts bytes through a body and calls done once when it is closed.
+type countingBody struct {
+	io.ReadCloser
+	n    *atomic.Int64
+	done func()
+	once sync.Once
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func (c *countingBody) Close() error {
+	err := c.ReadCloser.Close()
+	if c.done != nil {
+		c.once.Do(c.done)
+	}
+	return err
+}
+
+// upgradedBody is the body of a 101 response: it is also the upstream side of the upgraded
+// connection, which goproxy writes the agent's bytes into.
+type upgradedBody struct {
+	countingBody
+	w  io.Writer
+	in *atomic.Int64
+}
+
+func (u *upgradedBody) Write(p []byte) (int, error) {
+	n, err := u.w.Write(p)
+	u.in.Add(int64(n))
+	return n, err
+}

@@ -1,0 +1,153 @@
+// Package identity tells which configured agent sent a request: by the proxy password in
+// Proxy-Authorization (Basic, agent id + token), or by source address.
+package identity
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/capbroker/capbroker/broker/config"
+)
+
+// ErrUnauthenticated means the request carries no valid agent identity (the agent sees 407).
+var ErrUnauthenticated = errors.New("no valid agent identity")
+
+// Agent is an identified caller.
+type Agent struct {
+	ID     string
+	Labels map[string]string
+}
+
+type tokenAgent struct {
+	Agent
+	digest [sha256.Size]byte // SHA-256 of the token; the token itself is not kept
+}
+
+type addrAgent struct {
+	Agent
+	prefixes []netip.Prefix
+}
+
+// Identifier identifies agents. Immutable after New.
+type Identifier struct {
+	byID  map[string]*tokenAgent
+	addrs []addrAgent
+}
+
+// New reads the agents' tokens (from the environment, files, or hashes in the config).
+// Errors name the key path and never contain a token.
+func New(agents []config.Agent) (*Identifier, error) {
+	id := &Identifier{byID: map[string]*tokenAgent{}}
+	var errs []error
+	for i, a := range agents {
+		ag := Agent{ID: a.ID, Labels: a.Labels}
+		if ag.Labels == nil {
+			ag.Labels = map[string]string{}
+		}
+		p := fmt.Sprintf("agents[%d]", i)
+		var digest []byte
+		switch {
+		case a.TokenEnv != "":
+			v := os.Getenv(a.TokenEnv)
+			if v == "" {
+				errs = append(errs, fmt.Errorf("%s.token_env: environment variable %s is not set", p, a.TokenEnv))
+				continue
+			}
+			d := sha256.Sum256([]byte(v))
+			digest = d[:]
+		case a.TokenFile != "":
+			b, err := os.ReadFile(a.TokenFile)
+			v := strings.TrimRight(string(b), "\r\n")
+			if err != nil || v == "" {
+				errs = append(errs, fmt.Errorf("%s.token_file: cannot read a token from %s", p, a.TokenFile))
+				continue
+			}
+			d := sha256.Sum256([]byte(v))
+			digest = d[:]
+		case a.TokenSHA256 != "":
+			d, err := hex.DecodeString(a.TokenSHA256)
+			if err != nil || len(d) != sha256.Size {
+				errs = append(errs, fmt.Errorf("%s.token_sha256: must be 64 hex digits", p))
+				continue
+			}
+			digest = d
+		}
+		if digest != nil {
+			ta := &tokenAgent{Agent: ag}
+			copy(ta.digest[:], digest)
+			id.byID[a.ID] = ta
+		}
+		if len(a.Addresses) > 0 {
+			aa := addrAgent{Agent: ag}
+			for j, s := range a.Addresses {
+				pr, err := config.ParsePrefix(s)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s.addresses[%d]: %w", p, j, err))
+					continue
+				}
+				aa.prefixes = append(aa.prefixes, pr)
+			}
+			id.addrs = append(id.addrs, aa)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return id, nil
+}
+
+// Identify returns the agent for a request's Proxy-Authorization header value (may be "") and
+// source address. A present but invalid Proxy-Authorization is refused even if the source
+// address would match: a wrong password is never silently downgraded to another identity.
+func (id *Identifier) Identify(proxyAuth string, source netip.Addr) (Agent, error) {
+	if proxyAuth != "" {
+		return id.byToken(proxyAuth)
+	}
+	src := source.Unmap()
+	for _, a := range id.addrs {
+		for _, p := range a.prefixes {
+			if p.Contains(src) {
+				return a.Agent, nil
+			}
+		}
+	}
+	return Agent{}, ErrUnauthenticated
+}
+
+func (id *Identifier) byToken(header string) (Agent, error) {
+	scheme, enc, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Basic") {
+		return Agent{}, ErrUnauthenticated
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return Agent{}, ErrUnauthenticated
+	}
+	user, token, ok := strings.Cut(string(raw), ":")
+	if !ok {
+		return Agent{}, ErrUnauthenticated
+	}
+	got := sha256.Sum256([]byte(token))
+	a, known := id.byID[user]
+	want := a.digestOrZero()
+	// Compare digests in constant time, also for unknown agents, so timing says nothing about
+	// which ids exist or how much of a token was right.
+	if subtle.ConstantTimeCompare(got[:], want[:]) != 1 || !known {
+		return Agent{}, ErrUnauthenticated
+	}
+	return a.Agent, nil
+}
+
+func (a *tokenAgent) digestOrZero() [sha256.Size]byte {
+	if a == nil {
+		return [sha256.Size]byte{}
+	}
+	return a.digest
+}

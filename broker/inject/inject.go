@@ -1,0 +1,162 @@
+// Package inject binds credentials to hosts and puts granted secrets into outbound requests.
+// A credential is only ever applied to a request whose host matches its configured hosts.
+package inject
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/scrub"
+	"github.com/capbroker/capbroker/credentials"
+)
+
+// ErrNotBound means a credential was granted for a host it is not bound to.
+var ErrNotBound = errors.New("credential not bound to host")
+
+// Binding is one configured credential: its name, hosts and injection rule.
+type Binding struct {
+	Name  string
+	hosts []string
+	rule  config.Inject
+}
+
+// Set is the configured bindings. Immutable after NewSet.
+type Set struct {
+	byName map[string]*Binding
+	order  []*Binding
+	// headers lists the lower-case header names any credential sets, so the policy input and the
+	// outbound request can treat agent-supplied values of them as credential-bearing.
+	headers map[string]bool
+}
+
+// NewSet builds the bindings from the config.
+func NewSet(creds []config.Credential) *Set {
+	s := &Set{byName: map[string]*Binding{}, headers: map[string]bool{}}
+	for _, c := range creds {
+		b := &Binding{Name: c.Name, hosts: c.Hosts, rule: c.Inject}
+		s.byName[c.Name] = b
+		s.order = append(s.order, b)
+		switch {
+		case c.Inject.Header != "":
+			s.headers[strings.ToLower(c.Inject.Header)] = true
+		case c.Inject.BasicAuth != nil:
+			s.headers["authorization"] = true
+		}
+	}
+	return s
+}
+
+// Matching returns the names of the credentials bound to host, in config order.
+func (s *Set) Matching(host string) []string {
+	var names []string
+	for _, b := range s.order {
+		if b.Matches(host) {
+			names = append(names, b.Name)
+		}
+	}
+	return names
+}
+
+// Resolve returns the bindings for granted names, checking that each is bound to host.
+func (s *Set) Resolve(names []string, host string) ([]*Binding, error) {
+	out := make([]*Binding, 0, len(names))
+	for _, n := range names {
+		b, ok := s.byName[n]
+		if !ok {
+			return nil, fmt.Errorf("%w: the policy granted unknown credential %q", ErrNotBound, n)
+		}
+		if !b.Matches(host) {
+			return nil, fmt.Errorf("%w: credential %q may not be sent to %s", ErrNotBound, n, host)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// CredentialHeader reports whether a lower-case header name carries credentials: the
+// standard ones, and any header a configured credential sets.
+func (s *Set) CredentialHeader(name string) bool {
+	switch name {
+	case "authorization", "proxy-authorization", "cookie", "x-api-key", "api-key":
+		return true
+	}
+	return s.headers[name]
+}
+
+// Matches reports whether host (lower-case, no port) is one the credential may be sent to.
+// "*.example.com" matches any name below example.com, not example.com itself.
+func (b *Binding) Matches(host string) bool {
+	for _, h := range b.hosts {
+		if suffix, ok := strings.CutPrefix(h, "*"); ok {
+			if strings.HasSuffix(host, suffix) && len(host) > len(suffix) {
+				return true
+			}
+		} else if h == host {
+			return true
+		}
+	}
+	return false
+}
+
+// Apply puts the secret into req as the binding says, replacing any value the agent supplied,
+// and returns the strings that reveal the secret, for scrubbing the response.
+func (b *Binding) Apply(req *http.Request, secret credentials.Secret) []string {
+	v := secret.Reveal()
+	r := b.rule
+	switch {
+	case r.Header != "":
+		req.Header.Del(r.Header)
+		req.Header.Set(r.Header, strings.ReplaceAll(r.Value, "{{secret}}", v))
+		return []string{v}
+	case r.Query != "":
+		q := req.URL.Query()
+		q.Set(r.Query, v)
+		req.URL.RawQuery = q.Encode()
+		return withEncoded(v, url.QueryEscape(v))
+	case r.BasicAuth != nil:
+		req.Header.Del("Authorization")
+		req.SetBasicAuth(r.BasicAuth.Username, v)
+		return []string{v, base64.StdEncoding.EncodeToString([]byte(r.BasicAuth.Username + ":" + v))}
+	default:
+		return b.replacePlaceholder(req, v)
+	}
+}
+
+func (b *Binding) replacePlaceholder(req *http.Request, v string) []string {
+	ph := b.rule.Placeholder
+	for name, vals := range req.Header {
+		for i, s := range vals {
+			vals[i] = strings.ReplaceAll(s, ph, v)
+		}
+		req.Header[name] = vals
+	}
+	escaped := url.QueryEscape(v)
+	if strings.Contains(req.URL.RawQuery, ph) {
+		req.URL.RawQuery = strings.ReplaceAll(req.URL.RawQuery, ph, escaped)
+	}
+	if strings.Contains(req.URL.Path, ph) {
+		req.URL.Path = strings.ReplaceAll(req.URL.Path, ph, v)
+		req.URL.RawPath = ""
+	}
+	if b.rule.Body && req.Body != nil && req.Body != http.NoBody {
+		req.Body = scrub.New(ph, v).Reader(req.Body)
+		req.ContentLength = -1
+		req.Header.Del("Content-Length")
+	}
+	return withEncoded(v, escaped, url.PathEscape(v))
+}
+
+func withEncoded(v string, forms ...string) []string {
+	out := []string{v}
+	for _, f := range forms {
+		if f != v {
+			out = append(out, f)
+		}
+	}
+	return out
+}

@@ -1,0 +1,143 @@
+package inject
+
+import (
+	"encoding/base64"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/credentials"
+)
+
+const secret = "s3cr3t/+value"
+
+func set() *Set {
+	return NewSet([]config.Credential{
+		{Name: "hdr", Hosts: []string{"api.example.com"}, Inject: config.Inject{Header: "Authorization", Value: "Bearer {{secret}}"}},
+		{Name: "key", Hosts: []string{"*.example.org"}, Inject: config.Inject{Header: "X-Custom-Key", Value: "{{secret}}"}},
+		{Name: "q", Hosts: []string{"api.example.com"}, Inject: config.Inject{Query: "api_key"}},
+		{Name: "basic", Hosts: []string{"git.example.com"}, Inject: config.Inject{BasicAuth: &config.BasicAuth{Username: "x-access-token"}}},
+		{Name: "ph", Hosts: []string{"llm.example.com"}, Inject: config.Inject{Placeholder: "PLACEHOLDER_llm", Body: true}},
+		{Name: "phnobody", Hosts: []string{"llm.example.com"}, Inject: config.Inject{Placeholder: "PLACEHOLDER_nb"}},
+	})
+}
+
+func apply(t *testing.T, name string, r *http.Request) []string {
+	t.Helper()
+	bs, err := set().Resolve([]string{name}, r.URL.Hostname())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bs[0].Apply(r, credentials.NewSecret(secret))
+}
+
+func TestInjectModes(t *testing.T) {
+	t.Run("header replaces the agent's value", func(t *testing.T) {
+		r := httptest.NewRequest("GET", "https://api.example.com/x", nil)
+		r.Header.Add("Authorization", "Bearer agent")
+		r.Header.Add("Authorization", "Bearer agent2")
+		scrub := apply(t, "hdr", r)
+		if got := r.Header.Values("Authorization"); len(got) != 1 || got[0] != "Bearer "+secret {
+			t.Fatalf("Authorization = %q", got)
+		}
+		if len(scrub) != 1 || scrub[0] != secret {
+			t.Fatalf("scrub = %q", scrub)
+		}
+	})
+	t.Run("query", func(t *testing.T) {
+		r := httptest.NewRequest("GET", "https://api.example.com/x?api_key=agent&a=1", nil)
+		scrub := apply(t, "q", r)
+		if got := r.URL.Query(); got.Get("api_key") != secret || got.Get("a") != "1" || len(got["api_key"]) != 1 {
+			t.Fatalf("query = %v", got)
+		}
+		if !contains(scrub, secret) || !contains(scrub, "s3cr3t%2F%2Bvalue") {
+			t.Fatalf("scrub = %q", scrub)
+		}
+	})
+	t.Run("basic auth", func(t *testing.T) {
+		r := httptest.NewRequest("GET", "https://git.example.com/r.git", nil)
+		r.SetBasicAuth("agent", "guess")
+		scrub := apply(t, "basic", r)
+		u, p, ok := r.BasicAuth()
+		if !ok || u != "x-access-token" || p != secret {
+			t.Fatalf("basic = %q %q", u, p)
+		}
+		if !contains(scrub, base64.StdEncoding.EncodeToString([]byte("x-access-token:"+secret))) {
+			t.Fatalf("scrub = %q", scrub)
+		}
+	})
+	t.Run("placeholder in header, path, query and body", func(t *testing.T) {
+		body := strings.Repeat("x", 5000) + `{"key":"PLACEHOLDER_llm"}` + "PLACEHOLDER_"
+		r := httptest.NewRequest("POST", "https://llm.example.com/v1/PLACEHOLDER_llm/x?k=PLACEHOLDER_llm", strings.NewReader(body))
+		r.Header.Set("X-Api-Key", "PLACEHOLDER_llm")
+		apply(t, "ph", r)
+		if r.Header.Get("X-Api-Key") != secret || r.URL.Path != "/v1/"+secret+"/x" || r.URL.Query().Get("k") != secret {
+			t.Fatalf("header %q path %q query %q", r.Header.Get("X-Api-Key"), r.URL.Path, r.URL.RawQuery)
+		}
+		b, _ := io.ReadAll(r.Body)
+		if want := strings.Repeat("x", 5000) + `{"key":"` + secret + `"}` + "PLACEHOLDER_"; string(b) != want {
+			t.Fatalf("body = %q", b[5000:])
+		}
+		if r.ContentLength != -1 {
+			t.Fatal("content length not reset")
+		}
+	})
+	t.Run("placeholder leaves the body alone without body: true", func(t *testing.T) {
+		r := httptest.NewRequest("POST", "https://llm.example.com/", strings.NewReader("PLACEHOLDER_nb"))
+		apply(t, "phnobody", r)
+		if b, _ := io.ReadAll(r.Body); string(b) != "PLACEHOLDER_nb" {
+			t.Fatalf("body = %q", b)
+		}
+	})
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestBindingHosts(t *testing.T) {
+	s := set()
+	cases := map[string]struct {
+		names []string
+		host  string
+		ok    bool
+	}{
+		"bound host":                      {[]string{"hdr"}, "api.example.com", true},
+		"other host":                      {[]string{"hdr"}, "evil.example.com", false},
+		"suffix trick":                    {[]string{"hdr"}, "api.example.com.evil.net", false},
+		"wildcard subdomain":              {[]string{"key"}, "a.example.org", true},
+		"wildcard deeper":                 {[]string{"key"}, "a.b.example.org", true},
+		"wildcard does not match apex":    {[]string{"key"}, "example.org", false},
+		"wildcard needs a dot":            {[]string{"key"}, "badexample.org", false},
+		"unknown credential":              {[]string{"nope"}, "api.example.com", false},
+		"one bad name spoils the request": {[]string{"hdr", "basic"}, "api.example.com", false},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := s.Resolve(c.names, c.host)
+			if c.ok != (err == nil) {
+				t.Fatalf("err = %v", err)
+			}
+			if err != nil && !errors.Is(err, ErrNotBound) {
+				t.Fatalf("err %v is not ErrNotBound", err)
+			}
+		})
+	}
+	if got := s.Matching("llm.example.com"); strings.Join(got, ",") != "ph,phnobody" {
+		t.Fatalf("Matching = %v", got)
+	}
+	for _, h := range []string{"authorization", "x-custom-key", "cookie", "proxy-authorization"} {
+		if !s.CredentialHeader(h) {
+			t.Errorf("%s is credential-bearing", h)
+		}
+	}
+}

@@ -1,0 +1,91 @@
+package policy
+
+import (
+	"github.com/open-policy-agent/opa/v1/rego"
+)
+
+// Decision is what the policy said about one request (CONTRACT §4).
+type Decision struct {
+	Allow       bool
+	Reason      string
+	Credentials []string
+	// Intercept is meaningful in the connect phase only: false asks for an opaque tunnel.
+	Intercept bool
+	// Revision identifies the policy that decided.
+	Revision string
+}
+
+// Reasons given when the policy's answer cannot be used. They are shown to the agent.
+const (
+	ReasonUndefined = "the policy gave no decision for this request"
+	ReasonMultiple  = "the policy gave more than one decision for this request"
+	ReasonMalformed = "the policy's decision is malformed"
+	ReasonNoAllow   = "the policy's decision does not allow this request"
+)
+
+func parseResult(rs rego.ResultSet, revision string) Decision {
+	deny := func(reason string) Decision { return Decision{Reason: reason, Revision: revision} }
+	switch {
+	case len(rs) == 0 || len(rs[0].Expressions) == 0:
+		return deny(ReasonUndefined)
+	case len(rs) > 1 || len(rs[0].Expressions) > 1:
+		return deny(ReasonMultiple)
+	}
+	return parseDecision(rs[0].Expressions[0].Value, revision)
+}
+
+// parseDecision reads the decision object. Anything that is not exactly the documented shape
+// denies: allow must be the boolean true, credentials a list of strings, intercept a boolean.
+func parseDecision(v any, revision string) Decision {
+	d := Decision{Revision: revision, Intercept: true}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return Decision{Reason: ReasonMalformed + ": not an object", Revision: revision}
+	}
+	if r, ok := obj["reason"]; ok {
+		s, ok := r.(string)
+		if !ok {
+			return Decision{Reason: ReasonMalformed + ": reason is not a string", Revision: revision}
+		}
+		d.Reason = s
+	}
+	if c, ok := obj["credentials"]; ok {
+		list, ok := c.([]any)
+		if !ok {
+			return Decision{Reason: ReasonMalformed + ": credentials is not a list", Revision: revision}
+		}
+		for _, x := range list {
+			s, ok := x.(string)
+			if !ok {
+				return Decision{Reason: ReasonMalformed + ": credentials must be names", Revision: revision}
+			}
+			d.Credentials = append(d.Credentials, s)
+		}
+	}
+	if i, ok := obj["intercept"]; ok {
+		b, ok := i.(bool)
+		if !ok {
+			return Decision{Reason: ReasonMalformed + ": intercept is not a boolean", Revision: revision}
+		}
+		d.Intercept = b
+	}
+	allow, ok := obj["allow"].(bool)
+	if !ok {
+		if _, present := obj["allow"]; present {
+			return Decision{Reason: ReasonMalformed + ": allow is not a boolean", Revision: revision}
+		}
+		if d.Reason == "" {
+			d.Reason = ReasonNoAllow
+		}
+		d.Credentials = nil
+		return d
+	}
+	d.Allow = allow
+	if !allow {
+		d.Credentials = nil
+		if d.Reason == "" {
+			d.Reason = ReasonNoAllow
+		}
+	}
+	return d
+}

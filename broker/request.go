@@ -1,0 +1,391 @@
+package broker
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/elazarl/goproxy"
+
+	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/inject"
+	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/scrub"
+)
+
+// redacted replaces every injected secret value found in a response.
+const redacted = "[REDACTED]"
+
+// handleRequest runs the pipeline for one HTTP request: plain (absolute-form) or inside an
+// intercepted tunnel. It always returns a response, so goproxy never forwards on its own.
+func (b *Broker) handleRequest(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+	x := b.begin(policy.PhaseRequest, r)
+	resp, err := b.forward(x, r, tunnelOf(ctx))
+	if err != nil {
+		return r, x.fail(r, err)
+	}
+	return r, resp
+}
+
+// forward identifies, decides, injects, sends and wraps the response for scrubbing and audit.
+func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Response, error) {
+	t, err := b.requestTarget(x, r, tun)
+	if err != nil {
+		return nil, err
+	}
+	x.ev.Scheme, x.ev.Host, x.ev.Port, x.ev.Path = t.scheme, t.host, t.port, r.URL.Path
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &x.bytesIn}
+	}
+
+	in := b.requestInput(x, r, t)
+	d, err := b.policy.Decide(r.Context(), in)
+	granted, err := b.authorize(x, in, d, err)
+	if err != nil {
+		return nil, err
+	}
+
+	out := outbound(r, t)
+	var pairs []string
+	for _, g := range granted {
+		secret, err := b.secrets.Get(r.Context(), g.Name)
+		if err != nil {
+			return nil, err // never forward without a credential the decision granted
+		}
+		for _, s := range g.Apply(out, secret) {
+			pairs = append(pairs, s, redacted)
+		}
+	}
+	if len(granted) > 0 {
+		// Ask for an unencoded body so the response can be scrubbed.
+		out.Header.Del("Accept-Encoding")
+	}
+
+	resp, err := b.transport.RoundTrip(out)
+	if err != nil {
+		return nil, fmt.Errorf("upstream %s: %w", t.hostPort(), err)
+	}
+	return x.respond(resp, scrub.New(pairs...))
+}
+
+// requestTarget works out and checks where a request goes. Inside a tunnel the request's host
+// must be the CONNECT host, and the request is always sent to the CONNECT target.
+func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (target, error) {
+	if tun != nil {
+		x.identify(tun.agent)
+		host, port, err := splitHost(r.URL.Host, 0)
+		if err != nil {
+			return target{}, fmt.Errorf("%w: %v", errBadRequest, err)
+		}
+		if host != tun.target.host || (port != 0 && port != tun.target.port) {
+			return target{}, denial{fmt.Sprintf("request host %q does not match the tunnel's CONNECT host %q", r.URL.Host, tun.target.hostPort())}
+		}
+		t := tun.target
+		t.scheme = r.URL.Scheme
+		return t, nil
+	}
+	agent, err := b.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
+	if err != nil {
+		return target{}, err
+	}
+	x.identify(agent)
+	if r.URL.Scheme != "http" {
+		return target{}, fmt.Errorf("%w: scheme %q: use CONNECT for https", errBadRequest, r.URL.Scheme)
+	}
+	host, port, err := splitHost(r.URL.Host, 80)
+	if err != nil {
+		return target{}, fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	return target{scheme: "http", host: host, port: port}, nil
+}
+
+// authorize applies the decision: which credentials, if any, the request may carry. In monitor
+// mode a deny is recorded as would_deny and the request goes on without credentials.
+func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, evalErr error) ([]*inject.Binding, error) {
+	x.ev.PolicyRevision = d.Revision
+	if b.auditInput {
+		x.ev.Input = in.Document()
+	}
+	err := evalErr
+	var granted []*inject.Binding
+	if err == nil && !d.Allow {
+		err = denial{d.Reason}
+	}
+	if err == nil {
+		granted, err = b.bindings.Resolve(d.Credentials, in.Host)
+	}
+	if err == nil && len(granted) > 0 && in.Scheme != "https" {
+		err = denial{"credentials are only sent over HTTPS"}
+	}
+	x.ev.Reason = d.Reason
+	if err == nil {
+		x.ev.Decision = audit.Allow
+		x.ev.Credentials = d.Credentials
+		return granted, nil
+	}
+	if b.mode == config.ModeMonitor {
+		x.ev.Decision = audit.Allow
+		x.ev.WouldDeny = true
+		x.ev.Reason = classify(err).reason
+		if !errors.Is(err, errDenied) {
+			x.ev.Error = err.Error()
+		}
+		return nil, nil
+	}
+	return nil, err
+}
+
+// requestInput builds the policy input. A JSON body up to maxPolicyBody is parsed; the bytes
+// read for it are put back in front of the rest of the body.
+func (b *Broker) requestInput(x *exchange, r *http.Request, t target) *policy.Input {
+	in := &policy.Input{
+		Phase:       policy.PhaseRequest,
+		AgentID:     x.agent.ID,
+		Labels:      x.agent.Labels,
+		SourceIP:    x.ev.SourceIP,
+		Method:      r.Method,
+		Scheme:      t.scheme,
+		Host:        t.host,
+		Port:        t.port,
+		Path:        r.URL.Path,
+		Query:       r.URL.Query(),
+		Headers:     make(map[string]string, len(r.Header)),
+		BodySize:    r.ContentLength,
+		Credentials: b.bindings.Matching(t.host),
+	}
+	for k, vs := range r.Header {
+		lk := strings.ToLower(k)
+		if b.bindings.CredentialHeader(lk) || hopByHop[lk] {
+			continue
+		}
+		in.Headers[lk] = strings.Join(vs, ", ")
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		in.BodySize = 0
+		return in
+	}
+	if !isJSON(r.Header.Get("Content-Type")) || r.ContentLength > maxPolicyBody {
+		return in
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, maxPolicyBody+1))
+	r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), errReader{err}, r.Body), r.Body}
+	if err != nil || len(buf) > maxPolicyBody {
+		return in
+	}
+	if r.ContentLength < 0 {
+		in.BodySize = int64(len(buf))
+	}
+	var v any
+	if json.Unmarshal(buf, &v) == nil {
+		in.Body = v
+	}
+	return in
+}
+
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// errReader replays a read error after the buffered bytes, or nothing when err is nil.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	return 0, io.EOF
+}
+
+// outbound is the request as sent upstream: to the checked target, without hop-by-hop headers
+// or proxy credentials. WebSocket upgrades keep their Upgrade handshake.
+func outbound(r *http.Request, t target) *http.Request {
+	out := r.Clone(r.Context())
+	out.RequestURI = ""
+	out.URL.Scheme = t.scheme
+	out.URL.Host = t.hostPort()
+	out.Host = t.hostHeader()
+	out.Close = false
+	out.GetBody = nil
+	upgrade := isWebSocketUpgrade(r.Header)
+	removeHopByHop(out.Header)
+	if upgrade {
+		out.Header.Set("Connection", "Upgrade")
+		out.Header.Set("Upgrade", "websocket")
+	}
+	return out
+}
+
+// respond scrubs and wraps the upstream response. The audit event is written when goproxy
+// closes the body: after the last byte reached the agent, or when the agent went away.
+func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Response, error) {
+	upgraded := resp.StatusCode == http.StatusSwitchingProtocols
+	if !s.Empty() {
+		s.Header(resp.Header)
+		if err := decodeForScrub(resp); err != nil {
+			resp.Body.Close()
+			return nil, err
+		}
+		if resp.Body != http.NoBody && !upgraded {
+			resp.Body = s.Reader(resp.Body)
+			resp.ContentLength = -1
+			resp.Header.Del("Content-Length")
+		}
+	}
+	if !upgraded {
+		removeHopByHop(resp.Header)
+	}
+	resp.Header.Set("X-Broker-Request-Id", x.ev.RequestID)
+	x.ev.Status = resp.StatusCode
+	body := countingBody{ReadCloser: resp.Body, n: &x.bytesOut, done: x.finish}
+	if w, ok := resp.Body.(io.Writer); ok && upgraded {
+		resp.Body = &upgradedBody{countingBody: body, w: w, in: &x.bytesIn}
+	} else {
+		resp.Body = &body
+	}
+	return resp, nil
+}
+
+// decodeForScrub removes a gzip content encoding so the body can be scrubbed. Other
+// encodings cannot be scrubbed, so such a response is refused rather than passed through.
+func decodeForScrub(resp *http.Response) error {
+	switch ce := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding"))); ce {
+	case "", "identity":
+		return nil
+	case "gzip", "x-gzip":
+		if resp.Body == http.NoBody {
+			return nil
+		}
+		zr, err := gzip.NewReader(resp.Body)
+		if err != nil {
+			return fmt.Errorf("upstream gzip body: %w", err)
+		}
+		resp.Body = readCloser{zr, resp.Body}
+		resp.Header.Del("Content-Encoding")
+		resp.Header.Del("Content-Length")
+		resp.ContentLength = -1
+		return nil
+	default:
+		return fmt.Errorf("upstream sent a %q-encoded response to a request carrying a credential; it cannot be scrubbed", ce)
+	}
+}
+
+// hopByHop are the headers that describe one connection, not the message (RFC 9110 §7.6.1),
+// plus the proxy's own credentials.
+var hopByHop = map[string]bool{
+	"connection":          true,
+	"proxy-connection":    true,
+	"keep-alive":          true,
+	"proxy-authenticate":  true,
+	"proxy-authorization": true,
+	"te":                  true,
+	"trailer":             true,
+	"transfer-encoding":   true,
+	"upgrade":             true,
+}
+
+func removeHopByHop(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for name := range h {
+		if hopByHop[strings.ToLower(name)] {
+			delete(h, name)
+		}
+	}
+}
+
+func isWebSocketUpgrade(h http.Header) bool {
+	return headerHasToken(h, "Connection", "upgrade") && strings.EqualFold(strings.TrimSpace(h.Get("Upgrade")), "websocket")
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// target is where a request is sent: a normalised host (lower-case, no brackets, no
+// trailing dot) and port.
+type target struct {
+	scheme string
+	host   string
+	port   int
+}
+
+func (t target) hostPort() string { return net.JoinHostPort(t.host, strconv.Itoa(t.port)) }
+
+// hostHeader is the Host header upstream: the port only when it is not the scheme's default.
+func (t target) hostHeader() string {
+	if (t.scheme == "https" && t.port == 443) || (t.scheme == "http" && t.port == 80) {
+		if strings.Contains(t.host, ":") {
+			return "[" + t.host + "]"
+		}
+		return t.host
+	}
+	return t.hostPort()
+}
+
+// splitHost parses "host[:port]" into a normalised host and a port (defPort when absent).
+func splitHost(hostport string, defPort int) (string, int, error) {
+	host, portStr := hostport, ""
+	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		host, portStr = h, p
+	} else if strings.HasPrefix(hostport, "[") && strings.HasSuffix(hostport, "]") {
+		host = hostport[1 : len(hostport)-1]
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if !validHost(host) {
+		return "", 0, fmt.Errorf("invalid host %q", hostport)
+	}
+	port := defPort
+	if portStr != "" {
+		p, err := strconv.Atoi(portStr)
+		if err != nil || p < 1 || p > 65535 {
+			return "", 0, fmt.Errorf("invalid port in %q", hostport)
+		}
+		port = p
+	}
+	return host, port, nil
+}
+
+// validHost accepts DNS names (letters, digits, '-', '_', '.') and IP literals.
+func validHost(h string) bool {
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	if strings.Contains(h, ":") {
+		ip := net.ParseIP(h)
+		return ip != nil
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') {
+			return false
+		}
+	}
+	return !strings.Contains(h, "..") && h[0] != '.'
+}

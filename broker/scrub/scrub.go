@@ -1,0 +1,234 @@
+// Package scrub replaces fixed byte strings in strings, headers and streams.
+//
+// The broker uses it in both directions: to substitute placeholders with
+// secrets in outgoing requests, and to replace secrets with "[REDACTED]" in
+// responses before they reach the agent.
+//
+// Matching is leftmost-longest and non-overlapping: the input is scanned from
+// left to right, at each position the longest pattern that matches there is
+// replaced, and scanning resumes after it. Replacement text is never scanned
+// again. String, Header and Reader all produce the same result for the same
+// input, however a stream is split into reads.
+package scrub
+
+import (
+	"bytes"
+	"cmp"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// Replacer replaces fixed byte strings in streams and strings.
+// It is immutable and safe for concurrent use.
+type Replacer struct {
+	olds   [][]byte // patterns, in argument order
+	news   [][]byte // news[i] replaces olds[i]
+	maxLen int      // length of the longest pattern
+	sr     *strings.Replacer
+}
+
+// New returns a Replacer for old, new pairs, like strings.NewReplacer.
+// Empty old strings are dropped; when an old string is repeated, the first
+// pair wins. Like strings.NewReplacer, New panics if given an odd number of
+// arguments: that is a programming error, and silently dropping a pattern
+// could leave a secret unredacted.
+func New(oldnew ...string) *Replacer {
+	if len(oldnew)%2 == 1 {
+		panic("scrub.New: odd argument count")
+	}
+	var pairs [][2]string
+	seen := make(map[string]bool)
+	for i := 0; i < len(oldnew); i += 2 {
+		if o := oldnew[i]; o != "" && !seen[o] {
+			seen[o] = true
+			pairs = append(pairs, [2]string{o, oldnew[i+1]})
+		}
+	}
+	r := &Replacer{}
+	for _, p := range pairs {
+		r.olds = append(r.olds, []byte(p[0]))
+		r.news = append(r.news, []byte(p[1]))
+		r.maxLen = max(r.maxLen, len(p[0]))
+	}
+	// strings.Replacer prefers earlier pairs at the same position; ordering
+	// them longest first makes that leftmost-longest, matching the Reader.
+	slices.SortStableFunc(pairs, func(a, b [2]string) int { return cmp.Compare(len(b[0]), len(a[0])) })
+	args := make([]string, 0, 2*len(pairs))
+	for _, p := range pairs {
+		args = append(args, p[0], p[1])
+	}
+	r.sr = strings.NewReplacer(args...)
+	return r
+}
+
+// Empty reports whether r has no patterns, so that it never changes anything.
+func (r *Replacer) Empty() bool { return len(r.olds) == 0 }
+
+// String returns s with all patterns replaced.
+func (r *Replacer) String(s string) string {
+	if r.Empty() {
+		return s
+	}
+	return r.sr.Replace(s)
+}
+
+// Header replaces patterns inside every value of h, in place.
+// Header names are left unchanged.
+func (r *Replacer) Header(h http.Header) {
+	if r.Empty() {
+		return
+	}
+	for _, vs := range h {
+		for i, v := range vs {
+			vs[i] = r.String(v)
+		}
+	}
+}
+
+// Reader returns a ReadCloser that yields src with all patterns replaced.
+// Closing it closes src. If r is empty, src is returned unchanged.
+//
+// The reader never buffers a whole body. It holds back only the longest
+// suffix of its input that is a proper prefix of some pattern (fewer than
+// the longest pattern's length in bytes) and returns everything else as soon
+// as src delivers it. When src returns an error, including io.EOF, the
+// held-back bytes are emitted unchanged and the error is returned after them.
+//
+// The returned reader is not safe for concurrent use.
+func (r *Replacer) Reader(src io.ReadCloser) io.ReadCloser {
+	if r.Empty() {
+		return src
+	}
+	return &reader{r: r, src: src}
+}
+
+// replace appends to dst the replaced form of the longest prefix of src
+// that can be decided now, and returns the extended dst and the length of
+// that prefix. Unless eof, the remainder is the longest suffix of src that
+// begins after the last replaced match and is a proper prefix of a pattern;
+// it must be passed again, followed by more input. If eof, all of src is
+// consumed. next is scratch space with one entry per pattern.
+func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) {
+	const unknown, absent = -2, -1
+	for i := range next {
+		next[i] = unknown
+	}
+	pos, hold := 0, r.holdFrom(src, 0, eof)
+	for {
+		// Find the leftmost match at or after pos, preferring the longest.
+		// next caches each pattern's first occurrence at or after pos.
+		start, k := absent, 0
+		for i, p := range r.olds {
+			if next[i] == absent {
+				continue
+			}
+			if next[i] < pos {
+				j := bytes.Index(src[pos:], p)
+				if j < 0 {
+					next[i] = absent
+					continue
+				}
+				next[i] = pos + j
+			}
+			if start == absent || next[i] < start || (next[i] == start && len(p) > len(r.olds[k])) {
+				start, k = next[i], i
+			}
+		}
+		// A match starting at or after hold is not decided yet: the held
+		// bytes may complete a pattern that starts earlier and wins.
+		// A match before hold is decided, because if a longer pattern could
+		// still match at start, start itself would be a hold position.
+		if start == absent || start >= hold {
+			break
+		}
+		dst = append(dst, src[pos:start]...)
+		dst = append(dst, r.news[k]...)
+		pos = start + len(r.olds[k])
+		if pos > hold {
+			// The match covered the held bytes; what remains may not
+			// need holding at all.
+			hold = r.holdFrom(src, pos, eof)
+		}
+	}
+	return append(dst, src[pos:hold]...), hold
+}
+
+// holdFrom returns the start of the longest suffix of src that begins at or
+// after from and is a proper prefix of some pattern, or len(src) if there is
+// none or eof is set.
+func (r *Replacer) holdFrom(src []byte, from int, eof bool) int {
+	if eof {
+		return len(src)
+	}
+	for i := max(from, len(src)-r.maxLen+1); i < len(src); i++ {
+		tail := src[i:]
+		for _, p := range r.olds {
+			if len(p) > len(tail) && bytes.HasPrefix(p, tail) {
+				return i
+			}
+		}
+	}
+	return len(src)
+}
+
+// readSize is the size of a reader's input buffer, before room for held bytes.
+const readSize = 32 << 10
+
+// maxEmptyReads bounds consecutive (0, nil) reads from src, as in bufio.
+const maxEmptyReads = 100
+
+// reader is the ReadCloser returned by Replacer.Reader.
+type reader struct {
+	r    *Replacer
+	src  io.ReadCloser
+	in   []byte // in[:held] are held-back input bytes; the rest is read space
+	held int
+	out  []byte // replaced output; out[off:] is not yet returned
+	off  int
+	next []int // scratch for Replacer.replace
+	err  error // sticky error from src; set once all input is consumed
+}
+
+// Read implements io.Reader. It reads from src only while it has no output
+// to return, so it never waits for more input than needed to return a byte.
+func (z *reader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	for empty := 0; z.off == len(z.out); {
+		if z.err != nil {
+			return 0, z.err
+		}
+		if empty == maxEmptyReads {
+			return 0, io.ErrNoProgress
+		}
+		if z.fill() == 0 {
+			empty++
+		}
+	}
+	n := copy(p, z.out[z.off:])
+	z.off += n
+	return n, nil
+}
+
+// fill performs one src.Read and replaces what can be decided into z.out.
+// It returns the number of bytes read from src.
+func (z *reader) fill() int {
+	if z.in == nil {
+		z.in = make([]byte, readSize+z.r.maxLen)
+		z.next = make([]int, len(z.r.olds))
+	}
+	n, err := z.src.Read(z.in[z.held:])
+	data := z.in[:z.held+n]
+	var done int
+	z.out, done = z.r.replace(z.out[:0], data, err != nil, z.next)
+	z.off = 0
+	z.held = copy(z.in, data[done:])
+	z.err = err
+	return n
+}
+
+// Close closes src.
+func (z *reader) Close() error { return z.src.Close() }

@@ -1,0 +1,150 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ErrForbiddenDestination is wrapped by every dial refused by the destination check.
+var ErrForbiddenDestination = errors.New("destination address not allowed")
+
+const defaultDialTimeout = 10 * time.Second
+
+// forbiddenError is a refused dial. Addresses are not secret, so the text names the address
+// and the class to make denials debuggable from the logs.
+type forbiddenError struct {
+	addr  string
+	class string
+}
+
+func (e *forbiddenError) Error() string {
+	return fmt.Sprintf("dial %s: %v (%s)", e.addr, ErrForbiddenDestination, e.class)
+}
+
+func (e *forbiddenError) Unwrap() error { return ErrForbiddenDestination }
+
+// Dialer dials TCP only to addresses that pass Classify, or that fall inside allowPrivate.
+// The check runs in net.Dialer.ControlContext, i.e. on the resolved "ip:port" of every
+// address attempted, after DNS and just before connect(2). A name that resolves to a public
+// address once and a private one the next time (DNS rebinding) is therefore still refused,
+// and so is a name with one public and one private address.
+type Dialer struct {
+	allow  []netip.Prefix
+	dialer net.Dialer
+}
+
+// NewDialer returns a Dialer that may additionally reach the prefixes in allowPrivate.
+// A timeout <= 0 means 10s.
+func NewDialer(allowPrivate []netip.Prefix, timeout time.Duration) *Dialer {
+	if timeout <= 0 {
+		timeout = defaultDialTimeout
+	}
+	d := &Dialer{allow: normalisePrefixes(allowPrivate)}
+	d.dialer = net.Dialer{Timeout: timeout, ControlContext: d.control}
+	return d
+}
+
+// DialContext dials addr over "tcp", "tcp4" or "tcp6". A refused destination returns an
+// error wrapping ErrForbiddenDestination; no connection attempt is made to it.
+func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, fmt.Errorf("dial %s: network %q not supported", addr, network)
+	}
+	conn, err := d.dialer.DialContext(ctx, network, addr)
+	var fe *forbiddenError
+	if errors.As(err, &fe) {
+		// Drop net's *OpError wrapper so the message reads "dial ip:port: ... (class)" once.
+		return nil, fe
+	}
+	return conn, err
+}
+
+// control runs once per address attempted, after resolution and before connect(2).
+func (d *Dialer) control(_ context.Context, network, address string, _ syscall.RawConn) error {
+	if network != "tcp4" && network != "tcp6" {
+		return &forbiddenError{addr: address, class: "network " + network}
+	}
+	return d.check(address)
+}
+
+// check decides one resolved "ip:port". Anything that does not parse is refused.
+func (d *Dialer) check(address string) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return &forbiddenError{addr: address, class: "unparseable"}
+	}
+	ip := ap.Addr()
+	class := Classify(ip)
+	if class == "" || d.allowed(ip) {
+		return nil
+	}
+	return &forbiddenError{addr: address, class: class}
+}
+
+// allowed reports whether ip is inside an allowPrivate prefix. The zone is ignored and the
+// IPv4-mapped form is unmapped, so an allow of 127.0.0.1/32 also covers ::ffff:127.0.0.1.
+func (d *Dialer) allowed(ip netip.Addr) bool {
+	ip = ip.WithZone("").Unmap()
+	for _, p := range d.allow {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// normalisePrefixes masks each prefix and rewrites IPv4-mapped prefixes (::ffff:a.b.c.d/n,
+// n >= 96) as the IPv4 prefix they mean, to match the unmapped addresses allowed() compares.
+// Invalid prefixes are dropped: they can never contain an address anyway.
+func normalisePrefixes(in []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, p := range in {
+		if !p.IsValid() {
+			continue
+		}
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		out = append(out, p.Masked())
+	}
+	return out
+}
+
+// ParsePrefixes parses CIDRs and bare IPs (taken as /32 or /128). The error names the bad
+// entry. A CIDR with host bits set (10.0.0.1/8) is rejected as a likely typo rather than
+// silently widened or narrowed.
+func ParsePrefixes(cidrs []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for i, s := range cidrs {
+		s = strings.TrimSpace(s)
+		var p netip.Prefix
+		if strings.Contains(s, "/") {
+			var err error
+			if p, err = netip.ParsePrefix(s); err != nil {
+				return nil, fmt.Errorf("prefix %d %q: %w", i, cidrs[i], err)
+			}
+			if p != p.Masked() {
+				return nil, fmt.Errorf("prefix %d %q: host bits set (did you mean %s?)", i, cidrs[i], p.Masked())
+			}
+		} else {
+			ip, err := netip.ParseAddr(s)
+			if err != nil {
+				return nil, fmt.Errorf("prefix %d %q: %w", i, cidrs[i], err)
+			}
+			if ip.Zone() != "" {
+				return nil, fmt.Errorf("prefix %d %q: zones are not allowed", i, cidrs[i])
+			}
+			p = netip.PrefixFrom(ip, ip.BitLen())
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}

@@ -1,0 +1,101 @@
+package upstream
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"time"
+)
+
+// Options configures the upstream transport. Zero (or negative) durations and counts take the
+// defaults noted.
+type Options struct {
+	CAFile                string // extra PEM roots added to the system pool; "" = system roots only
+	AllowPrivate          []netip.Prefix
+	DialTimeout           time.Duration // default 10s
+	TLSHandshakeTimeout   time.Duration // default 10s
+	ResponseHeaderTimeout time.Duration // default 60s
+	IdleConnTimeout       time.Duration // default 90s
+	MaxIdleConnsPerHost   int           // default 64
+}
+
+// NewTransport returns the transport the broker forwards through. Its safety properties:
+//   - Proxy is nil: HTTP(S)_PROXY/NO_PROXY in the broker's own environment are ignored, so an
+//     environment variable cannot route traffic (and injected credentials) somewhere else.
+//   - Every connection goes through the checked Dialer.
+//   - TLS is always verified against the system roots plus CAFile, TLS 1.2 minimum.
+//   - DisableCompression: the broker must see response bodies as sent in order to scrub them,
+//     so it never asks for gzip on the agent's behalf.
+//
+// An http.Transport never follows redirects; it returns them to the caller as-is.
+func NewTransport(opts Options) (*http.Transport, error) {
+	roots, err := rootPool(opts.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Transport{
+		Proxy:       nil,
+		DialContext: NewDialer(opts.AllowPrivate, opts.DialTimeout).DialContext,
+		TLSClientConfig: &tls.Config{
+			RootCAs:    roots,
+			MinVersion: tls.VersionTLS12,
+		},
+		TLSHandshakeTimeout:   orDefault(opts.TLSHandshakeTimeout, 10*time.Second),
+		ResponseHeaderTimeout: orDefault(opts.ResponseHeaderTimeout, 60*time.Second),
+		IdleConnTimeout:       orDefault(opts.IdleConnTimeout, 90*time.Second),
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   orDefault(opts.MaxIdleConnsPerHost, 64),
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}, nil
+}
+
+// rootPool returns the system roots plus every certificate in caFile. A CA file that cannot be
+// read, holds a malformed certificate or holds none at all is an error: silently trusting
+// fewer roots than configured would only show up later as confusing verification failures.
+func rootPool(caFile string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if caFile == "" {
+		return pool, nil
+	}
+	data, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("upstream CA file %q: %w", caFile, err)
+	}
+	n := 0
+	for {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("upstream CA file %q: certificate %d: %w", caFile, n+1, err)
+		}
+		pool.AddCert(cert)
+		n++
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("upstream CA file %q: no PEM certificate found", caFile)
+	}
+	return pool, nil
+}
+
+// orDefault treats negative values like zero: a negative timeout is never what was meant.
+func orDefault[T time.Duration | int](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
+}

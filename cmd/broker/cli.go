@@ -1,0 +1,124 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+	"strings"
+
+	"github.com/capbroker/capbroker/broker/certs"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `broker: an egress broker for AI agents (see README.md)
+
+Usage:
+  broker dev [--listen ADDR] [--admin-listen ADDR]     run on the embedded default, no Vault needed
+  broker run --config FILE [--listen ADDR] [--admin-listen ADDR]
+  broker ca init --out DIR [--force]                  write ca.crt (0644) and ca.key (0600)
+  broker check-config --config FILE                   validate config and compile policies
+  broker version
+`
+
+// runCLI dispatches a command line and returns the exit code.
+func runCLI(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "dev":
+		err = cmdDev(rest, stdout, stderr)
+	case "run":
+		err = cmdRun(rest, stdout, stderr)
+	case "ca":
+		err = cmdCA(rest, stdout, stderr)
+	case "check-config":
+		err = cmdCheckConfig(rest, stdout, stderr)
+	case "version":
+		cmdVersion(stdout)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "broker: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	default:
+		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 1
+	}
+}
+
+var errUsage = errors.New("usage")
+
+// newFlags makes a flag set that reports its own errors and usage on stderr.
+func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: broker %s\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
+		fs.Usage()
+		return errUsage
+	}
+	return nil
+}
+
+func cmdCA(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "init" {
+		fmt.Fprint(stderr, "Usage: broker ca init --out DIR [--force]\n")
+		return errUsage
+	}
+	fs := newFlags("ca init", "ca init --out DIR [--force]", stderr)
+	out := fs.String("out", "", "directory to write ca.crt and ca.key into")
+	force := fs.Bool("force", false, "overwrite an existing CA")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	if *out == "" {
+		fmt.Fprintln(stderr, "--out is required")
+		fs.Usage()
+		return errUsage
+	}
+	if err := certs.WriteCA(*out, *force); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s/ca.crt and %s/ca.key\n", *out, *out)
+	return nil
+}
+
+func cmdVersion(stdout io.Writer) {
+	commit := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				commit = s.Value
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "broker %s (commit %s, %s)\n", version, commit, runtime.Version())
+}

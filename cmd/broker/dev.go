@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/capbroker/capbroker/broker/certs"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/policies"
+)
+
+// devDir holds the dev CA and the dev agent's token, relative to the working directory.
+const devDir = ".broker"
+
+func cmdDev(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("dev", "dev [--listen ADDR] [--admin-listen ADDR] [--log-level LEVEL]", stderr)
+	var sf serveFlags
+	sf.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg := config.Dev()
+	if err := sf.apply(cfg); err != nil {
+		return err
+	}
+	if err := ensureDevCA(); err != nil {
+		return err
+	}
+	token, err := ensureDevToken(filepath.Join(devDir, "dev-token"))
+	if err != nil {
+		return err
+	}
+	o := serveOptions{level: sf.logLevel, stdout: stdout, stderr: stderr}
+	if st, err := os.Stat(cfg.Policy.Dir); err != nil || !st.IsDir() {
+		o.policyFS = policies.FS // no ./policies: use the shipped copy
+		cfg.Policy.Dir = "(embedded)"
+	}
+	caPath, err := filepath.Abs(cfg.CA.CertFile)
+	if err != nil {
+		return err
+	}
+	o.onListen = func(proxy, admin net.Addr) {
+		printExports(stdout, cfg.Agents[0].ID, token, proxy, admin, caPath, cfg.Policy.Dir)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return serve(ctx, cfg, o)
+}
+
+func ensureDevCA() error {
+	_, errCrt := os.Stat(filepath.Join(devDir, "ca.crt"))
+	_, errKey := os.Stat(filepath.Join(devDir, "ca.key"))
+	switch {
+	case errCrt == nil && errKey == nil:
+		return nil
+	case errors.Is(errCrt, fs.ErrNotExist) && errors.Is(errKey, fs.ErrNotExist):
+		return certs.WriteCA(devDir, false)
+	default:
+		return fmt.Errorf("%s holds only half a CA (ca.crt or ca.key missing); remove it or run `broker ca init --out %s --force`", devDir, devDir)
+	}
+}
+
+// ensureDevToken returns the dev agent's proxy password, creating it (0600) on first run.
+func ensureDevToken(path string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if t := strings.TrimSpace(string(b)); t != "" {
+			return t, nil
+		}
+	}
+	var raw [16]byte
+	_, _ = rand.Read(raw[:])
+	t := hex.EncodeToString(raw[:])
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path, []byte(t+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return t, nil
+}
+
+// printExports prints what an agent shell needs to use the broker.
+func printExports(w io.Writer, agent, token string, proxy, admin net.Addr, caPath, policyDir string) {
+	url := fmt.Sprintf("http://%s:%s@%s", agent, token, proxy)
+	fmt.Fprintf(w, `# capbroker dev: proxy %s, admin http://%s, policies %s
+# In the agent's shell:
+export HTTPS_PROXY=%s HTTP_PROXY=%s https_proxy=%s http_proxy=%s
+export SSL_CERT_FILE=%s CURL_CA_BUNDLE=%s REQUESTS_CA_BUNDLE=%s NODE_EXTRA_CA_CERTS=%s GIT_SSL_CAINFO=%s
+# Audit events follow, one JSON line per decision.
+`, proxy, admin, policyDir, url, url, url, url, caPath, caPath, caPath, caPath, caPath)
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/capbroker/capbroker/broker"
+	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/certs"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/credentials"
+)
+
+// drainGrace is how long SIGTERM waits for requests in flight.
+const drainGrace = 30 * time.Second
+
+// serveFlags are the flags run and dev share; they override config keys.
+type serveFlags struct {
+	listen, adminListen, logLevel string
+}
+
+func (f *serveFlags) register(fs interface {
+	StringVar(*string, string, string, string)
+}) {
+	fs.StringVar(&f.listen, "listen", "", "proxy listen address (overrides proxy.listen)")
+	fs.StringVar(&f.adminListen, "admin-listen", "", "admin listen address (overrides admin.listen)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "operational log level: debug, info, warn, error")
+}
+
+// apply overrides config keys with the flags that were set, and validates the result.
+func (f *serveFlags) apply(cfg *config.Config) error {
+	if f.listen != "" {
+		cfg.Proxy.Listen = f.listen
+	}
+	if f.adminListen != "" {
+		cfg.Admin.Listen = f.adminListen
+	}
+	return errors.Join(cfg.Validate()...)
+}
+
+func cmdRun(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("run", "run --config FILE [--listen ADDR] [--admin-listen ADDR] [--log-level LEVEL]", stderr)
+	path := fs.String("config", "", "config file (YAML)")
+	var sf serveFlags
+	sf.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "--config is required")
+		fs.Usage()
+		return errUsage
+	}
+	cfg, err := config.Load(*path)
+	if err == nil {
+		err = sf.apply(cfg)
+	}
+	if err != nil {
+		return configError(*path, err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return serve(ctx, cfg, serveOptions{level: sf.logLevel, stdout: stdout, stderr: stderr})
+}
+
+// configError lists every problem on its own line.
+func configError(path string, err error) error {
+	lines := strings.Split(err.Error(), "\n")
+	return fmt.Errorf("invalid config %s:\n  %s", path, strings.Join(lines, "\n  "))
+}
+
+type serveOptions struct {
+	level          string
+	stdout, stderr io.Writer
+	// policyFS, when set, is a fixed policy (the embedded one); otherwise policy.dir is loaded and watched.
+	policyFS fs.FS
+	// onListen is called with the bound addresses once both listeners are up.
+	onListen func(proxy, admin net.Addr)
+}
+
+// serve builds the stages from the config and runs until ctx ends, then drains.
+func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
+	level, err := zerolog.ParseLevel(o.level)
+	if err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := zerolog.New(o.stderr).Level(level).With().Timestamp().Logger()
+
+	ca, err := certs.LoadCA(cfg.CA.CertFile, cfg.CA.KeyFile)
+	if err != nil {
+		return err
+	}
+	policyFS, watch := o.policyFS, o.policyFS == nil
+	if watch {
+		policyFS = os.DirFS(cfg.Policy.Dir)
+	}
+	engine, err := policy.New(ctx, policyFS)
+	if err != nil {
+		return fmt.Errorf("policy.dir %s: %w", cfg.Policy.Dir, err)
+	}
+	store, err := credentialStore(cfg)
+	if err != nil {
+		return err
+	}
+	for _, err := range store.Warm(ctx) {
+		log.Warn().Err(err).Msg("credential not ready; requests granted it get 503 until it is")
+	}
+	auditW, closeAudit, err := openAudit(cfg.Audit.File, o.stdout)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
+
+	metrics := broker.NewMetrics(nil)
+	b, err := broker.New(cfg, broker.Deps{
+		Policy: engine, Secrets: store, CA: ca, Metrics: metrics, Log: log,
+		Audit: audit.New(auditW, cfg.Audit.IncludeInput),
+	})
+	if err != nil {
+		return err
+	}
+	proxyLn, err := net.Listen("tcp", cfg.Proxy.Listen)
+	if err != nil {
+		return fmt.Errorf("proxy.listen: %w", err)
+	}
+	adminLn, err := net.Listen("tcp", cfg.Admin.Listen)
+	if err != nil {
+		proxyLn.Close()
+		return fmt.Errorf("admin.listen: %w", err)
+	}
+	admin := &http.Server{Handler: broker.AdminHandler(metrics, store), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = admin.Serve(adminLn) }()
+	defer admin.Close()
+
+	if watch {
+		go func() {
+			err := engine.Watch(ctx, cfg.Policy.Dir, func(rev string, err error) {
+				metrics.PolicyReload(err)
+				if err != nil {
+					log.Error().Err(err).Str("policy_revision", rev).Msg("policy reload failed; keeping the last good policy")
+					return
+				}
+				log.Info().Str("policy_revision", rev).Msg("policy reloaded")
+			})
+			if err != nil {
+				log.Error().Err(err).Msg("policy watch stopped; policy changes need a restart")
+			}
+		}()
+	}
+	log.Info().Str("proxy", proxyLn.Addr().String()).Str("admin", adminLn.Addr().String()).
+		Str("policy_revision", engine.Revision()).Str("mode", cfg.Policy.Mode).Msg("listening")
+	if o.onListen != nil {
+		o.onListen(proxyLn.Addr(), adminLn.Addr())
+	}
+	err = b.Serve(ctx, proxyLn, drainGrace)
+	log.Info().Msg("stopped")
+	return err
+}
+
+// credentialStore builds the credential sources named in the config.
+func credentialStore(cfg *config.Config) (*credentials.Store, error) {
+	sources := map[string]credentials.Source{}
+	var errs []error
+	for i, c := range cfg.Credentials {
+		switch {
+		case c.Source.Env != "":
+			sources[c.Name] = credentials.Env{Name: c.Source.Env}
+		case c.Source.File != "":
+			sources[c.Name] = credentials.File{Path: c.Source.File}
+		default:
+			errs = append(errs, fmt.Errorf("credentials[%d].source.vault: Vault sources are not supported by this build yet", i))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	opts := credentials.StoreOptions{}
+	if cfg.Vault != nil {
+		opts.Refresh, opts.MaxStale = cfg.Vault.RefreshInterval, cfg.Vault.MaxStale
+	}
+	return credentials.NewStore(sources, opts), nil
+}
+
+// openAudit opens the audit destination: a file (appended, 0600) or stdout.
+func openAudit(path string, stdout io.Writer) (io.Writer, func(), error) {
+	if path == "" {
+		return stdout, func() {}, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("audit.file: %w", err)
+	}
+	return f, func() { _ = f.Close() }, nil
+}

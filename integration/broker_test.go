@@ -1,0 +1,571 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+const agentID = "coder-1"
+
+// testPolicy allows tunnels to 127.0.0.1 (intercepted) and localhost (opaque), grants the
+// canary credential under /api/, allows /open/ without one, and denies /admin with a reason.
+const testPolicy = `package broker
+
+default decision := {"allow": false, "reason": "not allowed by the test policy"}
+
+decision := {"allow": true, "intercept": true} if {
+	input.phase == "connect"
+	input.request.host == "127.0.0.1"
+}
+
+decision := {"allow": true, "intercept": false} if {
+	input.phase == "connect"
+	input.request.host == "localhost"
+}
+
+decision := {"allow": true, "credentials": ["canary"]} if {
+	input.phase == "request"
+	startswith(input.request.path, "/api/")
+}
+
+decision := {"allow": true} if {
+	input.phase == "request"
+	startswith(input.request.path, "/open/")
+}
+
+decision := {"allow": false, "reason": "the /admin area is off limits"} if {
+	input.phase == "request"
+	startswith(input.request.path, "/admin")
+}
+`
+
+// env is one test's world: an upstream that records what it received, and a broker.
+type env struct {
+	t      *testing.T
+	pki    *upstreamPKI
+	up     *httptest.Server
+	broker *brokerProc
+	canary string
+	token  string
+
+	mu   sync.Mutex
+	seen []*http.Request // requests the upstream received
+}
+
+type envOpts struct {
+	mode    string
+	handler http.Handler // extra routes on the upstream, tried before the default echo
+	policy  string
+}
+
+func newEnv(t *testing.T, o envOpts) *env {
+	t.Helper()
+	e := &env{t: t, pki: newUpstreamPKI(t), canary: "sk-canary-" + randHex(12), token: randHex(16)}
+	mux := http.NewServeMux()
+	if o.handler != nil {
+		mux.Handle("/api/custom/", o.handler)
+	}
+	mux.HandleFunc("/", e.echo)
+	e.up = e.pki.serve(t, e.record(mux))
+	if o.policy == "" {
+		o.policy = testPolicy
+	}
+	if o.mode == "" {
+		o.mode = "enforce"
+	}
+	e.broker = startBroker(t, brokerOpts{
+		policy: o.policy,
+		config: fmt.Sprintf(`upstream:
+  ca_file: %q
+  allow_private: ["127.0.0.1/32"]
+agents:
+  - id: %s
+    token_env: CODER1_TOKEN
+    labels: {team: platform}
+credentials:
+  - name: canary
+    hosts: ["127.0.0.1"]
+    source: {env: CANARY_SECRET}
+    inject: {header: Authorization, value: "Bearer {{secret}}"}
+`, e.pki.caFile, agentID),
+		mode: o.mode,
+		env: []string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary},
+	})
+	t.Cleanup(e.assertNoCanaryLeaked)
+	return e
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (e *env) record(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.mu.Lock()
+		e.seen = append(e.seen, r.Clone(context.Background()))
+		e.mu.Unlock()
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (e *env) received() []*http.Request {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*http.Request(nil), e.seen...)
+}
+
+// echo reflects the Authorization header it received in a header and, split across two
+// flushed chunks, in the body: the broker must scrub both.
+func (e *env) echo(w http.ResponseWriter, r *http.Request) {
+	auth := r.Header.Get("Authorization")
+	w.Header().Set("X-Echo-Authorization", auth)
+	w.Header().Set("Content-Type", "text/plain")
+	half := len(auth) / 2
+	fmt.Fprintf(w, "path=%s auth=%s", r.URL.Path, auth[:half])
+	w.(http.Flusher).Flush()
+	fmt.Fprintf(w, "%s end\n", auth[half:])
+}
+
+func (e *env) url(path string) string { return e.up.URL + path }
+
+// assertNoCanaryLeaked checks that the secret never reached the audit log or the broker's log.
+func (e *env) assertNoCanaryLeaked() {
+	_ = e.broker.stop(e.t)
+	for name, text := range map[string]string{"audit log": strings.Join(e.broker.auditLog.snapshot(), "\n"), "broker log": e.broker.logs.String()} {
+		if strings.Contains(text, e.canary) {
+			e.t.Errorf("the canary secret appears in the %s", name)
+		}
+	}
+}
+
+// curl runs curl as the agent: through the broker, trusting the broker's CA.
+func (e *env) curl(args ...string) (string, error) {
+	e.t.Helper()
+	cmd := exec.Command("curl", append([]string{"-sS", "--max-time", "20"}, args...)...)
+	proxy := e.broker.proxyURL(agentID, e.token)
+	cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "HTTP_PROXY="+proxy, "CURL_CA_BUNDLE="+e.broker.caFile, "NO_PROXY=")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func TestAllowedRequestGetsCredentialAgentNeverSeesIt(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	out, err := e.curl("-i", e.url("/api/echo"))
+	if err != nil {
+		t.Fatalf("curl: %v\n%s", err, out)
+	}
+	got := e.received()
+	if len(got) != 1 || got[0].Header.Get("Authorization") != "Bearer "+e.canary {
+		t.Fatalf("upstream did not receive the injected credential: %v", got)
+	}
+	if got[0].Header.Get("Proxy-Authorization") != "" {
+		t.Error("Proxy-Authorization reached the upstream")
+	}
+	if strings.Contains(out, e.canary) {
+		t.Fatalf("the agent saw the secret:\n%s", out)
+	}
+	if !strings.Contains(out, "X-Echo-Authorization: Bearer [REDACTED]") || !strings.Contains(out, "auth=Bearer [REDACTED] end") {
+		t.Fatalf("response not scrubbed as expected:\n%s", out)
+	}
+	id := headerValue(out, "X-Broker-Request-Id")
+	ev := e.broker.waitAudit(t, id)
+	if ev["decision"] != "allow" || ev["agent"] != agentID || ev["phase"] != "request" || ev["status"] != float64(200) {
+		t.Errorf("audit event: %v", ev)
+	}
+	if creds, _ := ev["credentials"].([]any); len(creds) != 1 || creds[0] != "canary" {
+		t.Errorf("audit credentials: %v", ev["credentials"])
+	}
+}
+
+func headerValue(resp, name string) string {
+	for _, line := range strings.Split(resp, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.EqualFold(k, name) {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+func TestAgentSuppliedCredentialHeaderIsReplaced(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	out, err := e.curl("-H", "Authorization: Bearer agent-made-this-up", e.url("/api/echo"))
+	if err != nil {
+		t.Fatalf("curl: %v\n%s", err, out)
+	}
+	got := e.received()
+	if len(got) != 1 || len(got[0].Header.Values("Authorization")) != 1 || got[0].Header.Get("Authorization") != "Bearer "+e.canary {
+		t.Fatalf("upstream Authorization: %q", got[0].Header.Values("Authorization"))
+	}
+}
+
+func TestDeniedRequestGets403JSON(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	out, err := e.curl("-i", e.url("/admin/users"))
+	if err != nil {
+		t.Fatalf("curl: %v\n%s", err, out)
+	}
+	head, body, _ := strings.Cut(out, "\r\n\r\n")
+	if !strings.HasPrefix(head, "HTTP/1.1 403") || headerValue(head, "Content-Type") != "application/json" {
+		t.Fatalf("want 403 JSON, got:\n%s", out)
+	}
+	var b map[string]string
+	if err := json.Unmarshal([]byte(body), &b); err != nil {
+		t.Fatalf("body is not JSON: %q", body)
+	}
+	if b["error"] != "denied" || b["reason"] != "the /admin area is off limits" || b["agent"] != agentID ||
+		b["host"] != "127.0.0.1" || b["hint"] == "" || b["request_id"] != headerValue(head, "X-Broker-Request-Id") {
+		t.Fatalf("403 body: %v", b)
+	}
+	if n := len(e.received()); n != 0 {
+		t.Fatalf("upstream received %d requests for a denied one", n)
+	}
+	ev := e.broker.waitAudit(t, b["request_id"])
+	if ev["decision"] != "deny" || ev["reason"] != "the /admin area is off limits" || ev["status"] != float64(403) {
+		t.Errorf("audit: %v", ev)
+	}
+}
+
+func TestDeniedConnectGets403BeforeTLS(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	out, _ := e.curl("-o", "/dev/null", "-w", "%{http_connect}", "https://127.0.0.3:9/")
+	if !strings.HasPrefix(out, "403") {
+		t.Fatalf("CONNECT to a denied host: want 403, got %q", out)
+	}
+	ev := e.broker.auditLog.wait(t, `"phase":"connect","method":"CONNECT","scheme":"","host":"127.0.0.3"`)
+	if !strings.Contains(ev, `"decision":"deny"`) {
+		t.Errorf("audit: %s", ev)
+	}
+}
+
+func TestNoIdentityGets407(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	for name, proxy := range map[string]string{
+		"no credentials": e.broker.proxyURL("", ""),
+		"wrong token":    e.broker.proxyURL(agentID, "not-the-token"),
+		"unknown agent":  e.broker.proxyURL("nobody", e.token),
+	} {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_connect}", "--max-time", "20", e.url("/open/x"))
+			cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "CURL_CA_BUNDLE="+e.broker.caFile)
+			out, _ := cmd.Output()
+			if !strings.HasPrefix(string(out), "407") {
+				t.Fatalf("CONNECT: want 407, got %q", out)
+			}
+			// Plain HTTP through the proxy: the 407 carries the challenge.
+			req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:9/open/x", nil)
+			conn, err := net.Dial("tcp", e.broker.proxyAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if name != "no credentials" {
+				u, p, _ := strings.Cut(strings.TrimPrefix(strings.Split(proxy, "@")[0], "http://"), ":")
+				req.Header.Set("Proxy-Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(u+":"+p)))
+			}
+			if err := req.WriteProxy(conn); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != 407 || resp.Header.Get("Proxy-Authenticate") != `Basic realm="broker"` {
+				t.Fatalf("plain HTTP: %d %v", resp.StatusCode, resp.Header)
+			}
+		})
+	}
+	if n := len(e.received()); n != 0 {
+		t.Fatalf("upstream received %d requests from unidentified agents", n)
+	}
+}
+
+func TestOpaqueTunnel(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	// intercept: false for localhost: the agent talks TLS to the upstream itself.
+	u := strings.Replace(e.url("/open/tunnel"), "127.0.0.1", "localhost", 1)
+	out, err := e.curl("--cacert", e.pki.caFile, u)
+	if err != nil {
+		t.Fatalf("curl: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "path=/open/tunnel auth= end") {
+		t.Fatalf("tunnel response: %q", out)
+	}
+	line := e.broker.auditLog.wait(t, `"host":"localhost"`)
+	var ev auditEvent
+	_ = json.Unmarshal([]byte(line), &ev)
+	if ev["phase"] != "connect" || ev["decision"] != "allow" || ev["bytes_in"].(float64) == 0 || ev["bytes_out"].(float64) == 0 {
+		t.Fatalf("tunnel audit: %v", ev)
+	}
+}
+
+func TestPython3Client(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	script := `import sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1]).read().decode())`
+	cmd := exec.Command("python3", "-c", script, e.url("/api/echo"))
+	proxy := e.broker.proxyURL(agentID, e.token)
+	cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "https_proxy="+proxy, "SSL_CERT_FILE="+e.broker.caFile)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python3: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "auth=Bearer [REDACTED] end") {
+		t.Fatalf("python3 got %q", out)
+	}
+}
+
+func TestPlainHTTPForwarding(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	plain := httptest.NewServer(e.record(http.HandlerFunc(e.echo)))
+	defer plain.Close()
+	out, err := e.curl(plain.URL + "/open/plain")
+	if err != nil || !strings.Contains(out, "path=/open/plain") {
+		t.Fatalf("plain http: %v %q", err, out)
+	}
+	// A credential is never sent over plain HTTP, whatever the policy grants.
+	out, _ = e.curl("-i", plain.URL+"/api/echo")
+	if !strings.HasPrefix(out, "HTTP/1.1 403") || !strings.Contains(out, "only sent over HTTPS") {
+		t.Fatalf("credential over plain http: %q", out)
+	}
+	for _, r := range e.received() {
+		if r.Header.Get("Authorization") != "" {
+			t.Fatalf("a credential went over plain HTTP to %s", r.URL.Path)
+		}
+	}
+}
+
+func TestUpstreamTLSFailureIs502WithoutCredential(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	var hits int
+	var mu sync.Mutex
+	untrusted := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { mu.Lock(); hits++; mu.Unlock() }))
+	defer untrusted.Close()
+	out, _ := e.curl("-i", untrusted.URL+"/api/echo")
+	head, body, _ := strings.Cut(out, "\r\n\r\n")
+	if !strings.HasPrefix(head, "HTTP/1.1 502") || !strings.Contains(body, `"error":"upstream_error"`) {
+		t.Fatalf("want 502 upstream_error, got:\n%s", out)
+	}
+	if strings.Contains(body, "x509") || strings.Contains(body, "certificate") && strings.Contains(body, "unknown authority") {
+		t.Errorf("internal error text reached the agent: %s", body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if hits != 0 {
+		t.Fatal("the untrusted upstream received a request")
+	}
+}
+
+func TestSSEEventsArriveOneByOne(t *testing.T) {
+	next := make(chan struct{})
+	sse := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-next: // the agent has read event one
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: two\n\n")
+	})
+	e := newEnv(t, envOpts{handler: sse})
+	resp, err := e.broker.client(t, agentID, e.token).Get(e.url("/api/custom/sse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	for i, want := range []string{"data: one", "data: two"} {
+		line, err := rd.ReadString('\n')
+		if err != nil || strings.TrimSpace(line) != want {
+			t.Fatalf("event %d: %q %v", i, line, err)
+		}
+		if _, err := rd.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			close(next) // only now may upstream send event two: event one was not held back
+		}
+	}
+}
+
+func TestWebSocketEcho(t *testing.T) {
+	ws := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+			http.Error(w, "want websocket upgrade", 400)
+			return
+		}
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		rw.Flush()
+		_, _ = io.Copy(conn, rw) // echo
+	})
+	e := newEnv(t, envOpts{handler: ws})
+	conn := e.dialTunnel(t, e.up.Listener.Addr().String())
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /api/custom/ws HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", e.up.Listener.Addr())
+	rd := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(rd, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	for _, msg := range []string{"hello\n", "second message\n"} {
+		if _, err := io.WriteString(conn, msg); err != nil {
+			t.Fatal(err)
+		}
+		got, err := rd.ReadString('\n')
+		if err != nil || got != msg {
+			t.Fatalf("echo: %q %v", got, err)
+		}
+	}
+}
+
+// dialTunnel opens an intercepted tunnel by hand: CONNECT, then TLS trusting the broker's CA.
+func (e *env) dialTunnel(t *testing.T, hostport string) *tls.Conn {
+	t.Helper()
+	raw, err := net.Dial("tcp", e.broker.proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := base64.StdEncoding.EncodeToString([]byte(agentID + ":" + e.token))
+	fmt.Fprintf(raw, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", hostport, hostport, auth)
+	br := bufio.NewReader(raw)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	pool := x509.NewCertPool()
+	pem, _ := os.ReadFile(e.broker.caFile)
+	pool.AppendCertsFromPEM(pem)
+	host, _, _ := net.SplitHostPort(hostport)
+	conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: host})
+	if err := conn.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+func TestTunnelHostMismatchIsDenied(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	conn := e.dialTunnel(t, e.up.Listener.Addr().String())
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /open/x HTTP/1.1\r\nHost: other.example\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || resp.StatusCode != 403 {
+		t.Fatalf("want 403 for a Host that is not the CONNECT host: %v %v", resp, err)
+	}
+	if n := len(e.received()); n != 0 {
+		t.Fatalf("upstream received %d requests", n)
+	}
+}
+
+func TestPolicyHotReload(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	status := func() string {
+		out, _ := e.curl("-o", "/dev/null", "-w", "%{http_code}", e.url("/admin/x"))
+		return out
+	}
+	if got := status(); got != "403" {
+		t.Fatalf("before reload: %s", got)
+	}
+	mark := e.broker.logs.mark()
+	e.broker.writePolicy(t, "broker.rego", strings.Replace(testPolicy, `{"allow": false, "reason": "the /admin area is off limits"}`, `{"allow": true}`, 1))
+	e.broker.logs.waitFrom(t, mark, `"msg":"policy reloaded"`)
+	if got := status(); got != "200" {
+		t.Fatalf("after reload: %s", got)
+	}
+	mark = e.broker.logs.mark()
+	e.broker.writePolicy(t, "broker.rego", "package broker\n\ndecision := {\n")
+	e.broker.logs.waitFrom(t, mark, `"msg":"policy reload failed; keeping the last good policy"`)
+	if got := status(); got != "200" {
+		t.Fatalf("a broken policy file replaced the good one: %s", got)
+	}
+	metrics, err := http.Get("http://" + e.broker.adminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer metrics.Body.Close()
+	m, _ := io.ReadAll(metrics.Body)
+	for _, want := range []string{`capbroker_policy_reloads_total{result="ok"} 1`, `capbroker_policy_reloads_total{result="error"} 1`} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func TestMonitorModeNeverBlocks(t *testing.T) {
+	e := newEnv(t, envOpts{mode: "monitor"})
+	out, err := e.curl("-i", e.url("/admin/x"))
+	if err != nil || !strings.HasPrefix(out, "HTTP/1.1 200") {
+		t.Fatalf("monitor mode blocked: %v\n%s", err, out)
+	}
+	ev := e.broker.waitAudit(t, headerValue(out, "X-Broker-Request-Id"))
+	if ev["decision"] != "allow" || ev["would_deny"] != true || ev["mode"] != "monitor" {
+		t.Fatalf("audit: %v", ev)
+	}
+	if r := e.received(); len(r) != 1 || r[0].Header.Get("Authorization") != "" {
+		t.Fatal("monitor mode sent a credential with a request the policy denied")
+	}
+}
+
+func TestSIGTERMDrainsInFlightRequests(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		fmt.Fprint(w, "finished")
+	})
+	e := newEnv(t, envOpts{handler: slow})
+	type result struct {
+		body string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := e.broker.client(t, agentID, e.token).Get(e.url("/api/custom/slow"))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		done <- result{string(b), err}
+	}()
+	<-started
+	if err := e.broker.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	e.broker.logs.wait(t, `"msg":"draining requests in flight"`)
+	close(release)
+	r := <-done
+	if r.err != nil || r.body != "finished" {
+		t.Fatalf("in-flight request during drain: %q %v", r.body, r.err)
+	}
+	if err := <-e.broker.done; err != nil {
+		t.Fatalf("broker exit: %v", err)
+	}
+	e.broker.done <- nil
+}

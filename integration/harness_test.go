@@ -1,0 +1,338 @@
+// Package integration drives the real broker binary, as an agent would, against real TLS
+// upstreams on loopback: curl, python3 and Go clients through HTTPS_PROXY with the broker's CA.
+package integration
+
+import (
+		"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var brokerBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "capbroker-it-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	brokerBin = filepath.Join(dir, "broker")
+	build := exec.Command("go", "build", "-o", brokerBin, "../cmd/broker")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building broker:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// waitTimeout bounds every wait on the broker; a test that hits it has failed.
+const waitTimeout = 30 * time.Second
+
+// upstreamPKI is a private CA for the test upstreams, trusted by the broker via upstream.ca_file.
+type upstreamPKI struct {
+	caFile string
+	leaf   tls.Certificate
+	pool   *x509.CertPool
+}
+
+func newUpstreamPKI(t *testing.T) *upstreamPKI {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test upstream CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &leafKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "upstream-ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return &upstreamPKI{caFile: caFile, leaf: tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}, pool: pool}
+}
+
+// serve starts a TLS upstream on 127.0.0.1 with a certificate from the PKI.
+func (p *upstreamPKI) serve(t *testing.T, h http.Handler) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.leaf}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// brokerProc is a running broker binary.
+type brokerProc struct {
+	cmd       *exec.Cmd
+	dir       string
+	proxyAddr string
+	adminAddr string
+	caFile    string
+	policyDir string
+	logs      *logTail // stderr: operational log
+	auditLog  *logTail // stdout: audit events
+	done      chan error
+}
+
+type brokerOpts struct {
+	config string // YAML after the generated proxy/admin/ca/policy/audit sections
+	policy string // broker.rego content
+	mode   string // policy.mode
+	env    []string
+}
+
+// startBroker writes a config, a CA and a policy dir, runs `broker run`, and waits until it listens.
+func startBroker(t *testing.T, o brokerOpts) *brokerProc {
+	t.Helper()
+	dir := t.TempDir()
+	b := &brokerProc{dir: dir, caFile: filepath.Join(dir, "ca", "ca.crt"),
+		policyDir: filepath.Join(dir, "policies"), logs: newLogTail(), auditLog: newLogTail(), done: make(chan error, 1)}
+	if out, err := exec.Command(brokerBin, "ca", "init", "--out", filepath.Join(dir, "ca")).CombinedOutput(); err != nil {
+		t.Fatalf("ca init: %v\n%s", err, out)
+	}
+	if err := os.MkdirAll(b.policyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.writePolicy(t, "broker.rego", o.policy)
+	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0"}
+admin: {listen: "127.0.0.1:0"}
+ca: {cert_file: %q, key_file: %q}
+policy: {dir: %q, mode: %s}
+`, b.caFile, filepath.Join(dir, "ca", "ca.key"), b.policyDir, o.mode) + o.config
+	cfgFile := filepath.Join(dir, "broker.yaml")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.cmd = exec.Command(brokerBin, "run", "--config", cfgFile)
+	b.cmd.Env = append(cleanEnv(), o.env...)
+	b.cmd.Stdout = b.auditLog
+	b.cmd.Stderr = b.logs
+	if err := b.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { b.done <- b.cmd.Wait() }()
+	t.Cleanup(func() { b.stop(t) })
+	line := b.logs.wait(t, `"msg":"listening"`)
+	var l struct{ Proxy, Admin string }
+	if err := json.Unmarshal([]byte(line), &l); err != nil {
+		t.Fatal(err)
+	}
+	b.proxyAddr, b.adminAddr = l.Proxy, l.Admin
+	return b
+}
+
+// cleanEnv is this process's environment without proxy settings.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch strings.ToUpper(k) {
+		case "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+func (b *brokerProc) writePolicy(t *testing.T, name, content string) {
+	t.Helper()
+	tmp := filepath.Join(b.dir, name+".tmp")
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(b.policyDir, name)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stop sends SIGTERM and waits for the process to exit.
+func (b *brokerProc) stop(t *testing.T) error {
+	if b.cmd.ProcessState != nil {
+		return nil
+	}
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-b.done:
+		b.done <- err
+		return err
+	case <-time.After(waitTimeout):
+		_ = b.cmd.Process.Kill()
+		t.Errorf("broker did not exit on SIGTERM")
+		return <-b.done
+	}
+}
+
+func (b *brokerProc) proxyURL(agent, token string) string {
+	if agent == "" {
+		return "http://" + b.proxyAddr
+	}
+	return fmt.Sprintf("http://%s:%s@%s", url.PathEscape(agent), url.PathEscape(token), b.proxyAddr)
+}
+
+// client is a Go HTTP client that uses the broker as an agent would.
+func (b *brokerProc) client(t *testing.T, agent, token string) *http.Client {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pem, err := os.ReadFile(b.caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.AppendCertsFromPEM(pem)
+	pu, _ := url.Parse(b.proxyURL(agent, token))
+	return &http.Client{
+		Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: pool}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Timeout:       waitTimeout,
+	}
+}
+
+// auditEvent is one line of the audit log.
+type auditEvent map[string]any
+
+// audit returns the audit events written so far.
+func (b *brokerProc) audit(t *testing.T) []auditEvent {
+	t.Helper()
+	var evs []auditEvent
+	for _, line := range b.auditLog.snapshot() {
+		var ev auditEvent
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("audit line is not JSON: %q", line)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// waitAudit waits for the audit event of a request id.
+func (b *brokerProc) waitAudit(t *testing.T, requestID string) auditEvent {
+	t.Helper()
+	line := b.auditLog.wait(t, `"request_id":"`+requestID+`"`)
+	var ev auditEvent
+	if err := json.Unmarshal([]byte(line), &ev); err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// logTail collects the broker's stderr and lets tests wait for a line.
+type logTail struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	lines []string
+	cond  *sync.Cond
+	part  []byte
+}
+
+func newLogTail() *logTail {
+	l := &logTail{}
+	l.cond = sync.NewCond(&l.mu)
+	return l
+}
+
+func (l *logTail) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	l.part = append(l.part, p...)
+	consumed := 0
+	for {
+		i := bytes.IndexByte(l.part[consumed:], '\n')
+		if i < 0 {
+			break
+		}
+		l.lines = append(l.lines, string(l.part[consumed:consumed+i]))
+		consumed += i + 1
+	}
+	l.part = append(l.part[:0], l.part[consumed:]...)
+	l.cond.Broadcast()
+	return len(p), nil
+}
+
+func (l *logTail) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// wait returns the first line containing substr, waiting for it up to waitTimeout.
+func (l *logTail) wait(t *testing.T, substr string) string {
+	t.Helper()
+	return l.waitFrom(t, 0, substr)
+}
+
+func (l *logTail) snapshot() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
+// mark is the number of lines seen so far, for waitFrom.
+func (l *logTail) mark() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.lines)
+}
+
+// waitFrom returns the first line at or after index from that contains substr.
+func (l *logTail) waitFrom(t *testing.T, from int, substr string) string {
+	t.Helper()
+	deadline := time.AfterFunc(waitTimeout, func() { l.mu.Lock(); l.cond.Broadcast(); l.mu.Unlock() })
+	defer deadline.Stop()
+	start := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		for i := from; i < len(l.lines); i++ {
+			if strings.Contains(l.lines[i], substr) {
+				return l.lines[i]
+			}
+		}
+		if time.Since(start) >= waitTimeout {
+			t.Fatalf("timed out waiting for log line containing %q; log:\n%s", substr, l.buf.String())
+		}
+		l.cond.Wait()
+	}
+}
+
