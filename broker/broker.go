@@ -64,17 +64,17 @@ const (
 type Broker struct {
 	mode       string
 	auditInput bool
-	agents    *identity.Identifier
-	bindings  *inject.Set
-	policy    Decider
-	secrets   Secrets
-	transport *http.Transport
-	dialer    *upstream.Dialer
-	certs     *certs.Cache
-	audit     *audit.Logger
-	metrics   *Metrics
-	log       zerolog.Logger
-	proxy     *goproxy.ProxyHttpServer
+	agents     *identity.Identifier
+	bindings   *inject.Set
+	policy     Decider
+	secrets    Secrets
+	transport  *http.Transport
+	dialer     *upstream.Dialer
+	certs      *certs.Cache
+	audit      *audit.Logger
+	metrics    *Metrics
+	log        zerolog.Logger
+	proxy      *goproxy.ProxyHttpServer
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 }
@@ -107,16 +107,16 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 	b := &Broker{
 		mode:       cfg.Policy.Mode,
 		auditInput: cfg.Audit.IncludeInput,
-		agents:    agents,
-		bindings:  inject.NewSet(cfg.Credentials),
-		policy:    deps.Policy,
-		secrets:   deps.Secrets,
-		transport: tr,
-		dialer:    upstream.NewDialer(allow, 10*time.Second),
-		certs:     certs.NewCache(deps.CA, certCacheSize),
-		audit:     deps.Audit,
-		metrics:   m,
-		log:       deps.Log,
+		agents:     agents,
+		bindings:   inject.NewSet(cfg.Credentials),
+		policy:     deps.Policy,
+		secrets:    deps.Secrets,
+		transport:  tr,
+		dialer:     upstream.NewDialer(allow, 10*time.Second),
+		certs:      certs.NewCache(deps.CA, certCacheSize),
+		audit:      deps.Audit,
+		metrics:    m,
+		log:        deps.Log,
 	}
 	m.certCacheSize(b.certs.Len)
 	b.proxy = b.newProxy()

@@ -118,7 +118,7 @@ func (c *countingBody) Close() error {
 // upgradedBody is the body of a 101 response: it is also the upstream side of the upgraded
 // connection, which goproxy writes the agent's bytes into.
 type upgradedBody struct {
-	countingBody
+	*countingBody
 	w  io.Writer
 	in *atomic.Int64
 }

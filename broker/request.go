@@ -251,11 +251,11 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Respon
 	}
 	resp.Header.Set("X-Broker-Request-Id", x.ev.RequestID)
 	x.ev.Status = resp.StatusCode
-	body := countingBody{ReadCloser: resp.Body, n: &x.bytesOut, done: x.finish}
+	body := &countingBody{ReadCloser: resp.Body, n: &x.bytesOut, done: x.finish}
 	if w, ok := resp.Body.(io.Writer); ok && upgraded {
 		resp.Body = &upgradedBody{countingBody: body, w: w, in: &x.bytesIn}
 	} else {
-		resp.Body = &body
+		resp.Body = body
 	}
 	return resp, nil
 }

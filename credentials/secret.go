@@ -26,16 +26,16 @@ func (s Secret) Reveal() string { return s.v }
 // IsZero reports whether the secret is empty.
 func (s Secret) IsZero() bool { return s.v == "" }
 
-func (Secret) String() string                         { return redacted }
-func (Secret) GoString() string                       { return redacted }
-func (Secret) Format(f fmt.State, _ rune)             { _, _ = f.Write([]byte(redacted)) }
-func (Secret) MarshalJSON() ([]byte, error)           { return json.Marshal(redacted) }
-func (Secret) MarshalText() ([]byte, error)           { return []byte(redacted), nil }
+func (Secret) String() string                        { return redacted }
+func (Secret) GoString() string                      { return redacted }
+func (Secret) Format(f fmt.State, _ rune)            { _, _ = f.Write([]byte(redacted)) }
+func (Secret) MarshalJSON() ([]byte, error)          { return json.Marshal(redacted) }
+func (Secret) MarshalText() ([]byte, error)          { return []byte(redacted), nil }
 func (Secret) MarshalZerologObject(e *zerolog.Event) { e.Str("secret", redacted) }
 
 var (
-	_ fmt.Stringer           = Secret{}
-	_ fmt.Formatter          = Secret{}
-	_ json.Marshaler         = Secret{}
+	_ fmt.Stringer               = Secret{}
+	_ fmt.Formatter              = Secret{}
+	_ json.Marshaler             = Secret{}
 	_ zerolog.LogObjectMarshaler = Secret{}
 )

@@ -13,9 +13,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/cgi"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +52,11 @@ decision := {"allow": true} if {
 	startswith(input.request.path, "/open/")
 }
 
+decision := {"allow": true, "credentials": ["git"]} if {
+	input.phase == "request"
+	startswith(input.request.path, "/git/")
+}
+
 decision := {"allow": false, "reason": "the /admin area is off limits"} if {
 	input.phase == "request"
 	startswith(input.request.path, "/admin")
@@ -73,6 +80,7 @@ type envOpts struct {
 	mode    string
 	handler http.Handler // extra routes on the upstream, tried before the default echo
 	policy  string
+	gitRoot string // serve the bare repositories under this folder at /git/, behind basic auth
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -81,6 +89,12 @@ func newEnv(t *testing.T, o envOpts) *env {
 	mux := http.NewServeMux()
 	if o.handler != nil {
 		mux.Handle("/api/custom/", o.handler)
+	}
+	if o.gitRoot != "" {
+		mux.Handle("/git/", e.requireGitAuth(http.StripPrefix("/git", &cgi.Handler{
+			Path: gitHTTPBackend(t),
+			Env:  []string{"GIT_PROJECT_ROOT=" + o.gitRoot, "GIT_HTTP_EXPORT_ALL=1"},
+		})))
 	}
 	mux.HandleFunc("/", e.echo)
 	e.up = e.pki.serve(t, e.record(mux))
@@ -104,9 +118,13 @@ credentials:
     hosts: ["127.0.0.1"]
     source: {env: CANARY_SECRET}
     inject: {header: Authorization, value: "Bearer {{secret}}"}
+  - name: git
+    hosts: ["127.0.0.1"]
+    source: {env: CANARY_SECRET}
+    inject: {basic_auth: {username: x-access-token}}
 `, e.pki.caFile, agentID),
 		mode: o.mode,
-		env: []string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary},
+		env:  []string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary},
 	})
 	t.Cleanup(e.assertNoCanaryLeaked)
 	return e
@@ -160,9 +178,10 @@ func (e *env) assertNoCanaryLeaked() {
 // curl runs curl as the agent: through the broker, trusting the broker's CA.
 func (e *env) curl(args ...string) (string, error) {
 	e.t.Helper()
-	cmd := exec.Command("curl", append([]string{"-sS", "--max-time", "20"}, args...)...)
+	cmd := exec.Command("curl", append([]string{"-sS", "--max-time", "20", "--suppress-connect-headers"}, args...)...)
 	proxy := e.broker.proxyURL(agentID, e.token)
-	cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "HTTP_PROXY="+proxy, "CURL_CA_BUNDLE="+e.broker.caFile, "NO_PROXY=")
+	// curl reads only the lower-case http_proxy (httpoxy), and both cases of https_proxy.
+	cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "http_proxy="+proxy, "CURL_CA_BUNDLE="+e.broker.caFile, "NO_PROXY=")
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
@@ -247,7 +266,7 @@ func TestDeniedRequestGets403JSON(t *testing.T) {
 func TestDeniedConnectGets403BeforeTLS(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	out, _ := e.curl("-o", "/dev/null", "-w", "%{http_connect}", "https://127.0.0.3:9/")
-	if !strings.HasPrefix(out, "403") {
+	if !strings.HasSuffix(out, "403") {
 		t.Fatalf("CONNECT to a denied host: want 403, got %q", out)
 	}
 	ev := e.broker.auditLog.wait(t, `"phase":"connect","method":"CONNECT","scheme":"","host":"127.0.0.3"`)
@@ -267,7 +286,7 @@ func TestNoIdentityGets407(t *testing.T) {
 			cmd := exec.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_connect}", "--max-time", "20", e.url("/open/x"))
 			cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "CURL_CA_BUNDLE="+e.broker.caFile)
 			out, _ := cmd.Output()
-			if !strings.HasPrefix(string(out), "407") {
+			if !strings.HasSuffix(string(out), "407") {
 				t.Fatalf("CONNECT: want 407, got %q", out)
 			}
 			// Plain HTTP through the proxy: the 407 carries the challenge.
@@ -493,13 +512,13 @@ func TestPolicyHotReload(t *testing.T) {
 	}
 	mark := e.broker.logs.mark()
 	e.broker.writePolicy(t, "broker.rego", strings.Replace(testPolicy, `{"allow": false, "reason": "the /admin area is off limits"}`, `{"allow": true}`, 1))
-	e.broker.logs.waitFrom(t, mark, `"msg":"policy reloaded"`)
+	e.broker.logs.waitFrom(t, mark, `"message":"policy reloaded"`)
 	if got := status(); got != "200" {
 		t.Fatalf("after reload: %s", got)
 	}
 	mark = e.broker.logs.mark()
 	e.broker.writePolicy(t, "broker.rego", "package broker\n\ndecision := {\n")
-	e.broker.logs.waitFrom(t, mark, `"msg":"policy reload failed; keeping the last good policy"`)
+	e.broker.logs.waitFrom(t, mark, `"message":"policy reload failed; keeping the last good policy"`)
 	if got := status(); got != "200" {
 		t.Fatalf("a broken policy file replaced the good one: %s", got)
 	}
@@ -558,7 +577,7 @@ func TestSIGTERMDrainsInFlightRequests(t *testing.T) {
 	if err := e.broker.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	e.broker.logs.wait(t, `"msg":"draining requests in flight"`)
+	e.broker.logs.wait(t, `"message":"draining requests in flight"`)
 	close(release)
 	r := <-done
 	if r.err != nil || r.body != "finished" {
@@ -568,4 +587,64 @@ func TestSIGTERMDrainsInFlightRequests(t *testing.T) {
 		t.Fatalf("broker exit: %v", err)
 	}
 	e.broker.done <- nil
+}
+
+func gitHTTPBackend(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("git", "--exec-path").Output()
+	if err != nil {
+		t.Fatalf("git --exec-path: %v", err)
+	}
+	return strings.TrimSpace(string(out)) + "/git-http-backend"
+}
+
+// requireGitAuth lets only the injected credential through, as a git host would.
+func (e *env) requireGitAuth(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != "x-access-token" || p != e.canary {
+			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func TestGitCloneWithInjectedBasicAuth(t *testing.T) {
+	root := t.TempDir()
+	run := func(dir string, args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir = dir
+		cmd.Env = append(cleanEnv(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t", "GIT_CONFIG_NOSYSTEM=1", "HOME="+root)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	src := filepath.Join(root, "src")
+	run(root, "init", "-q", "-b", "main", src)
+	if err := os.WriteFile(filepath.Join(src, "README"), []byte("hello from upstream\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(src, "add", "README")
+	run(src, "commit", "-q", "-m", "first")
+	run(root, "clone", "-q", "--bare", src, filepath.Join(root, "repos", "repo.git"))
+
+	e := newEnv(t, envOpts{gitRoot: filepath.Join(root, "repos")})
+	dst := filepath.Join(t.TempDir(), "clone")
+	cmd := exec.Command("git", "clone", "-q", e.url("/git/repo.git"), dst)
+	proxy := e.broker.proxyURL(agentID, e.token)
+	cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "https_proxy="+proxy, "GIT_SSL_CAINFO="+e.broker.caFile,
+		"GIT_TERMINAL_PROMPT=0", "GIT_CONFIG_NOSYSTEM=1", "HOME="+t.TempDir())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git clone through the broker: %v\n%s", err, out)
+	}
+	got, err := os.ReadFile(filepath.Join(dst, "README"))
+	if err != nil || string(got) != "hello from upstream\n" {
+		t.Fatalf("cloned README: %q %v", got, err)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(dst, ".git", "config"))
+	if strings.Contains(string(cfg), e.canary) {
+		t.Fatal("the secret ended up in the agent's clone")
+	}
 }

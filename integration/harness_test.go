@@ -3,8 +3,7 @@
 package integration
 
 import (
-		"bytes"
-	"context"
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -153,7 +152,7 @@ policy: {dir: %q, mode: %s}
 	}
 	go func() { b.done <- b.cmd.Wait() }()
 	t.Cleanup(func() { b.stop(t) })
-	line := b.logs.wait(t, `"msg":"listening"`)
+	line := b.logs.wait(t, `"message":"listening"`)
 	var l struct{ Proxy, Admin string }
 	if err := json.Unmarshal([]byte(line), &l); err != nil {
 		t.Fatal(err)
@@ -222,7 +221,7 @@ func (b *brokerProc) client(t *testing.T, agent, token string) *http.Client {
 	pool.AppendCertsFromPEM(pem)
 	pu, _ := url.Parse(b.proxyURL(agent, token))
 	return &http.Client{
-		Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: pool}},
+		Transport:     &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: pool}},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		Timeout:       waitTimeout,
 	}
@@ -335,4 +334,3 @@ func (l *logTail) waitFrom(t *testing.T, from int, substr string) string {
 		l.cond.Wait()
 	}
 }
-

@@ -88,7 +88,7 @@ func (l *Logger) Write(e *Event) {
 	if l.includeInput && e.Input != nil {
 		ev = ev.Interface("input", e.Input)
 	}
-	ev.Msg("decision")
+	ev.Str("msg", "decision").Send()
 }
 
 func nonNil(s []string) []string {

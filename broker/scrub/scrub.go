@@ -23,10 +23,11 @@ import (
 // Replacer replaces fixed byte strings in streams and strings.
 // It is immutable and safe for concurrent use.
 type Replacer struct {
-	olds   [][]byte // patterns, in argument order
-	news   [][]byte // news[i] replaces olds[i]
-	maxLen int      // length of the longest pattern
-	sr     *strings.Replacer
+	patterns []string // in argument order, without empty and repeated ones
+	olds     [][]byte // patterns as bytes
+	news     [][]byte // news[i] replaces olds[i]
+	maxLen   int      // length of the longest pattern
+	sr       *strings.Replacer
 }
 
 // New returns a Replacer for old, new pairs, like strings.NewReplacer.
@@ -48,6 +49,7 @@ func New(oldnew ...string) *Replacer {
 	}
 	r := &Replacer{}
 	for _, p := range pairs {
+		r.patterns = append(r.patterns, p[0])
 		r.olds = append(r.olds, []byte(p[0]))
 		r.news = append(r.news, []byte(p[1]))
 		r.maxLen = max(r.maxLen, len(p[0]))
@@ -66,12 +68,15 @@ func New(oldnew ...string) *Replacer {
 // Empty reports whether r has no patterns, so that it never changes anything.
 func (r *Replacer) Empty() bool { return len(r.olds) == 0 }
 
-// String returns s with all patterns replaced.
+// String returns s with all patterns replaced. It does not allocate when s
+// contains no pattern.
 func (r *Replacer) String(s string) string {
-	if r.Empty() {
-		return s
+	for _, p := range r.patterns {
+		if strings.Contains(s, p) {
+			return r.sr.Replace(s)
+		}
 	}
-	return r.sr.Replace(s)
+	return s
 }
 
 // Header replaces patterns inside every value of h, in place.
@@ -218,6 +223,7 @@ func (z *reader) Read(p []byte) (int, error) {
 func (z *reader) fill() int {
 	if z.in == nil {
 		z.in = make([]byte, readSize+z.r.maxLen)
+		z.out = make([]byte, 0, len(z.in))
 		z.next = make([]int, len(z.r.olds))
 	}
 	n, err := z.src.Read(z.in[z.held:])

@@ -1,0 +1,190 @@
+// Package certs is the broker's certificate authority: creating and loading it, and issuing
+// the leaf certificates presented to agents inside intercepted tunnels.
+package certs
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/big"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// CA is the broker's signing certificate and key.
+type CA struct {
+	cert *x509.Certificate
+	key  crypto.Signer
+}
+
+// Certificate returns the CA certificate.
+func (ca *CA) Certificate() *x509.Certificate { return ca.cert }
+
+// GenerateCA creates a self-signed ECDSA P-256 CA named "capbroker CA <random suffix>",
+// valid for 10 years, that may sign leaf certificates only (path length 0). It returns the
+// certificate and the PKCS#8 private key, both PEM-encoded.
+func GenerateCA() (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	suffix := make([]byte, 4)
+	rand.Read(suffix) // crypto/rand.Read never fails; it crashes the program instead
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          randomSerial(),
+		Subject:               pkix.Name{CommonName: "capbroker CA " + hex.EncodeToString(suffix), Organization: []string{"capbroker"}},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLen:            0,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), nil
+}
+
+// randomSerial returns a random 128-bit serial number.
+func randomSerial() *big.Int {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return new(big.Int).SetBytes(b)
+}
+
+// WriteCA generates a CA and writes dir/ca.crt (mode 0644) and dir/ca.key (mode 0600),
+// creating dir with mode 0700 if needed. Unless force is set, it refuses, without touching
+// anything, when either file exists. Each file is written under a temporary name with its
+// final mode and then renamed into place, so a reader never sees a partial file.
+func WriteCA(dir string, force bool) error {
+	crt, key := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
+	if !force {
+		for _, p := range []string{crt, key} {
+			if _, err := os.Lstat(p); err == nil {
+				return fmt.Errorf("certs: %s already exists; refusing to replace the CA without force", p)
+			} else if !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("certs: %w", err)
+			}
+		}
+	}
+	certPEM, keyPEM, err := GenerateCA()
+	if err != nil {
+		return fmt.Errorf("certs: generate CA: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("certs: %w", err)
+	}
+	// The key goes first: a crash in between leaves a key that does not match the old
+	// certificate, which LoadCA rejects, rather than a certificate without its key.
+	if err := writeAtomic(key, keyPEM, 0o600); err != nil {
+		return err
+	}
+	return writeAtomic(crt, certPEM, 0o644)
+}
+
+// writeAtomic writes data to a temporary file in path's directory, sets mode, syncs and
+// renames it to path.
+func writeAtomic(path string, data []byte, mode fs.FileMode) (err error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*") // mode 0600
+	if err != nil {
+		return fmt.Errorf("certs: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+			err = fmt.Errorf("certs: write %s: %w", path, err)
+		}
+	}()
+	if err := f.Chmod(mode); err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
+// LoadCA reads a PEM certificate and private key. The key file must not be accessible by
+// group or others, the key must match the certificate, and the certificate must be a CA
+// (basicConstraints CA:true and keyCertSign) that is currently valid.
+func LoadCA(certFile, keyFile string) (*CA, error) {
+	keyPEM, err := readPrivate(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, fmt.Errorf("certs: CA certificate: %w", err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM) // checks that the key matches
+	if err != nil {
+		return nil, fmt.Errorf("certs: CA certificate %s and key %s: %w", certFile, keyFile, err)
+	}
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("certs: CA certificate %s: %w", certFile, err)
+	}
+	if !cert.BasicConstraintsValid || !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return nil, fmt.Errorf("certs: %s is not a CA certificate (needs basicConstraints CA:true and keyUsage keyCertSign)", certFile)
+	}
+	if now := time.Now(); now.Before(cert.NotBefore) || !now.Before(cert.NotAfter) {
+		return nil, fmt.Errorf("certs: CA certificate %s is valid only from %s to %s", certFile, cert.NotBefore, cert.NotAfter)
+	}
+	key, ok := pair.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("certs: CA key %s cannot sign", keyFile)
+	}
+	return &CA{cert: cert, key: key}, nil
+}
+
+// readPrivate reads a regular file that group and others cannot access. The mode is checked
+// on the opened file, so it is the mode of the bytes that are read.
+func readPrivate(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("certs: CA key: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("certs: CA key: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("certs: CA key %s is not a regular file", name)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("certs: CA key %s has mode %04o: it must not be accessible by group or others (chmod 600 %s)", name, perm, name)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("certs: CA key: %w", err)
+	}
+	return b, nil
+}
