@@ -2,13 +2,10 @@ package broker
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 
 	"github.com/elazarl/goproxy"
@@ -17,25 +14,18 @@ import (
 	"github.com/capbroker/capbroker/broker/policy"
 )
 
-// tunnel is what a CONNECT established: who asked, and where to. goproxy hands it to every
-// request read from an intercepted tunnel through ProxyCtx.UserData.
+// tunnel is what a CONNECT established: who asked, and where to. Every request read from an
+// intercepted tunnel is served with it (see intercept).
 type tunnel struct {
 	agent  identity.Agent
 	target target
-}
-
-// tunnelOf is the one accessor for the per-tunnel state. Requests outside a tunnel have none,
-// and must then identify themselves (see requestTarget).
-func tunnelOf(ctx *goproxy.ProxyCtx) *tunnel {
-	t, _ := ctx.UserData.(*tunnel)
-	return t
 }
 
 // handleConnect decides a CONNECT: refuse (403/407 before any TLS), intercept, or tunnel.
 func (b *Broker) handleConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	r := ctx.Req
 	x := b.begin(policy.PhaseConnect, r)
-	action, err := b.connect(x, r, ctx)
+	action, err := b.connect(x, r)
 	if err != nil {
 		ctx.Resp = x.fail(r, err)
 		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
@@ -43,7 +33,7 @@ func (b *Broker) handleConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.Con
 	return action, host
 }
 
-func (b *Broker) connect(x *exchange, r *http.Request, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, error) {
+func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, error) {
 	agent, err := b.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
 	if err != nil {
 		return nil, err
@@ -76,34 +66,18 @@ func (b *Broker) connect(x *exchange, r *http.Request, ctx *goproxy.ProxyCtx) (*
 	x.ev.Credentials = nil // nothing is injected at connect time
 
 	if d.Intercept || x.ev.WouldDeny {
-		ctx.UserData = &tunnel{agent: agent, target: t}
 		x.ev.Status = http.StatusOK
 		x.finish()
-		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: b.mitmTLS(t)}, nil
+		tun := &tunnel{agent: agent, target: t}
+		return &goproxy.ConnectAction{
+			Action: goproxy.ConnectHijack,
+			Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) { b.intercept(client, tun) },
+		}, nil
 	}
 	return &goproxy.ConnectAction{
 		Action: goproxy.ConnectHijack,
 		Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) { b.pipe(x, req, client, t) },
 	}, nil
-}
-
-// mitmTLS is the agent-facing TLS config of an intercepted tunnel: a leaf for the CONNECT
-// host from our CA, issued only now that the CONNECT was allowed. A ClientHello naming
-// another host (SNI) fails the handshake.
-func (b *Broker) mitmTLS(t target) func(string, *goproxy.ProxyCtx) (*tls.Config, error) {
-	return func(string, *goproxy.ProxyCtx) (*tls.Config, error) {
-		return &tls.Config{
-			MinVersion: tls.VersionTLS12,
-			NextProtos: []string{"http/1.1"},
-			GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-				if hello.ServerName != "" && !strings.EqualFold(strings.TrimSuffix(hello.ServerName, "."), t.host) {
-					b.log.Warn().Str("sni", hello.ServerName).Str("connect_host", t.host).Msg("TLS SNI does not match the CONNECT host; handshake refused")
-					return nil, errors.New("SNI does not match the CONNECT host")
-				}
-				return b.certs.Get(t.host)
-			},
-		}, nil
-	}
 }
 
 // pipe is an opaque tunnel: bytes are copied both ways, uninspected, to the checked address.

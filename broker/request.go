@@ -25,15 +25,21 @@ import (
 // redacted replaces every injected secret value found in a response.
 const redacted = "[REDACTED]"
 
-// handleRequest runs the pipeline for one HTTP request: plain (absolute-form) or inside an
-// intercepted tunnel. It always returns a response, so goproxy never forwards on its own.
-func (b *Broker) handleRequest(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+// handleRequest runs the pipeline for a plain (absolute-form) HTTP request. It always returns
+// a response, so goproxy never forwards on its own.
+func (b *Broker) handleRequest(r *http.Request, _ *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+	return r, b.exchange(r, nil)
+}
+
+// exchange runs the pipeline for one request, plain or inside a tunnel, and returns the
+// response for the agent: the upstream's, or a refusal.
+func (b *Broker) exchange(r *http.Request, tun *tunnel) *http.Response {
 	x := b.begin(policy.PhaseRequest, r)
-	resp, err := b.forward(x, r, tunnelOf(ctx))
+	resp, err := b.forward(x, r, tun)
 	if err != nil {
-		return r, x.fail(r, err)
+		return x.fail(r, err)
 	}
-	return r, resp
+	return resp
 }
 
 // forward identifies, decides, injects, sends and wraps the response for scrubbing and audit.
@@ -82,15 +88,23 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (target, error) {
 	if tun != nil {
 		x.identify(tun.agent)
-		host, port, err := splitHost(r.URL.Host, 0)
-		if err != nil {
-			return target{}, fmt.Errorf("%w: %v", errBadRequest, err)
-		}
-		if host != tun.target.host || (port != 0 && port != tun.target.port) {
-			return target{}, denial{fmt.Sprintf("request host %q does not match the tunnel's CONNECT host %q", r.URL.Host, tun.target.hostPort())}
+		// The Host header and, in absolute form, the URL's host must both name the CONNECT target.
+		for _, h := range []string{r.Host, r.URL.Host} {
+			if h == "" {
+				continue
+			}
+			host, port, err := splitHost(h, 0)
+			if err != nil {
+				return target{}, fmt.Errorf("%w: %v", errBadRequest, err)
+			}
+			if host != tun.target.host || (port != 0 && port != tun.target.port) {
+				return target{}, denial{fmt.Sprintf("request host %q does not match the tunnel's CONNECT host %q", h, tun.target.hostPort())}
+			}
 		}
 		t := tun.target
-		t.scheme = r.URL.Scheme
+		if r.TLS == nil {
+			t.scheme = "http" // plain HTTP sent through a CONNECT tunnel
+		}
 		return t, nil
 	}
 	agent, err := b.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))

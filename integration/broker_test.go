@@ -52,6 +52,11 @@ decision := {"allow": true} if {
 	startswith(input.request.path, "/open/")
 }
 
+decision := {"allow": true, "credentials": ["missing"]} if {
+	input.phase == "request"
+	startswith(input.request.path, "/missing/")
+}
+
 decision := {"allow": true, "credentials": ["git"]} if {
 	input.phase == "request"
 	startswith(input.request.path, "/git/")
@@ -77,10 +82,11 @@ type env struct {
 }
 
 type envOpts struct {
-	mode    string
-	handler http.Handler // extra routes on the upstream, tried before the default echo
-	policy  string
-	gitRoot string // serve the bare repositories under this folder at /git/, behind basic auth
+	mode         string
+	handler      http.Handler // extra routes on the upstream, tried before the default echo
+	policy       string
+	includeInput bool
+	gitRoot      string // serve the bare repositories under this folder at /git/, behind basic auth
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -122,7 +128,12 @@ credentials:
     hosts: ["127.0.0.1"]
     source: {env: CANARY_SECRET}
     inject: {basic_auth: {username: x-access-token}}
-`, e.pki.caFile, agentID),
+  - name: missing
+    hosts: ["127.0.0.1"]
+    source: {env: CAPBROKER_TEST_UNSET_SECRET}
+    inject: {header: X-Api-Key, value: "{{secret}}"}
+audit: {include_input: %v}
+`, e.pki.caFile, agentID, o.includeInput),
 		mode: o.mode,
 		env:  []string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary},
 	})
@@ -646,5 +657,98 @@ func TestGitCloneWithInjectedBasicAuth(t *testing.T) {
 	cfg, _ := os.ReadFile(filepath.Join(dst, ".git", "config"))
 	if strings.Contains(string(cfg), e.canary) {
 		t.Fatal("the secret ended up in the agent's clone")
+	}
+}
+
+func TestUnavailableCredentialIs503AndNotReady(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	out, _ := e.curl("-i", e.url("/missing/x"))
+	if !strings.HasPrefix(out, "HTTP/1.1 503") || !strings.Contains(out, `"error":"credential_unavailable"`) {
+		t.Fatalf("want 503 credential_unavailable:\n%s", out)
+	}
+	if n := len(e.received()); n != 0 {
+		t.Fatal("a request was forwarded without the credential its decision granted")
+	}
+	resp, err := http.Get("http://" + e.broker.adminAddr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Credentials map[string]string }
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	if resp.StatusCode != 503 || !strings.Contains(body.Credentials["missing"], "CAPBROKER_TEST_UNSET_SECRET") || len(body.Credentials) != 1 {
+		t.Fatalf("/readyz: %d %v", resp.StatusCode, body)
+	}
+	if h, err := http.Get("http://" + e.broker.adminAddr + "/healthz"); err != nil || h.StatusCode != 200 {
+		t.Fatalf("/healthz: %v %v", h, err)
+	}
+}
+
+func TestAuditWrittenWhenClientDisconnects(t *testing.T) {
+	stream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "first chunk\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // until the broker gives up on this response
+	})
+	e := newEnv(t, envOpts{handler: stream})
+	resp, err := e.broker.client(t, agentID, e.token).Get(e.url("/api/custom/stream"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || line != "first chunk\n" {
+		t.Fatalf("first chunk: %q %v", line, err)
+	}
+	id := resp.Header.Get("X-Broker-Request-Id")
+	resp.Body.Close() // the agent goes away mid-response
+	ev := e.broker.waitAudit(t, id)
+	if ev["decision"] != "allow" || ev["status"] != float64(200) || ev["bytes_out"].(float64) < float64(len("first chunk\n")) {
+		t.Fatalf("audit: %v", ev)
+	}
+}
+
+func TestAuditInputAndMetrics(t *testing.T) {
+	e := newEnv(t, envOpts{includeInput: true})
+	out, err := e.curl("-i", "-H", "Content-Type: application/json", "-H", "Authorization: Bearer agent-guess", "-H", "X-Trace: t1",
+		"--data", `{"model":"m-1","n":2}`, e.url("/api/echo?state=open"))
+	if err != nil || !strings.HasPrefix(out, "HTTP/1.1 200") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	ev := e.broker.waitAudit(t, headerValue(out, "X-Broker-Request-Id"))
+	in, _ := ev["input"].(map[string]any)
+	req, _ := in["request"].(map[string]any)
+	headers, _ := req["headers"].(map[string]any)
+	body, _ := req["body"].(map[string]any)
+	if in["phase"] != "request" || req["method"] != "POST" || req["path"] != "/api/echo" || body["model"] != "m-1" || req["body_size"] != float64(21) {
+		t.Fatalf("input: %v", in)
+	}
+	if headers["x-trace"] != "t1" || headers["authorization"] != nil || headers["proxy-authorization"] != nil {
+		t.Fatalf("input headers: %v", headers)
+	}
+	if creds, _ := in["credentials"].([]any); len(creds) != 3 {
+		t.Fatalf("input credentials (bound to the host): %v", in["credentials"])
+	}
+	if got := e.received(); len(got) != 1 {
+		t.Fatal("upstream did not get the request")
+	} else if b, _ := io.ReadAll(got[0].Body); false {
+		_ = b
+	}
+	// Metrics count decisions by phase and outcome.
+	e.curl(e.url("/admin/x"))
+	m, err := http.Get("http://" + e.broker.adminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Body.Close()
+	text, _ := io.ReadAll(m.Body)
+	for _, want := range []string{
+		`capbroker_requests_total{decision="allow",phase="request"} 1`,
+		`capbroker_requests_total{decision="deny",phase="request"} 1`,
+		`capbroker_requests_total{decision="allow",phase="connect"} 2`,
+		`capbroker_request_duration_seconds_count{phase="request"} 2`,
+		`capbroker_cert_cache_entries 1`,
+	} {
+		if !strings.Contains(string(text), want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }

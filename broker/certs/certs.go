@@ -72,6 +72,9 @@ func randomSerial() *big.Int {
 	return new(big.Int).SetBytes(b)
 }
 
+// ErrExists is returned by WriteCA when it would replace a CA without force.
+var ErrExists = errors.New("a CA already exists here; refusing to replace it")
+
 // WriteCA generates a CA and writes dir/ca.crt (mode 0644) and dir/ca.key (mode 0600),
 // creating dir with mode 0700 if needed. Unless force is set, it refuses, without touching
 // anything, when either file exists. Each file is written under a temporary name with its
@@ -81,7 +84,7 @@ func WriteCA(dir string, force bool) error {
 	if !force {
 		for _, p := range []string{crt, key} {
 			if _, err := os.Lstat(p); err == nil {
-				return fmt.Errorf("certs: %s already exists; refusing to replace the CA without force", p)
+				return fmt.Errorf("certs: %s: %w", p, ErrExists)
 			} else if !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("certs: %w", err)
 			}

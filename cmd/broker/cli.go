@@ -105,6 +105,9 @@ func cmdCA(args []string, stdout, stderr io.Writer) error {
 		return errUsage
 	}
 	if err := certs.WriteCA(*out, *force); err != nil {
+		if errors.Is(err, certs.ErrExists) {
+			return fmt.Errorf("%w (use --force to replace it; agents trusting the old CA must then trust the new one)", err)
+		}
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s/ca.crt and %s/ca.key\n", *out, *out)

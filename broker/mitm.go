@@ -1,0 +1,168 @@
+package broker
+
+import (
+	"bufio"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// tlsHandshakeTimeout bounds the agent's TLS handshake inside a tunnel.
+const tlsHandshakeTimeout = 10 * time.Second
+
+// intercept serves an allowed, intercepted CONNECT: it answers 200, terminates the agent's TLS
+// with a leaf for the CONNECT host (issued only now), and serves the requests inside with
+// net/http, so each one gets the server's limits and timeouts and a context that ends when the
+// agent goes away. Every request is decided again (b.exchange with the tunnel).
+func (b *Broker) intercept(client net.Conn, tun *tunnel) {
+	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		client.Close()
+		return
+	}
+	_ = client.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
+	br := bufio.NewReader(client)
+	first, err := br.Peek(1)
+	if err != nil {
+		client.Close()
+		return
+	}
+	var conn net.Conn = &peekedConn{Conn: client, r: br}
+	if first[0] == 0x16 { // a TLS handshake record: intercept TLS
+		tc := tls.Server(conn, b.mitmTLS(tun.target))
+		if err := tc.Handshake(); err != nil {
+			b.log.Debug().Err(err).Str("host", tun.target.host).Msg("agent TLS handshake failed in tunnel")
+			client.Close()
+			return
+		}
+		conn = tc
+	}
+	_ = client.SetDeadline(time.Time{})
+
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { b.serveTunnel(w, r, tun) }),
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          log.New(io.Discard, "", 0),
+	}
+	_ = srv.Serve(&oneConnListener{conn: conn})
+}
+
+// mitmTLS is the agent-facing TLS config of an intercepted tunnel. A ClientHello naming
+// another host than the CONNECT (SNI) fails the handshake.
+func (b *Broker) mitmTLS(t target) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if hello.ServerName != "" && !strings.EqualFold(strings.TrimSuffix(hello.ServerName, "."), t.host) {
+				b.log.Warn().Str("sni", hello.ServerName).Str("connect_host", t.host).Msg("TLS SNI does not match the CONNECT host; handshake refused")
+				return nil, errors.New("SNI does not match the CONNECT host")
+			}
+			return b.certs.Get(t.host)
+		},
+	}
+}
+
+// serveTunnel answers one request read from an intercepted tunnel.
+func (b *Broker) serveTunnel(w http.ResponseWriter, r *http.Request, tun *tunnel) {
+	resp := b.exchange(r, tun)
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		b.switchProtocols(w, resp)
+		return
+	}
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	if resp.Close {
+		h.Set("Connection", "close")
+	}
+	w.WriteHeader(resp.StatusCode)
+	copyFlushing(w, resp.Body)
+}
+
+// copyFlushing streams body to w, flushing after every write so a server-sent event or a
+// chunk reaches the agent as soon as upstream produced it.
+func copyFlushing(w http.ResponseWriter, body io.Reader) {
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			if rc.Flush() != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// switchProtocols completes a WebSocket upgrade: the 101 goes to the agent, then bytes are
+// copied both ways until either side ends.
+func (b *Broker) switchProtocols(w http.ResponseWriter, resp *http.Response) {
+	up, ok := resp.Body.(io.ReadWriter)
+	if !ok {
+		http.Error(w, "upgrade failed", http.StatusBadGateway)
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	head := *resp
+	head.Body = nil
+	if err := head.Write(brw); err != nil || brw.Flush() != nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(up, brw) // agent -> upstream, including bytes already buffered
+		if c, ok := up.(io.Closer); ok {
+			_ = c.Close()
+		}
+		close(done)
+	}()
+	_, _ = io.Copy(conn, up) // upstream -> agent
+	_ = conn.Close()
+	<-done
+}
+
+// peekedConn is a conn whose first bytes were read into r.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// oneConnListener hands one connection to http.Server.Serve, then reports itself closed.
+type oneConnListener struct {
+	conn net.Conn
+	once sync.Once
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	var c net.Conn
+	l.once.Do(func() { c = l.conn })
+	if c == nil {
+		return nil, net.ErrClosed
+	}
+	return c, nil
+}
+
+func (l *oneConnListener) Close() error   { return nil }
+func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
