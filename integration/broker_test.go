@@ -752,3 +752,53 @@ func TestAuditInputAndMetrics(t *testing.T) {
 		}
 	}
 }
+
+func TestRedirectIsPassedBackScrubbed(t *testing.T) {
+	var e *env
+	redirect := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A careless upstream puts the key it received into the Location it sends back.
+		http.Redirect(w, r, "https://other.example/next?token="+strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "), http.StatusFound)
+	})
+	e = newEnv(t, envOpts{handler: redirect})
+	out, err := e.curl("-i", e.url("/api/custom/redirect"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.HasPrefix(out, "HTTP/1.1 302") || headerValue(out, "Location") != "https://other.example/next?token=[REDACTED]" {
+		t.Fatalf("redirect: want the 302 with a scrubbed Location:\n%s", out)
+	}
+	if n := len(e.received()); n != 1 {
+		t.Fatalf("upstream saw %d requests; the broker must not follow redirects", n)
+	}
+}
+
+func TestPrivateDestinationRefusedAtDial(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	// A listener on 127.0.0.2, which is loopback but not in upstream.allow_private.
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("cannot listen on 127.0.0.2: %v", err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+	out, _ := e.curl("-i", "http://"+ln.Addr().String()+"/open/x")
+	if !strings.HasPrefix(out, "HTTP/1.1 502") || !strings.Contains(out, `"error":"upstream_error"`) || strings.Contains(out, "not allowed") {
+		t.Fatalf("want an opaque 502:\n%s", out)
+	}
+	ev := e.broker.waitAudit(t, headerValue(out, "X-Broker-Request-Id"))
+	if !strings.Contains(ev["error"].(string), "destination address not allowed (loopback)") {
+		t.Fatalf("audit error: %v", ev["error"])
+	}
+	ln.Close() // ends Accept; a connection that had reached it would already be in the channel
+	select {
+	case <-accepted:
+		t.Fatal("the broker connected to a refused address")
+	default:
+	}
+}

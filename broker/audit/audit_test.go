@@ -1,0 +1,38 @@
+package audit
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+func TestEventFields(t *testing.T) {
+	var buf bytes.Buffer
+	l := New(&buf, false)
+	l.Write(&Event{
+		RequestID: "r1", Agent: "a", SourceIP: "10.0.0.1", Phase: "request", Method: "GET", Scheme: "https",
+		Host: "api.example.com", Port: 443, Path: "/x", Decision: Allow, Credentials: []string{"gh"}, Status: 200,
+		BytesIn: 1, BytesOut: 2, Start: time.Now(), PolicyRevision: "rev", Mode: "enforce",
+		Input: map[string]any{"not": "logged without include_input"},
+	})
+	var ev map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &ev); err != nil {
+		t.Fatalf("not one JSON line: %q", buf.String())
+	}
+	for _, k := range []string{"time", "level", "msg", "request_id", "agent", "source_ip", "phase", "method", "scheme", "host",
+		"port", "path", "decision", "reason", "credentials", "status", "bytes_in", "bytes_out", "duration_ms", "policy_revision", "mode"} {
+		if _, ok := ev[k]; !ok {
+			t.Errorf("event lacks %q", k)
+		}
+	}
+	if ev["msg"] != "decision" || ev["input"] != nil || ev["would_deny"] != nil {
+		t.Errorf("event: %v", ev)
+	}
+	buf.Reset()
+	New(&buf, true).Write(&Event{Start: time.Now(), WouldDeny: true, Input: map[string]any{"phase": "request"}})
+	_ = json.Unmarshal(buf.Bytes(), &ev)
+	if ev["would_deny"] != true || ev["input"] == nil {
+		t.Errorf("include_input/would_deny: %v", ev)
+	}
+}
