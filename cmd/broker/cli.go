@@ -22,6 +22,9 @@ Usage:
   broker run --config FILE [--listen ADDR] [--admin-listen ADDR]
   broker ca init --out DIR [--force]                  write ca.crt (0644) and ca.key (0600)
   broker check-config --config FILE                   validate config and compile policies
+  broker policy test [DIR]                            run the *_test.rego tests (default ./policies)
+  broker policy eval --policies DIR --input FILE      print the decision for one policy input
+  broker policy replay --policies DIR --log FILE      re-decide audit events; exit 1 if any changed
   broker version
 `
 
@@ -41,6 +44,8 @@ func runCLI(args []string, stdout, stderr io.Writer) int {
 		err = cmdCA(rest, stdout, stderr)
 	case "check-config":
 		err = cmdCheckConfig(rest, stdout, stderr)
+	case "policy":
+		err = cmdPolicy(rest, stdout, stderr)
 	case "version":
 		cmdVersion(stdout)
 	case "-h", "--help", "help":
