@@ -22,6 +22,7 @@ import (
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/broker/wire"
 	"github.com/capbroker/capbroker/credentials"
 )
 
@@ -48,6 +49,8 @@ type Deps struct {
 	Audit   *audit.Logger
 	Metrics *Metrics
 	Log     zerolog.Logger
+	// Self lists the broker's own listeners and its Vault: never dialled for an agent.
+	Self []netip.AddrPort
 }
 
 // Limits of the agent-facing side.
@@ -96,7 +99,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		}
 		allow = append(allow, p)
 	}
-	tr, err := upstream.NewTransport(upstream.Options{CAFile: cfg.Upstream.CAFile, AllowPrivate: allow})
+	tr, dialer, err := upstream.New(upstream.Options{CAFile: cfg.Upstream.CAFile, AllowPrivate: allow, Deny: deps.Self})
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +115,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		policy:     deps.Policy,
 		secrets:    deps.Secrets,
 		transport:  tr,
-		dialer:     upstream.NewDialer(allow, 10*time.Second),
+		dialer:     dialer,
 		certs:      certs.NewCache(deps.CA, certCacheSize),
 		audit:      deps.Audit,
 		metrics:    m,
@@ -158,7 +161,7 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(guardedListener{ln}) }()
 	select {
 	case err := <-errc:
 		return err
@@ -183,3 +186,14 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 type goproxyLogger struct{ log zerolog.Logger }
 
 func (l goproxyLogger) Printf(format string, v ...any) { l.log.Debug().Msgf(format, v...) }
+
+// guardedListener checks the framing of every agent connection (see package wire).
+type guardedListener struct{ net.Listener }
+
+func (l guardedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return wire.Guard(c, framingRejection), nil
+}

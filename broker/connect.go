@@ -19,6 +19,9 @@ import (
 type tunnel struct {
 	agent  identity.Agent
 	target target
+	// sniMismatch is the TLS server name the agent sent when it is not the CONNECT host.
+	// Set during the handshake, before any request is read.
+	sniMismatch string
 }
 
 // handleConnect decides a CONNECT: refuse (403/407 before any TLS), intercept, or tunnel.

@@ -109,3 +109,10 @@ func errorResponse(req *http.Request, ae agentError, requestID, agent, host stri
 		Close:         ae.status == http.StatusProxyAuthRequired || ae.status == http.StatusBadRequest,
 	}
 }
+
+// framingRejection is written by the wire guard when an agent's message framing is ambiguous.
+var framingRejection = func() []byte {
+	body := `{"error":"bad_request","reason":"malformed or ambiguous HTTP/1.1 framing; the connection is closed","hint":"Send one Content-Length or Transfer-Encoding: chunked, CRLF line endings, no folded headers."}` + "\n"
+	return []byte("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()

@@ -3,7 +3,6 @@ package broker
 import (
 	"bufio"
 	"crypto/tls"
-	"errors"
 	"io"
 	"log"
 	"net"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // tlsHandshakeTimeout bounds the agent's TLS handshake inside a tunnel.
@@ -33,8 +34,10 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel) {
 		return
 	}
 	var conn net.Conn = &peekedConn{Conn: client, r: br}
+	tun.target.scheme = "http" // plain HTTP sent through a CONNECT tunnel, unless TLS follows
 	if first[0] == 0x16 { // a TLS handshake record: intercept TLS
-		tc := tls.Server(conn, b.mitmTLS(tun.target))
+		tun.target.scheme = "https"
+		tc := tls.Server(conn, b.mitmTLS(tun))
 		if err := tc.Handshake(); err != nil {
 			b.log.Debug().Err(err).Str("host", tun.target.host).Msg("agent TLS handshake failed in tunnel")
 			client.Close()
@@ -43,6 +46,7 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel) {
 		conn = tc
 	}
 	_ = client.SetDeadline(time.Time{})
+	conn = wire.Guard(conn, framingRejection)
 
 	srv := &http.Server{
 		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { b.serveTunnel(w, r, tun) }),
@@ -54,18 +58,18 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel) {
 	_ = srv.Serve(&oneConnListener{conn: conn})
 }
 
-// mitmTLS is the agent-facing TLS config of an intercepted tunnel. A ClientHello naming
-// another host than the CONNECT (SNI) fails the handshake.
-func (b *Broker) mitmTLS(t target) *tls.Config {
+// mitmTLS is the agent-facing TLS config of an intercepted tunnel: always the certificate of
+// the CONNECT host. A ClientHello naming another host (SNI) is recorded on the tunnel, and
+// every request in it is then refused with a 403 that the audit log explains.
+func (b *Broker) mitmTLS(tun *tunnel) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
 		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-			if hello.ServerName != "" && !strings.EqualFold(strings.TrimSuffix(hello.ServerName, "."), t.host) {
-				b.log.Warn().Str("sni", hello.ServerName).Str("connect_host", t.host).Msg("TLS SNI does not match the CONNECT host; handshake refused")
-				return nil, errors.New("SNI does not match the CONNECT host")
+			if sni := strings.ToLower(strings.TrimSuffix(hello.ServerName, ".")); sni != "" && sni != tun.target.host {
+				tun.sniMismatch = hello.ServerName
 			}
-			return b.certs.Get(t.host)
+			return b.certs.Get(tun.target.host)
 		},
 	}
 }

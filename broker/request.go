@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
-	"net"
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/elazarl/goproxy"
@@ -88,6 +86,10 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (target, error) {
 	if tun != nil {
 		x.identify(tun.agent)
+		x.ev.Host, x.ev.Port = tun.target.host, tun.target.port
+		if tun.sniMismatch != "" {
+			return target{}, denial{fmt.Sprintf("TLS server name %q does not match the tunnel's CONNECT host %q", tun.sniMismatch, tun.target.host)}
+		}
 		// The Host header and, in absolute form, the URL's host must both name the CONNECT target.
 		for _, h := range []string{r.Host, r.URL.Host} {
 			if h == "" {
@@ -101,11 +103,7 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 				return target{}, denial{fmt.Sprintf("request host %q does not match the tunnel's CONNECT host %q", h, tun.target.hostPort())}
 			}
 		}
-		t := tun.target
-		if r.TLS == nil {
-			t.scheme = "http" // plain HTTP sent through a CONNECT tunnel
-		}
-		return t, nil
+		return tun.target, nil
 	}
 	agent, err := b.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
 	if err != nil {
@@ -342,64 +340,3 @@ func headerHasToken(h http.Header, name, token string) bool {
 	return false
 }
 
-// target is where a request is sent: a normalised host (lower-case, no brackets, no
-// trailing dot) and port.
-type target struct {
-	scheme string
-	host   string
-	port   int
-}
-
-func (t target) hostPort() string { return net.JoinHostPort(t.host, strconv.Itoa(t.port)) }
-
-// hostHeader is the Host header upstream: the port only when it is not the scheme's default.
-func (t target) hostHeader() string {
-	if (t.scheme == "https" && t.port == 443) || (t.scheme == "http" && t.port == 80) {
-		if strings.Contains(t.host, ":") {
-			return "[" + t.host + "]"
-		}
-		return t.host
-	}
-	return t.hostPort()
-}
-
-// splitHost parses "host[:port]" into a normalised host and a port (defPort when absent).
-func splitHost(hostport string, defPort int) (string, int, error) {
-	host, portStr := hostport, ""
-	if h, p, err := net.SplitHostPort(hostport); err == nil {
-		host, portStr = h, p
-	} else if strings.HasPrefix(hostport, "[") && strings.HasSuffix(hostport, "]") {
-		host = hostport[1 : len(hostport)-1]
-	}
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	if !validHost(host) {
-		return "", 0, fmt.Errorf("invalid host %q", hostport)
-	}
-	port := defPort
-	if portStr != "" {
-		p, err := strconv.Atoi(portStr)
-		if err != nil || p < 1 || p > 65535 {
-			return "", 0, fmt.Errorf("invalid port in %q", hostport)
-		}
-		port = p
-	}
-	return host, port, nil
-}
-
-// validHost accepts DNS names (letters, digits, '-', '_', '.') and IP literals.
-func validHost(h string) bool {
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	if strings.Contains(h, ":") {
-		ip := net.ParseIP(h)
-		return ip != nil
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') {
-			return false
-		}
-	}
-	return !strings.Contains(h, "..") && h[0] != '.'
-}

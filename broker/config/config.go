@@ -45,10 +45,28 @@ type Upstream struct {
 	AllowPrivate []string `yaml:"allow_private"`
 }
 
+// Policy says where the policy comes from (a directory or a bundle, exactly one) and how it applies.
 type Policy struct {
-	Dir  string `yaml:"dir"`
-	Mode string `yaml:"mode"`
+	Dir    string  `yaml:"dir"`
+	Mode   string  `yaml:"mode"`
+	Bundle *Bundle `yaml:"bundle"`
 }
+
+// Bundle is an OPA bundle (tar.gz, as `opa build` writes it) polled over HTTP(S).
+type Bundle struct {
+	URL          string        `yaml:"url"`
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// PublicKeyFile, when set, makes a signature (.signatures.json) required and verified with this PEM key.
+	PublicKeyFile string `yaml:"public_key_file"`
+	KeyID         string `yaml:"key_id"`
+	// Algorithm of the signature; empty follows from the key (RS256 for RSA, ES256/384/512 for ECDSA).
+	Algorithm string `yaml:"algorithm"`
+	// CAFile holds extra PEM roots for the bundle server's TLS, added to the system roots.
+	CAFile string `yaml:"ca_file"`
+}
+
+// DefaultBundlePollInterval is policy.bundle.poll_interval when it is not set.
+const DefaultBundlePollInterval = 30 * time.Second
 
 // Policy modes.
 const (
@@ -172,6 +190,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
+	}
+	if b := c.Policy.Bundle; b != nil && b.PollInterval == 0 {
+		b.PollInterval = DefaultBundlePollInterval
 	}
 	if c.Vault != nil {
 		if c.Vault.RefreshInterval == 0 {

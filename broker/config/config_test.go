@@ -47,6 +47,24 @@ func TestValidConfig(t *testing.T) {
 	}
 }
 
+func TestBundleConfig(t *testing.T) {
+	c, err := Parse([]byte(`ca: {cert_file: ca.crt, key_file: ca.key}
+policy:
+  bundle: {url: "https://bundles.example.com/broker.tar.gz", public_key_file: /etc/broker/bundle.pem, algorithm: ES256}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := c.Policy.Bundle
+	if c.Policy.Dir != "" || b == nil || b.URL != "https://bundles.example.com/broker.tar.gz" || b.PollInterval != DefaultBundlePollInterval || b.Algorithm != "ES256" {
+		t.Fatalf("decoded: %+v %+v", c.Policy, b)
+	}
+	c, err = Parse([]byte("ca: {cert_file: ca.crt, key_file: ca.key}\npolicy: {bundle: {url: \"http://127.0.0.1:8181/b.tar.gz\", poll_interval: 5s}}\n"))
+	if err != nil || c.Policy.Bundle.PollInterval != 5*time.Second {
+		t.Fatalf("poll_interval: %v %+v", err, c)
+	}
+}
+
 func TestDevConfigIsValid(t *testing.T) {
 	c := Dev()
 	if c.Proxy.Listen != "127.0.0.1:8080" || c.Admin.Listen != "127.0.0.1:9090" || len(c.Agents) != 1 {

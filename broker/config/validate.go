@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"regexp"
+	"slices"
 	"strings"
+	"time"
 )
 
 var (
@@ -40,8 +43,14 @@ func (c *Config) Validate() []error {
 			e.add(fmt.Sprintf("upstream.allow_private[%d]", i), "%v", err)
 		}
 	}
-	if c.Policy.Dir == "" {
-		e.add("policy.dir", "required")
+	switch {
+	case c.Policy.Dir == "" && c.Policy.Bundle == nil:
+		e.add("policy.dir", "required (or policy.bundle)")
+	case c.Policy.Dir != "" && c.Policy.Bundle != nil:
+		e.add("policy", "set only one of dir, bundle")
+	}
+	if c.Policy.Bundle != nil {
+		c.Policy.Bundle.validate(&e)
 	}
 	if c.Policy.Mode != ModeEnforce && c.Policy.Mode != ModeMonitor {
 		e.add("policy.mode", "must be %q or %q, not %q", ModeEnforce, ModeMonitor, c.Policy.Mode)
@@ -55,6 +64,31 @@ func (c *Config) Validate() []error {
 		c.Vault.validate(&e)
 	}
 	return e
+}
+
+// bundleAlgorithms are the signature algorithms a bundle's public key may verify.
+var bundleAlgorithms = []string{"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512"}
+
+func (b *Bundle) validate(e *errs) {
+	if b.URL == "" {
+		e.add("policy.bundle.url", "required")
+	} else if u, err := url.Parse(b.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		e.add("policy.bundle.url", "must be an http:// or https:// URL, not %q", b.URL)
+	}
+	if b.PollInterval < time.Second {
+		e.add("policy.bundle.poll_interval", "must be at least 1s, not %s", b.PollInterval)
+	}
+	if b.PublicKeyFile == "" {
+		if b.KeyID != "" {
+			e.add("policy.bundle.key_id", "only used with public_key_file")
+		}
+		if b.Algorithm != "" {
+			e.add("policy.bundle.algorithm", "only used with public_key_file")
+		}
+	}
+	if b.Algorithm != "" && !slices.Contains(bundleAlgorithms, b.Algorithm) {
+		e.add("policy.bundle.algorithm", "must be one of %s, not %q", strings.Join(bundleAlgorithms, ", "), b.Algorithm)
+	}
 }
 
 func checkListen(e *errs, path, addr string) {

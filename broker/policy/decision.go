@@ -6,6 +6,8 @@ import (
 
 // Decision is what the policy said about one request (CONTRACT §4).
 type Decision struct {
+	// ID is unique to this evaluation (a random UUID), for the audit event's decision_id.
+	ID          string
 	Allow       bool
 	Reason      string
 	Credentials []string
@@ -21,6 +23,7 @@ const (
 	ReasonMultiple  = "the policy gave more than one decision for this request"
 	ReasonMalformed = "the policy's decision is malformed"
 	ReasonNoAllow   = "the policy's decision does not allow this request"
+	ReasonNoPolicy  = "the broker has no policy loaded yet"
 )
 
 func parseResult(rs rego.ResultSet, revision string) Decision {

@@ -1,23 +1,23 @@
 // Package policy evaluates the Rego policy (query data.broker.decision) for each request.
 // The query is prepared once per policy revision; evaluation fails closed; a reload that does
-// not compile keeps the last good policy.
+// not compile keeps the last good policy. A policy comes from a directory (Rego and data
+// files, hot reloaded by Watch) or from an OPA bundle polled over HTTP (PollBundle).
 package policy
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"sort"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
 )
 
 // Query is the rule every policy defines.
@@ -25,6 +25,10 @@ const Query = "data.broker.decision"
 
 // ErrEvaluation is wrapped by every failure to evaluate the policy (the agent sees 503 policy_error).
 var ErrEvaluation = errors.New("policy evaluation failed")
+
+// ErrNoPolicy is wrapped (with ErrEvaluation) by Decide on an Engine that has no policy yet,
+// for example while the first bundle has not been downloaded.
+var ErrNoPolicy = errors.New("no policy loaded yet")
 
 // evalTimeout bounds one evaluation; a policy that runs longer is an evaluation error.
 const evalTimeout = 2 * time.Second
@@ -53,6 +57,8 @@ func Capabilities() *ast.Capabilities {
 }
 
 // Engine holds the current prepared policy. Safe for concurrent use; Load swaps atomically.
+// The zero Engine has no policy: every Decide is an ErrEvaluation until a Load (or a bundle)
+// succeeds, so a broker whose policy is not there yet fails closed.
 type Engine struct {
 	cur atomic.Pointer[prepared]
 }
@@ -71,9 +77,13 @@ func New(ctx context.Context, fsys fs.FS) (*Engine, error) {
 	return e, nil
 }
 
-// Load compiles the policy in fsys and, only if it compiles, makes it current.
+// Load compiles the policy in fsys (Rego and data files) and, only if it compiles, makes it current.
 func (e *Engine) Load(ctx context.Context, fsys fs.FS) error {
-	p, err := compile(ctx, fsys)
+	src, err := readDir(fsys, "", false)
+	if err != nil {
+		return err
+	}
+	p, err := compile(ctx, src)
 	if err != nil {
 		return err
 	}
@@ -81,76 +91,90 @@ func (e *Engine) Load(ctx context.Context, fsys fs.FS) error {
 	return nil
 }
 
-// Revision is the content hash of the current policy.
-func (e *Engine) Revision() string { return e.cur.Load().revision }
+// Revision names the current policy: a content hash of its files, or the bundle's revision.
+// It is "" while the Engine has no policy.
+func (e *Engine) Revision() string {
+	if p := e.cur.Load(); p != nil {
+		return p.revision
+	}
+	return ""
+}
 
 // Files returns the policy files in fsys that are loaded at run time: *.rego, not *_test.rego.
+// The data files loaded beside them are listed by DataFiles.
 func Files(fsys fs.FS) ([]string, error) {
 	var names []string
-	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if p != "." && strings.HasPrefix(d.Name(), ".") {
-				return fs.SkipDir // editors' and Kubernetes' ..data-style directories
-			}
-			return nil
-		}
-		if path.Ext(p) == ".rego" && !strings.HasSuffix(p, "_test.rego") {
+	err := walk(fsys, func(p string) {
+		if path.Ext(p) == ".rego" && !isTest(p) {
 			names = append(names, p)
 		}
-		return nil
 	})
 	sort.Strings(names)
 	return names, err
 }
 
-func compile(ctx context.Context, fsys fs.FS) (*prepared, error) {
-	names, err := Files(fsys)
-	if err != nil {
-		return nil, fmt.Errorf("reading policies: %w", err)
-	}
-	if len(names) == 0 {
+// compile prepares the decision query over the source's modules and data.
+func compile(ctx context.Context, src *source) (*prepared, error) {
+	if len(src.modules) == 0 {
 		return nil, errors.New("no .rego policy files found")
 	}
-	h := sha256.New()
 	opts := []func(*rego.Rego){
 		rego.Query(Query),
 		rego.Capabilities(Capabilities()),
 		rego.StrictBuiltinErrors(true),
+		rego.Store(inmem.NewFromObject(src.data)),
 	}
-	for _, n := range names {
-		b, err := fs.ReadFile(fsys, n)
-		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", n, err)
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00", n, len(b))
-		h.Write(b)
-		opts = append(opts, rego.Module(n, string(b)))
+	for _, m := range src.modules {
+		opts = append(opts, rego.Module(m.name, string(m.raw)))
 	}
 	pq, err := rego.New(opts...).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("compiling policies: %w", err)
 	}
-	return &prepared{query: pq, revision: hex.EncodeToString(h.Sum(nil))[:12]}, nil
+	return &prepared{query: pq, revision: src.revision}, nil
 }
 
-// Decide evaluates the policy for one input. Errors (including timeouts and panics inside the
-// evaluator) wrap ErrEvaluation; an undefined or malformed decision is a deny, not an error.
-func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision, err error) {
+// Decide evaluates the policy for one input. Errors (including timeouts, panics inside the
+// evaluator and having no policy) wrap ErrEvaluation; an undefined or malformed decision is a
+// deny, not an error. Every call gets a fresh decision ID.
+func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
+	return e.decide(ctx, in.value())
+}
+
+// DecideValue evaluates the policy for an input given as a JSON-shaped document, such as
+// the `input` of an audit event or a file given to `broker policy eval`.
+func (e *Engine) DecideValue(ctx context.Context, input any) (Decision, error) {
+	return e.decide(ctx, input)
+}
+
+func (e *Engine) decide(ctx context.Context, input any) (d Decision, err error) {
+	id := newDecisionID()
 	p := e.cur.Load()
-	d.Revision = p.revision
+	if p == nil {
+		return Decision{ID: id, Reason: ReasonNoPolicy}, fmt.Errorf("%w: %w", ErrEvaluation, ErrNoPolicy)
+	}
+	d.ID, d.Revision = id, p.revision
 	defer func() {
 		if r := recover(); r != nil {
-			d, err = Decision{Revision: p.revision}, fmt.Errorf("%w: panic: %v", ErrEvaluation, r)
+			d, err = Decision{ID: id, Revision: p.revision}, fmt.Errorf("%w: panic: %v", ErrEvaluation, r)
 		}
 	}()
 	ctx, cancel := context.WithTimeout(ctx, evalTimeout)
 	defer cancel()
-	rs, err := p.query.Eval(ctx, rego.EvalInput(in.value()))
+	rs, err := p.query.Eval(ctx, rego.EvalInput(input))
 	if err != nil {
 		return d, fmt.Errorf("%w: %w", ErrEvaluation, err)
 	}
-	return parseResult(rs, p.revision), nil
+	d = parseResult(rs, p.revision)
+	d.ID = id
+	return d, nil
+}
+
+// newDecisionID returns a random (version 4) UUID, as OPA's decision IDs are.
+func newDecisionID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics rather than return short)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

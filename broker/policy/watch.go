@@ -2,8 +2,10 @@ package policy
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -13,9 +15,33 @@ import (
 // write-rename-chmod burst compiles once.
 const settle = 100 * time.Millisecond
 
-// Watch reloads the policy from dir whenever a file in it changes, until ctx ends. Each reload
-// is reported to onReload with its error (nil on success); a failed reload leaves the last
-// good policy in place.
+// NewDir compiles the policy in the directory dir (Rego and data files). Errors name files
+// by their path under dir, as the user wrote it.
+func NewDir(ctx context.Context, dir string) (*Engine, error) {
+	e := &Engine{}
+	if err := e.LoadDir(ctx, dir); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// LoadDir is Load for a directory; errors name files by their path under dir.
+func (e *Engine) LoadDir(ctx context.Context, dir string) error {
+	src, err := readDir(os.DirFS(dir), dir, false)
+	if err != nil {
+		return err
+	}
+	p, err := compile(ctx, src)
+	if err != nil {
+		return err
+	}
+	e.cur.Store(p)
+	return nil
+}
+
+// Watch reloads the policy from dir whenever a policy or data file in it, or in a directory
+// below it, changes, until ctx ends. Each reload is reported to onReload with its error
+// (nil on success); a failed reload leaves the last good policy in place.
 func (e *Engine) Watch(ctx context.Context, dir string, onReload func(revision string, err error)) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -25,6 +51,7 @@ func (e *Engine) Watch(ctx context.Context, dir string, onReload func(revision s
 	if err := w.Add(dir); err != nil {
 		return err
 	}
+	addSubdirs(w, dir)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -35,8 +62,18 @@ func (e *Engine) Watch(ctx context.Context, dir string, onReload func(revision s
 			if !ok {
 				return nil
 			}
+			if ev.Has(fsnotify.Create) {
+				if st, err := os.Stat(ev.Name); err == nil && st.IsDir() && !hidden(ev.Name) {
+					addSubdirs(w, ev.Name)
+					_ = w.Add(ev.Name)
+					timer.Reset(settle) // a directory moved in may bring files
+				}
+			}
 			if relevant(ev.Name) {
 				timer.Reset(settle)
+			}
+			if ev.Has(fsnotify.Remove|fsnotify.Rename) && filepath.Ext(ev.Name) == "" && !hidden(ev.Name) {
+				timer.Reset(settle) // perhaps a directory of policy files moved away
 			}
 		case err, ok := <-w.Errors:
 			if !ok {
@@ -44,11 +81,27 @@ func (e *Engine) Watch(ctx context.Context, dir string, onReload func(revision s
 			}
 			onReload(e.Revision(), err)
 		case <-timer.C:
-			err := e.Load(ctx, os.DirFS(dir))
+			err := e.LoadDir(ctx, dir)
 			onReload(e.Revision(), err)
 		}
 	}
 }
+
+// addSubdirs watches every directory below root that policies are read from (not hidden ones).
+func addSubdirs(w *fsnotify.Watcher, root string) {
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() || p == root {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		_ = w.Add(p)
+		return nil
+	})
+}
+
+func hidden(name string) bool { return strings.HasPrefix(filepath.Base(name), ".") }
 
 func relevant(name string) bool {
 	switch filepath.Ext(name) {

@@ -36,16 +36,23 @@ func (e *forbiddenError) Unwrap() error { return ErrForbiddenDestination }
 // and so is a name with one public and one private address.
 type Dialer struct {
 	allow  []netip.Prefix
+	deny   []netip.AddrPort
 	dialer net.Dialer
 }
 
-// NewDialer returns a Dialer that may additionally reach the prefixes in allowPrivate.
-// A timeout <= 0 means 10s.
-func NewDialer(allowPrivate []netip.Prefix, timeout time.Duration) *Dialer {
+// NewDialer returns a Dialer that may additionally reach the prefixes in allowPrivate, but
+// never the addresses in deny: the broker's own listeners and its Vault, which an agent must
+// not reach through the broker even where allow_private covers them. A deny entry with an
+// unspecified address (a listener on 0.0.0.0:8080) refuses that port on every address that is
+// not public. A timeout <= 0 means 10s.
+func NewDialer(allowPrivate []netip.Prefix, timeout time.Duration, deny ...netip.AddrPort) *Dialer {
 	if timeout <= 0 {
 		timeout = defaultDialTimeout
 	}
 	d := &Dialer{allow: normalisePrefixes(allowPrivate)}
+	for _, ap := range deny {
+		d.deny = append(d.deny, netip.AddrPortFrom(ap.Addr().WithZone("").Unmap(), ap.Port()))
+	}
 	d.dialer = net.Dialer{Timeout: timeout, ControlContext: d.control}
 	return d
 }
@@ -83,10 +90,27 @@ func (d *Dialer) check(address string) error {
 	}
 	ip := ap.Addr()
 	class := Classify(ip)
+	if d.denied(ap, class) {
+		return &forbiddenError{addr: address, class: "the broker's own service"}
+	}
 	if class == "" || d.allowed(ip) {
 		return nil
 	}
 	return &forbiddenError{addr: address, class: class}
+}
+
+// denied reports whether ap is one of the broker's own services.
+func (d *Dialer) denied(ap netip.AddrPort, class string) bool {
+	ip := ap.Addr().WithZone("").Unmap()
+	for _, x := range d.deny {
+		if x.Port() != ap.Port() {
+			continue
+		}
+		if x.Addr() == ip || (x.Addr().IsUnspecified() && class != "") {
+			return true
+		}
+	}
+	return false
 }
 
 // allowed reports whether ip is inside an allowPrivate prefix. The zone is ignored and the

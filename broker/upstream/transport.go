@@ -21,6 +21,8 @@ type Options struct {
 	ResponseHeaderTimeout time.Duration // default 60s
 	IdleConnTimeout       time.Duration // default 90s
 	MaxIdleConnsPerHost   int           // default 64
+	// Deny lists the broker's own services, never dialled (see NewDialer).
+	Deny []netip.AddrPort
 }
 
 // NewTransport returns the transport the broker forwards through. Its safety properties:
@@ -33,13 +35,20 @@ type Options struct {
 //
 // An http.Transport never follows redirects; it returns them to the caller as-is.
 func NewTransport(opts Options) (*http.Transport, error) {
+	tr, _, err := New(opts)
+	return tr, err
+}
+
+// New returns the transport and the checked Dialer it uses, for the broker's opaque tunnels.
+func New(opts Options) (*http.Transport, *Dialer, error) {
 	roots, err := rootPool(opts.CAFile)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	d := NewDialer(opts.AllowPrivate, opts.DialTimeout, opts.Deny...)
 	return &http.Transport{
 		Proxy:       nil,
-		DialContext: NewDialer(opts.AllowPrivate, opts.DialTimeout).DialContext,
+		DialContext: d.DialContext,
 		TLSClientConfig: &tls.Config{
 			RootCAs:    roots,
 			MinVersion: tls.VersionTLS12,
@@ -51,7 +60,7 @@ func NewTransport(opts Options) (*http.Transport, error) {
 		MaxIdleConnsPerHost:   orDefault(opts.MaxIdleConnsPerHost, 64),
 		DisableCompression:    true,
 		ForceAttemptHTTP2:     false,
-	}, nil
+	}, d, nil
 }
 
 // rootPool returns the system roots plus every certificate in caFile. A CA file that cannot be

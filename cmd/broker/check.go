@@ -14,7 +14,8 @@ import (
 )
 
 // cmdCheckConfig validates a config as `run` would, without serving: the config itself, the CA,
-// the agents' tokens, the policies and the credential sources. It prints every problem; it
+// the agents' tokens, the policies (compiled with the broker's capabilities, the decision's
+// shape type-checked; a bundle is downloaded once and verified) and the credential sources. It prints every problem; it
 // never prints a secret value (the errors name variables, files and key paths only).
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("check-config", "check-config --config FILE", stderr)
@@ -38,9 +39,7 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 	if _, err := identity.New(cfg.Agents); err != nil {
 		problems = append(problems, err)
 	}
-	if _, err := policy.New(context.Background(), os.DirFS(cfg.Policy.Dir)); err != nil {
-		problems = append(problems, fmt.Errorf("policy.dir %s: %w", cfg.Policy.Dir, err))
-	}
+	problems = append(problems, checkPolicy(cfg)...)
 	if store, err := credentialStore(cfg); err != nil {
 		problems = append(problems, err)
 	} else {
@@ -51,4 +50,28 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s: OK\n", *path)
 	return nil
+}
+
+// checkPolicy compiles and type-checks the policy directory, or downloads, verifies and
+// checks the bundle. Each problem names its key path and, for Rego and data, its file:line.
+func checkPolicy(cfg *config.Config) []error {
+	ctx := context.Background()
+	var errs []error
+	if b := cfg.Policy.Bundle; b != nil {
+		o, err := bundleOptions(b)
+		if err != nil {
+			return []error{err}
+		}
+		for _, err := range policy.CheckBundle(ctx, o) {
+			errs = append(errs, fmt.Errorf("policy.bundle: %w", err))
+		}
+		return errs
+	}
+	if st, err := os.Stat(cfg.Policy.Dir); err != nil || !st.IsDir() {
+		return []error{fmt.Errorf("policy.dir: %s is not a directory", cfg.Policy.Dir)}
+	}
+	for _, err := range policy.Check(ctx, os.DirFS(cfg.Policy.Dir), cfg.Policy.Dir) {
+		errs = append(errs, fmt.Errorf("policy.dir: %w", err))
+	}
+	return errs
 }

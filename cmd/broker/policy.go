@@ -1,11 +1,405 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/tester"
+
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/policy"
 )
 
-// cmdPolicy is the policy authoring toolbox: test, eval, replay (issue 5).
+const policyUsage = `Usage:
+  broker policy test [-v] [--run REGEX] [DIR]              run the *_test.rego tests in DIR (default ./policies)
+  broker policy eval [--policies DIR] --input FILE         print the decision for one policy input
+  broker policy replay [--policies DIR] --log FILE [--reasons]
+                                                          re-decide audit events; exit 1 if any changed
+FILE may be - for standard input.
+`
+
+// cmdPolicy is the policy authoring toolbox: test, eval, replay.
 func cmdPolicy(args []string, stdout, stderr io.Writer) error {
-	return errors.New("policy: not implemented yet")
+	if len(args) == 0 {
+		fmt.Fprint(stderr, policyUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "test":
+		return cmdPolicyTest(args[1:], stdout, stderr)
+	case "eval":
+		return cmdPolicyEval(args[1:], stdout, stderr)
+	case "replay":
+		return cmdPolicyReplay(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, policyUsage)
+		return nil
+	default:
+		fmt.Fprintf(stderr, "broker policy: unknown command %q\n\n%s", args[0], policyUsage)
+		return errUsage
+	}
+}
+
+// parseWithArgs parses flags that may come before or after positional arguments
+// (`policy test DIR -v` as well as `policy test -v DIR`) and returns the positional ones.
+func parseWithArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, errUsage
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func cmdPolicyTest(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("policy test", "policy test [-v] [--run REGEX] [DIR]", stderr)
+	verbose := fs.Bool("v", false, "print every test, not only failures (like opa test -v)")
+	run := fs.String("run", "", "run only the tests whose names match this regular expression")
+	timeout := fs.Duration("timeout", 5*time.Second, "time limit for each test")
+	pos, err := parseWithArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 1 {
+		fmt.Fprintf(stderr, "unexpected arguments: %s\n", strings.Join(pos[1:], " "))
+		fs.Usage()
+		return errUsage
+	}
+	dir := "policies"
+	if len(pos) == 1 {
+		dir = pos[0]
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return fmt.Errorf("policy test: %s is not a directory", dir)
+	}
+	ch, err := policy.RunTests(context.Background(), os.DirFS(dir), dir, policy.TestOptions{Run: *run, Timeout: *timeout})
+	if err != nil {
+		return fmt.Errorf("policy test %s:\n%w", dir, indent(err))
+	}
+	// Count what the reporter prints, to set the exit code.
+	counted := make(chan *tester.Result)
+	var total, failed int
+	go func() {
+		defer close(counted)
+		for r := range ch {
+			total++
+			if r.Fail || r.Error != nil {
+				failed++
+			}
+			counted <- r
+		}
+	}()
+	rep := tester.PrettyReporter{Output: stdout, Verbose: *verbose, FailureLine: true}
+	if err := rep.Report(counted); err != nil {
+		return err
+	}
+	switch {
+	case total == 0 && *run != "":
+		return fmt.Errorf("policy test: no test matches --run %q", *run)
+	case total == 0:
+		return errors.New("policy test: no tests found (rules named test_* in *_test.rego files)")
+	case failed > 0:
+		return fmt.Errorf("policy test: %d of %d tests failed", failed, total)
+	}
+	return nil
+}
+
+// indent puts every line of an error's text under a two-space indent.
+func indent(err error) error {
+	return errors.New("  " + strings.ReplaceAll(err.Error(), "\n", "\n  "))
+}
+
+// evalOutput is what `policy eval` prints: the decision as the broker applies it.
+type evalOutput struct {
+	Allow          bool     `json:"allow"`
+	Reason         string   `json:"reason"`
+	Credentials    []string `json:"credentials"`
+	Intercept      bool     `json:"intercept"`
+	PolicyRevision string   `json:"policy_revision"`
+}
+
+func cmdPolicyEval(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("policy eval", "policy eval [--policies DIR] --input FILE", stderr)
+	dir := fs.String("policies", "policies", "policy directory (Rego and data files)")
+	inputFile := fs.String("input", "", "the policy input, a JSON file (- for standard input)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *inputFile == "" {
+		fmt.Fprintln(stderr, "--input is required")
+		fs.Usage()
+		return errUsage
+	}
+	b, err := readInput(*inputFile)
+	if err != nil {
+		return err
+	}
+	input, err := decodeJSON(b)
+	if err != nil {
+		return fmt.Errorf("--input %s: %w", *inputFile, err)
+	}
+	if _, ok := input.(map[string]any); !ok {
+		return fmt.Errorf("--input %s: the policy input must be a JSON object (see README, Writing and testing policies)", *inputFile)
+	}
+	ctx := context.Background()
+	engine, err := policy.NewDir(ctx, *dir)
+	if err != nil {
+		return fmt.Errorf("--policies %s:\n%w", *dir, indent(err))
+	}
+	d, err := engine.DecideValue(ctx, input)
+	if err != nil {
+		return fmt.Errorf("%w (the broker answers 503 policy_error)", err)
+	}
+	d = policy.Effective(input, d)
+	out := evalOutput{Allow: d.Allow, Reason: d.Reason, Credentials: d.Credentials, Intercept: d.Intercept, PolicyRevision: d.Revision}
+	if out.Credentials == nil {
+		out.Credentials = []string{}
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(out)
+}
+
+func readInput(name string) ([]byte, error) {
+	if name == "-" {
+		return io.ReadAll(os.Stdin)
+	}
+	return os.ReadFile(name)
+}
+
+// decodeJSON decodes one JSON value, keeping numbers exact.
+func decodeJSON(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("more than one JSON value")
+	}
+	return v, nil
+}
+
+// outcome is one decision as replay compares it.
+type outcome struct {
+	kind        string // "allow", "deny" or "error"
+	reason      string
+	credentials []string
+}
+
+func (o outcome) String() string {
+	switch o.kind {
+	case "allow":
+		if len(o.credentials) > 0 {
+			return "allow [" + strings.Join(o.credentials, ",") + "]"
+		}
+		return "allow"
+	default:
+		return fmt.Sprintf("%s %q", o.kind, o.reason)
+	}
+}
+
+// changed reports whether two outcomes differ: in kind, in the credentials an allowed
+// request carries (request phase only: the audit event of a CONNECT names none), and, with
+// reasons, in the reason of a deny.
+func changed(old, cur outcome, phase string, reasons bool) bool {
+	if old.kind != cur.kind {
+		return true
+	}
+	switch old.kind {
+	case "allow":
+		if phase != policy.PhaseConnect {
+			a, b := slices.Clone(old.credentials), slices.Clone(cur.credentials)
+			slices.Sort(a)
+			slices.Sort(b)
+			return !slices.Equal(a, b)
+		}
+	case "deny":
+		return reasons && old.reason != cur.reason
+	}
+	return false
+}
+
+// auditLine is what replay reads from an audit event (CONTRACT §6).
+type auditLine struct {
+	Msg         string   `json:"msg"`
+	RequestID   string   `json:"request_id"`
+	Agent       string   `json:"agent"`
+	Phase       string   `json:"phase"`
+	Method      string   `json:"method"`
+	Host        string   `json:"host"`
+	Path        string   `json:"path"`
+	Decision    string   `json:"decision"`
+	Reason      string   `json:"reason"`
+	Credentials []string `json:"credentials"`
+	WouldDeny   bool     `json:"would_deny"`
+	Error       string   `json:"error"`
+	Input       any      `json:"input"`
+}
+
+// recorded is the decision an audit event records: deny for a monitor-mode would_deny,
+// error for a policy evaluation failure.
+func (ev *auditLine) recorded() outcome {
+	switch {
+	case strings.HasPrefix(ev.Error, policy.ErrEvaluation.Error()):
+		return outcome{kind: "error", reason: ev.Reason}
+	case ev.Decision == "allow" && !ev.WouldDeny:
+		return outcome{kind: "allow", credentials: ev.Credentials}
+	default:
+		return outcome{kind: "deny", reason: ev.Reason}
+	}
+}
+
+func cmdPolicyReplay(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("policy replay", "policy replay [--policies DIR] --log FILE [--reasons]", stderr)
+	dir := fs.String("policies", "policies", "candidate policy directory (Rego and data files)")
+	logFile := fs.String("log", "", "audit log written with audit.include_input: true (- for standard input)")
+	reasons := fs.Bool("reasons", false, "also count a deny whose reason changed as a change")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *logFile == "" {
+		fmt.Fprintln(stderr, "--log is required")
+		fs.Usage()
+		return errUsage
+	}
+	ctx := context.Background()
+	engine, err := policy.NewDir(ctx, *dir)
+	if err != nil {
+		return fmt.Errorf("--policies %s:\n%w", *dir, indent(err))
+	}
+	var in io.Reader = os.Stdin
+	if *logFile != "-" {
+		f, err := os.Open(*logFile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		in = f
+	}
+	var decided, nChanged, noInput, ignored int
+	r := bufio.NewReader(in)
+	for {
+		line, err := r.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			var ev auditLine
+			dec := json.NewDecoder(bytes.NewReader(line))
+			dec.UseNumber()
+			switch {
+			case dec.Decode(&ev) != nil || ev.Msg != "decision":
+				ignored++
+			case ev.Input == nil:
+				noInput++
+			default:
+				decided++
+				old := ev.recorded()
+				d, evalErr := engine.DecideValue(ctx, ev.Input)
+				cur := outcome{kind: "deny", reason: d.Reason}
+				if evalErr != nil {
+					cur = outcome{kind: "error", reason: evalErr.Error()}
+				} else if d = policy.Effective(ev.Input, d); d.Allow {
+					cur = outcome{kind: "allow", credentials: d.Credentials}
+				} else {
+					cur.reason = d.Reason
+				}
+				if changed(old, cur, ev.Phase, *reasons) {
+					nChanged++
+					path := ev.Path
+					if path == "" {
+						path = "-"
+					}
+					fmt.Fprintf(stdout, "%s %s %s %s %s: %s -> %s\n", ev.RequestID, ev.Agent, ev.Method, ev.Host, path, old, cur)
+				}
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("--log %s: %w", *logFile, err)
+		}
+	}
+	summary := fmt.Sprintf("replay: %d re-decided, %d changed, %d unchanged, %d skipped without input", decided, nChanged, decided-nChanged, noInput)
+	if ignored > 0 {
+		summary += fmt.Sprintf(", %d lines not decision events", ignored)
+	}
+	fmt.Fprintf(stdout, "%s (policy revision %s)\n", summary, engine.Revision())
+	if decided == 0 && noInput > 0 {
+		fmt.Fprintln(stderr, "no event carries its input: set audit.include_input: true to record inputs for replay")
+	}
+	if nChanged > 0 {
+		return fmt.Errorf("policy replay: %d of %d decisions changed", nChanged, decided)
+	}
+	return nil
+}
+
+// newBundlePoller builds the poller for policy.bundle: its key (policy.bundle.public_key_file)
+// and its HTTP client (system roots plus policy.bundle.ca_file; proxy variables ignored).
+func newBundlePoller(e *policy.Engine, b *config.Bundle) (*policy.BundlePoller, error) {
+	o, err := bundleOptions(b)
+	if err != nil {
+		return nil, err
+	}
+	p, err := policy.NewBundlePoller(e, o)
+	if err != nil {
+		return nil, fmt.Errorf("policy.bundle: %w", err)
+	}
+	return p, nil
+}
+
+func bundleOptions(b *config.Bundle) (policy.BundleOptions, error) {
+	o := policy.BundleOptions{URL: b.URL, PollInterval: b.PollInterval, KeyID: b.KeyID, Algorithm: b.Algorithm}
+	if b.PublicKeyFile != "" {
+		key, err := os.ReadFile(b.PublicKeyFile)
+		if err != nil {
+			return o, fmt.Errorf("policy.bundle.public_key_file: %w", err)
+		}
+		o.PublicKey = key
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		roots = x509.NewCertPool()
+	}
+	if b.CAFile != "" {
+		pem, err := os.ReadFile(b.CAFile)
+		if err != nil {
+			return o, fmt.Errorf("policy.bundle.ca_file: %w", err)
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return o, fmt.Errorf("policy.bundle.ca_file: no PEM certificates in %s", b.CAFile)
+		}
+	}
+	o.Client = &http.Client{
+		Transport: &http.Transport{
+			Proxy:                 nil, // the broker ignores HTTP(S)_PROXY in its own environment
+			TLSClientConfig:       &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+			TLSHandshakeTimeout:   10 * time.Second,
+			ResponseHeaderTimeout: 30 * time.Second,
+		},
+		Timeout: time.Minute,
+	}
+	return o, nil
 }

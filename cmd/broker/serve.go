@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -103,12 +104,20 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	policyFS, watch := o.policyFS, o.policyFS == nil
+	policyFS, watch := o.policyFS, o.policyFS == nil && cfg.Policy.Bundle == nil
 	if watch {
 		policyFS = os.DirFS(cfg.Policy.Dir)
 	}
-	engine, err := policy.New(ctx, policyFS)
-	if err != nil {
+	var engine *policy.Engine
+	var bundlePoller *policy.BundlePoller
+	if cfg.Policy.Bundle != nil && o.policyFS == nil {
+		// policy.bundle: no policy until the poller (started below) loads one, so every decision
+		// until then is a 503 policy_error: the broker fails closed.
+		engine = new(policy.Engine)
+		if bundlePoller, err = newBundlePoller(engine, cfg.Policy.Bundle); err != nil {
+			return err
+		}
+	} else if engine, err = policy.New(ctx, policyFS); err != nil {
 		return fmt.Errorf("policy.dir %s: %w", cfg.Policy.Dir, err)
 	}
 	store, err := credentialStore(cfg)
@@ -124,14 +133,6 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	defer closeAudit()
 
-	metrics := broker.NewMetrics(nil)
-	b, err := broker.New(cfg, broker.Deps{
-		Policy: engine, Secrets: store, CA: ca, Metrics: metrics, Log: log,
-		Audit: audit.New(auditW, cfg.Audit.IncludeInput),
-	})
-	if err != nil {
-		return err
-	}
 	proxyLn, err := net.Listen("tcp", cfg.Proxy.Listen)
 	if err != nil {
 		return fmt.Errorf("proxy.listen: %w", err)
@@ -140,6 +141,17 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if err != nil {
 		proxyLn.Close()
 		return fmt.Errorf("admin.listen: %w", err)
+	}
+	metrics := broker.NewMetrics(nil)
+	b, err := broker.New(cfg, broker.Deps{
+		Policy: engine, Secrets: store, CA: ca, Metrics: metrics, Log: log,
+		Audit: audit.New(auditW, cfg.Audit.IncludeInput),
+		Self:  selfAddrs(proxyLn.Addr(), adminLn.Addr()),
+	})
+	if err != nil {
+		proxyLn.Close()
+		adminLn.Close()
+		return err
 	}
 	admin := &http.Server{Handler: broker.AdminHandler(metrics, store), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = admin.Serve(adminLn) }()
@@ -160,6 +172,16 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 			}
 		}()
 	}
+	if bundlePoller != nil {
+		go bundlePoller.Run(ctx, func(rev string, err error) {
+			metrics.PolicyReload(err)
+			if err != nil {
+				log.Error().Err(err).Str("policy_revision", rev).Msg("policy bundle not loaded; keeping the last good policy")
+				return
+			}
+			log.Info().Str("policy_revision", rev).Msg("policy bundle loaded")
+		})
+	}
 	log.Info().Str("proxy", proxyLn.Addr().String()).Str("admin", adminLn.Addr().String()).
 		Str("policy_revision", engine.Revision()).Str("mode", cfg.Policy.Mode).Msg("listening")
 	if o.onListen != nil {
@@ -168,6 +190,17 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	err = b.Serve(ctx, proxyLn, drainGrace)
 	log.Info().Msg("stopped")
 	return err
+}
+
+// selfAddrs are the broker's own services, which agents must not reach through it.
+func selfAddrs(addrs ...net.Addr) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, a := range addrs {
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			out = append(out, ap)
+		}
+	}
+	return out
 }
 
 // credentialStore builds the credential sources named in the config.

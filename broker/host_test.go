@@ -1,0 +1,56 @@
+package broker
+
+import "testing"
+
+func TestSplitHost(t *testing.T) {
+	cases := map[string]struct {
+		in   string
+		host string
+		port int
+		bad  bool
+	}{
+		"name":                {in: "API.Example.com.", host: "api.example.com", port: 443},
+		"name and port":       {in: "api.example.com:8443", host: "api.example.com", port: 8443},
+		"ipv4":                {in: "127.0.0.1:80", host: "127.0.0.1", port: 80},
+		"decimal":             {in: "2130706433", host: "127.0.0.1", port: 443},
+		"hex":                 {in: "0x7f000001:80", host: "127.0.0.1", port: 80},
+		"dotted hex":          {in: "0x7f.0x0.0x0.0x1", host: "127.0.0.1", port: 443},
+		"octal":               {in: "0177.0.0.01", host: "127.0.0.1", port: 443},
+		"short":               {in: "127.1", host: "127.0.0.1", port: 443},
+		"three parts":         {in: "10.1.258", host: "10.1.1.2", port: 443},
+		"metadata as decimal": {in: "2852039166", host: "169.254.169.254", port: 443},
+		"ipv6":                {in: "[::1]:8080", host: "::1", port: 8080},
+		"mapped ipv6":         {in: "[::ffff:127.0.0.1]", host: "127.0.0.1", port: 443},
+		"ipv6 long form":      {in: "[0:0:0:0:0:0:0:1]", host: "::1", port: 443},
+		"digit-led name":      {in: "1password.com", host: "1password.com", port: 443},
+		"underscore":          {in: "_srv.example.com", host: "_srv.example.com", port: 443},
+		"too big":             {in: "4294967296", bad: true},
+		"bad octet":           {in: "256.1.1.1", bad: true},
+		"bad octal":           {in: "09.1.1.1", bad: true},
+		"five parts":          {in: "1.2.3.4.5", bad: true},
+		"empty":               {in: "", bad: true},
+		"zone":                {in: "[fe80::1%eth0]", bad: true},
+		"space":               {in: "a b.com", bad: true},
+		"slash":               {in: "a.com/x", bad: true},
+		"at":                  {in: "user@a.com", bad: true},
+		"double dot":          {in: "a..com", bad: true},
+		"port zero":           {in: "a.com:0", bad: true},
+		"port too big":        {in: "a.com:65536", bad: true},
+		"port with plus":      {in: "a.com:+443", bad: true},
+		"bare 0x":             {in: "0x", bad: true},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			h, p, err := splitHost(c.in, 443)
+			if c.bad {
+				if err == nil {
+					t.Fatalf("accepted %q as %s:%d", c.in, h, p)
+				}
+				return
+			}
+			if err != nil || h != c.host || p != c.port {
+				t.Fatalf("got %q %d %v; want %q %d", h, p, err, c.host, c.port)
+			}
+		})
+	}
+}

@@ -1,0 +1,65 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"github.com/open-policy-agent/opa/v1/tester"
+)
+
+// TestOptions tune RunTests.
+type TestOptions struct {
+	// Run, if set, is a regular expression: only the tests whose names match run (like `opa test --run`).
+	Run string
+	// Timeout bounds each test (5s if zero).
+	Timeout time.Duration
+}
+
+// RunTests runs the *_test.rego tests in fsys as OPA's tester does, with what the broker
+// loads beside them: the policy modules and the data files, compiled with the broker's
+// capabilities, builtin errors raised as the broker raises them. display is the directory
+// as the user named it, used in file names. A policy or test that does not compile is an
+// error listing every problem with its file:line.
+func RunTests(ctx context.Context, fsys fs.FS, display string, o TestOptions) (chan *tester.Result, error) {
+	src, err := readDir(fsys, display, true)
+	if err != nil {
+		return nil, err
+	}
+	if len(src.tests) == 0 {
+		return nil, errors.New("no *_test.rego files found")
+	}
+	modules := map[string]*ast.Module{}
+	var parseErrs ast.Errors
+	for _, m := range append(append([]module(nil), src.modules...), src.tests...) {
+		parsed, err := ast.ParseModuleWithOpts(m.name, string(m.raw), ast.ParserOptions{RegoVersion: ast.RegoV1, Capabilities: Capabilities()})
+		if err != nil {
+			var errs ast.Errors
+			if errors.As(err, &errs) {
+				parseErrs = append(parseErrs, errs...)
+				continue
+			}
+			return nil, err
+		}
+		modules[m.name] = parsed
+	}
+	if len(parseErrs) > 0 {
+		return nil, parseErrs
+	}
+	timeout := o.Timeout
+	if timeout == 0 {
+		timeout = 5 * time.Second
+	}
+	compiler := ast.NewCompiler().WithCapabilities(Capabilities()).WithEnablePrintStatements(true)
+	return tester.NewRunner().
+		SetCompiler(compiler).
+		SetStore(inmem.NewFromObject(src.data)).
+		RaiseBuiltinErrors(true).
+		CapturePrintOutput(true).
+		SetTimeout(timeout).
+		Filter(o.Run).
+		Run(ctx, modules)
+}

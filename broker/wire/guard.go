@@ -1,0 +1,256 @@
+// Package wire guards the HTTP/1.1 byte stream an agent sends before net/http parses it.
+//
+// net/http is lenient where a proxy must not be: it accepts obs-fold continuation lines, bare
+// LF line endings, identical duplicate Content-Length headers, and Content-Length together
+// with Transfer-Encoding. A proxy that reads a message one way while the upstream reads it
+// another is the root of request smuggling, so the guard rejects every message whose framing
+// is ambiguous, with 400 and a closed connection, before any of its bytes reach the parser.
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+)
+
+// ErrFraming is returned by Read once the stream held a malformed message.
+var ErrFraming = errors.New("malformed HTTP/1.1 message framing")
+
+// maxHead bounds the request line plus headers the guard buffers; larger heads are refused.
+const maxHead = 64 << 10
+
+// Guard returns conn with its incoming HTTP/1.1 requests checked. On a violation it writes
+// rejection (a complete HTTP response) to conn and makes further reads fail. After a request
+// that switches protocols (CONNECT, or an Upgrade) the stream passes through unchecked.
+func Guard(conn net.Conn, rejection []byte) net.Conn {
+	return &guarded{Conn: conn, rejection: rejection}
+}
+
+type state int
+
+const (
+	stHead        state = iota // reading a request line and headers
+	stBody                     // a fixed-length body: remain bytes
+	stChunkSize                // a chunk-size line
+	stChunkData                // chunk data: remain bytes, then CRLF
+	stChunkCRLF                // the CRLF after chunk data
+	stTrailers                 // trailer lines until an empty line
+	stPassthrough              // protocol switched: no more checking
+)
+
+type guarded struct {
+	net.Conn
+	rejection []byte
+
+	mu      sync.Mutex // serialises the rejection with the server's own writes
+	st      state
+	line    []byte // the partial line (head, chunk size, trailers) carried between reads
+	head    []byte // the head being collected
+	remain  int64
+	crlfGot int
+	err     error
+}
+
+func (g *guarded) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.Conn.Write(p)
+}
+
+// Read returns bytes only after checking them; a violation anywhere in what was read means
+// none of it is returned.
+func (g *guarded) Read(p []byte) (int, error) {
+	if g.err != nil {
+		return 0, g.err
+	}
+	n, err := g.Conn.Read(p)
+	if n > 0 && g.st != stPassthrough {
+		if verr := g.scan(p[:n]); verr != nil {
+			g.err = verr
+			g.mu.Lock()
+			_, _ = g.Conn.Write(g.rejection)
+			g.mu.Unlock()
+			_ = g.Conn.Close()
+			return 0, verr
+		}
+	}
+	return n, err
+}
+
+func (g *guarded) scan(b []byte) error {
+	for len(b) > 0 {
+		switch g.st {
+		case stPassthrough:
+			return nil
+		case stBody:
+			k := min(int64(len(b)), g.remain)
+			g.remain -= k
+			b = b[k:]
+			if g.remain == 0 {
+				g.st = stHead
+			}
+		case stChunkData:
+			k := min(int64(len(b)), g.remain)
+			g.remain -= k
+			b = b[k:]
+			if g.remain == 0 {
+				g.st, g.crlfGot = stChunkCRLF, 0
+			}
+		case stChunkCRLF:
+			want := "\r\n"[g.crlfGot]
+			if b[0] != want {
+				return ErrFraming
+			}
+			b = b[1:]
+			if g.crlfGot++; g.crlfGot == 2 {
+				g.st = stChunkSize
+			}
+		default: // line-oriented states
+			i := bytes.IndexByte(b, '\n')
+			if i < 0 {
+				g.line = append(g.line, b...)
+				if len(g.line) > maxHead {
+					return ErrFraming
+				}
+				return nil
+			}
+			g.line = append(g.line, b[:i+1]...)
+			b = b[i+1:]
+			line := g.line
+			g.line = g.line[:0]
+			if err := g.onLine(line); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// onLine handles one complete line (ending in "\n") in a line-oriented state.
+func (g *guarded) onLine(line []byte) error {
+	if len(line) < 2 || line[len(line)-2] != '\r' {
+		return ErrFraming // bare LF
+	}
+	text := line[:len(line)-2]
+	switch g.st {
+	case stHead:
+		if len(g.head)+len(line) > maxHead {
+			return ErrFraming
+		}
+		g.head = append(g.head, line...)
+		if len(text) == 0 {
+			if len(g.head) == 2 {
+				g.head = g.head[:0] // tolerated: an empty line between requests
+				return nil
+			}
+			err := g.endHead()
+			g.head = g.head[:0]
+			return err
+		}
+	case stChunkSize:
+		size := text
+		if i := bytes.IndexByte(size, ';'); i >= 0 {
+			size = size[:i] // chunk extensions are ignored
+		}
+		if len(size) == 0 || len(size) > 16 {
+			return ErrFraming
+		}
+		n, err := strconv.ParseInt(string(size), 16, 64)
+		if err != nil || n < 0 {
+			return ErrFraming
+		}
+		if n == 0 {
+			g.st = stTrailers
+		} else {
+			g.st, g.remain = stChunkData, n
+		}
+	case stTrailers:
+		if len(text) == 0 {
+			g.st = stHead
+			return nil
+		}
+		if _, _, err := headerField(text); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// endHead checks a complete head and sets up reading its body.
+func (g *guarded) endHead() error {
+	lines := bytes.Split(g.head[:len(g.head)-4], []byte("\r\n"))
+	reqLine := lines[0]
+	method, _, ok := bytes.Cut(reqLine, []byte(" "))
+	if !ok || !isToken(method) {
+		return ErrFraming
+	}
+	var cl, te [][]byte
+	hosts, upgrade := 0, false
+	for _, l := range lines[1:] {
+		name, value, err := headerField(l)
+		if err != nil {
+			return err
+		}
+		switch string(bytes.ToLower(name)) {
+		case "content-length":
+			cl = append(cl, value)
+		case "transfer-encoding":
+			te = append(te, value)
+		case "host":
+			hosts++
+		case "upgrade":
+			upgrade = true
+		}
+	}
+	switch {
+	case hosts > 1, len(cl) > 1, len(te) > 1, len(cl) == 1 && len(te) == 1:
+		return ErrFraming
+	case len(te) == 1:
+		if !bytes.EqualFold(bytes.TrimSpace(te[0]), []byte("chunked")) {
+			return ErrFraming // only plain "chunked" has one meaning everywhere
+		}
+		g.st = stChunkSize
+	case len(cl) == 1:
+		v := bytes.TrimSpace(cl[0])
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil || n < 0 || len(v) == 0 || v[0] < '0' || v[0] > '9' {
+			return ErrFraming
+		}
+		if n > 0 {
+			g.st, g.remain = stBody, n
+		}
+	}
+	if string(method) == "CONNECT" || upgrade {
+		g.st = stPassthrough
+	}
+	return nil
+}
+
+// headerField splits "Name: value", refusing obs-fold, whitespace before the colon, names that
+// are not tokens, and control characters in values.
+func headerField(l []byte) (name, value []byte, err error) {
+	name, value, ok := bytes.Cut(l, []byte(":"))
+	if !ok || len(name) == 0 || !isToken(name) {
+		return nil, nil, ErrFraming // also catches obs-fold: the line starts with whitespace
+	}
+	for _, c := range value {
+		if (c < 0x20 && c != '\t') || c == 0x7f {
+			return nil, nil, ErrFraming
+		}
+	}
+	return name, value, nil
+}
+
+func isToken(b []byte) bool {
+	for _, c := range b {
+		if c <= ' ' || c >= 0x7f || bytes.IndexByte([]byte("\"(),/:;<=>?@[\\]{}"), c) >= 0 {
+			return false
+		}
+	}
+	return len(b) > 0
+}
+
+var _ io.Reader = (*guarded)(nil)
