@@ -35,7 +35,7 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel) {
 	}
 	var conn net.Conn = &peekedConn{Conn: client, r: br}
 	tun.target.scheme = "http" // plain HTTP sent through a CONNECT tunnel, unless TLS follows
-	if first[0] == 0x16 { // a TLS handshake record: intercept TLS
+	if first[0] == 0x16 {      // a TLS handshake record: intercept TLS
 		tun.target.scheme = "https"
 		tc := tls.Server(conn, b.mitmTLS(tun))
 		if err := tc.Handshake(); err != nil {

@@ -339,4 +339,3 @@ func headerHasToken(h http.Header, name, token string) bool {
 	}
 	return false
 }
-
