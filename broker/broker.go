@@ -14,6 +14,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 	"github.com/rs/zerolog"
+	"golang.org/x/net/netutil"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/certs"
@@ -78,6 +79,8 @@ type Broker struct {
 	metrics    *Metrics
 	log        zerolog.Logger
 	proxy      *goproxy.ProxyHttpServer
+	limits     *agentLimiter
+	maxConns   int
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 }
@@ -120,6 +123,8 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		audit:      deps.Audit,
 		metrics:    m,
 		log:        deps.Log,
+		limits:     newAgentLimiter(cfg.Proxy.MaxConnectionsPerAgent),
+		maxConns:   cfg.Proxy.MaxConnections,
 	}
 	m.certCacheSize(b.certs.Len)
 	b.proxy = b.newProxy()
@@ -161,7 +166,7 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(guardedListener{ln}) }()
+	go func() { errc <- srv.Serve(guardedListener{netutil.LimitListener(ln, b.maxConns)}) }()
 	select {
 	case err := <-errc:
 		return err

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/elazarl/goproxy"
 
@@ -42,6 +44,15 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 		return nil, err
 	}
 	x.identify(agent)
+	if err := b.limits.acquire(agent.ID); err != nil {
+		return nil, err
+	}
+	held := true // released when the tunnel ends, or now if it never opens
+	defer func() {
+		if held {
+			b.limits.release(agent.ID)
+		}
+	}()
 	host, port, err := splitHost(r.Host, 443)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
@@ -72,14 +83,21 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 		x.ev.Status = http.StatusOK
 		x.finish()
 		tun := &tunnel{agent: agent, target: t}
+		held = false
 		return &goproxy.ConnectAction{
 			Action: goproxy.ConnectHijack,
-			Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) { b.intercept(client, tun) },
+			Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
+				b.intercept(client, tun, func() { b.limits.release(agent.ID) })
+			},
 		}, nil
 	}
+	held = false
 	return &goproxy.ConnectAction{
 		Action: goproxy.ConnectHijack,
-		Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) { b.pipe(x, req, client, t) },
+		Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
+			defer b.limits.release(agent.ID)
+			b.pipe(x, req, client, t)
+		},
 	}, nil
 }
 
@@ -100,17 +118,39 @@ func (b *Broker) pipe(x *exchange, req *http.Request, client net.Conn, t target)
 		return
 	}
 	var wg sync.WaitGroup
+	var active atomic.Int64
+	active.Store(time.Now().UnixNano())
 	wg.Add(2)
-	go func() { defer wg.Done(); copyHalf(up, client, &x.bytesIn) }()
-	go func() { defer wg.Done(); copyHalf(client, up, &x.bytesOut) }()
+	go func() { defer wg.Done(); copyHalf(up, client, &x.bytesIn, &active) }()
+	go func() { defer wg.Done(); copyHalf(client, up, &x.bytesOut, &active) }()
 	wg.Wait()
 	x.finish()
 }
 
-// copyHalf copies src to dst, then half-closes dst so the other side sees EOF.
-func copyHalf(dst, src net.Conn, n interface{ Add(int64) int64 }) {
-	c, _ := io.Copy(dst, src)
-	n.Add(c)
+// tunnelIdleTimeout ends an opaque tunnel in which neither side sent anything for this long.
+const tunnelIdleTimeout = 5 * time.Minute
+
+// copyHalf copies src to dst, then half-closes dst so the other side sees EOF. The tunnel
+// ends when neither direction moved a byte for tunnelIdleTimeout (active is shared by both).
+func copyHalf(dst, src net.Conn, n interface{ Add(int64) int64 }, active *atomic.Int64) {
+	buf := make([]byte, 32<<10)
+	for {
+		_ = src.SetReadDeadline(time.Now().Add(tunnelIdleTimeout))
+		k, err := src.Read(buf)
+		if k > 0 {
+			active.Store(time.Now().UnixNano())
+			n.Add(int64(k))
+			if _, werr := dst.Write(buf[:k]); werr != nil {
+				break
+			}
+		}
+		if isTimeout(err) && time.Since(time.Unix(0, active.Load())) < tunnelIdleTimeout {
+			continue // the other direction is busy: a long download with a quiet client
+		}
+		if err != nil {
+			break
+		}
+	}
 	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	} else {

@@ -21,6 +21,8 @@ var (
 	errDenied          = errors.New("denied")
 	errBadRequest      = errors.New("bad request")
 	errUpstreamTimeout = errors.New("upstream timeout")
+	errTooMany         = errors.New("too many connections for this agent")
+	errInternal        = errors.New("internal error")
 )
 
 // denial is a deny whose reason the agent may read.
@@ -57,6 +59,12 @@ func classify(err error) agentError {
 	case errors.Is(err, credentials.ErrUnavailable):
 		return agentError{http.StatusServiceUnavailable, "credential_unavailable", "a credential this request needs is unavailable; the request was not sent",
 			"This is a problem on the broker's side. Retrying later may work."}
+	case errors.Is(err, errInternal):
+		return agentError{http.StatusBadGateway, "internal_error", "the broker failed while handling this request; it was not sent",
+			"This is a problem on the broker's side; the details are in its log."}
+	case errors.Is(err, errTooMany):
+		return agentError{http.StatusTooManyRequests, "too_many_connections", "this agent has too many open connections through the broker",
+			"Close idle connections or wait for running requests to finish, then retry."}
 	case errors.Is(err, errBadRequest):
 		return agentError{http.StatusBadRequest, "bad_request", "the request could not be processed",
 			"Check the request's host, URL and headers."}

@@ -23,6 +23,8 @@ type exchange struct {
 	once  sync.Once
 	// bytesIn and bytesOut are updated by the body wrappers, possibly from another goroutine.
 	bytesIn, bytesOut atomic.Int64
+	// release frees the agent's connection slot, when this exchange holds one.
+	release func()
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
@@ -56,6 +58,9 @@ func (x *exchange) finish() {
 		x.b.metrics.requests.WithLabelValues(x.ev.Phase, decision).Inc()
 		x.b.metrics.latency.WithLabelValues(x.ev.Phase).Observe(time.Since(x.ev.Start).Seconds())
 		x.b.audit.Write(&x.ev)
+		if x.release != nil {
+			x.release()
+		}
 		x.b.inflight.Done()
 	})
 }

@@ -21,16 +21,23 @@ const tlsHandshakeTimeout = 10 * time.Second
 // with a leaf for the CONNECT host (issued only now), and serves the requests inside with
 // net/http, so each one gets the server's limits and timeouts and a context that ends when the
 // agent goes away. Every request is decided again (b.exchange with the tunnel).
-func (b *Broker) intercept(client net.Conn, tun *tunnel) {
+func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
+	var once sync.Once
+	done := func() { once.Do(release) }
+	served := false
+	defer func() {
+		if !served {
+			client.Close()
+			done()
+		}
+	}()
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-		client.Close()
 		return
 	}
 	_ = client.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
 	br := bufio.NewReader(client)
 	first, err := br.Peek(1)
 	if err != nil {
-		client.Close()
 		return
 	}
 	var conn net.Conn = &peekedConn{Conn: client, r: br}
@@ -40,7 +47,6 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel) {
 		tc := tls.Server(conn, b.mitmTLS(tun))
 		if err := tc.Handshake(); err != nil {
 			b.log.Debug().Err(err).Str("host", tun.target.host).Msg("agent TLS handshake failed in tunnel")
-			client.Close()
 			return
 		}
 		conn = tc
@@ -54,7 +60,13 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel) {
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          log.New(io.Discard, "", 0),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed || s == http.StateHijacked {
+				done() // the tunnel has ended: the agent's slot is free again
+			}
+		},
 	}
+	served = true
 	_ = srv.Serve(&oneConnListener{conn: conn})
 }
 

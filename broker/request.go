@@ -31,8 +31,16 @@ func (b *Broker) handleRequest(r *http.Request, _ *goproxy.ProxyCtx) (*http.Requ
 
 // exchange runs the pipeline for one request, plain or inside a tunnel, and returns the
 // response for the agent: the upstream's, or a refusal.
-func (b *Broker) exchange(r *http.Request, tun *tunnel) *http.Response {
+func (b *Broker) exchange(r *http.Request, tun *tunnel) (resp *http.Response) {
 	x := b.begin(policy.PhaseRequest, r)
+	defer func() {
+		// A bug must not take the broker down or forward a half-processed request. The panic
+		// value is not logged: it could hold request data.
+		if p := recover(); p != nil {
+			b.log.Error().Str("request_id", x.ev.RequestID).Msg("panic in the request pipeline; request refused")
+			resp = x.fail(r, errInternal)
+		}
+	}()
 	resp, err := b.forward(x, r, tun)
 	if err != nil {
 		return x.fail(r, err)
@@ -110,6 +118,10 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 		return target{}, err
 	}
 	x.identify(agent)
+	if err := b.limits.acquire(agent.ID); err != nil {
+		return target{}, err
+	}
+	x.release = func() { b.limits.release(agent.ID) }
 	if r.URL.Scheme != "http" {
 		return target{}, fmt.Errorf("%w: scheme %q: use CONNECT for https", errBadRequest, r.URL.Scheme)
 	}

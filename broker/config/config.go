@@ -29,6 +29,10 @@ type Config struct {
 
 type Proxy struct {
 	Listen string `yaml:"listen"`
+	// MaxConnections caps agent connections to the proxy in total (default 4096).
+	MaxConnections int `yaml:"max_connections"`
+	// MaxConnectionsPerAgent caps one agent's open tunnels and in-flight requests (default 256).
+	MaxConnectionsPerAgent int `yaml:"max_connections_per_agent"`
 }
 
 type Admin struct {
@@ -184,6 +188,12 @@ func Parse(b []byte) (*Config, error) {
 func (c *Config) SetDefaults() {
 	if c.Proxy.Listen == "" {
 		c.Proxy.Listen = "127.0.0.1:8080"
+	}
+	if c.Proxy.MaxConnections == 0 {
+		c.Proxy.MaxConnections = 4096
+	}
+	if c.Proxy.MaxConnectionsPerAgent == 0 {
+		c.Proxy.MaxConnectionsPerAgent = 256
 	}
 	if c.Admin.Listen == "" {
 		c.Admin.Listen = "127.0.0.1:9090"

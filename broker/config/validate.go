@@ -32,6 +32,12 @@ func (c *Config) Validate() []error {
 	var e errs
 	checkListen(&e, "proxy.listen", c.Proxy.Listen)
 	checkListen(&e, "admin.listen", c.Admin.Listen)
+	if c.Proxy.MaxConnections < 0 {
+		e.add("proxy.max_connections", "must be positive")
+	}
+	if c.Proxy.MaxConnectionsPerAgent < 0 {
+		e.add("proxy.max_connections_per_agent", "must be positive")
+	}
 	if c.CA.CertFile == "" {
 		e.add("ca.cert_file", "required")
 	}

@@ -65,24 +65,11 @@ func splitErrors(err error) []error {
 }
 
 func checkSource(ctx context.Context, src *source, where string) []error {
-	modules := map[string]*ast.Module{}
-	var problems []error
-	for _, m := range src.modules {
-		parsed, err := ast.ParseModuleWithOpts(m.name, string(m.raw), ast.ParserOptions{RegoVersion: ast.RegoV1, Capabilities: Capabilities()})
-		if err != nil {
-			problems = append(problems, splitErrors(err)...)
-			continue
-		}
-		modules[m.name] = parsed
+	c, err := compileModules(src.modules)
+	if err != nil {
+		return splitErrors(err)
 	}
-	if len(problems) > 0 {
-		return problems
-	}
-	c := ast.NewCompiler().WithCapabilities(Capabilities())
-	if c.Compile(modules); c.Failed() {
-		return splitErrors(c.Errors)
-	}
-	problems = checkDecision(c, where)
+	problems := checkDecision(c, where)
 	// The broker prepares the query with the data; that must work too.
 	if _, err := compile(ctx, src); err != nil && len(problems) == 0 {
 		problems = append(problems, splitErrors(err)...)

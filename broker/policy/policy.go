@@ -113,25 +113,54 @@ func Files(fsys fs.FS) ([]string, error) {
 	return names, err
 }
 
-// compile prepares the decision query over the source's modules and data.
+// compile prepares the decision query over the source's modules and data. The modules are
+// compiled first on their own, so that errors are OPA's, one per problem, with file:line.
 func compile(ctx context.Context, src *source) (*prepared, error) {
 	if len(src.modules) == 0 {
 		return nil, errors.New("no .rego policy files found")
 	}
-	opts := []func(*rego.Rego){
+	c, err := compileModules(src.modules)
+	if err != nil {
+		return nil, fmt.Errorf("compiling policies: %w", err)
+	}
+	pq, err := rego.New(
 		rego.Query(Query),
+		rego.Compiler(c),
 		rego.Capabilities(Capabilities()),
 		rego.StrictBuiltinErrors(true),
 		rego.Store(inmem.NewFromObject(src.data)),
-	}
-	for _, m := range src.modules {
-		opts = append(opts, rego.Module(m.name, string(m.raw)))
-	}
-	pq, err := rego.New(opts...).PrepareForEval(ctx)
+	).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("compiling policies: %w", err)
 	}
 	return &prepared{query: pq, revision: src.revision}, nil
+}
+
+// compileModules parses (Rego v1) and compiles modules with the broker's capabilities.
+// The error is an ast.Errors listing every problem.
+func compileModules(modules []module) (*ast.Compiler, error) {
+	parsed := make(map[string]*ast.Module, len(modules))
+	var errs ast.Errors
+	for _, m := range modules {
+		pm, err := ast.ParseModuleWithOpts(m.name, string(m.raw), ast.ParserOptions{RegoVersion: ast.RegoV1, Capabilities: Capabilities()})
+		if err != nil {
+			var astErrs ast.Errors
+			if errors.As(err, &astErrs) {
+				errs = append(errs, astErrs...)
+				continue
+			}
+			return nil, err
+		}
+		parsed[m.name] = pm
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	c := ast.NewCompiler().WithCapabilities(Capabilities())
+	if c.Compile(parsed); c.Failed() {
+		return nil, c.Errors
+	}
+	return c, nil
 }
 
 // Decide evaluates the policy for one input. Errors (including timeouts, panics inside the

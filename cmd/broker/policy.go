@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -97,19 +98,29 @@ func cmdPolicyTest(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("policy test %s:\n%w", dir, indent(err))
 	}
-	// Count what the reporter prints, to set the exit code.
-	counted := make(chan *tester.Result)
-	var total, failed int
-	go func() {
-		defer close(counted)
-		for r := range ch {
-			total++
-			if r.Fail || r.Error != nil {
-				failed++
-			}
-			counted <- r
+	// Tests run in parallel; report them in file and line order, and count the failures
+	// for the exit code.
+	var results []*tester.Result
+	var failed int
+	for r := range ch {
+		results = append(results, r)
+		if r.Fail || r.Error != nil {
+			failed++
 		}
-	}()
+	}
+	total := len(results)
+	sort.SliceStable(results, func(i, j int) bool {
+		a, b := results[i].Location, results[j].Location
+		if a == nil || b == nil {
+			return b != nil
+		}
+		return a.File < b.File || a.File == b.File && a.Row < b.Row
+	})
+	counted := make(chan *tester.Result, len(results))
+	for _, r := range results {
+		counted <- r
+	}
+	close(counted)
 	rep := tester.PrettyReporter{Output: stdout, Verbose: *verbose, FailureLine: true}
 	if err := rep.Report(counted); err != nil {
 		return err
