@@ -1,6 +1,9 @@
 package broker
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestSplitHost(t *testing.T) {
 	cases := map[string]struct {
@@ -53,4 +56,25 @@ func TestSplitHost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzSplitHost: whatever the agent sends as a host, a result is canonical (normalising it
+// again changes nothing) and never contains characters that could alter a URL or a header.
+func FuzzSplitHost(f *testing.F) {
+	for _, s := range []string{"api.example.com:443", "2130706433", "0x7f.1", "[::ffff:127.0.0.1]:80", "a..b", "127.0.0.1:0", "0177.0.0.1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		h, p, err := splitHost(in, 443)
+		if err != nil {
+			return
+		}
+		if strings.ContainsAny(h, "/@?#% \r\n\t[]") || p < 1 || p > 65535 {
+			t.Fatalf("splitHost(%q) = %q, %d", in, h, p)
+		}
+		h2, _, err := splitHost(h, 443)
+		if err != nil || h2 != h {
+			t.Fatalf("not canonical: %q -> %q -> %q (%v)", in, h, h2, err)
+		}
+	})
 }

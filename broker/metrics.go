@@ -2,6 +2,7 @@ package broker
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Metrics are the broker's Prometheus metrics. Labels carry only fixed vocabularies (phase,
@@ -35,7 +36,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Policy reloads, by result (ok, error).",
 		}, []string{"result"}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.reloads)
+	reg.MustRegister(m.requests, m.latency, m.reloads,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

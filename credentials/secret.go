@@ -1,10 +1,14 @@
-// Package credentials is where secrets come from: environment variables and files now, Vault later.
-// It knows nothing of the broker's pipeline; the broker asks it for values by credential name.
+// Package credentials is where secrets come from: environment variables, files, and HashiCorp
+// Vault (KV v1/v2 and dynamic secrets with leases, see Vault). A Store caches the values,
+// refreshes them, keeps serving them through a Vault outage up to a limit, and remembers
+// rotated-out values for scrubbing. It knows nothing of the broker's pipeline; the broker asks
+// it for values by credential name.
 package credentials
 
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -15,10 +19,22 @@ const redacted = "[REDACTED]"
 // Secret holds a credential value. It redacts itself in fmt, JSON and zerolog, so a value that
 // slips into a log line or an error shows as [REDACTED]. Only Reveal returns the value, and only
 // the injection step calls it.
-type Secret struct{ v string }
+type Secret struct {
+	v string
+	// For values with a lifetime (Vault leases): refreshBy is when the Store must ask the
+	// source again even if its refresh interval has not passed, expires is when the value
+	// stops working and must no longer be served. Zero means no such limit.
+	refreshBy, expires time.Time
+}
 
 // NewSecret wraps a value.
 func NewSecret(v string) Secret { return Secret{v: v} }
+
+// expiringSecret wraps a value that must be fetched again by refreshBy and is unusable after
+// expires (zero times mean no limit).
+func expiringSecret(v string, refreshBy, expires time.Time) Secret {
+	return Secret{v: v, refreshBy: refreshBy, expires: expires}
+}
 
 // Reveal returns the value. Call it only where the value is put on the wire.
 func (s Secret) Reveal() string { return s.v }

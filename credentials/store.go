@@ -2,6 +2,7 @@ package credentials
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"sort"
@@ -13,9 +14,29 @@ import (
 // ErrUnknown is returned for a credential name the store was not built with.
 var ErrUnknown = errors.New("unknown credential")
 
-// Store holds the sources of the configured credentials and caches their values. A value is
-// re-read after Refresh; if the re-read fails, the last good value keeps serving until it is
-// MaxStale old, then Get fails with ErrUnavailable. It never returns an empty secret.
+const (
+	// previousMin is the shortest time Previous keeps reporting a replaced value.
+	previousMin = 5 * time.Minute
+	// maxPrevious bounds how many replaced values Previous keeps per credential.
+	maxPrevious = 8
+	// retryMin is the first delay before a failed fetch is tried again (capped by Refresh).
+	retryMin = time.Second
+)
+
+// Store holds the sources of the configured credentials and caches their values.
+//
+//   - A value is re-read after Refresh, or earlier when the source says it must be (a Vault
+//     lease about to end).
+//   - If the re-read fails, the last good value keeps serving until it is MaxStale old (or its
+//     lease has expired), then Get fails with ErrUnavailable.
+//   - After a failure the source is not asked again before a delay that grows exponentially
+//     (with jitter) from 1s up to Refresh, so an outage never turns requests into a stream of
+//     calls to Vault; in the meantime Get serves the cached value or the last error at once.
+//   - While one caller re-reads a value, other callers are served the cached value instead of
+//     waiting for the source.
+//   - When a re-read returns a different value (a rotation), the old one is kept for Previous.
+//
+// It never returns an empty secret.
 type Store struct {
 	refresh, maxStale time.Duration
 	now               func() time.Time
@@ -24,14 +45,24 @@ type Store struct {
 
 type entry struct {
 	src  Source
-	mu   sync.Mutex // serialises fetches of this credential
 	cur  atomic.Pointer[cached]
 	last atomic.Pointer[error]
+	prev atomic.Pointer[[]replaced]
+
+	mu      sync.Mutex // serialises fetches of this credential; guards the fields below
+	retry   backoff
+	retryAt time.Time // after a failure, no fetch before this
 }
 
 type cached struct {
 	val     Secret
 	fetched time.Time
+}
+
+// replaced is a value that a rotation replaced, and when.
+type replaced struct {
+	val Secret
+	at  time.Time
 }
 
 // StoreOptions tunes caching. Zero values mean Refresh 1m and MaxStale 15m.
@@ -49,7 +80,7 @@ func NewStore(sources map[string]Source, opts StoreOptions) *Store {
 	}
 	s := &Store{refresh: opts.Refresh, maxStale: opts.MaxStale, now: time.Now, entries: map[string]*entry{}}
 	for name, src := range sources {
-		s.entries[name] = &entry{src: src}
+		s.entries[name] = &entry{src: src, retry: backoff{min: min(retryMin, opts.Refresh), max: opts.Refresh}}
 	}
 	return s
 }
@@ -60,21 +91,42 @@ func (s *Store) Get(ctx context.Context, name string) (Secret, error) {
 	if !ok {
 		return Secret{}, fmt.Errorf("%w %q", ErrUnknown, name)
 	}
-	if c := e.cur.Load(); c != nil && s.now().Sub(c.fetched) < s.refresh {
-		return c.val, nil
-	}
-	return s.fetch(ctx, name, e)
-}
-
-func (s *Store) fetch(ctx context.Context, name string, e *entry) (Secret, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	now := s.now()
 	c := e.cur.Load()
-	if c != nil && now.Sub(c.fetched) < s.refresh {
+	if s.fresh(c, now) {
+		return c.val, nil
+	}
+	if s.usable(c, now) {
+		// Someone is already re-reading it (perhaps waiting on an unreachable Vault): the
+		// cached value is still good, so do not make this request wait.
+		if !e.mu.TryLock() {
+			return c.val, nil
+		}
+	} else {
+		e.mu.Lock()
+	}
+	defer e.mu.Unlock()
+	return s.fetchLocked(ctx, name, e)
+}
+
+// fetchLocked re-reads the value unless it is fresh or the entry is backing off after a
+// failure. e.mu must be held.
+func (s *Store) fetchLocked(ctx context.Context, name string, e *entry) (Secret, error) {
+	now := s.now()
+	c := e.cur.Load()
+	if s.fresh(c, now) {
 		return c.val, nil // another caller refreshed it while we waited
 	}
+	if now.Before(e.retryAt) {
+		if s.usable(c, now) {
+			return c.val, nil
+		}
+		if p := e.last.Load(); p != nil {
+			return Secret{}, *p
+		}
+	}
 	v, err := e.src.Fetch(ctx)
+	now = s.now()
 	if err == nil && v.IsZero() {
 		err = fmt.Errorf("%w: empty value", ErrUnavailable)
 	}
@@ -83,15 +135,82 @@ func (s *Store) fetch(ctx context.Context, name string, e *entry) (Secret, error
 		if !errors.Is(err, ErrUnavailable) {
 			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		e.last.Store(&err)
-		if c != nil && now.Sub(c.fetched) < s.maxStale {
+		if ctx.Err() == nil { // a caller that went away says nothing about the source
+			e.last.Store(&err)
+			e.retryAt = now.Add(e.retry.next())
+		}
+		if s.usable(c, now) {
 			return c.val, nil
 		}
 		return Secret{}, err
 	}
 	e.last.Store(nil)
+	e.retry.reset()
+	e.retryAt = time.Time{}
+	if c != nil && !sameValue(c.val, v) {
+		s.remember(e, c.val, v, now)
+	}
 	e.cur.Store(&cached{val: v, fetched: now})
 	return v, nil
+}
+
+// fresh reports whether c can be served without asking the source.
+func (s *Store) fresh(c *cached, now time.Time) bool {
+	return c != nil && now.Sub(c.fetched) < s.refresh &&
+		(c.val.refreshBy.IsZero() || now.Before(c.val.refreshBy))
+}
+
+// usable reports whether c may still be served when the source cannot be read.
+func (s *Store) usable(c *cached, now time.Time) bool {
+	return c != nil && now.Sub(c.fetched) < s.maxStale &&
+		(c.val.expires.IsZero() || now.Before(c.val.expires))
+}
+
+// previousWindow is how long Previous reports a replaced value: at least 5 minutes, and at
+// least one refresh interval. Requests that were given the old value may still be streaming
+// responses, and an upstream may echo the old value for a while after a rotation.
+func (s *Store) previousWindow() time.Duration { return max(s.refresh, previousMin) }
+
+// remember records that old was replaced by cur at now. e.mu must be held.
+func (s *Store) remember(e *entry, old, cur Secret, now time.Time) {
+	list := []replaced{{val: NewSecret(old.v), at: now}}
+	if p := e.prev.Load(); p != nil {
+		for _, r := range *p {
+			if len(list) == maxPrevious {
+				break
+			}
+			if now.Sub(r.at) < s.previousWindow() && !sameValue(r.val, cur) && !sameValue(r.val, old) {
+				list = append(list, r)
+			}
+		}
+	}
+	e.prev.Store(&list)
+}
+
+// Previous returns the values of the named credential that a rotation replaced within the
+// last max(Refresh, 5m), newest first (at most 8). The broker scrubs them from responses too,
+// so an old value that is still in flight is not shown to the agent.
+func (s *Store) Previous(name string) []Secret {
+	e, ok := s.entries[name]
+	if !ok {
+		return nil
+	}
+	p := e.prev.Load()
+	if p == nil {
+		return nil
+	}
+	now := s.now()
+	var out []Secret
+	for _, r := range *p {
+		if now.Sub(r.at) < s.previousWindow() {
+			out = append(out, r.val)
+		}
+	}
+	return out
+}
+
+func sameValue(a, b Secret) bool {
+	return subtle.ConstantTimeCompare([]byte(a.v), []byte(b.v)) == 1
 }
 
 // Warm fetches every credential once and returns the problems, one per credential that could
@@ -99,7 +218,11 @@ func (s *Store) fetch(ctx context.Context, name string, e *entry) (Secret, error
 func (s *Store) Warm(ctx context.Context) []error {
 	var errs []error
 	for _, name := range s.Names() {
-		if _, err := s.fetch(ctx, name, s.entries[name]); err != nil {
+		e := s.entries[name]
+		e.mu.Lock()
+		_, err := s.fetchLocked(ctx, name, e)
+		e.mu.Unlock()
+		if err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -112,8 +235,7 @@ func (s *Store) NotReady() map[string]string {
 	out := map[string]string{}
 	now := s.now()
 	for name, e := range s.entries {
-		c := e.cur.Load()
-		if c != nil && now.Sub(c.fetched) < s.maxStale {
+		if s.usable(e.cur.Load(), now) {
 			continue
 		}
 		if p := e.last.Load(); p != nil {

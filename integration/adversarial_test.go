@@ -12,8 +12,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -151,5 +153,82 @@ func TestAttackRequestSmuggling(t *testing.T) {
 	}
 	if n := len(e.received()); n != 0 {
 		t.Fatalf("upstream received %d requests", n)
+	}
+}
+
+func TestAttackPolicyErrorFailsClosed(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	out, _ := e.curl("-i", e.url("/broken/x"))
+	if !strings.HasPrefix(out, "HTTP/1.1 503") || !strings.Contains(out, `"error":"policy_error"`) {
+		t.Fatalf("a policy evaluation error must deny with 503 policy_error:\n%s", out)
+	}
+	if strings.Contains(out, "to_number") {
+		t.Fatal("internal policy error text reached the agent")
+	}
+	if n := len(e.received()); n != 0 {
+		t.Fatalf("upstream received %d requests", n)
+	}
+}
+
+func TestAttackCredentialForUnboundHost(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	// The policy grants "canary" to any /api/ path; the credential is bound to 127.0.0.1 only.
+	plain := httptest.NewServer(e.record(http.HandlerFunc(e.echo)))
+	defer plain.Close()
+	u := strings.Replace(plain.URL, "127.0.0.1", "localhost", 1) + "/api/echo"
+	out, _ := e.curl("-i", u)
+	if !strings.HasPrefix(out, "HTTP/1.1 403") {
+		t.Fatalf("want 403 for a credential granted to a host it is not bound to:\n%s", out)
+	}
+	if n := len(e.received()); n != 0 {
+		t.Fatalf("upstream received %d requests", n)
+	}
+}
+
+func TestAttackUpstreamTLSFailures(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	var hits atomic.Int32
+	h := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) })
+	for name, leaf := range map[string]tls.Certificate{
+		"wrong name": e.pki.issue(t, "other.example", time.Now().Add(time.Hour)),
+		"expired":    e.pki.issue(t, "127.0.0.1", time.Now().Add(-time.Minute)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := httptest.NewUnstartedServer(h)
+			srv.TLS = &tls.Config{Certificates: []tls.Certificate{leaf}}
+			srv.StartTLS()
+			defer srv.Close()
+			out, _ := e.curl("-i", srv.URL+"/api/echo")
+			if !strings.HasPrefix(out, "HTTP/1.1 502") || !strings.Contains(out, `"error":"upstream_error"`) {
+				t.Fatalf("want 502 upstream_error:\n%s", out)
+			}
+		})
+	}
+	if hits.Load() != 0 {
+		t.Fatal("an upstream that failed TLS verification received a request (and so the credential)")
+	}
+}
+
+func TestAttackConnectionCapPerAgent(t *testing.T) {
+	e := newEnv(t, envOpts{proxy: "max_connections_per_agent: 2"})
+	// Two open tunnels hold the agent's two slots.
+	a := e.rawTunnel(t, "127.0.0.1")
+	b := e.rawTunnel(t, "127.0.0.1")
+	out, _ := e.curl("-o", "/dev/null", "-w", "%{http_connect}", e.url("/open/x"))
+	if !strings.HasSuffix(out, "429") {
+		t.Fatalf("third connection: want 429, got %q", out)
+	}
+	a.Close()
+	b.Close()
+	// Closing the tunnels frees the slots once the broker has seen both closes; each try is a
+	// real request, bounded in number.
+	for i := 0; ; i++ {
+		out, _ = e.curl("-o", "/dev/null", "-w", "%{http_code}", e.url("/open/x"))
+		if out == "200" {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("slots never freed: %q", out)
+		}
 	}
 }

@@ -52,6 +52,11 @@ decision := {"allow": true} if {
 	startswith(input.request.path, "/open/")
 }
 
+decision := {"allow": to_number("not a number") > 0} if {
+	input.phase == "request"
+	startswith(input.request.path, "/broken/")
+}
+
 decision := {"allow": true, "credentials": ["missing"]} if {
 	input.phase == "request"
 	startswith(input.request.path, "/missing/")
@@ -86,6 +91,7 @@ type envOpts struct {
 	handler      http.Handler // extra routes on the upstream, tried before the default echo
 	policy       string
 	includeInput bool
+	proxy        string // extra proxy config keys
 	gitRoot      string // serve the bare repositories under this folder at /git/, behind basic auth
 }
 
@@ -134,8 +140,9 @@ credentials:
     inject: {header: X-Api-Key, value: "{{secret}}"}
 audit: {include_input: %v}
 `, e.pki.caFile, agentID, o.includeInput),
-		mode: o.mode,
-		env:  []string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary},
+		mode:  o.mode,
+		proxy: o.proxy,
+		env:   []string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary},
 	})
 	t.Cleanup(e.assertNoCanaryLeaked)
 	return e

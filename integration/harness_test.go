@@ -53,6 +53,8 @@ const waitTimeout = 30 * time.Second
 
 // upstreamPKI is a private CA for the test upstreams, trusted by the broker via upstream.ca_file.
 type upstreamPKI struct {
+	caCert *x509.Certificate
+	caKey  *ecdsa.PrivateKey
 	caFile string
 	leaf   tls.Certificate
 	pool   *x509.CertPool
@@ -88,7 +90,28 @@ func newUpstreamPKI(t *testing.T) *upstreamPKI {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca)
-	return &upstreamPKI{caFile: caFile, leaf: tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}, pool: pool}
+	return &upstreamPKI{caCert: ca, caKey: caKey, caFile: caFile, leaf: tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}, pool: pool}
+}
+
+// issue makes a leaf from the PKI's CA for name, valid until notAfter.
+func (p *upstreamPKI) issue(t *testing.T, name string, notAfter time.Time) tls.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: notAfter.Add(-48 * time.Hour), NotAfter: notAfter,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+	if ip := net.ParseIP(name); ip != nil {
+		tmpl.IPAddresses = []net.IP{ip}
+	} else {
+		tmpl.DNSNames = []string{name}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // serve starts a TLS upstream on 127.0.0.1 with a certificate from the PKI.
@@ -118,6 +141,7 @@ type brokerOpts struct {
 	config string // YAML after the generated proxy/admin/ca/policy/audit sections
 	policy string // broker.rego content
 	mode   string // policy.mode
+	proxy  string // extra proxy keys, e.g. "max_connections_per_agent: 2"
 	env    []string
 }
 
@@ -134,11 +158,14 @@ func startBroker(t *testing.T, o brokerOpts) *brokerProc {
 		t.Fatal(err)
 	}
 	b.writePolicy(t, "broker.rego", o.policy)
-	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0"}
+	if o.proxy != "" {
+		o.proxy = ", " + o.proxy
+	}
+	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0"%s}
 admin: {listen: "127.0.0.1:0"}
 ca: {cert_file: %q, key_file: %q}
 policy: {dir: %q, mode: %s}
-`, b.caFile, filepath.Join(dir, "ca", "ca.key"), b.policyDir, o.mode) + o.config
+`, o.proxy, b.caFile, filepath.Join(dir, "ca", "ca.key"), b.policyDir, o.mode) + o.config
 	cfgFile := filepath.Join(dir, "broker.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,50 @@
+package scrub
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// FuzzReader: for any input, patterns and read split, the streaming Reader produces exactly
+// what String does, and no pattern survives in the output when the replacement cannot
+// recreate it. This covers both scrubbing and placeholder substitution.
+func FuzzReader(f *testing.F) {
+	f.Add("xx sk-secret yy sk-sec", "sk-secret", "PLACEHOLDER", 3)
+	f.Add("aaaa", "aa", "a", 1)
+	f.Fuzz(func(t *testing.T, in, p1, p2 string, chunk int) {
+		r := New(p1, "[REDACTED]", p2, "[REDACTED]")
+		want := r.String(in)
+		if chunk <= 0 || chunk > 64 {
+			chunk = 1 + len(in)%7
+		}
+		got, err := io.ReadAll(r.Reader(io.NopCloser(iotest.OneByteReader(&chunked{s: in, n: chunk}))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want {
+			t.Fatalf("Reader %q != String %q", got, want)
+		}
+		for _, p := range []string{p1, p2} {
+			if p != "" && !strings.Contains("[REDACTED]", p) && strings.Contains(want, p) {
+				t.Fatalf("pattern %q survived in %q", p, want)
+			}
+		}
+	})
+}
+
+type chunked struct {
+	s string
+	n int
+}
+
+func (c *chunked) Read(p []byte) (int, error) {
+	if c.s == "" {
+		return 0, io.EOF
+	}
+	k := min(c.n, len(p), len(c.s))
+	copy(p, c.s[:k])
+	c.s = c.s[k:]
+	return k, nil
+}

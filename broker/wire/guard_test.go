@@ -1,0 +1,94 @@
+package wire
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"strings"
+	"testing"
+)
+
+// verdict feeds data to a guard in the given read sizes and reports what the server side
+// received and whether the guard refused the stream.
+func verdict(t testing.TB, data []byte, split int) (got []byte, refused bool) {
+	client, server := net.Pipe()
+	g := Guard(server, []byte("REJECTED"))
+	go func() {
+		for len(data) > 0 {
+			n := min(split, len(data))
+			if _, err := client.Write(data[:n]); err != nil {
+				break
+			}
+			data = data[n:]
+		}
+		client.Close()
+	}()
+	go io.Copy(io.Discard, client) // the rejection, if any
+	buf := make([]byte, 1<<16)
+	for {
+		n, err := g.Read(buf)
+		got = append(got, buf[:n]...)
+		if err == ErrFraming {
+			return got, true
+		}
+		if err != nil {
+			return got, false
+		}
+	}
+}
+
+func TestGuard(t *testing.T) {
+	cases := map[string]struct {
+		in      string
+		refused bool
+	}{
+		"simple GET":            {"GET / HTTP/1.1\r\nHost: a\r\n\r\n", false},
+		"pipelined":             {"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n", false},
+		"body by length":        {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello", false},
+		"chunked with ext":      {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n0\r\nT: v\r\n\r\n", false},
+		"connect then bytes":    {"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n\x16\x03\x01garbage\n\n", false},
+		"CL and TE":             {"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", true},
+		"duplicate CL":          {"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc", true},
+		"TE list":               {"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", true},
+		"obs-fold":              {"GET / HTTP/1.1\r\nX: 1\r\n 2\r\n\r\n", true},
+		"bare LF":               {"GET / HTTP/1.1\nHost: a\n\n", true},
+		"bad chunk size":        {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nxyz\r\n", true},
+		"chunk missing CRLF":    {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n", true},
+		"smuggled after length": {"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\nabGET / HTTP/1.1\nX: y\n\n", true},
+		"space in header name":  {"GET / HTTP/1.1\r\nX A: 1\r\n\r\n", true},
+		"control char in value": {"GET / HTTP/1.1\r\nX: a\x01b\r\n\r\n", true},
+		"plus sign length":      {"POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc", true},
+		"huge head":             {"GET / HTTP/1.1\r\nX: " + strings.Repeat("a", maxHead) + "\r\n\r\n", true},
+	}
+	for name, c := range cases {
+		for _, split := range []int{1, 7, 1 << 16} {
+			got, refused := verdict(t, []byte(c.in), split)
+			if refused != c.refused {
+				t.Errorf("%s (reads of %d): refused=%v, want %v", name, split, refused, c.refused)
+			}
+			if !refused && !bytes.Equal(got, []byte(c.in)) {
+				t.Errorf("%s: passed bytes differ", name)
+			}
+		}
+	}
+}
+
+// FuzzGuard: the verdict does not depend on how the stream is split into reads, the guard
+// never panics, and it never passes on bytes that differ from its input.
+func FuzzGuard(f *testing.F) {
+	f.Add([]byte("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"), 3)
+	f.Add([]byte("GET / HTTP/1.1\r\nX: 1\r\n 2\r\n\r\n"), 1)
+	f.Fuzz(func(t *testing.T, data []byte, split int) {
+		if split <= 0 || split > len(data)+1 {
+			split = len(data) + 1
+		}
+		whole, refusedWhole := verdict(t, data, len(data)+1)
+		parts, refusedParts := verdict(t, data, split)
+		if refusedWhole != refusedParts {
+			t.Fatalf("verdict depends on read split: whole=%v split(%d)=%v", refusedWhole, split, refusedParts)
+		}
+		if !bytes.HasPrefix(data, whole) || !bytes.HasPrefix(data, parts) {
+			t.Fatal("guard passed bytes that are not a prefix of its input")
+		}
+	})
+}

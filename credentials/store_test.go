@@ -1,0 +1,266 @@
+package credentials
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// clock is a settable time source for Store.now.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// scripted is a Source whose answer the test sets, counting calls.
+type scripted struct {
+	mu    sync.Mutex
+	val   Secret
+	err   error
+	calls int
+	gate  chan struct{} // when set, Fetch waits for it (or ctx)
+}
+
+func (s *scripted) set(v Secret, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.val, s.err = v, err
+}
+
+func (s *scripted) count() int { s.mu.Lock(); defer s.mu.Unlock(); return s.calls }
+
+func (s *scripted) Fetch(ctx context.Context) (Secret, error) {
+	s.mu.Lock()
+	s.calls++
+	v, err, gate := s.val, s.err, s.gate
+	s.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return Secret{}, ctx.Err()
+		}
+	}
+	return v, err
+}
+
+func newTestStore(src Source, opts StoreOptions) (*Store, *clock) {
+	s := NewStore(map[string]Source{"c": src}, opts)
+	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s.now = clk.now
+	return s, clk
+}
+
+func mustGet(t *testing.T, s *Store) string {
+	t.Helper()
+	v, err := s.Get(context.Background(), "c")
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	return v.Reveal()
+}
+
+func reveal(ss []Secret) []string {
+	out := []string{}
+	for _, s := range ss {
+		out = append(out, s.Reveal())
+	}
+	return out
+}
+
+func TestStorePreviousKeepsReplacedValuesForAWhile(t *testing.T) {
+	src := &scripted{val: NewSecret("v0")}
+	s, clk := newTestStore(src, StoreOptions{Refresh: time.Minute, MaxStale: time.Hour})
+	if got := mustGet(t, s); got != "v0" {
+		t.Fatalf("got %q", got)
+	}
+	if p := s.Previous("c"); len(p) != 0 {
+		t.Fatalf("Previous before any rotation: %v", reveal(p))
+	}
+	for i := 1; i <= 10; i++ {
+		src.set(NewSecret(fmt.Sprintf("v%d", i)), nil)
+		clk.add(time.Minute)
+		if got := mustGet(t, s); got != fmt.Sprintf("v%d", i) {
+			t.Fatalf("after rotation %d: got %q", i, got)
+		}
+	}
+	// Replaced within the last 5 minutes (the window, as Refresh is shorter), newest first.
+	if got := fmt.Sprint(reveal(s.Previous("c"))); got != "[v9 v8 v7 v6 v5]" {
+		t.Fatalf("Previous = %s", got)
+	}
+	clk.add(5 * time.Minute)
+	if p := s.Previous("c"); len(p) != 0 {
+		t.Fatalf("Previous after the window: %v", reveal(p))
+	}
+	if s.Previous("nope") != nil {
+		t.Fatal("Previous of an unknown credential")
+	}
+
+	// A short refresh interval: at most maxPrevious values are kept.
+	src = &scripted{val: NewSecret("w0")}
+	s, clk = newTestStore(src, StoreOptions{Refresh: 10 * time.Second, MaxStale: time.Hour})
+	mustGet(t, s)
+	for i := 1; i <= 12; i++ {
+		src.set(NewSecret(fmt.Sprintf("w%d", i)), nil)
+		clk.add(10 * time.Second)
+		mustGet(t, s)
+	}
+	if got := fmt.Sprint(reveal(s.Previous("c"))); got != "[w11 w10 w9 w8 w7 w6 w5 w4]" {
+		t.Fatalf("Previous = %s", got)
+	}
+
+	// A long refresh interval widens the window to one interval.
+	src = &scripted{val: NewSecret("x0")}
+	s, clk = newTestStore(src, StoreOptions{Refresh: time.Hour, MaxStale: 2 * time.Hour})
+	mustGet(t, s)
+	src.set(NewSecret("x1"), nil)
+	clk.add(time.Hour)
+	mustGet(t, s)
+	clk.add(59 * time.Minute)
+	if got := fmt.Sprint(reveal(s.Previous("c"))); got != "[x0]" {
+		t.Fatalf("Previous 59m after the rotation = %s", got)
+	}
+	clk.add(time.Minute)
+	if p := s.Previous("c"); len(p) != 0 {
+		t.Fatalf("Previous 1h after the rotation: %v", reveal(p))
+	}
+}
+
+func TestStoreBacksOffAfterFailures(t *testing.T) {
+	down := fmt.Errorf("%w: vault unreachable", ErrUnavailable)
+	src := &scripted{err: down}
+	s, clk := newTestStore(src, StoreOptions{Refresh: time.Minute, MaxStale: 10 * time.Minute})
+
+	// No value yet: the first Get asks the source, the next ones get the error without asking.
+	for range 100 {
+		if _, err := s.Get(context.Background(), "c"); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Get: %v", err)
+		}
+	}
+	if n := src.count(); n != 1 {
+		t.Fatalf("source asked %d times while backing off, want 1", n)
+	}
+	if nr := s.NotReady(); nr["c"] == "" {
+		t.Fatalf("NotReady = %v", nr)
+	}
+	// The delays grow: after 1s (at most) one more try, then at most one per doubling delay.
+	clk.add(time.Second)
+	_, _ = s.Get(context.Background(), "c")
+	if n := src.count(); n != 2 {
+		t.Fatalf("source asked %d times after 1s, want 2", n)
+	}
+	for range 10 {
+		clk.add(time.Second)
+		_, _ = s.Get(context.Background(), "c")
+	}
+	if n := src.count(); n < 4 || n > 6 {
+		t.Fatalf("source asked %d times over 10s of growing backoff, want 4..6", n)
+	}
+
+	// Recovery: the value is served, and the backoff starts again from the beginning.
+	src.set(NewSecret("ok"), nil)
+	clk.add(time.Minute)
+	if got := mustGet(t, s); got != "ok" {
+		t.Fatalf("got %q", got)
+	}
+
+	// With a cached value, failures serve it (stale) and still do not hammer the source.
+	src.set(Secret{}, down)
+	clk.add(time.Minute)
+	before := src.count()
+	for range 100 {
+		if got := mustGet(t, s); got != "ok" {
+			t.Fatalf("stale: got %q", got)
+		}
+	}
+	if n := src.count() - before; n != 1 {
+		t.Fatalf("source asked %d times while serving stale, want 1", n)
+	}
+	clk.add(10 * time.Minute) // past MaxStale since the last good read
+	if _, err := s.Get(context.Background(), "c"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("past MaxStale: %v", err)
+	}
+}
+
+func TestStoreCancelledCallerDoesNotStartBackoff(t *testing.T) {
+	src := &scripted{val: NewSecret("ok"), gate: make(chan struct{})}
+	s, _ := newTestStore(src, StoreOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Get(ctx, "c"); err == nil {
+		t.Fatal("want an error for a cancelled caller")
+	}
+	close(src.gate)
+	if got := mustGet(t, s); got != "ok" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestStoreServesCachedValueWhileARefreshIsInFlight(t *testing.T) {
+	src := &scripted{val: NewSecret("v1")}
+	s, clk := newTestStore(src, StoreOptions{Refresh: time.Minute})
+	mustGet(t, s)
+
+	gate := make(chan struct{})
+	src.mu.Lock()
+	src.gate, src.val = gate, NewSecret("v2")
+	src.mu.Unlock()
+	clk.add(time.Minute)
+
+	done := make(chan string)
+	go func() { v, _ := s.Get(context.Background(), "c"); done <- v.Reveal() }()
+	// Wait until the first Get is inside Fetch, then a second Get must not wait for it.
+	deadline := time.Now().Add(5 * time.Second)
+	for src.count() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the refresh never started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := mustGet(t, s); got != "v1" {
+		t.Fatalf("during the refresh: got %q, want the cached v1", got)
+	}
+	close(gate)
+	if got := <-done; got != "v2" {
+		t.Fatalf("the refreshing Get returned %q", got)
+	}
+}
+
+func TestStoreHonoursValueLifetimes(t *testing.T) {
+	src := &scripted{}
+	s, clk := newTestStore(src, StoreOptions{Refresh: time.Hour, MaxStale: 2 * time.Hour})
+	start := clk.now()
+	src.set(expiringSecret("lease1", start.Add(10*time.Second), start.Add(20*time.Second)), nil)
+	mustGet(t, s)
+
+	clk.add(9 * time.Second)
+	mustGet(t, s)
+	if n := src.count(); n != 1 {
+		t.Fatalf("asked %d times before refreshBy", n)
+	}
+	clk.add(time.Second) // refreshBy reached, long before Refresh
+	mustGet(t, s)
+	if n := src.count(); n != 2 {
+		t.Fatalf("asked %d times at refreshBy, want 2", n)
+	}
+	// Vault down: the value is served until it expires, not for MaxStale.
+	src.set(Secret{}, fmt.Errorf("%w: down", ErrUnavailable))
+	clk.add(5 * time.Second)
+	if got := mustGet(t, s); got != "lease1" {
+		t.Fatalf("before expiry: %q", got)
+	}
+	clk.add(5 * time.Second)
+	if _, err := s.Get(context.Background(), "c"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("after expiry: %v", err)
+	}
+}
