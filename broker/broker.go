@@ -35,6 +35,9 @@ type Decider interface {
 // Secrets returns credential values by name. *credentials.Store implements it.
 type Secrets interface {
 	Get(ctx context.Context, name string) (credentials.Secret, error)
+	// Previous returns values the credential had until recently, so that a response is
+	// scrubbed of the old value too while a rotation settles.
+	Previous(name string) []credentials.Secret
 }
 
 var (

@@ -77,7 +77,6 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 	if _, err := b.authorize(x, in, d, err); err != nil {
 		return nil, err
 	}
-	x.ev.Credentials = nil // nothing is injected at connect time
 
 	if d.Intercept || x.ev.WouldDeny {
 		x.ev.Status = http.StatusOK

@@ -76,6 +76,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		for _, s := range g.Apply(out, secret) {
 			pairs = append(pairs, s, redacted)
 		}
+		for _, old := range b.secrets.Previous(g.Name) {
+			pairs = append(pairs, old.Reveal(), redacted)
+		}
 	}
 	if len(granted) > 0 {
 		// Ask for an unencoded body so the response can be scrubbed.
@@ -136,6 +139,7 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 // mode a deny is recorded as would_deny and the request goes on without credentials.
 func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, evalErr error) ([]*inject.Binding, error) {
 	x.ev.PolicyRevision = d.Revision
+	x.ev.DecisionID = d.ID
 	if b.auditInput {
 		x.ev.Input = in.Document()
 	}
@@ -144,16 +148,19 @@ func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, eva
 	if err == nil && !d.Allow {
 		err = denial{d.Reason}
 	}
-	if err == nil {
+	// Credentials matter in the request phase only: nothing is injected at connect time.
+	if err == nil && in.Phase == policy.PhaseRequest {
 		granted, err = b.bindings.Resolve(d.Credentials, in.Host)
-	}
-	if err == nil && len(granted) > 0 && in.Scheme != "https" {
-		err = denial{"credentials are only sent over HTTPS"}
+		if err == nil && len(granted) > 0 && in.Scheme != "https" {
+			err = denial{policy.ReasonCredentialsNeedHTTPS}
+		}
 	}
 	x.ev.Reason = d.Reason
 	if err == nil {
 		x.ev.Decision = audit.Allow
-		x.ev.Credentials = d.Credentials
+		if in.Phase == policy.PhaseRequest {
+			x.ev.Credentials = d.Credentials
+		}
 		return granted, nil
 	}
 	if b.mode == config.ModeMonitor {

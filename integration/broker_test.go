@@ -32,7 +32,8 @@ const testPolicy = `package broker
 
 default decision := {"allow": false, "reason": "not allowed by the test policy"}
 
-decision := {"allow": true, "intercept": true} if {
+# Credentials named at connect time are ignored (nothing is injected then), not a deny.
+decision := {"allow": true, "intercept": true, "credentials": ["canary"]} if {
 	input.phase == "connect"
 	input.request.host == "127.0.0.1"
 }
@@ -55,6 +56,11 @@ decision := {"allow": true} if {
 decision := {"allow": to_number("not a number") > 0} if {
 	input.phase == "request"
 	startswith(input.request.path, "/broken/")
+}
+
+decision := {"allow": true, "credentials": ["vault-kv2", "vault-kv1"]} if {
+	input.phase == "request"
+	startswith(input.request.path, "/vault/")
 }
 
 decision := {"allow": true, "credentials": ["missing"]} if {
@@ -92,7 +98,11 @@ type envOpts struct {
 	policy       string
 	includeInput bool
 	proxy        string // extra proxy config keys
-	gitRoot      string // serve the bare repositories under this folder at /git/, behind basic auth
+	// extraCredentials are appended to the credentials list; extraConfig to the file; env to
+	// the broker's environment.
+	extraCredentials, extraConfig string
+	env                           []string
+	gitRoot                       string // serve the bare repositories under this folder at /git/, behind basic auth
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -101,6 +111,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	mux := http.NewServeMux()
 	if o.handler != nil {
 		mux.Handle("/api/custom/", o.handler)
+		mux.Handle("/vault/", o.handler)
 	}
 	if o.gitRoot != "" {
 		mux.Handle("/git/", e.requireGitAuth(http.StripPrefix("/git", &cgi.Handler{
@@ -138,11 +149,12 @@ credentials:
     hosts: ["127.0.0.1"]
     source: {env: CAPBROKER_TEST_UNSET_SECRET}
     inject: {header: X-Api-Key, value: "{{secret}}"}
+%s
 audit: {include_input: %v}
-`, e.pki.caFile, agentID, o.includeInput),
+%s`, e.pki.caFile, agentID, o.extraCredentials, o.includeInput, o.extraConfig),
 		mode:  o.mode,
 		proxy: o.proxy,
-		env:   []string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary},
+		env:   append([]string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary}, o.env...),
 	})
 	t.Cleanup(e.assertNoCanaryLeaked)
 	return e

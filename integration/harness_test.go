@@ -177,7 +177,11 @@ policy: {dir: %q, mode: %s}
 	if err := b.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { b.done <- b.cmd.Wait() }()
+	go func() {
+		err := b.cmd.Wait()
+		b.logs.Write([]byte(fmt.Sprintf("broker process exited: %v\n", err))) // wakes any waiter
+		b.done <- err
+	}()
 	t.Cleanup(func() { b.stop(t) })
 	line := b.logs.wait(t, `"message":"listening"`)
 	var l struct{ Proxy, Admin string }
@@ -354,10 +358,27 @@ func (l *logTail) waitFrom(t *testing.T, from int, substr string) string {
 			if strings.Contains(l.lines[i], substr) {
 				return l.lines[i]
 			}
+			if strings.HasPrefix(l.lines[i], "broker process exited") {
+				t.Fatalf("the broker exited while waiting for %q; log:\n%s", substr, l.buf.String())
+			}
 		}
 		if time.Since(start) >= waitTimeout {
 			t.Fatalf("timed out waiting for log line containing %q; log:\n%s", substr, l.buf.String())
 		}
 		l.cond.Wait()
 	}
+}
+
+// notReady reports whether /readyz names credential as not ready.
+func (b *brokerProc) notReady(t *testing.T, credential string) bool {
+	t.Helper()
+	resp, err := http.Get("http://" + b.adminAddr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Credentials map[string]string }
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	_, ok := body.Credentials[credential]
+	return resp.StatusCode == http.StatusServiceUnavailable && ok
 }

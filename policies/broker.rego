@@ -1,78 +1,63 @@
-# The shipped example policy: what `broker dev` and the README quick start use.
+# The shipped policy: what `broker dev` and the README quick start use. It composes one
+# package per concern; edit policies/data.yaml to change the lists they read.
 #
-# Read it top to bottom: the CONNECT phase lets an agent open a tunnel to a host on one of
-# the lists below; the request phase then decides every request inside the tunnel and says
-# which credentials it carries. Everything else is denied, with a reason the agent can read.
+#   registries.rego  read-only package registries (GET, HEAD)
+#   git.rego         git hosting: clone and fetch, never push
+#   github.rego      the GitHub API with the github credential, scoped to repositories
+#   llm.rego         LLM APIs with their credentials, for listed models only
+#   agents.rego      per-agent profiles (label `profile`): which of those an agent may use
+#
+# The CONNECT phase opens (and intercepts) a tunnel on port 443 to a host some concern
+# governs, if the agent's profile may use that concern; the request phase then decides every
+# request inside the tunnel with that concern's rules, over https only. Everything else is
+# denied, with a reason written for the agent.
 package broker
 
-# Hosts an agent may read from (GET/HEAD), with no credential.
-read_only_hosts := {
-	"pypi.org",
-	"files.pythonhosted.org",
-	"proxy.golang.org",
-	"sum.golang.org",
-	"registry.npmjs.org",
-	"github.com",
-	"codeload.github.com",
-	"objects.githubusercontent.com",
-}
+import data.agents
+import data.git
+import data.github
+import data.llm
+import data.registries
 
-# Hosts reached with a credential the broker injects. The agent never sees the secret.
-credentialed_hosts := {
-	"api.github.com": {"credential": "github", "methods": {"GET", "HEAD"}},
-	"api.openai.com": {"credential": "openai", "methods": {"GET", "POST"}},
-	"api.anthropic.com": {"credential": "anthropic", "methods": {"GET", "POST"}},
-}
+host := input.request.host
 
-read_methods := {"GET", "HEAD"}
+# The concern that governs the request's host. Each host belongs to at most one concern
+# (broker_test.rego checks that the lists do not overlap).
+concern := "registries" if host in registries.hosts
 
-default decision := {
-	"allow": false,
-	"reason": "denied by default: no rule in policies/broker.rego allows this request",
-}
+concern := "git" if host in git.hosts
 
-# CONNECT: open (and intercept) a tunnel to any host some rule below could allow.
-decision := {"allow": true, "intercept": true} if {
+concern := "github" if host in github.hosts
+
+concern := "llm" if host in llm.hosts
+
+default decision := {"allow": false, "reason": "the policy does not know this kind of request (phase must be connect or request)"}
+
+decision := {"allow": false, "reason": sprintf("host %s is not on the allow-list in policies/data.yaml", [host])} if {
+	input.phase in {"connect", "request"}
+	not concern
+} else := {"allow": false, "reason": agents.refusal(concern, host)} if {
+	input.phase in {"connect", "request"}
+	not agents.may_use(concern)
+} else := connect if {
 	input.phase == "connect"
-	known_host
-}
-
-decision := {"allow": false, "reason": sprintf("host %s is not on the allow-list in policies/broker.rego", [input.request.host])} if {
-	input.phase == "connect"
-	not known_host
-}
-
-# Requests: read-only hosts.
-decision := {"allow": true, "reason": "read-only host"} if {
+} else := {"allow": false, "reason": sprintf("plain http:// is not allowed for %s; use https://%s", [host, host])} if {
 	input.phase == "request"
-	read_only_hosts[input.request.host]
-	read_methods[input.request.method]
-}
-
-# Requests: credentialed hosts, with their credential, for the listed methods.
-decision := {"allow": true, "credentials": [rule.credential], "reason": "credentialed host"} if {
+	not input.request.scheme == "https"
+} else := registries.decision if {
 	input.phase == "request"
-	rule := credentialed_hosts[input.request.host]
-	rule.methods[input.request.method]
-}
-
-decision := {"allow": false, "reason": sprintf("%s %s is not allowed: this host is read-only (GET, HEAD)", [input.request.method, input.request.host])} if {
+	concern == "registries"
+} else := git.decision if {
 	input.phase == "request"
-	read_only_hosts[input.request.host]
-	not read_methods[input.request.method]
-}
-
-decision := {"allow": false, "reason": sprintf("%s is not allowed on %s", [input.request.method, input.request.host])} if {
+	concern == "git"
+} else := github.decision if {
 	input.phase == "request"
-	rule := credentialed_hosts[input.request.host]
-	not rule.methods[input.request.method]
-}
-
-decision := {"allow": false, "reason": sprintf("host %s is not on the allow-list in policies/broker.rego", [input.request.host])} if {
+	concern == "github"
+} else := llm.decision if {
 	input.phase == "request"
-	not known_host
+	concern == "llm"
 }
 
-known_host if read_only_hosts[input.request.host]
-
-known_host if credentialed_hosts[input.request.host]
+connect := {"allow": true, "intercept": true} if {
+	input.request.port == 443
+} else := {"allow": false, "reason": sprintf("only port 443 is allowed for %s, not %v", [host, input.request.port])}

@@ -35,6 +35,7 @@ type Event struct {
 	BytesOut       int64
 	Start          time.Time
 	PolicyRevision string
+	DecisionID     string
 	Mode           string
 	WouldDeny      bool
 	// Error is the internal cause of a failure, for operators; never shown to the agent.
@@ -78,6 +79,7 @@ func (l *Logger) Write(e *Event) {
 		Int64("bytes_out", e.BytesOut).
 		Float64("duration_ms", float64(l.now().Sub(e.Start).Microseconds())/1000).
 		Str("policy_revision", e.PolicyRevision).
+		Str("decision_id", e.DecisionID).
 		Str("mode", e.Mode)
 	if e.WouldDeny {
 		ev = ev.Bool("would_deny", true)

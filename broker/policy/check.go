@@ -96,13 +96,17 @@ func checkDecision(c *ast.Compiler, where string) []error {
 	if len(rules) == 0 {
 		return []error{fmt.Errorf("%s: no rule defines %s (package broker, rule decision): every request would be denied", where, Query)}
 	}
-	var problems []error
+	type problem struct {
+		loc *ast.Location
+		err error
+	}
+	var found []problem
 	report := func(loc *ast.Location, format string, args ...any) {
 		prefix := where
 		if loc != nil {
 			prefix = fmt.Sprintf("%s:%d", loc.File, loc.Row)
 		}
-		problems = append(problems, fmt.Errorf("%s: %s: %s", prefix, "decision", fmt.Sprintf(format, args...)))
+		found = append(found, problem{loc, fmt.Errorf("%s: decision: %s", prefix, fmt.Sprintf(format, args...))})
 	}
 	for _, r := range rules {
 		hr := r.Head.Ref()
@@ -134,6 +138,14 @@ func checkDecision(c *ast.Compiler, where string) []error {
 			}
 			checkObject(c, rule, rule.Head.Value, report)
 		}
+	}
+	sort.SliceStable(found, func(i, j int) bool {
+		a, b := found[i].loc, found[j].loc
+		return a.File < b.File || a.File == b.File && a.Row < b.Row
+	})
+	problems := make([]error, len(found))
+	for i, p := range found {
+		problems[i] = p.err
 	}
 	return problems
 }

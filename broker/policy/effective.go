@@ -26,8 +26,12 @@ func Effective(input any, d Decision) Decision {
 		d.Allow, d.Reason, d.Credentials = false, reason, nil
 		return d
 	}
-	if doc["phase"] == PhaseConnect && !d.Intercept && len(d.Credentials) > 0 {
-		return deny(ReasonOpaqueTunnelCredentials)
+	if doc["phase"] == PhaseConnect {
+		if !d.Intercept && len(d.Credentials) > 0 {
+			return deny(ReasonOpaqueTunnelCredentials)
+		}
+		d.Credentials = nil // nothing is injected at connect time
+		return d
 	}
 	var bound []string
 	if list, ok := doc["credentials"].([]any); ok {

@@ -17,6 +17,8 @@ type TestOptions struct {
 	Run string
 	// Timeout bounds each test (5s if zero).
 	Timeout time.Duration
+	// Trace records each test's evaluation, so that a report can show the expression that failed.
+	Trace bool
 }
 
 // RunTests runs the *_test.rego tests in fsys as OPA's tester does, with what the broker
@@ -60,6 +62,7 @@ func RunTests(ctx context.Context, fsys fs.FS, display string, o TestOptions) (c
 		RaiseBuiltinErrors(true).
 		CapturePrintOutput(true).
 		SetTimeout(timeout).
+		EnableTracing(o.Trace).
 		Filter(o.Run).
 		Run(ctx, modules)
 }

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
@@ -15,8 +18,9 @@ import (
 
 // cmdCheckConfig validates a config as `run` would, without serving: the config itself, the CA,
 // the agents' tokens, the policies (compiled with the broker's capabilities, the decision's
-// shape type-checked; a bundle is downloaded once and verified) and the credential sources. It prints every problem; it
-// never prints a secret value (the errors name variables, files and key paths only).
+// shape type-checked; a bundle is downloaded once and verified) and the credential sources.
+// It prints every problem; it never prints a secret value (the errors name variables, files
+// and key paths only).
 func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("check-config", "check-config --config FILE", stderr)
 	path := fs.String("config", "", "config file (YAML)")
@@ -40,10 +44,13 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 		problems = append(problems, err)
 	}
 	problems = append(problems, checkPolicy(cfg)...)
-	if store, err := credentialStore(cfg); err != nil {
+	if creds, err := buildCredentials(cfg, zerolog.Nop()); err != nil {
 		problems = append(problems, err)
 	} else {
-		problems = append(problems, store.Warm(context.Background())...)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		problems = append(problems, creds.check(ctx)...)
+		_ = creds.close(ctx)
+		cancel()
 	}
 	if len(problems) > 0 {
 		return configError(*path, errors.Join(problems...))

@@ -94,7 +94,7 @@ func cmdPolicyTest(args []string, stdout, stderr io.Writer) error {
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return fmt.Errorf("policy test: %s is not a directory", dir)
 	}
-	ch, err := policy.RunTests(context.Background(), os.DirFS(dir), dir, policy.TestOptions{Run: *run, Timeout: *timeout})
+	ch, err := policy.RunTests(context.Background(), os.DirFS(dir), dir, policy.TestOptions{Run: *run, Timeout: *timeout, Trace: true})
 	if err != nil {
 		return fmt.Errorf("policy test %s:\n%w", dir, indent(err))
 	}

@@ -22,7 +22,6 @@ import (
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
-	"github.com/capbroker/capbroker/credentials"
 )
 
 // drainGrace is how long SIGTERM waits for requests in flight.
@@ -120,13 +119,22 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	} else if engine, err = policy.New(ctx, policyFS); err != nil {
 		return fmt.Errorf("policy.dir %s: %w", cfg.Policy.Dir, err)
 	}
-	store, err := credentialStore(cfg)
+	creds, err := buildCredentials(cfg, log)
 	if err != nil {
 		return err
 	}
-	for _, err := range store.Warm(ctx) {
-		log.Warn().Err(err).Msg("credential not ready; requests granted it get 503 until it is")
+	if err := creds.start(ctx, log); err != nil {
+		return err
 	}
+	defer func() {
+		// Revoke leases on the way out, with a bound: shutdown must not hang on Vault.
+		closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := creds.close(closeCtx); err != nil {
+			log.Warn().Err(err).Msg("closing the Vault client")
+		}
+	}()
+	store := creds.store
 	auditW, closeAudit, err := openAudit(cfg.Audit.File, o.stdout)
 	if err != nil {
 		return err
@@ -146,7 +154,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: store, CA: ca, Metrics: metrics, Log: log,
 		Audit: audit.New(auditW, cfg.Audit.IncludeInput),
-		Self:  selfAddrs(proxyLn.Addr(), adminLn.Addr()),
+		Self:  append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...),
 	})
 	if err != nil {
 		proxyLn.Close()
@@ -201,30 +209,6 @@ func selfAddrs(addrs ...net.Addr) []netip.AddrPort {
 		}
 	}
 	return out
-}
-
-// credentialStore builds the credential sources named in the config.
-func credentialStore(cfg *config.Config) (*credentials.Store, error) {
-	sources := map[string]credentials.Source{}
-	var errs []error
-	for i, c := range cfg.Credentials {
-		switch {
-		case c.Source.Env != "":
-			sources[c.Name] = credentials.Env{Name: c.Source.Env}
-		case c.Source.File != "":
-			sources[c.Name] = credentials.File{Path: c.Source.File}
-		default:
-			errs = append(errs, fmt.Errorf("credentials[%d].source.vault: Vault sources are not supported by this build yet", i))
-		}
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	opts := credentials.StoreOptions{}
-	if cfg.Vault != nil {
-		opts.Refresh, opts.MaxStale = cfg.Vault.RefreshInterval, cfg.Vault.MaxStale
-	}
-	return credentials.NewStore(sources, opts), nil
 }
 
 // openAudit opens the audit destination: a file (appended, 0600) or stdout.

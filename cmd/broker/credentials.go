@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"strconv"
+
+	"github.com/rs/zerolog"
+
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/credentials"
+)
+
+// credentialSet is the credential store and, when the config has a vault section, the Vault
+// client its vault sources read through.
+type credentialSet struct {
+	store  *credentials.Store
+	vault  *credentials.Vault
+	checks map[string]func(context.Context) error // one read of each credential, for check-config
+}
+
+// buildCredentials builds the sources named in the config. Nothing is fetched yet.
+func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, error) {
+	set := &credentialSet{checks: map[string]func(context.Context) error{}}
+	opts := credentials.StoreOptions{}
+	if v := cfg.Vault; v != nil {
+		opts.Refresh, opts.MaxStale = v.RefreshInterval, v.MaxStale
+		vault, err := credentials.NewVault(credentials.VaultOptions{
+			Address: v.Address, CAFile: v.CAFile, Namespace: v.Namespace, Log: log,
+			Auth: credentials.VaultAuth{
+				Method: v.Auth.Method, TokenEnv: v.Auth.TokenEnv, TokenFile: v.Auth.TokenFile,
+				RoleIDEnv: v.Auth.RoleIDEnv, RoleIDFile: v.Auth.RoleIDFile,
+				SecretIDEnv: v.Auth.SecretIDEnv, SecretIDFile: v.Auth.SecretIDFile, Mount: v.Auth.Mount,
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("vault: %w", err)
+		}
+		set.vault = vault
+	}
+	sources := map[string]credentials.Source{}
+	for _, c := range cfg.Credentials {
+		var src credentials.Source
+		switch s := c.Source; {
+		case s.Env != "":
+			src = credentials.Env{Name: s.Env}
+		case s.File != "":
+			src = credentials.File{Path: s.File}
+		default:
+			ref := credentials.VaultRef{Mount: s.Vault.Mount, Path: s.Vault.Path, Field: s.Vault.Field, KVVersion: s.Vault.KVVersion, Lease: s.Vault.Lease}
+			src = set.vault.Source(c.Name, ref)
+			name := c.Name
+			set.checks[name] = func(ctx context.Context) error { return set.vault.Check(ctx, name, ref) }
+		}
+		sources[c.Name] = src
+		if _, ok := set.checks[c.Name]; !ok {
+			set.checks[c.Name] = func(ctx context.Context) error { _, err := src.Fetch(ctx); return err }
+		}
+	}
+	set.store = credentials.NewStore(sources, opts)
+	return set, nil
+}
+
+// start logs in to Vault (retrying in the background if it is unreachable) and reads every
+// credential once. Problems with the credentials are logged; the broker starts anyway and
+// /readyz names what is missing.
+func (s *credentialSet) start(ctx context.Context, log zerolog.Logger) error {
+	if s.vault != nil {
+		if err := s.vault.Start(ctx); err != nil {
+			return fmt.Errorf("vault: %w", err)
+		}
+	}
+	for _, err := range s.store.Warm(ctx) {
+		log.Warn().Err(err).Msg("credential not ready; requests granted it get 503 until it is")
+	}
+	return nil
+}
+
+// close revokes Vault leases and stops renewals.
+func (s *credentialSet) close(ctx context.Context) error {
+	if s.vault == nil {
+		return nil
+	}
+	return s.vault.Close(ctx)
+}
+
+// check reads every credential once, as check-config does, and returns one error per
+// credential that cannot be read (never its value).
+func (s *credentialSet) check(ctx context.Context) []error {
+	if s.vault != nil {
+		if err := s.vault.Start(ctx); err != nil {
+			return []error{fmt.Errorf("vault: %w", err)}
+		}
+	}
+	var errs []error
+	for _, name := range s.store.Names() {
+		if err := s.checks[name](ctx); err != nil {
+			errs = append(errs, fmt.Errorf("credential %q: %w", name, err))
+		}
+	}
+	return errs
+}
+
+// vaultAddrs resolves the Vault address to the addresses agents must never reach through the broker.
+func vaultAddrs(cfg *config.Config) []netip.AddrPort {
+	if cfg.Vault == nil {
+		return nil
+	}
+	u, err := url.Parse(cfg.Vault.Address)
+	if err != nil {
+		return nil
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return nil
+	}
+	ips, err := net.LookupIP(u.Hostname())
+	if err != nil {
+		return nil
+	}
+	var out []netip.AddrPort
+	for _, ip := range ips {
+		if a, ok := netip.AddrFromSlice(ip); ok {
+			out = append(out, netip.AddrPortFrom(a.Unmap(), uint16(p)))
+		}
+	}
+	return out
+}

@@ -1,0 +1,23 @@
+# Git hosting: clone and fetch, never push.
+#
+# The hosts are data.settings.git (policies/data.yaml). Git's smart HTTP protocol reads with
+# GET .../info/refs?service=git-upload-pack and POST .../git-upload-pack; it pushes with
+# git-receive-pack, which is refused. No credential: public repositories only.
+package git
+
+import data.settings
+
+hosts := {h | some h in settings.git}
+
+decision := {"allow": false, "reason": sprintf("pushing to %s is not allowed: git hosting is read-only (clone and fetch)", [input.request.host])} if {
+	pushing
+} else := {"allow": true, "reason": "git clone or fetch"} if {
+	input.request.method in {"GET", "HEAD"}
+} else := {"allow": true, "reason": "git clone or fetch"} if {
+	input.request.method == "POST"
+	endswith(input.request.path, "/git-upload-pack")
+} else := {"allow": false, "reason": sprintf("%s %s is not allowed on %s: git hosting is read-only (clone and fetch)", [input.request.method, input.request.path, input.request.host])}
+
+pushing if endswith(input.request.path, "/git-receive-pack")
+
+pushing if "git-receive-pack" in object.get(input.request, ["query", "service"], [])

@@ -1,0 +1,78 @@
+# The GitHub REST API, with the broker's `github` credential, scoped to repositories.
+#
+# data.settings.github (policies/data.yaml) lists the repositories an agent may read and
+# those it may also write, and the few paths outside /repos/ it may read. DELETE is never
+# allowed, nor GraphQL (a GraphQL query cannot be limited to repositories by its path).
+package github
+
+import data.settings
+
+hosts := {"api.github.com"}
+
+read_methods := {"GET", "HEAD"}
+
+write_methods := {"POST", "PATCH", "PUT"}
+
+method := input.request.method
+
+path := input.request.path
+
+segments := split(trim_prefix(path, "/"), "/")
+
+# A canonical path starts with / and has no empty, "." or ".." segments, so the repository
+# named in it is the one GitHub serves.
+canonical if {
+	startswith(path, "/")
+	every s in segments {
+		not s in {"", ".", ".."}
+	}
+}
+
+# The repository a /repos/OWNER/NAME/... path names, lower-case.
+repo := lower(concat("/", [segments[1], segments[2]])) if {
+	segments[0] == "repos"
+	count(segments) >= 3
+}
+
+# listed(patterns): the repository matches "owner/name" or "owner/*" in patterns.
+listed(patterns) if {
+	some p in patterns
+	lower(p) == repo
+}
+
+listed(patterns) if {
+	some p in patterns
+	endswith(p, "/*")
+	startswith(repo, lower(trim_suffix(p, "*")))
+}
+
+readable if listed(settings.github.repositories.read)
+
+readable if writable
+
+writable if listed(settings.github.repositories.write)
+
+grant := {"allow": true, "credentials": [settings.github.credential], "reason": "GitHub API"}
+
+deny(reason) := {"allow": false, "reason": reason}
+
+decision := deny(sprintf("%s is not allowed on api.github.com", [method])) if {
+	not method in (read_methods | write_methods)
+} else := deny(sprintf("the path %s is not in canonical form (empty, . or .. segments); send /repos/OWNER/NAME/...", [path])) if {
+	not canonical
+} else := deny("the GitHub GraphQL API (/graphql) is not allowed: it cannot be limited to repositories; use the REST API") if {
+	segments[0] == "graphql"
+} else := grant if {
+	method in read_methods
+	readable
+} else := grant if {
+	method in write_methods
+	writable
+} else := deny(sprintf("repository %s is read-only for agents: %s is not allowed", [repo, method])) if {
+	readable
+} else := deny(sprintf("repository %s is not on the GitHub allow-list in policies/data.yaml", [repo])) if {
+	repo
+} else := grant if {
+	method in read_methods
+	path in settings.github.paths
+} else := deny(sprintf("%s %s is not allowed on api.github.com: only /repos/OWNER/NAME/... for repositories on the allow-list, and reading %s", [method, path, concat(", ", settings.github.paths)]))

@@ -1,0 +1,43 @@
+package llm_test
+
+import data.llm
+
+req(method, host, path, body) := {"phase": "request", "agent": {"id": "a", "labels": {}}, "request": {"method": method, "scheme": "https", "host": host, "port": 443, "path": path, "headers": {"content-type": "application/json"}, "body": body}}
+
+chat(model) := req("POST", "api.openai.com", "/v1/chat/completions", {"model": model, "messages": []})
+
+settings := {
+	"api.openai.com": {"credential": "openai", "endpoints": ["/v1/chat/completions", "/v1/embeddings"], "models": ["gpt-4.1*", "o4-mini"], "read_paths": ["/v1/models"]},
+	"api.anthropic.com": {"credential": "anthropic", "endpoints": ["/v1/messages"], "models": ["claude-sonnet-4*"], "read_paths": []},
+}
+
+cases := {
+	"listed model by prefix": {"input": chat("gpt-4.1-mini"), "allow": true, "credentials": ["openai"]},
+	"listed model exactly": {"input": chat("o4-mini"), "allow": true, "credentials": ["openai"]},
+	"exact entry is not a prefix": {"input": chat("o4-mini-high"), "allow": false, "reason": "model o4-mini-high is not allowed on api.openai.com; allowed: gpt-4.1*, o4-mini"},
+	"unlisted model": {"input": chat("gpt-3.5-turbo"), "allow": false, "reason": "model gpt-3.5-turbo is not allowed on api.openai.com; allowed: gpt-4.1*, o4-mini"},
+	"model is not a string": {"input": chat(4), "allow": false, "reason": "POST /v1/chat/completions on api.openai.com needs a JSON body (at most 64 KiB, content-type application/json) with a \"model\" string"},
+	"no JSON body": {"input": req("POST", "api.openai.com", "/v1/chat/completions", null), "allow": false, "reason": "POST /v1/chat/completions on api.openai.com needs a JSON body (at most 64 KiB, content-type application/json) with a \"model\" string"},
+	"anthropic messages": {"input": req("POST", "api.anthropic.com", "/v1/messages", {"model": "claude-sonnet-4-5", "max_tokens": 10}), "allow": true, "credentials": ["anthropic"]},
+	"anthropic other model": {"input": req("POST", "api.anthropic.com", "/v1/messages", {"model": "claude-opus-4-1"}), "allow": false},
+	"other endpoint": {"input": req("POST", "api.openai.com", "/v1/files", {"model": "gpt-4.1"}), "allow": false, "reason": "POST /v1/files is not allowed on api.openai.com: only the model endpoints /v1/chat/completions, /v1/embeddings"},
+	"endpoint with a suffix": {"input": req("POST", "api.openai.com", "/v1/chat/completions/../../files", {"model": "gpt-4.1"}), "allow": false},
+	"list models": {"input": req("GET", "api.openai.com", "/v1/models", null), "allow": true, "credentials": ["openai"]},
+	"read one model": {"input": req("GET", "api.openai.com", "/v1/models/gpt-4.1", null), "allow": true, "credentials": ["openai"]},
+	"read files": {"input": req("GET", "api.openai.com", "/v1/files", null), "allow": false, "reason": "GET /v1/files is not allowed on api.openai.com: only POST to the model endpoints /v1/chat/completions, /v1/embeddings, and reading /v1/models"},
+	"DELETE": {"input": req("DELETE", "api.openai.com", "/v1/models/ft-x", null), "allow": false},
+}
+
+test_decisions[name] if {
+	some name, c in cases
+	d := llm.decision with input as c.input with data.settings.llm as settings
+	d.allow == c.allow
+	object.get(d, "credentials", []) == object.get(c, "credentials", [])
+	object.get(c, "reason", d.reason) == d.reason
+}
+
+test_shipped_settings if {
+	d := llm.decision with input as req("POST", "api.anthropic.com", "/v1/messages", {"model": "claude-sonnet-4-5"})
+	d.allow
+	d.credentials == ["anthropic"]
+}
