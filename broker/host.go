@@ -77,7 +77,7 @@ func normaliseHost(h string) (string, error) {
 			return "", fmt.Errorf("invalid character in host")
 		}
 	}
-	if strings.Contains(h, "..") || h[0] == '.' {
+	if strings.Contains(h, "..") || h[0] == '.' || h[len(h)-1] == '.' {
 		return "", fmt.Errorf("invalid host")
 	}
 	if numericHost(h) {

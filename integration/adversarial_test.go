@@ -232,3 +232,35 @@ func TestAttackConnectionCapPerAgent(t *testing.T) {
 		}
 	}
 }
+
+func TestAttackBrokersOwnListenersRefused(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	// allow_private covers 127.0.0.1, where the admin and proxy listeners are: still refused.
+	for _, addr := range []string{e.broker.adminAddr, e.broker.proxyAddr} {
+		out, _ := e.curl("-i", "http://"+addr+"/open/metrics")
+		if !strings.HasPrefix(out, "HTTP/1.1 502") || strings.Contains(out, "capbroker_requests_total") {
+			t.Fatalf("the broker forwarded to its own listener %s:\n%s", addr, out)
+		}
+	}
+}
+
+func TestAttackConnectionListedHeadersDropped(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	out, err := e.curl("-H", "Connection: keep-alive, X-Hop", "-H", "X-Hop: drop-me", "-H", "Keep-Alive: 5",
+		"-H", "Proxy-Authorization: Basic c2VjcmV0", "-H", "X-Kept: yes", e.url("/open/x"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	r := e.received()
+	if len(r) != 1 {
+		t.Fatalf("upstream saw %d requests", len(r))
+	}
+	for _, h := range []string{"X-Hop", "Keep-Alive", "Proxy-Authorization"} {
+		if v := r[0].Header.Get(h); v != "" {
+			t.Errorf("%s reached the upstream: %q", h, v)
+		}
+	}
+	if r[0].Header.Get("X-Kept") != "yes" {
+		t.Error("an end-to-end header was dropped")
+	}
+}
