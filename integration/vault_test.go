@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -143,3 +145,50 @@ func TestVaultCredentialsEndToEnd(t *testing.T) {
 }
 
 var vaultMountInput = vaultapiMountInput()
+
+func TestCheckConfigReadsVaultCredentials(t *testing.T) {
+	vault := vaulttest.Start(t)
+	secret := "checked-" + randHex(8)
+	if _, err := vault.Client().KVv2("secret").Put(t.Context(), "broker/app", map[string]any{"token": secret}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if out, code := run(t, dir, "ca", "init", "--out", "ca"); code != 0 {
+		t.Fatal(out)
+	}
+	os.MkdirAll(filepath.Join(dir, "policies"), 0o755)
+	os.WriteFile(filepath.Join(dir, "policies", "broker.rego"), []byte(testPolicy), 0o644)
+	os.WriteFile(filepath.Join(dir, "vault-token"), []byte(vault.RootToken+"\n"), 0o600)
+	cfg := filepath.Join(dir, "broker.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`ca: {cert_file: ca/ca.crt, key_file: ca/ca.key}
+policy: {dir: policies}
+vault:
+  address: %s
+  auth: {method: token, token_file: vault-token}
+credentials:
+  - name: good
+    hosts: ["api.example.com"]
+    source: {vault: {mount: secret, path: broker/app, field: token}}
+    inject: {header: Authorization, value: "Bearer {{secret}}"}
+  - name: nofield
+    hosts: ["api.example.com"]
+    source: {vault: {mount: secret, path: broker/app, field: password}}
+    inject: {header: X-Key, value: "{{secret}}"}
+  - name: nosecret
+    hosts: ["api.example.com"]
+    source: {vault: {mount: secret, path: broker/missing, field: token}}
+    inject: {header: X-Other, value: "{{secret}}"}
+`, vault.Addr)), 0o600)
+	out, code := run(t, dir, "check-config", "--config", cfg)
+	if code != 1 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	for _, want := range []string{`credential "nofield"`, `has no field "password"`, `credential "nosecret"`, "not found"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check-config output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `credential "good"`) || strings.Contains(out, secret) {
+		t.Fatalf("check-config reported the readable credential or printed a value:\n%s", out)
+	}
+}
