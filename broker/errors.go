@@ -40,16 +40,17 @@ type agentError struct {
 	hint   string
 }
 
+const hintDenied = "This request is not allowed by the broker's policy. Do not retry it; ask the operator if it should be allowed."
+
 // classify maps an error to what the agent sees. It is the only place that does.
 func classify(err error) agentError {
 	var d denial
 	switch {
 	case errors.As(err, &d):
 		return agentError{http.StatusForbidden, "denied", d.reason,
-			"This request is not allowed by the broker's policy. Do not retry it; ask the operator if it should be allowed."}
+			hintDenied}
 	case errors.Is(err, inject.ErrNotBound):
-		return agentError{http.StatusForbidden, "denied", "the policy granted a credential that may not be sent to this host",
-			"This request is not allowed by the broker's policy. Do not retry it; ask the operator if it should be allowed."}
+		return agentError{http.StatusForbidden, "denied", "the policy granted a credential that may not be sent to this host", hintDenied}
 	case errors.Is(err, identity.ErrUnauthenticated):
 		return agentError{http.StatusProxyAuthRequired, "proxy_auth_required", "missing or invalid proxy credentials",
 			"Use the proxy URL you were given: HTTPS_PROXY=http://AGENT_ID:TOKEN@broker:port."}

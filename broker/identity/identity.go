@@ -3,6 +3,7 @@
 package identity
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
@@ -10,10 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"strings"
 
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/credentials"
 )
 
 // ErrUnauthenticated means the request carries no valid agent identity (the agent sees 407).
@@ -53,24 +54,13 @@ func New(agents []config.Agent) (*Identifier, error) {
 		}
 		p := fmt.Sprintf("agents[%d]", i)
 		var digest []byte
+		var src credentials.Source
+		key := ""
 		switch {
 		case a.TokenEnv != "":
-			v := os.Getenv(a.TokenEnv)
-			if v == "" {
-				errs = append(errs, fmt.Errorf("%s.token_env: environment variable %s is not set", p, a.TokenEnv))
-				continue
-			}
-			d := sha256.Sum256([]byte(v))
-			digest = d[:]
+			src, key = credentials.Env{Name: a.TokenEnv}, "token_env"
 		case a.TokenFile != "":
-			b, err := os.ReadFile(a.TokenFile)
-			v := strings.TrimRight(string(b), "\r\n")
-			if err != nil || v == "" {
-				errs = append(errs, fmt.Errorf("%s.token_file: cannot read a token from %s", p, a.TokenFile))
-				continue
-			}
-			d := sha256.Sum256([]byte(v))
-			digest = d[:]
+			src, key = credentials.File{Path: a.TokenFile}, "token_file"
 		case a.TokenSHA256 != "":
 			d, err := hex.DecodeString(a.TokenSHA256)
 			if err != nil || len(d) != sha256.Size {
@@ -78,6 +68,15 @@ func New(agents []config.Agent) (*Identifier, error) {
 				continue
 			}
 			digest = d
+		}
+		if src != nil {
+			token, err := src.Fetch(context.Background())
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s.%s: %w", p, key, err))
+				continue
+			}
+			d := sha256.Sum256([]byte(token.Reveal()))
+			digest = d[:]
 		}
 		if digest != nil {
 			ta := &tokenAgent{Agent: ag}

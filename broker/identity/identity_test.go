@@ -80,7 +80,7 @@ func TestNewErrorsNameKeyPathsNotTokens(t *testing.T) {
 	if err == nil {
 		t.Fatal("want errors")
 	}
-	for _, want := range []string{"agents[0].token_env: environment variable IDENTITY_TEST_UNSET_VARIABLE is not set", "agents[1].token_file: cannot read a token from /nonexistent/token"} {
+	for _, want := range []string{"agents[0].token_env: credential unavailable: environment variable IDENTITY_TEST_UNSET_VARIABLE is not set", "agents[1].token_file: credential unavailable: reading /nonexistent/token"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}

@@ -27,10 +27,8 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *path == "" {
-		fmt.Fprintln(stderr, "--config is required")
-		fs.Usage()
-		return errUsage
+	if err := requireFlag(fs, "config", *path); err != nil {
+		return err
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {

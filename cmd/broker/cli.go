@@ -93,6 +93,16 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// requireFlag reports a missing required flag with the command's usage.
+func requireFlag(fs *flag.FlagSet, name, value string) error {
+	if value != "" {
+		return nil
+	}
+	fmt.Fprintf(fs.Output(), "--%s is required\n", name)
+	fs.Usage()
+	return errUsage
+}
+
 func cmdCA(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "init" {
 		fmt.Fprint(stderr, "Usage: broker ca init --out DIR [--force]\n")
@@ -104,10 +114,8 @@ func cmdCA(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args[1:]); err != nil {
 		return err
 	}
-	if *out == "" {
-		fmt.Fprintln(stderr, "--out is required")
-		fs.Usage()
-		return errUsage
+	if err := requireFlag(fs, "out", *out); err != nil {
+		return err
 	}
 	if err := certs.WriteCA(*out, *force); err != nil {
 		if errors.Is(err, certs.ErrExists) {

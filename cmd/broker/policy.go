@@ -157,10 +157,8 @@ func cmdPolicyEval(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *inputFile == "" {
-		fmt.Fprintln(stderr, "--input is required")
-		fs.Usage()
-		return errUsage
+	if err := requireFlag(fs, "input", *inputFile); err != nil {
+		return err
 	}
 	b, err := readInput(*inputFile)
 	if err != nil {
@@ -292,10 +290,8 @@ func cmdPolicyReplay(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *logFile == "" {
-		fmt.Fprintln(stderr, "--log is required")
-		fs.Usage()
-		return errUsage
+	if err := requireFlag(fs, "log", *logFile); err != nil {
+		return err
 	}
 	ctx := context.Background()
 	engine, err := policy.NewDir(ctx, *dir)
