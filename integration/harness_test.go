@@ -143,6 +143,8 @@ type brokerOpts struct {
 	mode   string // policy.mode
 	proxy  string // extra proxy keys, e.g. "max_connections_per_agent: 2"
 	env    []string
+	listen string // proxy.listen; "" is 127.0.0.1:0
+	netns  string // run the broker in this network namespace (ip netns exec); "" is the test's own
 }
 
 // startBroker writes a config, a CA and a policy dir, runs `broker run`, and waits until it listens.
@@ -161,16 +163,23 @@ func startBroker(t *testing.T, o brokerOpts) *brokerProc {
 	if o.proxy != "" {
 		o.proxy = ", " + o.proxy
 	}
-	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0"%s}
+	if o.listen == "" {
+		o.listen = "127.0.0.1:0"
+	}
+	cfg := fmt.Sprintf(`proxy: {listen: %q%s}
 admin: {listen: "127.0.0.1:0"}
 ca: {cert_file: %q, key_file: %q}
 policy: {dir: %q, mode: %s}
-`, o.proxy, b.caFile, filepath.Join(dir, "ca", "ca.key"), b.policyDir, o.mode) + o.config
+`, o.listen, o.proxy, b.caFile, filepath.Join(dir, "ca", "ca.key"), b.policyDir, o.mode) + o.config
 	cfgFile := filepath.Join(dir, "broker.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	b.cmd = exec.Command(brokerBin, "run", "--config", cfgFile)
+	if o.netns != "" {
+		// ip netns exec enters the namespace and execs the broker: the process is the broker.
+		b.cmd = exec.Command("ip", "netns", "exec", o.netns, brokerBin, "run", "--config", cfgFile)
+	}
 	b.cmd.Env = append(cleanEnv(), o.env...)
 	b.cmd.Stdout = b.auditLog
 	b.cmd.Stderr = b.logs

@@ -1,0 +1,59 @@
+# syntax=docker/dockerfile:1
+# capbroker: the broker as a static binary on a minimal image, running as a non-root user.
+#
+#   docker build -t capbroker .                      the broker (the last stage is the default)
+#   docker run --rm capbroker version
+#   docker run -v $PWD/broker.yaml:/etc/broker/broker.yaml:ro ... capbroker   runs `broker run`
+#
+# docker-compose.yml also builds the demo stages: ca-init, demo-upstream and demo-agent.
+
+ARG GO_VERSION=1.26
+
+# --- build: the broker, statically linked (no cgo, no libc at run time) ---------------------
+FROM golang:${GO_VERSION} AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
+      -o /out/broker ./cmd/broker
+
+# --- demo: the compose demo's API (not part of the broker image) ----------------------------
+FROM build AS build-demo
+RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w" -o /out/demo-upstream ./deploy/demo-upstream \
+ && mkdir -p /out/pki
+
+# One-shot job: `broker ca init` when no CA exists yet, then publish ca.crt (not the key).
+FROM busybox:1.37 AS ca-init
+COPY --from=build /out/broker /usr/local/bin/broker
+COPY --chmod=0755 deploy/broker/ca-init.sh /usr/local/bin/ca-init
+RUN mkdir -p /ca /ca-public && chown 65532:65532 /ca /ca-public && chmod 0700 /ca
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/ca-init"]
+
+# The demo API: HTTPS with its own CA, echoes what it received.
+FROM gcr.io/distroless/static-debian12:nonroot AS demo-upstream
+COPY --from=build-demo /out/demo-upstream /demo-upstream
+COPY --from=build-demo --chown=65532:65532 /out/pki /pki
+USER 65532:65532
+ENTRYPOINT ["/demo-upstream"]
+
+# The demo agent: an ordinary Debian with curl and python3, and no CA bundle but the broker's.
+FROM debian:bookworm-slim AS demo-agent
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends curl python3 \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --uid 10001 --create-home --shell /bin/sh agent
+USER 10001:10001
+WORKDIR /home/agent
+CMD ["sleep", "infinity"]
+
+# --- the broker image: one static binary on distroless, user nonroot (65532) ----------------
+FROM gcr.io/distroless/static-debian12:nonroot AS broker
+COPY --from=build /out/broker /broker
+COPY policies /etc/broker/policies
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/broker"]
+CMD ["run", "--config", "/etc/broker/broker.yaml"]
