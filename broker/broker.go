@@ -105,7 +105,12 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		}
 		allow = append(allow, p)
 	}
-	tr, dialer, err := upstream.New(upstream.Options{CAFile: cfg.Upstream.CAFile, AllowPrivate: allow, Deny: deps.Self})
+	tr, dialer, err := upstream.New(upstream.Options{
+		CAFile: cfg.Upstream.CAFile, AllowPrivate: allow, Deny: deps.Self,
+		// Pools as deep as the concurrency the proxy admits, so requests reuse upstream connections.
+		MaxIdleConnsPerHost: cfg.Proxy.MaxConnectionsPerAgent,
+		MaxIdleConns:        cfg.Proxy.MaxConnections,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,9 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 		return
 	}
 	_ = client.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
-	br := bufio.NewReader(client)
+	// Only one byte is peeked, and the reader lives as long as the tunnel: the smallest
+	// buffer, not the 4 KiB default. Larger reads bypass it (bufio reads them directly).
+	br := bufio.NewReaderSize(client, 16)
 	first, err := br.Peek(1)
 	if err != nil {
 		return
@@ -109,7 +111,9 @@ func (b *Broker) serveTunnel(w http.ResponseWriter, r *http.Request, tun *tunnel
 // chunk reaches the agent as soon as upstream produced it.
 func copyFlushing(w http.ResponseWriter, body io.Reader) {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
@@ -125,6 +129,10 @@ func copyFlushing(w http.ResponseWriter, body io.Reader) {
 		}
 	}
 }
+
+// copyBufs holds copyFlushing's buffers: one per response would be 32 KiB allocated and
+// cleared for every request, most of whose bodies are far smaller.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // switchProtocols completes a WebSocket upgrade: the 101 goes to the agent, then bytes are
 // copied both ways until either side ends.

@@ -167,7 +167,12 @@ func compileModules(modules []module) (*ast.Compiler, error) {
 // evaluator and having no policy) wrap ErrEvaluation; an undefined or malformed decision is a
 // deny, not an error. Every call gets a fresh decision ID.
 func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
-	return e.decide(ctx, in.value())
+	v, err := in.astValue()
+	if err != nil {
+		// Not expected (the body is parsed JSON); the general conversion decides it, or fails.
+		return e.decide(ctx, in.value())
+	}
+	return e.decide(ctx, v)
 }
 
 // DecideValue evaluates the policy for an input given as a JSON-shaped document, such as
@@ -190,7 +195,11 @@ func (e *Engine) decide(ctx context.Context, input any) (d Decision, err error) 
 	}()
 	ctx, cancel := context.WithTimeout(ctx, evalTimeout)
 	defer cancel()
-	rs, err := p.query.Eval(ctx, rego.EvalInput(input))
+	opt := rego.EvalInput(input)
+	if v, ok := input.(ast.Value); ok {
+		opt = rego.EvalParsedInput(v) // already converted: skip the reflection pass
+	}
+	rs, err := p.query.Eval(ctx, opt)
 	if err != nil {
 		return d, fmt.Errorf("%w: %w", ErrEvaluation, err)
 	}

@@ -43,15 +43,32 @@ func (e *Engine) LoadDir(ctx context.Context, dir string) error {
 // below it, changes, until ctx ends. Each reload is reported to onReload with its error
 // (nil on success); a failed reload leaves the last good policy in place.
 func (e *Engine) Watch(ctx context.Context, dir string, onReload func(revision string, err error)) error {
-	w, err := fsnotify.NewWatcher()
+	run, err := e.WatchDir(dir)
 	if err != nil {
 		return err
 	}
-	defer w.Close()
+	return run(ctx, onReload)
+}
+
+// WatchDir starts watching dir before it returns, so that a change made after that is seen,
+// and returns the loop that reloads (see Watch) for the caller to run, typically in a goroutine.
+func (e *Engine) WatchDir(dir string) (run func(ctx context.Context, onReload func(revision string, err error)) error, err error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, err
+	}
 	if err := w.Add(dir); err != nil {
-		return err
+		w.Close()
+		return nil, err
 	}
 	addSubdirs(w, dir)
+	return func(ctx context.Context, onReload func(revision string, err error)) error {
+		defer w.Close()
+		return e.watch(ctx, w, dir, onReload)
+	}, nil
+}
+
+func (e *Engine) watch(ctx context.Context, w *fsnotify.Watcher, dir string, onReload func(revision string, err error)) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {

@@ -178,8 +178,13 @@ func (r *Replacer) holdFrom(src []byte, from int, eof bool) int {
 	return len(src)
 }
 
-// readSize is the size of a reader's input buffer, before room for held bytes.
-const readSize = 32 << 10
+// readSize is the size of a reader's input buffer, before room for held bytes. A reader
+// starts with firstReadSize and grows to readSize once a read fills its buffer, so that a
+// small response (most API answers) does not allocate and clear two large buffers.
+const (
+	readSize      = 32 << 10
+	firstReadSize = 4 << 10
+)
 
 // maxEmptyReads bounds consecutive (0, nil) reads from src, as in bufio.
 const maxEmptyReads = 100
@@ -193,6 +198,7 @@ type reader struct {
 	out  []byte // replaced output; out[off:] is not yet returned
 	off  int
 	next []int // scratch for Replacer.replace
+	full bool  // the last read filled the input buffer: grow it before the next
 	err  error // sticky error from src; set once all input is consumed
 }
 
@@ -221,12 +227,18 @@ func (z *reader) Read(p []byte) (int, error) {
 // fill performs one src.Read and replaces what can be decided into z.out.
 // It returns the number of bytes read from src.
 func (z *reader) fill() int {
-	if z.in == nil {
-		z.in = make([]byte, readSize+z.r.maxLen)
+	switch {
+	case z.in == nil:
+		z.in = make([]byte, firstReadSize+z.r.maxLen)
 		z.out = make([]byte, 0, len(z.in))
 		z.next = make([]int, len(z.r.olds))
+	case z.full && len(z.in) < readSize+z.r.maxLen:
+		in := make([]byte, readSize+z.r.maxLen)
+		copy(in, z.in[:z.held])
+		z.in, z.out = in, make([]byte, 0, len(in))
 	}
 	n, err := z.src.Read(z.in[z.held:])
+	z.full = z.held+n == len(z.in)
 	data := z.in[:z.held+n]
 	var done int
 	z.out, done = z.r.replace(z.out[:0], data, err != nil, z.next)

@@ -468,3 +468,79 @@ func BenchmarkStringNoMatch(b *testing.B) {
 		r.String(s)
 	}
 }
+
+// BenchmarkHeader scrubs a typical response header set, one value of which holds a secret.
+func BenchmarkHeader(b *testing.B) {
+	r := scrub.New("sk-live-0123456789abcdef", "[REDACTED]", "ghp_0123456789abcdef", "[REDACTED]")
+	h := http.Header{
+		"Content-Type":          {"application/json"},
+		"Date":                  {"Wed, 02 Dec 2026 12:00:00 GMT"},
+		"Server":                {"upstream"},
+		"X-Request-Id":          {"req_0123456789"},
+		"Www-Authenticate":      {`Bearer realm="api", error="invalid_token", token="sk-live-0123456789abcdef"`},
+		"Cache-Control":         {"no-store"},
+		"X-Ratelimit-Remaining": {"4999"},
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		c := h.Clone()
+		r.Header(c)
+	}
+}
+
+// BenchmarkReaderSmall scrubs a response the size of a short API answer, as most are.
+func BenchmarkReaderSmall(b *testing.B) {
+	r := scrub.New("sk-live-0123456789abcdef", "[REDACTED]", "ghp_0123456789abcdef", "[REDACTED]")
+	body := []byte(`{"id":"chatcmpl-bench","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
+	p := make([]byte, 32<<10)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		rd := r.Reader(io.NopCloser(bytes.NewReader(body)))
+		for {
+			if _, err := rd.Read(p); err == io.EOF {
+				break
+			} else if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestReaderGrowsBuffer checks the reader across its growth from the first small buffer to the
+// full one, with secrets straddling the buffer boundaries.
+func TestReaderGrowsBuffer(t *testing.T) {
+	const secret = "sk-live-0123456789abcdef"
+	r := scrub.New(secret, "[REDACTED]")
+	var body strings.Builder
+	for body.Len() < 200<<10 {
+		body.WriteString(strings.Repeat("x", 4096-body.Len()%4096-7))
+		body.WriteString(secret)
+		body.WriteString(" some text\n")
+	}
+	want := strings.ReplaceAll(body.String(), secret, "[REDACTED]")
+	for _, chunk := range []int{1, 100, 4096, 5000, 64 << 10} {
+		got, err := io.ReadAll(r.Reader(io.NopCloser(&chunked{s: body.String(), n: chunk})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want {
+			t.Errorf("chunk %d: scrubbed body differs from strings.ReplaceAll", chunk)
+		}
+	}
+}
+
+// chunked returns at most n bytes of s per Read.
+type chunked struct {
+	s string
+	n int
+}
+
+func (c *chunked) Read(p []byte) (int, error) {
+	if c.s == "" {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), c.n)], c.s)
+	c.s = c.s[n:]
+	return n, nil
+}

@@ -20,7 +20,11 @@ type Options struct {
 	TLSHandshakeTimeout   time.Duration // default 10s
 	ResponseHeaderTimeout time.Duration // default 60s
 	IdleConnTimeout       time.Duration // default 90s
-	MaxIdleConnsPerHost   int           // default 64
+	// MaxIdleConnsPerHost is the keep-alive pool per upstream host (default 256). Below the
+	// number of requests agents run at once to one host, every request over it pays a new
+	// TCP and TLS handshake upstream: size it to the concurrency.
+	MaxIdleConnsPerHost int // default 256
+	MaxIdleConns        int // all hosts together; default 4096
 	// Deny lists the broker's own services, never dialled (see NewDialer).
 	Deny []netip.AddrPort
 }
@@ -56,8 +60,8 @@ func New(opts Options) (*http.Transport, *Dialer, error) {
 		TLSHandshakeTimeout:   orDefault(opts.TLSHandshakeTimeout, 10*time.Second),
 		ResponseHeaderTimeout: orDefault(opts.ResponseHeaderTimeout, 60*time.Second),
 		IdleConnTimeout:       orDefault(opts.IdleConnTimeout, 90*time.Second),
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   orDefault(opts.MaxIdleConnsPerHost, 64),
+		MaxIdleConns:          orDefault(opts.MaxIdleConns, 4096),
+		MaxIdleConnsPerHost:   orDefault(opts.MaxIdleConnsPerHost, 256),
 		DisableCompression:    true,
 		ForceAttemptHTTP2:     false,
 	}, d, nil

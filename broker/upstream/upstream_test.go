@@ -381,7 +381,7 @@ func TestTransport(t *testing.T) {
 		if c.InsecureSkipVerify || c.MinVersion != tls.VersionTLS12 || c.RootCAs == nil {
 			t.Errorf("TLS config: InsecureSkipVerify=%v MinVersion=%x RootCAs=%v", c.InsecureSkipVerify, c.MinVersion, c.RootCAs != nil)
 		}
-		if !tr.DisableCompression || tr.ForceAttemptHTTP2 || tr.MaxIdleConns != 1024 || tr.MaxIdleConnsPerHost != 64 {
+		if !tr.DisableCompression || tr.ForceAttemptHTTP2 || tr.MaxIdleConns != 4096 || tr.MaxIdleConnsPerHost != 256 {
 			t.Errorf("DisableCompression=%v ForceAttemptHTTP2=%v MaxIdleConns=%d MaxIdleConnsPerHost=%d",
 				tr.DisableCompression, tr.ForceAttemptHTTP2, tr.MaxIdleConns, tr.MaxIdleConnsPerHost)
 		}

@@ -164,19 +164,26 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	defer admin.Close()
 
 	if watch {
-		go func() {
-			err := engine.Watch(ctx, cfg.Policy.Dir, func(rev string, err error) {
-				metrics.PolicyReload(err)
+		// The directory is watched before the broker says it is listening, so a policy
+		// written after that is always seen.
+		run, err := engine.WatchDir(cfg.Policy.Dir)
+		if err != nil {
+			log.Error().Err(err).Msg("policy watch stopped; policy changes need a restart")
+		} else {
+			go func() {
+				err := run(ctx, func(rev string, err error) {
+					metrics.PolicyReload(err)
+					if err != nil {
+						log.Error().Err(err).Str("policy_revision", rev).Msg("policy reload failed; keeping the last good policy")
+						return
+					}
+					log.Info().Str("policy_revision", rev).Msg("policy reloaded")
+				})
 				if err != nil {
-					log.Error().Err(err).Str("policy_revision", rev).Msg("policy reload failed; keeping the last good policy")
-					return
+					log.Error().Err(err).Msg("policy watch stopped; policy changes need a restart")
 				}
-				log.Info().Str("policy_revision", rev).Msg("policy reloaded")
-			})
-			if err != nil {
-				log.Error().Err(err).Msg("policy watch stopped; policy changes need a restart")
-			}
-		}()
+			}()
+		}
 	}
 	if bundlePoller != nil {
 		go bundlePoller.Run(ctx, func(rev string, err error) {

@@ -1,0 +1,182 @@
+// Command bench measures the broker on loopback against a direct connection: `make bench`.
+//
+// It starts a TLS upstream with its own CA, builds the broker and starts two of them (a bare
+// one with an allow-all policy, and one running the full pipeline: the shipped policies,
+// credential injection, scrubbing and audit to a file), drives them with Go HTTP clients, and
+// prints a table of ratios against direct HTTPS. The summary is also written as JSON.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"time"
+)
+
+func main() {
+	o := options{}
+	flag.DurationVar(&o.phase, "phase", 2*time.Second, "duration of each throughput phase")
+	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
+	flag.DurationVar(&o.latencyFor, "latency-for", 3*time.Second, "duration of each latency phase")
+	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
+	flag.IntVar(&o.idle, "idle", 200, "idle intercepted connections held for the memory figure")
+	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
+	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
+	flag.Parse()
+	if err := run(context.Background(), o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	phase, latencyFor time.Duration
+	rate              int
+	newHosts, idle    int
+	big               bool
+	out               string
+}
+
+func run(ctx context.Context, o options) error {
+	start := time.Now()
+	dir, err := os.MkdirTemp("", "brokerbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "broker")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/broker")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("building the broker (run from the repository root): %w", err)
+	}
+	p, err := newPKI(dir, o.newHosts)
+	if err != nil {
+		return err
+	}
+	up, err := startUpstream(p, o.newHosts)
+	if err != nil {
+		return err
+	}
+	defer up.close()
+	bare, err := startBroker(bin, filepath.Join(dir, "bare"), up, p, false)
+	if err != nil {
+		return err
+	}
+	defer bare.stop()
+	full, err := startBroker(bin, filepath.Join(dir, "full"), up, p, true)
+	if err != nil {
+		return err
+	}
+	defer full.stop()
+
+	s := &summary{
+		Machine: machine(), Started: start.UTC().Format(time.RFC3339),
+		Throughput: map[string]map[int]float64{}, CPUPerRequestUS: map[string]float64{},
+		Latency: map[string]latency{}, SSE: map[string]sseResult{}, Transfer: map[string]transfer{},
+	}
+	paths := []path{
+		{name: "direct", client: directClient(p, 0), url: up.url(hostIntercept, "/v1/chat/completions")},
+		{name: "tunnel", client: proxyClient(bare, p.pool, 0), url: up.url(hostTunnel, "/v1/chat/completions"), b: bare},
+		{name: "intercept", client: proxyClient(bare, bare.caPool, 0), url: up.url(hostIntercept, "/v1/chat/completions"), b: bare},
+		{name: "full", client: proxyClient(full, full.caPool, 0), url: up.url(hostIntercept, "/v1/chat/completions"), b: full},
+	}
+	// Check every path once before measuring: a refusal would make every figure meaningless.
+	for _, pa := range paths {
+		if err := pa.check(ctx); err != nil {
+			return fmt.Errorf("%s: %w", pa.name, err)
+		}
+	}
+
+	// Memory per idle connection is read off a broker that has carried no load yet, so that
+	// heap grown by the other phases does not hide it.
+	fmt.Fprintln(os.Stderr, "idle intercepted connections...")
+	fresh, err := startBroker(bin, filepath.Join(dir, "idle"), up, p, false)
+	if err != nil {
+		return err
+	}
+	s.IdleConnBytes = idleCost(fresh, up, o.idle)
+	fresh.stop()
+
+	fmt.Fprintln(os.Stderr, "throughput (small bodies, keep-alive)...")
+	for _, c := range []int{1, 8, 32, 128} {
+		for _, pa := range paths {
+			pa.client = pa.withConns(p, c)
+			r := pa.throughput(ctx, c, o.phase)
+			if s.Throughput[pa.name] == nil {
+				s.Throughput[pa.name] = map[int]float64{}
+			}
+			s.Throughput[pa.name][c] = r.rps
+			if pa.b != nil && c == 8 {
+				s.CPUPerRequestUS[pa.name] = r.cpuPerReq
+			}
+		}
+	}
+
+	fmt.Fprintln(os.Stderr, "latency (open loop)...")
+	for _, pa := range paths {
+		pa.client = pa.withConns(p, 256)
+		s.Latency[pa.name] = pa.openLoop(ctx, o.rate, o.latencyFor)
+	}
+
+	fmt.Fprintln(os.Stderr, "new hosts, SSE...")
+	s.NewHost = newHostCost(ctx, bare, p, up, o.newHosts)
+	for _, pa := range paths {
+		s.SSE[pa.name] = pa.sse(ctx, up.url(pa.host(), "/v1/models/sse"))
+	}
+
+	if o.big {
+		fmt.Fprintln(os.Stderr, "256 MiB download and upload...")
+		for _, pa := range paths {
+			pa.client = pa.withConns(p, 1)
+			t := transfer{}
+			t.DownloadMBps = pa.download(ctx, up.url(pa.host(), "/v1/models/download"))
+			uploadHost := pa.host()
+			if pa.name == "full" {
+				uploadHost = hostGit // the shipped llm policy refuses bodies it cannot parse
+			}
+			t.UploadMBps = pa.upload(ctx, up.url(uploadHost, "/bench/repo.git/git-upload-pack"))
+			s.Transfer[pa.name] = t
+		}
+	}
+	s.Peers = peers()
+	s.Seconds = time.Since(start).Seconds()
+	s.ratios()
+	s.print(os.Stdout)
+	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
+		return err
+	}
+	js, _ := json.MarshalIndent(s, "", "  ")
+	return os.WriteFile(o.out, append(js, '\n'), 0o644)
+}
+
+func machine() string {
+	cpu := ""
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range splitLines(string(b)) {
+			if k, v, ok := cut(l, ":"); ok && k == "model name" {
+				cpu = v
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%d cores (%s), %s/%s, %s", runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, runtime.Version())
+}
+
+// peers reports the other proxies that could be measured beside the broker.
+func peers() map[string]string {
+	out := map[string]string{}
+	for name, bin := range map[string]string{"mitmproxy": "mitmdump", "squid-openssl": "squid", "smokescreen": "smokescreen"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			out[name] = "skipped: not installed"
+		} else {
+			out[name] = "skipped: installed, but not yet measured by this benchmark"
+		}
+	}
+	return out
+}

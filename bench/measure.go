@@ -1,0 +1,395 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// requestBody is what every small request sends: a chat completion the shipped policy allows.
+var requestBody = []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"Say ok."}],"max_tokens":8}`)
+
+// path is one way of reaching the upstream.
+type path struct {
+	name   string
+	client *http.Client
+	url    string
+	b      *broker // nil for direct
+}
+
+func (pa *path) host() string {
+	u, _ := url.Parse(pa.url)
+	return u.Hostname()
+}
+
+func directClient(p *pki, conns int) *http.Client {
+	return &http.Client{Transport: newTransport(nil, p.pool, conns), Timeout: time.Minute}
+}
+
+func proxyClient(b *broker, roots *x509.CertPool, conns int) *http.Client {
+	pu := &url.URL{Scheme: "http", User: url.UserPassword(agentID, b.token), Host: b.proxyAddr}
+	return &http.Client{Transport: newTransport(http.ProxyURL(pu), roots, conns), Timeout: time.Minute}
+}
+
+func newTransport(proxy func(*http.Request) (*url.URL, error), roots *x509.CertPool, conns int) *http.Transport {
+	if conns <= 0 {
+		conns = 2
+	}
+	return &http.Transport{
+		Proxy: proxy, TLSClientConfig: &tls.Config{RootCAs: roots},
+		MaxIdleConns: conns, MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns,
+		DisableCompression: true, ForceAttemptHTTP2: false,
+	}
+}
+
+// withConns returns a fresh client for the path with a pool of conns connections.
+func (pa *path) withConns(p *pki, conns int) *http.Client {
+	if pa.client != nil {
+		pa.client.CloseIdleConnections()
+	}
+	switch {
+	case pa.b == nil:
+		return directClient(p, conns)
+	case pa.name == "tunnel":
+		return proxyClient(pa.b, p.pool, conns)
+	default:
+		return proxyClient(pa.b, pa.b.caPool, conns)
+	}
+}
+
+func (pa *path) do(ctx context.Context) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, pa.url, bytes.NewReader(requestBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "brokerbench/1")
+	resp, err := pa.client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return err
+}
+
+func (pa *path) check(ctx context.Context) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, pa.url, bytes.NewReader(requestBody))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := pa.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !bytes.Equal(body, smallBody) {
+		return fmt.Errorf("check request: status %d: %.300s", resp.StatusCode, body)
+	}
+	return nil
+}
+
+type throughputResult struct {
+	rps       float64
+	cpuPerReq float64 // broker CPU microseconds per request
+}
+
+// throughput runs conns closed-loop clients for d, after one warm-up request each.
+func (pa *path) throughput(ctx context.Context, conns int, d time.Duration) throughputResult {
+	var wg sync.WaitGroup
+	for range conns {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = pa.do(ctx) }()
+	}
+	wg.Wait()
+	var n, errs atomic.Int64
+	var cpu0 time.Duration
+	if pa.b != nil {
+		cpu0 = pa.b.cpu()
+	}
+	start := time.Now()
+	deadline := start.Add(d)
+	for range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				if pa.do(ctx) != nil {
+					errs.Add(1)
+					continue
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	r := throughputResult{rps: float64(n.Load()) / el.Seconds()}
+	if pa.b != nil && n.Load() > 0 {
+		r.cpuPerReq = float64((pa.b.cpu() - cpu0).Microseconds()) / float64(n.Load())
+	}
+	if e := errs.Load(); e > 0 {
+		fmt.Printf("  %s c=%d: %d errors\n", pa.name, conns, e)
+	}
+	fmt.Fprintf(stderr, "  %-9s c=%-3d %8.0f req/s\n", pa.name, conns, r.rps)
+	return r
+}
+
+type latency struct {
+	P50MS, P99MS float64
+	Sent, Errors int
+}
+
+// openLoop sends rate requests per second for d, each timed from its scheduled send.
+func (pa *path) openLoop(ctx context.Context, rate int, d time.Duration) latency {
+	for range 8 { // warm the pool
+		_ = pa.do(ctx)
+	}
+	n := int(d.Seconds() * float64(rate))
+	lat := make([]time.Duration, n)
+	var errs atomic.Int64
+	var wg sync.WaitGroup
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	for i := range n {
+		at := start.Add(time.Duration(i) * interval)
+		time.Sleep(time.Until(at))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if pa.do(ctx) != nil {
+				errs.Add(1)
+			}
+			lat[i] = time.Since(at)
+		}()
+	}
+	wg.Wait()
+	slices.Sort(lat)
+	ms := func(q float64) float64 { return float64(lat[int(q*float64(n-1))].Microseconds()) / 1000 }
+	l := latency{P50MS: ms(0.5), P99MS: ms(0.99), Sent: n, Errors: int(errs.Load())}
+	fmt.Fprintf(stderr, "  %-9s p50 %.2f ms p99 %.2f ms\n", pa.name, l.P50MS, l.P99MS)
+	return l
+}
+
+type newHost struct {
+	FirstMS, CachedMS, ExtraMS float64
+	Hosts                      int
+}
+
+// newHostCost times a request on a new connection to a host the broker has never seen
+// (certificate issue, upstream dial), then a request on another new connection to the same
+// host (certificate cached). Medians over hosts.
+func newHostCost(ctx context.Context, b *broker, p *pki, up *upstream, hosts int) newHost {
+	var first, cached []time.Duration
+	for i := range hosts {
+		host := fmt.Sprintf("127.0.0.%d", firstNewHost+i)
+		pa := &path{name: "intercept", url: up.url(host, "/v1/chat/completions"), b: b}
+		for round := range 2 {
+			pa.client = proxyClient(b, b.caPool, 1)
+			t := time.Now()
+			if err := pa.do(ctx); err != nil {
+				fmt.Fprintf(stderr, "  new host %s: %v\n", host, err)
+				continue
+			}
+			el := time.Since(t)
+			pa.client.CloseIdleConnections()
+			if round == 0 {
+				first = append(first, el)
+			} else {
+				cached = append(cached, el)
+			}
+		}
+	}
+	r := newHost{FirstMS: medianMS(first), CachedMS: medianMS(cached), Hosts: hosts}
+	r.ExtraMS = r.FirstMS - r.CachedMS
+	fmt.Fprintf(stderr, "  new host: first %.2f ms, cached %.2f ms\n", r.FirstMS, r.CachedMS)
+	return r
+}
+
+func medianMS(d []time.Duration) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return float64(d[len(d)/2].Microseconds()) / 1000
+}
+
+// idleCost opens n intercepted tunnels, makes one request on each and leaves them idle; it
+// returns the broker's resident memory growth per connection.
+func idleCost(b *broker, up *upstream, n int) int64 {
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	open := func() error {
+		c, err := net.Dial("tcp", b.proxyAddr)
+		if err != nil {
+			return err
+		}
+		conns = append(conns, c)
+		target := fmt.Sprintf("%s:%d", hostIntercept, up.port)
+		auth := basicAuth(agentID, b.token)
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", target, target, auth)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("CONNECT: %s", resp.Status)
+		}
+		tc := tls.Client(c, &tls.Config{RootCAs: b.caPool, ServerName: hostIntercept})
+		conns[len(conns)-1] = tc
+		fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", target)
+		resp, err = http.ReadResponse(bufio.NewReader(tc), nil)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return nil
+	}
+	// Warm up: the first connections grow pools that later ones reuse.
+	for range 20 {
+		if err := open(); err != nil {
+			fmt.Fprintln(stderr, "  idle:", err)
+			return 0
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	before := b.rss()
+	for range n {
+		if err := open(); err != nil {
+			fmt.Fprintln(stderr, "  idle:", err)
+			return 0
+		}
+	}
+	time.Sleep(time.Second)
+	per := (b.rss() - before) / int64(n)
+	fmt.Fprintf(stderr, "  idle intercepted connection: %d KiB\n", per>>10)
+	return per
+}
+
+type sseResult struct {
+	MeanDelayMS, MaxDelayMS float64
+}
+
+// sse reads an event stream whose events carry their send time and reports how late they came.
+func (pa *path) sse(ctx context.Context, u string) sseResult {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	resp, err := pa.client.Do(req)
+	if err != nil {
+		fmt.Fprintln(stderr, "  sse:", err)
+		return sseResult{}
+	}
+	defer resp.Body.Close()
+	var sum, max time.Duration
+	n := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		v, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		ns, _ := strconv.ParseInt(v, 10, 64)
+		d := time.Since(time.Unix(0, ns))
+		sum += d
+		max = maxDur(max, d)
+		n++
+	}
+	if n != sseEvents {
+		fmt.Fprintf(stderr, "  sse %s: %d of %d events (status %d)\n", pa.name, n, sseEvents, resp.StatusCode)
+		return sseResult{}
+	}
+	r := sseResult{MeanDelayMS: float64((sum / time.Duration(n)).Microseconds()) / 1000, MaxDelayMS: float64(max.Microseconds()) / 1000}
+	fmt.Fprintf(stderr, "  %-9s SSE delay mean %.2f ms max %.2f ms\n", pa.name, r.MeanDelayMS, r.MaxDelayMS)
+	return r
+}
+
+func maxDur(a, b time.Duration) time.Duration {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+type transfer struct {
+	DownloadMBps, UploadMBps float64
+}
+
+func (pa *path) download(ctx context.Context, u string) float64 {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	t := time.Now()
+	resp, err := pa.client.Do(req)
+	if err != nil {
+		fmt.Fprintln(stderr, "  download:", err)
+		return 0
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil || n != bigSize {
+		fmt.Fprintf(stderr, "  download %s: %d bytes, %v (status %d)\n", pa.name, n, err, resp.StatusCode)
+		return 0
+	}
+	mbps := float64(n) / (1 << 20) / time.Since(t).Seconds()
+	fmt.Fprintf(stderr, "  %-9s download %.0f MiB/s\n", pa.name, mbps)
+	return mbps
+}
+
+func (pa *path) upload(ctx context.Context, u string) float64 {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, u, io.LimitReader(pattern{}, bigSize))
+	req.ContentLength = bigSize
+	req.Header.Set("Content-Type", "application/x-git-upload-pack-request")
+	t := time.Now()
+	resp, err := pa.client.Do(req)
+	if err != nil {
+		fmt.Fprintln(stderr, "  upload:", err)
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(stderr, "  upload %s: status %d\n", pa.name, resp.StatusCode)
+		return 0
+	}
+	mbps := float64(bigSize) / (1 << 20) / time.Since(t).Seconds()
+	fmt.Fprintf(stderr, "  %-9s upload %.0f MiB/s\n", pa.name, mbps)
+	return mbps
+}
+
+// pattern is an endless stream of letters.
+type pattern struct{}
+
+func (pattern) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'a' + byte(i%26)
+	}
+	return len(p), nil
+}
+
+func basicAuth(user, pass string) string {
+	r, _ := http.NewRequest(http.MethodGet, "/", nil)
+	r.SetBasicAuth(user, pass)
+	return strings.TrimPrefix(r.Header.Get("Authorization"), "Basic ")
+}
+
+func splitLines(s string) []string { return strings.Split(s, "\n") }
+
+func cut(s, sep string) (string, string, bool) {
+	k, v, ok := strings.Cut(s, sep)
+	return strings.TrimSpace(k), strings.TrimSpace(v), ok
+}

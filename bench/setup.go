@@ -1,0 +1,366 @@
+package main
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/capbroker/capbroker/policies"
+)
+
+// Loopback addresses the upstream listens on. Each is a distinct host name to the broker.
+const (
+	hostIntercept = "127.0.0.1" // intercepted; the llm concern in the full pipeline
+	hostTunnel    = "127.0.0.2" // opaque CONNECT tunnel
+	hostGit       = "127.0.0.3" // the git concern in the full pipeline (uploads)
+	firstNewHost  = 10          // 127.0.0.10 onwards: hosts the broker has not seen
+)
+
+// pki is the upstream's private CA and its leaf, valid for every loopback host used.
+type pki struct {
+	caFile string
+	pool   *x509.CertPool
+	leaf   tls.Certificate
+}
+
+func newPKI(dir string, hosts int) (*pki, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "brokerbench upstream CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	ips := []net.IP{}
+	for i := 1; i < firstNewHost+hosts; i++ {
+		ips = append(ips, net.IPv4(127, 0, 0, byte(i)))
+	}
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "upstream"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IPAddresses: ips, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &leafKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	p := &pki{caFile: filepath.Join(dir, "upstream-ca.pem"), pool: x509.NewCertPool(),
+		leaf: tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}}
+	p.pool.AddCert(ca)
+	return p, os.WriteFile(p.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644)
+}
+
+// upstream is one HTTPS server listening on the same port of several loopback addresses.
+type upstream struct {
+	port int
+	srv  *http.Server
+	lns  []net.Listener
+}
+
+// smallBody is the response to every small request: about the size of a short API answer.
+var smallBody = []byte(`{"id":"chatcmpl-bench","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
+
+const (
+	sseEvents   = 20
+	sseInterval = 50 * time.Millisecond
+	bigSize     = 256 << 20
+)
+
+func startUpstream(p *pki, hosts int) (*upstream, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(smallBody)))
+		_, _ = w.Write(smallBody)
+	})
+	// /v1/models/sse sends events carrying their send time, sseInterval apart.
+	mux.HandleFunc("/v1/models/sse", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		for i := 0; i < sseEvents; i++ {
+			fmt.Fprintf(w, "data: %d\n\n", time.Now().UnixNano())
+			f.Flush()
+			time.Sleep(sseInterval)
+		}
+	})
+	mux.HandleFunc("/v1/models/download", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(bigSize))
+		buf := make([]byte, 64<<10)
+		for i := range buf {
+			buf[i] = 'a' + byte(i%26)
+		}
+		for n := 0; n < bigSize; n += len(buf) {
+			if _, err := w.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	u := &upstream{srv: &http.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: []tls.Certificate{p.leaf}},
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	u.port = ln.Addr().(*net.TCPAddr).Port
+	u.lns = append(u.lns, ln)
+	for i := 2; i < firstNewHost+hosts; i++ {
+		if i > 3 && i < firstNewHost {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.%d:%d", i, u.port))
+		if err != nil {
+			u.close()
+			return nil, fmt.Errorf("upstream on 127.0.0.%d: %w", i, err)
+		}
+		u.lns = append(u.lns, l)
+	}
+	for _, l := range u.lns {
+		go func() { _ = u.srv.Serve(tls.NewListener(l, u.srv.TLSConfig)) }()
+	}
+	return u, nil
+}
+
+func (u *upstream) close() { _ = u.srv.Close() }
+
+func (u *upstream) url(host, path string) string {
+	return fmt.Sprintf("https://%s:%d%s", host, u.port, path)
+}
+
+// broker is a running broker binary.
+type broker struct {
+	cmd        *exec.Cmd
+	proxyAddr  string
+	caPool     *x509.CertPool
+	token      string
+	auditFile  string
+	exited     chan struct{}
+	stderrTail *strings.Builder
+}
+
+const (
+	agentID = "bench-agent"
+	secret  = "sk-bench-0123456789abcdef0123456789abcdef"
+)
+
+// allowAllPolicy allows everything, intercepting every tunnel but the opaque one.
+const allowAllPolicy = `package broker
+
+decision := {"allow": true, "intercept": input.request.host != "` + hostTunnel + `"}
+`
+
+// writeAllowAll writes the bare policy.
+func writeAllowAll(dir string) error {
+	return os.WriteFile(filepath.Join(dir, "broker.rego"), []byte(allowAllPolicy), 0o644)
+}
+
+// writeShipped writes the shipped policies (policies/), with the bench upstream added as one
+// LLM API (127.0.0.1, credential openai) and one git host (127.0.0.3), on the upstream's port.
+func writeShipped(dir string, port int) error {
+	return fs.WalkDir(policies.FS, ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasSuffix(name, "_test.rego") {
+			return err
+		}
+		b, err := fs.ReadFile(policies.FS, name)
+		if err != nil {
+			return err
+		}
+		s := string(b)
+		switch name {
+		case "broker.rego":
+			old := "input.request.port == 443"
+			if !strings.Contains(s, old) {
+				return errors.New("policies/broker.rego no longer has " + old)
+			}
+			s = strings.Replace(s, old, fmt.Sprintf("input.request.port in {443, %d}", port), 1)
+		case "data.yaml":
+			for _, kv := range [][2]string{
+				{"  git:\n", "  git:\n    - " + hostGit + "\n"},
+				{"  llm:\n", "  llm:\n    " + hostIntercept + ":\n      credential: openai\n      endpoints: [/v1/chat/completions]\n      models: [gpt-4.1*]\n      read_paths: [/v1/models]\n"},
+			} {
+				if !strings.Contains(s, kv[0]) {
+					return errors.New("policies/data.yaml no longer has " + strings.TrimSpace(kv[0]))
+				}
+				s = strings.Replace(s, kv[0], kv[1], 1)
+			}
+		}
+		return os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644)
+	})
+}
+
+// startBroker initialises a CA, writes the config and starts `broker run`. full selects the
+// realistic pipeline: shipped policy, a credential for the upstream, audit to a file.
+func startBroker(bin, dir string, up *upstream, p *pki, full bool) (*broker, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command(bin, "ca", "init", "--out", filepath.Join(dir, "ca")).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ca init: %v: %s", err, out)
+	}
+	polDir := filepath.Join(dir, "policies")
+	if err := os.MkdirAll(polDir, 0o755); err != nil {
+		return nil, err
+	}
+	b := &broker{token: "bench-token", exited: make(chan struct{}), stderrTail: &strings.Builder{}}
+	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0", max_connections_per_agent: 1024}
+admin: {listen: "127.0.0.1:0"}
+ca: {cert_file: %q, key_file: %q}
+policy: {dir: %q, mode: enforce}
+upstream:
+  ca_file: %q
+  allow_private: ["127.0.0.0/8"]
+agents:
+  - id: %s
+    token_env: BENCH_AGENT_TOKEN
+`, filepath.Join(dir, "ca", "ca.crt"), filepath.Join(dir, "ca", "ca.key"), polDir, p.caFile, agentID)
+	if full {
+		if err := writeShipped(polDir, up.port); err != nil {
+			return nil, err
+		}
+		b.auditFile = filepath.Join(dir, "audit.log")
+		cfg += fmt.Sprintf(`    labels: {team: bench}
+credentials:
+  - name: openai
+    hosts: [%q]
+    source: {env: BENCH_SECRET}
+    inject: {header: Authorization, value: "Bearer {{secret}}"}
+audit: {file: %q}
+`, hostIntercept, b.auditFile)
+	} else if err := writeAllowAll(polDir); err != nil {
+		return nil, err
+	}
+	cfgFile := filepath.Join(dir, "broker.yaml")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	b.cmd = exec.Command(bin, "run", "--config", cfgFile)
+	b.cmd.Env = append(cleanEnv(), "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret)
+	b.cmd.Stdout = io.Discard // audit events of the bare broker
+	stderr, err := b.cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := b.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = b.cmd.Wait(); close(b.exited) }()
+	listening := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.Contains(line, `"message":"listening"`) {
+				listening <- line
+			}
+			if b.stderrTail.Len() < 64<<10 {
+				b.stderrTail.WriteString(line + "\n")
+			}
+		}
+	}()
+	select {
+	case line := <-listening:
+		var l struct{ Proxy string }
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			return nil, err
+		}
+		b.proxyAddr = l.Proxy
+	case <-b.exited:
+		return nil, fmt.Errorf("broker exited at start: %s", b.stderrTail)
+	case <-time.After(30 * time.Second):
+		b.stop()
+		return nil, errors.New("broker did not start listening within 30s")
+	}
+	pemCA, err := os.ReadFile(filepath.Join(dir, "ca", "ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	b.caPool = x509.NewCertPool()
+	b.caPool.AppendCertsFromPEM(pemCA)
+	return b, nil
+}
+
+func (b *broker) stop() {
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-b.exited:
+	case <-time.After(10 * time.Second):
+		_ = b.cmd.Process.Kill()
+		<-b.exited
+	}
+}
+
+// cpu returns the broker's user+system CPU time so far, from /proc/<pid>/stat.
+func (b *broker) cpu() time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	const clkTck = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / clkTck
+}
+
+// rss returns the broker's resident set size in bytes, from /proc/<pid>/status.
+func (b *broker) rss() int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", b.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// cleanEnv is this process's environment without proxy settings.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch strings.ToUpper(k) {
+		case "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}

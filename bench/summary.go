@@ -1,0 +1,122 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+)
+
+// stderr carries progress; the table goes to stdout.
+var stderr io.Writer = os.Stderr
+
+// summary is the JSON written to bench/results/latest.json.
+type summary struct {
+	Machine string  `json:"machine"`
+	Started string  `json:"started"`
+	Seconds float64 `json:"seconds"`
+	// Throughput is requests per second by path and number of connections.
+	Throughput map[string]map[int]float64 `json:"throughput_rps"`
+	// Ratios are the throughput ratios the issue's targets are stated in.
+	Ratios          map[string]map[int]float64 `json:"ratios"`
+	CPUPerRequestUS map[string]float64         `json:"broker_cpu_per_request_us"`
+	Latency         map[string]latency         `json:"latency_open_loop"`
+	AddedP50MS      map[string]float64         `json:"added_p50_ms"`
+	NewHost         newHost                    `json:"new_host"`
+	IdleConnBytes   int64                      `json:"idle_intercepted_conn_bytes"`
+	SSE             map[string]sseResult       `json:"sse_delay"`
+	Transfer        map[string]transfer        `json:"transfer_256mib"`
+	Peers           map[string]string          `json:"peers"`
+	Targets         []target                   `json:"targets"`
+}
+
+// target is one of issue 7's goals, checked against this run.
+type target struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Limit float64 `json:"limit"`
+	Unit  string  `json:"unit"`
+	Met   bool    `json:"met"`
+}
+
+var conns = []int{1, 8, 32, 128}
+
+func (s *summary) ratios() {
+	s.Ratios = map[string]map[int]float64{}
+	ratio := func(name, num, den string) {
+		s.Ratios[name] = map[int]float64{}
+		for _, c := range conns {
+			if d := s.Throughput[den][c]; d > 0 {
+				s.Ratios[name][c] = s.Throughput[num][c] / d
+			}
+		}
+	}
+	ratio("tunnel/direct", "tunnel", "direct")
+	ratio("intercept/direct", "intercept", "direct")
+	ratio("full/direct", "full", "direct")
+	ratio("full/intercept", "full", "intercept")
+	s.AddedP50MS = map[string]float64{}
+	for _, p := range []string{"tunnel", "intercept", "full"} {
+		s.AddedP50MS[p] = s.Latency[p].P50MS - s.Latency["direct"].P50MS
+	}
+	atLeast := func(name string, v, limit float64, unit string) {
+		s.Targets = append(s.Targets, target{name, v, limit, unit, v >= limit})
+	}
+	atMost := func(name string, v, limit float64, unit string) {
+		s.Targets = append(s.Targets, target{name, v, limit, unit, v <= limit})
+	}
+	atLeast("full pipeline / bare intercepted throughput, c=32", s.Ratios["full/intercept"][32], 0.9, "x")
+	atLeast("bare intercepted / direct throughput, c=32", s.Ratios["intercept/direct"][32], 0.4, "x")
+	atMost("added p50 latency, full pipeline, open loop", s.AddedP50MS["full"], 0.5, "ms")
+	atMost("idle intercepted connection", float64(s.IdleConnBytes)/1024, 40, "KiB")
+	atMost("new host's first request, over a cached host", s.NewHost.ExtraMS, 2, "ms")
+	atMost("SSE mean delay, full pipeline over direct", s.SSE["full"].MeanDelayMS-s.SSE["direct"].MeanDelayMS, 1, "ms")
+}
+
+func (s *summary) print(out io.Writer) {
+	fmt.Fprintf(out, "\nmachine: %s\n\n", s.Machine)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "throughput (req/s)\tc=1\tc=8\tc=32\tc=128\tCPU µs/req\t")
+	for _, p := range []string{"direct", "tunnel", "intercept", "full"} {
+		fmt.Fprintf(w, "%s\t", p)
+		for _, c := range conns {
+			fmt.Fprintf(w, "%.0f\t", s.Throughput[p][c])
+		}
+		if cpu, ok := s.CPUPerRequestUS[p]; ok {
+			fmt.Fprintf(w, "%.0f\t\n", cpu)
+		} else {
+			fmt.Fprint(w, "-\t\n")
+		}
+	}
+	for _, r := range []string{"tunnel/direct", "intercept/direct", "full/direct", "full/intercept"} {
+		fmt.Fprintf(w, "%s\t", r)
+		for _, c := range conns {
+			fmt.Fprintf(w, "%.2fx\t", s.Ratios[r][c])
+		}
+		fmt.Fprint(w, "\t\n")
+	}
+	w.Flush()
+	fmt.Fprintln(out)
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "path\tp50 ms\tp99 ms\tadded p50 ms\tSSE delay mean/max ms\tdownload MiB/s\tupload MiB/s\t")
+	for _, p := range []string{"direct", "tunnel", "intercept", "full"} {
+		l, e, t := s.Latency[p], s.SSE[p], s.Transfer[p]
+		fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%.2f\t%.2f / %.2f\t%.0f\t%.0f\t\n", p, l.P50MS, l.P99MS, s.AddedP50MS[p], e.MeanDelayMS, e.MaxDelayMS, t.DownloadMBps, t.UploadMBps)
+	}
+	w.Flush()
+	fmt.Fprintf(out, "\nnew host first request: %.2f ms, cached: %.2f ms (extra %.2f ms, median of %d hosts)\n",
+		s.NewHost.FirstMS, s.NewHost.CachedMS, s.NewHost.ExtraMS, s.NewHost.Hosts)
+	fmt.Fprintf(out, "idle intercepted connection: %.1f KiB of broker RSS\n", float64(s.IdleConnBytes)/1024)
+	for name, st := range s.Peers {
+		fmt.Fprintf(out, "peer %s: %s\n", name, st)
+	}
+	fmt.Fprintln(out, "\nissue 7 targets:")
+	for _, t := range s.Targets {
+		verdict := "not met"
+		if t.Met {
+			verdict = "met"
+		}
+		fmt.Fprintf(out, "  %-48s %8.2f %-3s (limit %g %s): %s\n", t.Name, t.Value, t.Unit, t.Limit, t.Unit, verdict)
+	}
+	fmt.Fprintf(out, "took %.0f s\n", s.Seconds)
+}

@@ -1,0 +1,74 @@
+package policy
+
+import (
+	"context"
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+
+	"github.com/capbroker/capbroker/policies"
+)
+
+// benchInputs are requests the shipped policy decides, one per kind of answer.
+var benchInputs = map[string]*Input{
+	"llm_allow": {
+		Phase: PhaseRequest, AgentID: "coder-1", Labels: map[string]string{"team": "platform"}, SourceIP: "127.0.0.1",
+		Method: "POST", Scheme: "https", Host: "api.openai.com", Port: 443, Path: "/v1/chat/completions",
+		Query: map[string][]string{}, BodySize: 120, Credentials: []string{"openai"},
+		Headers: map[string]string{"content-type": "application/json", "user-agent": "agent/1.0", "accept": "*/*"},
+		Body:    map[string]any{"model": "gpt-4.1-mini", "max_tokens": float64(64), "messages": []any{map[string]any{"role": "user", "content": "hi"}}},
+	},
+	"github_read": {
+		Phase: PhaseRequest, AgentID: "coder-1", SourceIP: "127.0.0.1",
+		Method: "GET", Scheme: "https", Host: "api.github.com", Port: 443, Path: "/repos/capbroker/capbroker/issues",
+		Query: map[string][]string{"state": {"open"}}, Credentials: []string{"github"},
+		Headers: map[string]string{"accept": "application/vnd.github+json", "user-agent": "agent/1.0"},
+	},
+	"deny_unknown_host": {
+		Phase: PhaseRequest, AgentID: "coder-1", SourceIP: "127.0.0.1",
+		Method: "GET", Scheme: "https", Host: "evil.example", Port: 443, Path: "/",
+		Headers: map[string]string{"user-agent": "agent/1.0"},
+	},
+	"connect": {
+		Phase: PhaseConnect, AgentID: "coder-1", SourceIP: "127.0.0.1", Method: "CONNECT", Host: "api.openai.com", Port: 443,
+	},
+}
+
+// BenchmarkDecide evaluates the shipped policy (policies/) as the broker does per request.
+func BenchmarkDecide(b *testing.B) {
+	e, err := New(context.Background(), policies.FS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	for name, in := range benchInputs {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := e.Decide(ctx, in); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestInputValueMatchesDocument checks that the value given to the evaluator is the document
+// the audit log records and `broker policy eval` reads.
+func TestInputValueMatchesDocument(t *testing.T) {
+	for name, in := range benchInputs {
+		t.Run(name, func(t *testing.T) {
+			got, err := in.astValue()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := ast.InterfaceToValue(in.Document())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Compare(want) != 0 {
+				t.Errorf("astValue:\n%v\ndocument:\n%v", got, want)
+			}
+		})
+	}
+}
