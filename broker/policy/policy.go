@@ -78,8 +78,11 @@ func New(ctx context.Context, fsys fs.FS) (*Engine, error) {
 }
 
 // Load compiles the policy in fsys (Rego and data files) and, only if it compiles, makes it current.
-func (e *Engine) Load(ctx context.Context, fsys fs.FS) error {
-	src, err := readDir(fsys, "", false)
+func (e *Engine) Load(ctx context.Context, fsys fs.FS) error { return e.load(ctx, fsys, "") }
+
+// load compiles fsys, naming files under prefix in errors, and swaps it in only if it compiles.
+func (e *Engine) load(ctx context.Context, fsys fs.FS, prefix string) error {
+	src, err := readDir(fsys, prefix, false)
 	if err != nil {
 		return err
 	}

@@ -27,16 +27,7 @@ func NewDir(ctx context.Context, dir string) (*Engine, error) {
 
 // LoadDir is Load for a directory; errors name files by their path under dir.
 func (e *Engine) LoadDir(ctx context.Context, dir string) error {
-	src, err := readDir(os.DirFS(dir), dir, false)
-	if err != nil {
-		return err
-	}
-	p, err := compile(ctx, src)
-	if err != nil {
-		return err
-	}
-	e.cur.Store(p)
-	return nil
+	return e.load(ctx, os.DirFS(dir), dir)
 }
 
 // Watch reloads the policy from dir whenever a policy or data file in it, or in a directory
