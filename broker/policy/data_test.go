@@ -141,24 +141,10 @@ func TestWatchReloadsData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reloads := make(chan error, 10)
-	go func() { _ = e.Watch(ctx, dir, func(_ string, err error) { reloads <- err }) }()
-	for i := 0; ; i++ {
-		write(`{"allowed": ["api.example.com"]}`)
-		select {
-		case err := <-reloads:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-reloadTick():
-			if i < 50 {
-				continue
-			}
-			t.Fatal("no reload")
-		}
-		break
+	reloads := watch(t, e, dir)
+	write(`{"allowed": ["api.example.com"]}`)
+	if err := <-reloads; err != nil {
+		t.Fatal(err)
 	}
 	if d, _ := e.Decide(context.Background(), req()); !d.Allow {
 		t.Fatalf("data reload did not take effect: %+v", d)

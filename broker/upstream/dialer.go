@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -140,35 +139,4 @@ func normalisePrefixes(in []netip.Prefix) []netip.Prefix {
 		out = append(out, p.Masked())
 	}
 	return out
-}
-
-// ParsePrefixes parses CIDRs and bare IPs (taken as /32 or /128). The error names the bad
-// entry. A CIDR with host bits set (10.0.0.1/8) is rejected as a likely typo rather than
-// silently widened or narrowed.
-func ParsePrefixes(cidrs []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for i, s := range cidrs {
-		s = strings.TrimSpace(s)
-		var p netip.Prefix
-		if strings.Contains(s, "/") {
-			var err error
-			if p, err = netip.ParsePrefix(s); err != nil {
-				return nil, fmt.Errorf("prefix %d %q: %w", i, cidrs[i], err)
-			}
-			if p != p.Masked() {
-				return nil, fmt.Errorf("prefix %d %q: host bits set (did you mean %s?)", i, cidrs[i], p.Masked())
-			}
-		} else {
-			ip, err := netip.ParseAddr(s)
-			if err != nil {
-				return nil, fmt.Errorf("prefix %d %q: %w", i, cidrs[i], err)
-			}
-			if ip.Zone() != "" {
-				return nil, fmt.Errorf("prefix %d %q: zones are not allowed", i, cidrs[i])
-			}
-			p = netip.PrefixFrom(ip, ip.BitLen())
-		}
-		out = append(out, p)
-	}
-	return out, nil
 }

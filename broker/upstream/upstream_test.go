@@ -130,52 +130,6 @@ func TestClassifyInvalid(t *testing.T) {
 	}
 }
 
-func TestParsePrefixes(t *testing.T) {
-	tests := map[string]struct {
-		in      []string
-		want    []string
-		wantErr string // substring; "" means success
-	}{
-		"empty":           {in: nil, want: nil},
-		"v4 cidr":         {in: []string{"10.0.0.0/8"}, want: []string{"10.0.0.0/8"}},
-		"v6 cidr":         {in: []string{"fd00::/8"}, want: []string{"fd00::/8"}},
-		"bare v4":         {in: []string{"127.0.0.1"}, want: []string{"127.0.0.1/32"}},
-		"bare v6":         {in: []string{"::1"}, want: []string{"::1/128"}},
-		"spaces trimmed":  {in: []string{" 172.28.0.7/32 "}, want: []string{"172.28.0.7/32"}},
-		"several":         {in: []string{"10.0.0.0/8", "::1"}, want: []string{"10.0.0.0/8", "::1/128"}},
-		"garbage":         {in: []string{"10.0.0.0/8", "nope"}, wantErr: `"nope"`},
-		"bad bits":        {in: []string{"10.0.0.0/33"}, wantErr: `"10.0.0.0/33"`},
-		"host bits set":   {in: []string{"10.0.0.1/8"}, wantErr: `"10.0.0.1/8"`},
-		"empty entry":     {in: []string{""}, wantErr: `""`},
-		"hostname":        {in: []string{"localhost"}, wantErr: `"localhost"`},
-		"zoned bare addr": {in: []string{"fe80::1%eth0"}, wantErr: `"fe80::1%eth0"`},
-		"zoned cidr":      {in: []string{"fe80::%eth0/64"}, wantErr: `"fe80::%eth0/64"`},
-	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			got, err := ParsePrefixes(tc.in)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("ParsePrefixes(%q) error = %v, want one naming %s", tc.in, err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("ParsePrefixes(%q): %v", tc.in, err)
-			}
-			if len(got) != len(tc.want) {
-				t.Fatalf("ParsePrefixes(%q) = %v, want %v", tc.in, got, tc.want)
-			}
-			for i := range got {
-				if got[i].String() != tc.want[i] {
-					t.Errorf("ParsePrefixes(%q)[%d] = %s, want %s", tc.in, i, got[i], tc.want[i])
-				}
-			}
-		})
-	}
-}
-
-// TestDialerCheck exercises the per-address decision without dialling.
 func TestDialerCheck(t *testing.T) {
 	tests := map[string]struct {
 		allow   []netip.Prefix
