@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	vaultapi "github.com/hashicorp/vault/api"
+
 	"github.com/capbroker/capbroker/credentials/vaulttest"
 )
 
@@ -28,7 +30,7 @@ func TestVaultCredentialsEndToEnd(t *testing.T) {
 	seed := func(kv2, kv1 string) {
 		t.Helper()
 		v2(kv2)
-		if err := vc.Sys().Mount("kv1", &vaultMountInput); err != nil && !strings.Contains(err.Error(), "path is already in use") {
+		if err := vc.Sys().Mount("kv1", &vaultapi.MountInput{Type: "kv", Options: map[string]string{"version": "1"}}); err != nil && !strings.Contains(err.Error(), "path is already in use") {
 			t.Fatal(err)
 		}
 		if _, err := vc.Logical().Write("kv1/app", map[string]any{"key": kv1}); err != nil {
@@ -143,8 +145,6 @@ func TestVaultCredentialsEndToEnd(t *testing.T) {
 		}
 	}
 }
-
-var vaultMountInput = vaultapiMountInput()
 
 func TestCheckConfigReadsVaultCredentials(t *testing.T) {
 	vault := vaulttest.Start(t)
