@@ -6,14 +6,18 @@ package agents
 
 import data.settings
 
-id := object.get(input, ["agent", "id"], "")
+default id := ""
 
-profile := object.get(input, ["agent", "labels", "profile"], "default")
+id := input.agent.id
+
+default profile := "default"
+
+profile := input.agent.labels.profile
 
 uses := {c | some c in settings.profiles[profile]}
 
 # may_use(concern): the agent's profile includes the concern.
-may_use(concern) if concern in uses
+may_use(concern) if concern in settings.profiles[profile]
 
 # refusal(concern, host): why the agent may not use the concern, for the agent to read.
 refusal(concern, host) := sprintf("agent %s has profile %q, which policies/data.yaml does not define", [id, profile]) if {

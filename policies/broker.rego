@@ -23,13 +23,13 @@ host := input.request.host
 
 # The concern that governs the request's host. Each host belongs to at most one concern
 # (broker_test.rego checks that the lists do not overlap).
-concern := "registries" if host in registries.hosts
+concern := "registries" if registries.governs(host)
 
-concern := "git" if host in git.hosts
+concern := "git" if git.governs(host)
 
-concern := "github" if host in github.hosts
+concern := "github" if github.governs(host)
 
-concern := "llm" if host in llm.hosts
+concern := "llm" if llm.governs(host)
 
 default decision := {"allow": false, "reason": "the policy does not know this kind of request (phase must be connect or request)"}
 

@@ -9,6 +9,9 @@ import data.settings
 
 hosts := {h | some h in settings.git}
 
+# governs(host): the host is git hosting (a lookup in the list, no set built per decision).
+governs(host) if host in settings.git
+
 decision := {"allow": false, "reason": sprintf("pushing to %s is not allowed: git hosting is read-only (clone and fetch)", [input.request.host])} if {
 	pushing
 } else := {"allow": true, "reason": "git clone or fetch"} if {
@@ -20,4 +23,4 @@ decision := {"allow": false, "reason": sprintf("pushing to %s is not allowed: gi
 
 pushing if endswith(input.request.path, "/git-receive-pack")
 
-pushing if "git-receive-pack" in object.get(input.request, ["query", "service"], [])
+pushing if "git-receive-pack" in input.request.query.service

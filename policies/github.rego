@@ -9,6 +9,9 @@ import data.settings
 
 hosts := {"api.github.com"}
 
+# governs(host): the host is the GitHub API.
+governs(host) if host in hosts
+
 read_methods := {"GET", "HEAD"}
 
 write_methods := {"POST", "PATCH", "PUT"}

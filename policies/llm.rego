@@ -10,6 +10,9 @@ import data.settings
 
 hosts := {h | some h, _ in settings.llm}
 
+# governs(host): the host is an LLM API (an object lookup, no set built per decision).
+governs(host) if settings.llm[host]
+
 provider := settings.llm[input.request.host]
 
 method := input.request.method

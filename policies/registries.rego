@@ -8,6 +8,9 @@ import data.settings
 
 hosts := {h | some h in settings.registries}
 
+# governs(host): the host is a registry (a lookup in the list, no set built per decision).
+governs(host) if host in settings.registries
+
 read_methods := {"GET", "HEAD"}
 
 decision := {"allow": true, "reason": "read-only package registry"} if {

@@ -34,7 +34,9 @@ var benchInputs = map[string]*Input{
 	},
 }
 
-// BenchmarkDecide evaluates the shipped policy (policies/) as the broker does per request.
+// BenchmarkDecide decides with the shipped policy (policies/) as the broker does per request:
+// "cached" is a request like one decided before (the decision cache answers), "evaluated" one
+// the policy evaluates.
 func BenchmarkDecide(b *testing.B) {
 	e, err := New(context.Background(), policies.FS)
 	if err != nil {
@@ -42,10 +44,18 @@ func BenchmarkDecide(b *testing.B) {
 	}
 	ctx := context.Background()
 	for name, in := range benchInputs {
-		b.Run(name, func(b *testing.B) {
+		b.Run("cached/"+name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if _, err := e.Decide(ctx, in); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("evaluated/"+name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := e.decideInput(ctx, e.cur.Load(), in); err != nil {
 					b.Fatal(err)
 				}
 			}

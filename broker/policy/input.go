@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/json"
+	"errors"
 	"strconv"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -129,4 +130,106 @@ func (in *Input) astValue() (ast.Value, error) {
 		ast.Item(ast.StringTerm("request"), ast.ObjectTerm(req...)),
 		ast.Item(ast.StringTerm("credentials"), ast.ArrayTerm(creds...)),
 	), nil
+}
+
+// errNoValue is find's answer for a path the input has no value at.
+var errNoValue = errors.New("no value at this path")
+
+// find returns the value astValue().Find(path[1:]) would, building only the part of the input
+// the path leads into (the decision cache reads a few fields of every request).
+func (in *Input) find(path ast.Ref) (ast.Value, error) {
+	key := func(i int) string {
+		if i < len(path) {
+			if s, ok := path[i].Value.(ast.String); ok {
+				return string(s)
+			}
+		}
+		return ""
+	}
+	request := in.Phase == PhaseRequest
+	switch key(1) {
+	case "phase":
+		return findIn(ast.String(in.Phase), path[2:])
+	case "agent":
+		switch key(2) {
+		case "id":
+			return findIn(ast.String(in.AgentID), path[3:])
+		case "labels":
+			if len(path) > 3 {
+				v, ok := in.Labels[key(3)]
+				if !ok {
+					return nil, errNoValue
+				}
+				return findIn(ast.String(v), path[4:])
+			}
+		}
+	case "request":
+		switch k := key(2); {
+		case k == "method":
+			return findIn(ast.String(in.Method), path[3:])
+		case k == "host":
+			return findIn(ast.String(in.Host), path[3:])
+		case k == "port":
+			return findIn(ast.Number(strconv.Itoa(in.Port)), path[3:])
+		case !request && requestOnly[k]:
+			return nil, errNoValue
+		case k == "scheme":
+			return findIn(ast.String(in.Scheme), path[3:])
+		case k == "path":
+			return findIn(ast.String(in.Path), path[3:])
+		case k == "headers" && len(path) > 3:
+			v, ok := in.Headers[key(3)]
+			if !ok {
+				return nil, errNoValue
+			}
+			return findIn(ast.String(v), path[4:])
+		case k == "query" && len(path) > 3:
+			vs, ok := in.Query[key(3)]
+			if !ok {
+				return nil, errNoValue
+			}
+			l := make([]*ast.Term, len(vs))
+			for i, v := range vs {
+				l[i] = ast.StringTerm(v)
+			}
+			return findIn(ast.NewArray(l...), path[4:])
+		case k == "body":
+			body, rest := in.Body, path[3:]
+			for len(rest) > 0 { // walk the parsed JSON while the path names object members
+				m, ok := body.(map[string]any)
+				s, isKey := rest[0].Value.(ast.String)
+				if !ok || !isKey {
+					break
+				}
+				if body, ok = m[string(s)]; !ok {
+					return nil, errNoValue
+				}
+				rest = rest[1:]
+			}
+			if body == nil {
+				return findIn(ast.Null{}, rest)
+			}
+			v, err := ast.InterfaceToValue(body)
+			if err != nil {
+				return nil, err
+			}
+			return findIn(v, rest)
+		}
+	}
+	v, err := in.astValue() // any other path: build the whole input
+	if err != nil {
+		return nil, err
+	}
+	return v.Find(path[1:])
+}
+
+// requestOnly are the members of input.request in the request phase only.
+var requestOnly = map[string]bool{"scheme": true, "path": true, "query": true, "headers": true, "body": true, "body_size": true}
+
+// findIn is v.Find(rest), and v itself for an empty rest.
+func findIn(v ast.Value, rest ast.Ref) (ast.Value, error) {
+	if len(rest) == 0 {
+		return v, nil
+	}
+	return v.Find(rest)
 }

@@ -66,6 +66,7 @@ type Engine struct {
 type prepared struct {
 	query    rego.PreparedEvalQuery
 	revision string
+	cache    *decisionCache // nil when this policy's decisions cannot be cached
 }
 
 // New compiles the policy in fsys. A policy that does not compile is an error.
@@ -136,7 +137,7 @@ func compile(ctx context.Context, src *source) (*prepared, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compiling policies: %w", err)
 	}
-	return &prepared{query: pq, revision: src.revision}, nil
+	return &prepared{query: pq, revision: src.revision, cache: newDecisionCache(c)}, nil
 }
 
 // compileModules parses (Rego v1) and compiles modules with the broker's capabilities.
@@ -168,25 +169,47 @@ func compileModules(modules []module) (*ast.Compiler, error) {
 
 // Decide evaluates the policy for one input. Errors (including timeouts, panics inside the
 // evaluator and having no policy) wrap ErrEvaluation; an undefined or malformed decision is a
-// deny, not an error. Every call gets a fresh decision ID.
+// deny, not an error. Every call gets a fresh decision ID. A decision the policy's cache holds
+// for the same values at the paths the policy reads is returned without evaluating.
 func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
+	p := e.cur.Load()
+	if p == nil || p.cache == nil {
+		return e.decideInput(ctx, p, in)
+	}
+	key, ok := p.cache.key(in.find)
+	if !ok {
+		return e.decideInput(ctx, p, in)
+	}
+	if d, hit := p.cache.get(key); hit {
+		d.ID = newDecisionID()
+		return d, nil
+	}
+	d, err := e.decideInput(ctx, p, in)
+	if err == nil {
+		p.cache.put(key, d)
+	}
+	return d, err
+}
+
+// decideInput evaluates p for in, converted directly to the evaluator's value.
+func (e *Engine) decideInput(ctx context.Context, p *prepared, in *Input) (Decision, error) {
 	v, err := in.astValue()
 	if err != nil {
 		// Not expected (the body is parsed JSON); the general conversion decides it, or fails.
-		return e.decide(ctx, in.value())
+		return evaluate(ctx, p, in.value())
 	}
-	return e.decide(ctx, v)
+	return evaluate(ctx, p, v)
 }
 
 // DecideValue evaluates the policy for an input given as a JSON-shaped document, such as
 // the `input` of an audit event or a file given to `broker policy eval`.
 func (e *Engine) DecideValue(ctx context.Context, input any) (Decision, error) {
-	return e.decide(ctx, input)
+	return evaluate(ctx, e.cur.Load(), input)
 }
 
-func (e *Engine) decide(ctx context.Context, input any) (d Decision, err error) {
+// evaluate evaluates p (nil: no policy yet) for input: a JSON-shaped document or an ast.Value.
+func evaluate(ctx context.Context, p *prepared, input any) (d Decision, err error) {
 	id := newDecisionID()
-	p := e.cur.Load()
 	if p == nil {
 		return Decision{ID: id, Reason: ReasonNoPolicy}, fmt.Errorf("%w: %w", ErrEvaluation, ErrNoPolicy)
 	}

@@ -1,0 +1,124 @@
+package policy
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// The decision cache. A policy that calls no builtin depending on the clock or on chance
+// decides the same way whenever the parts of the input it reads are the same, and which parts
+// it can read is known from the compiled policy: the references to input it contains. The
+// cache keys each decision on the values at those references, so requests that differ only
+// where the policy does not look (most headers, an LLM prompt beside its model) share one
+// evaluation. It lives as long as one policy revision: a reload starts an empty one.
+
+// Cache bounds: each generation holds up to cacheGeneration decisions; when the current one
+// is full it becomes the previous one and the oldest is dropped, so at most twice that many
+// are held. A key longer than maxCacheKey (a policy reading a whole body, say) is not cached.
+const (
+	cacheGeneration = 4096
+	maxCacheKey     = 4096
+)
+
+// timeDependent are builtins that OPA does not mark nondeterministic but that read the clock
+// (a token's or a certificate's expiry is checked against now).
+var timeDependent = map[string]bool{
+	"io.jwt.decode_verify":                                true,
+	"crypto.x509.parse_and_verify_certificates":           true,
+	"crypto.x509.parse_and_verify_certificates_with_opts": true,
+}
+
+type decisionCache struct {
+	paths    []ast.Ref // input paths the policy reads: ground prefixes, none covering another
+	mu       sync.Mutex
+	cur, old map[string]Decision
+}
+
+// newDecisionCache returns the cache for a compiled policy, or nil when its decisions cannot
+// be cached: it calls a nondeterministic or clock-reading builtin, or reads the input whole.
+func newDecisionCache(c *ast.Compiler) *decisionCache {
+	var paths []ast.Ref
+	cacheable := true
+	for _, m := range c.Modules {
+		ast.WalkRefs(m, func(r ast.Ref) bool {
+			if b, ok := ast.BuiltinMap[r.String()]; ok && (b.Nondeterministic || timeDependent[b.Name]) {
+				cacheable = false
+			}
+			if r[0].Equal(ast.InputRootDocument) {
+				paths = append(paths, r.GroundPrefix())
+			}
+			return false
+		})
+	}
+	paths = minimalPrefixes(paths)
+	if !cacheable || (len(paths) > 0 && len(paths[0]) == 1) {
+		return nil
+	}
+	return &decisionCache{paths: paths, cur: map[string]Decision{}}
+}
+
+// minimalPrefixes sorts paths shortest first and drops each path another one covers.
+func minimalPrefixes(paths []ast.Ref) []ast.Ref {
+	slices.SortFunc(paths, func(a, b ast.Ref) int {
+		if len(a) != len(b) {
+			return len(a) - len(b)
+		}
+		return a.Compare(b)
+	})
+	var out []ast.Ref
+	for _, p := range paths {
+		if !slices.ContainsFunc(out, func(q ast.Ref) bool { return p.HasPrefix(q) }) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// key is the text of the input's values at the cache's paths ("" and false when too long);
+// find returns the value at a path (input.a.b...), or an error when there is none. Each value
+// is written as a complete Rego term (strings quoted, object keys sorted), so equal keys mean
+// equal values; a missing value is written as a character no term starts with.
+func (c *decisionCache) key(find func(ast.Ref) (ast.Value, error)) (string, bool) {
+	buf := make([]byte, 0, 256)
+	for _, p := range c.paths {
+		v, err := find(p)
+		if err != nil {
+			buf = append(buf, '\x01')
+		} else {
+			buf = append(buf, v.String()...)
+		}
+		buf = append(buf, '\x00')
+		if len(buf) > maxCacheKey {
+			return "", false
+		}
+	}
+	return string(buf), true
+}
+
+func (c *decisionCache) get(key string) (Decision, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d, ok := c.cur[key]; ok {
+		return d, true
+	}
+	d, ok := c.old[key]
+	if ok {
+		c.putLocked(key, d)
+	}
+	return d, ok
+}
+
+func (c *decisionCache) put(key string, d Decision) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.putLocked(key, d)
+}
+
+func (c *decisionCache) putLocked(key string, d Decision) {
+	if len(c.cur) >= cacheGeneration {
+		c.old, c.cur = c.cur, make(map[string]Decision, cacheGeneration)
+	}
+	c.cur[key] = d
+}

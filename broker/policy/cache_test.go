@@ -1,0 +1,199 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+
+	"github.com/capbroker/capbroker/policies"
+)
+
+// cacheOf returns the decision cache of e's current policy (nil: not cacheable).
+func cacheOf(e *Engine) *decisionCache { return e.cur.Load().cache }
+
+func TestCachePathsAreWhatThePolicyReads(t *testing.T) {
+	cases := map[string]struct {
+		rego  string
+		paths []string // nil: the policy is not cacheable
+	}{
+		"fields": {rego: `decision := {"allow": input.request.method == "GET", "reason": input.agent.id}`,
+			paths: []string{"input.agent.id", "input.request.method"}},
+		"a prefix covers longer paths": {rego: `
+decision := {"allow": true} if {
+	input.request.headers["x-a"] == "1"
+	input.request.headers[k] == "2"
+	input.request
+}`, paths: []string{"input.request"}},
+		"a variable ends the path": {rego: `decision := {"allow": true} if input.request.query[k][0] == "v"`,
+			paths: []string{"input.request.query"}},
+		"reads nothing":         {rego: `decision := {"allow": true}`, paths: []string{}},
+		"through a function":    {rego: "f(x) := x.labels.team\n\ndecision := {\"allow\": f(input.agent) == \"a\"}", paths: []string{"input.agent"}},
+		"the whole input":       {rego: `decision := {"allow": object.get(input, ["agent", "id"], "") == "a"}`},
+		"iterating the input":   {rego: `decision := {"allow": true} if { some k, _ in input; k == "x" }`},
+		"the clock":             {rego: `decision := {"allow": time.now_ns() > 0, "reason": input.request.path}`},
+		"chance":                {rego: `decision := {"allow": rand.intn("x", 2) == 0}`},
+		"a token's expiry":      {rego: `decision := {"allow": io.jwt.decode_verify(input.request.headers.t, {"secret": "s"})[0]}`},
+		"uuid":                  {rego: `decision := {"allow": true, "reason": uuid.rfc4122("x")}`},
+		"clock in another rule": {rego: "late if time.now_ns() > 0\n\ndecision := {\"allow\": late}"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			cache := cacheOf(engine(t, "package broker\n\n"+c.rego+"\n"))
+			if c.paths == nil {
+				if cache != nil {
+					t.Fatalf("cacheable, with paths %v", cache.paths)
+				}
+				return
+			}
+			if cache == nil {
+				t.Fatal("not cacheable")
+			}
+			got := []string{}
+			for _, p := range cache.paths {
+				got = append(got, p.String())
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, c.paths) {
+				t.Fatalf("paths %v, want %v", got, c.paths)
+			}
+		})
+	}
+}
+
+// TestFindMatchesTheDocument checks the lazy lookup the cache keys on against the value the
+// evaluator is given, for every path into inputs of both phases.
+func TestFindMatchesTheDocument(t *testing.T) {
+	inputs := []*Input{
+		{Phase: PhaseConnect, AgentID: "a", Labels: map[string]string{"profile": "p"}, SourceIP: "10.0.0.1", Method: "CONNECT", Host: "h", Port: 443, Credentials: []string{"c"}},
+		{Phase: PhaseRequest, AgentID: "a", Labels: map[string]string{}, SourceIP: "10.0.0.1", Method: "POST", Scheme: "https", Host: "h", Port: 8443, Path: "/p",
+			Query: map[string][]string{"q": {"1", "2"}}, Headers: map[string]string{"x": "y"}, BodySize: 12,
+			Body: map[string]any{"model": "m", "n": float64(1.5), "list": []any{"a", map[string]any{"k": nil}}, "null": nil}},
+		{Phase: PhaseRequest, Method: "GET", Scheme: "http", Host: "h", Port: 80, Path: "/", Body: []any{"x"}},
+		{Phase: PhaseRequest, Method: "GET", Scheme: "http", Host: "h", Port: 80, Path: "/", Body: "text"},
+	}
+	paths := []string{
+		"input", "input.phase", "input.phase.x", "input.agent", "input.agent.id", "input.agent.labels", "input.agent.labels.profile",
+		"input.agent.labels.none", "input.source", "input.source.ip", "input.credentials", "input.credentials[0]", "input.none",
+		"input.request", "input.request.method", "input.request.host", "input.request.port", "input.request.scheme",
+		"input.request.path", "input.request.path.x", "input.request.query", "input.request.query.q", "input.request.query.q[1]",
+		"input.request.query.none", "input.request.headers", "input.request.headers.x", "input.request.headers.none",
+		"input.request.body", "input.request.body.model", "input.request.body.n", "input.request.body.list[1].k",
+		"input.request.body.list[0]", "input.request.body.null", "input.request.body.null.x", "input.request.body.none",
+		"input.request.body[0]", "input.request.body_size", "input[\"request\"][\"host\"]",
+	}
+	for i, in := range inputs {
+		doc, err := in.astValue()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range paths {
+			t.Run(fmt.Sprintf("%d/%s", i, s), func(t *testing.T) {
+				ref := ast.MustParseRef(s)
+				got, gotErr := in.find(ref)
+				want, wantErr := doc.Find(ref[1:])
+				if (gotErr != nil) != (wantErr != nil) {
+					t.Fatalf("find: %v, %v; document: %v, %v", got, gotErr, want, wantErr)
+				}
+				if wantErr == nil && got.Compare(want) != 0 {
+					t.Fatalf("find: %v; document: %v", got, want)
+				}
+			})
+		}
+	}
+}
+
+func TestCachedDecisions(t *testing.T) {
+	e := engine(t, `package broker
+
+decision := {"allow": true, "reason": input.request.path} if input.request.headers["x-team"] == "a"
+
+decision := {"allow": false, "reason": "team"} if not input.request.headers["x-team"] == "a"
+`)
+	ctx := context.Background()
+	decide := func(path, team, other string) Decision {
+		t.Helper()
+		in := req()
+		in.Path, in.Headers = path, map[string]string{"x-team": team, "user-agent": other}
+		d, err := e.Decide(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	first := decide("/a", "a", "one")
+	if !first.Allow || first.Reason != "/a" {
+		t.Fatalf("got %+v", first)
+	}
+	again := decide("/a", "a", "two") // differs only in a header the policy does not read
+	if again.ID == first.ID {
+		t.Fatal("a cached decision kept the decision ID")
+	}
+	again.ID = first.ID
+	if !slices.Equal(again.Credentials, first.Credentials) || again.Reason != first.Reason || again.Allow != first.Allow {
+		t.Fatalf("cached %+v, first %+v", again, first)
+	}
+	if n := len(cacheOf(e).cur); n != 1 {
+		t.Fatalf("%d cached decisions, want 1", n)
+	}
+	if d := decide("/b", "a", "one"); !d.Allow || d.Reason != "/b" {
+		t.Fatalf("another path: %+v", d)
+	}
+	if d := decide("/a", "b", "one"); d.Allow || d.Reason != "team" {
+		t.Fatalf("another value of a header the policy reads: %+v", d)
+	}
+	if d := decide("/a", "a", "three"); !d.Allow || d.Reason != "/a" {
+		t.Fatalf("back to the first: %+v", d)
+	}
+}
+
+func TestCacheIsBounded(t *testing.T) {
+	c := &decisionCache{cur: map[string]Decision{}}
+	for i := range 3*cacheGeneration + 7 {
+		c.put(fmt.Sprint(i), Decision{Reason: fmt.Sprint(i)})
+	}
+	if n := len(c.cur) + len(c.old); n > 2*cacheGeneration {
+		t.Fatalf("%d decisions held", n)
+	}
+	last := fmt.Sprint(3*cacheGeneration + 6)
+	if d, ok := c.get(last); !ok || d.Reason != last {
+		t.Fatal("the newest decision was dropped")
+	}
+	if _, ok := c.get("0"); ok {
+		t.Fatal("the oldest decision was kept")
+	}
+}
+
+func TestLongKeysAreNotCached(t *testing.T) {
+	e := engine(t, "package broker\n\ndecision := {\"allow\": input.request.path != \"\"}\n")
+	in := req()
+	for _, n := range []int{10, maxCacheKey + 1} {
+		in.Path = "/" + string(make([]byte, n))
+		if _, err := e.Decide(context.Background(), in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(cacheOf(e).cur); n != 1 {
+		t.Fatalf("%d cached decisions, want 1 (the short path)", n)
+	}
+}
+
+// TestShippedPoliciesAreCacheable guards the shipped policies against reading the whole input
+// (object.get(input, ...), say), which would make every decision an evaluation.
+func TestShippedPoliciesAreCacheable(t *testing.T) {
+	e, err := New(context.Background(), policies.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cacheOf(e)
+	if c == nil {
+		t.Fatal("the shipped policies cannot be cached")
+	}
+	for _, p := range c.paths {
+		if p.Equal(ast.MustParseRef("input.request.headers")) || p.Equal(ast.MustParseRef("input.request.body")) {
+			t.Errorf("the shipped policies read %v: every request would be evaluated", p)
+		}
+	}
+}
