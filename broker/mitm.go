@@ -108,7 +108,9 @@ func (b *Broker) serveTunnel(w http.ResponseWriter, r *http.Request, tun *tunnel
 }
 
 // copyFlushing streams body to w, flushing after every write so a server-sent event or a
-// chunk reaches the agent as soon as upstream produced it.
+// chunk reaches the agent as soon as upstream produced it. The last bytes (a read that also
+// ends the body) are not flushed here: the server sends them with the end of the response,
+// in one write.
 func copyFlushing(w http.ResponseWriter, body io.Reader) {
 	rc := http.NewResponseController(w)
 	bp := copyBufs.Get().(*[]byte)
@@ -120,7 +122,7 @@ func copyFlushing(w http.ResponseWriter, body io.Reader) {
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return
 			}
-			if rc.Flush() != nil {
+			if err == nil && rc.Flush() != nil {
 				return
 			}
 		}

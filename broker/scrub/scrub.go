@@ -221,6 +221,9 @@ func (z *reader) Read(p []byte) (int, error) {
 	}
 	n := copy(p, z.out[z.off:])
 	z.off += n
+	if z.off == len(z.out) && z.err != nil {
+		return n, z.err // the end with the last bytes, so the writer can send both at once
+	}
 	return n, nil
 }
 

@@ -544,3 +544,15 @@ func (c *chunked) Read(p []byte) (int, error) {
 	c.s = c.s[n:]
 	return n, nil
 }
+
+// TestReaderReturnsTheEndWithTheLastBytes: a body that ends in the read that delivers its
+// last bytes is passed on as one read, so the tunnel writes the end of a small response and
+// its bytes together (one TLS record, one write) instead of flushing twice.
+func TestReaderReturnsTheEndWithTheLastBytes(t *testing.T) {
+	r := scrub.New("s3cret", "[REDACTED]").Reader(io.NopCloser(iotest.DataErrReader(strings.NewReader(`{"token":"s3cret"}`))))
+	buf := make([]byte, 1024)
+	n, err := r.Read(buf)
+	if err != io.EOF || string(buf[:n]) != `{"token":"[REDACTED]"}` {
+		t.Fatalf("Read = %q, %v; want the whole body with io.EOF", buf[:n], err)
+	}
+}
