@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/capbroker/capbroker/broker/wire"
 )
 
@@ -54,7 +56,6 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 		conn = tc
 	}
 	_ = client.SetDeadline(time.Time{})
-	conn = wire.Guard(conn, framingRejection)
 
 	srv := &http.Server{
 		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { b.serveTunnel(w, r, tun) }),
@@ -68,8 +69,43 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 			}
 		},
 	}
+	if tc, ok := conn.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == "h2" {
+		// HTTP/2: the server is handed the *tls.Conn itself, which is how net/http recognises
+		// a negotiated h2 connection; its framing is checked by the HTTP/2 server. Each stream
+		// is one request through serveTunnel.
+		configureH2(srv)
+	} else {
+		// HTTP/1.1 (ALPN http/1.1, none, or plain HTTP): every byte the parser sees has
+		// passed the framing guard, and the server cannot take the h2 path because it is
+		// not given a *tls.Conn.
+		conn = wire.Guard(conn, framingRejection)
+	}
 	served = true
 	_ = srv.Serve(&oneConnListener{conn: conn})
+}
+
+// maxConcurrentStreams bounds the requests an agent runs at once on one HTTP/2 tunnel: all of
+// them share the tunnel's one connection slot (proxy.max_connections_per_agent).
+const maxConcurrentStreams = 100
+
+// configureH2 makes srv serve HTTP/2 on a TLS connection that negotiated h2, with the same
+// header size limit (MaxHeaderBytes is the advertised SETTINGS_MAX_HEADER_LIST_SIZE) and idle
+// timeout as HTTP/1.1 tunnels. Unencrypted HTTP/2 (h2c) is not enabled, and extended CONNECT
+// (RFC 8441, WebSockets over HTTP/2) is not advertised; a CONNECT stream is refused anyway
+// (see requestTarget).
+func configureH2(srv *http.Server) {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetHTTP2(true)
+	srv.Protocols = &p
+	srv.HTTP2 = &http.HTTP2Config{
+		MaxConcurrentStreams: maxConcurrentStreams,
+		// A connection on which the agent sends nothing for this long is probed with a
+		// PING and closed when that goes unanswered, like a dead HTTP/1.1 connection is
+		// closed by its idle timeout.
+		SendPingTimeout: idleTimeout,
+		PingTimeout:     15 * time.Second,
+	}
 }
 
 // mitmTLS is the agent-facing TLS config of an intercepted tunnel: always the certificate of
@@ -78,7 +114,8 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 func (b *Broker) mitmTLS(tun *tunnel) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"http/1.1"},
+		// h2 first: a client that offers both gets HTTP/2 (see intercept).
+		NextProtos: []string{"h2", "http/1.1"},
 		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 			if sni := strings.ToLower(strings.TrimSuffix(hello.ServerName, ".")); sni != "" && sni != tun.target.host {
 				tun.sniMismatch = hello.ServerName
@@ -100,18 +137,33 @@ func (b *Broker) serveTunnel(w http.ResponseWriter, r *http.Request, tun *tunnel
 	for k, vs := range resp.Header {
 		h[k] = vs
 	}
-	if resp.Close {
+	if resp.Close && r.ProtoMajor == 1 {
+		// Not on HTTP/2: there "Connection: close" makes net/http shut down the whole
+		// connection, every other stream of the tunnel with it.
 		h.Set("Connection", "close")
 	}
+	for k := range resp.Trailer {
+		if httpguts.ValidTrailerHeader(k) {
+			h.Add("Trailer", k)
+		}
+	}
 	w.WriteHeader(resp.StatusCode)
-	copyFlushing(w, resp.Body)
+	if copyFlushing(w, resp.Body) {
+		// Only after the whole body: the transport fills in trailer values at its end, and
+		// respond has scrubbed them by then. Names not announced above are sent too.
+		for k, vs := range resp.Trailer {
+			if httpguts.ValidTrailerHeader(k) {
+				h[http.TrailerPrefix+k] = vs
+			}
+		}
+	}
 }
 
 // copyFlushing streams body to w, flushing after every write so a server-sent event or a
 // chunk reaches the agent as soon as upstream produced it. The last bytes (a read that also
 // ends the body) are not flushed here: the server sends them with the end of the response,
-// in one write.
-func copyFlushing(w http.ResponseWriter, body io.Reader) {
+// in one write. It reports whether body was read to its end and all of it was written to w.
+func copyFlushing(w http.ResponseWriter, body io.Reader) bool {
 	rc := http.NewResponseController(w)
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
@@ -120,14 +172,14 @@ func copyFlushing(w http.ResponseWriter, body io.Reader) {
 		n, err := body.Read(buf)
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return
+				return false
 			}
 			if err == nil && rc.Flush() != nil {
-				return
+				return false
 			}
 		}
 		if err != nil {
-			return
+			return err == io.EOF
 		}
 	}
 }

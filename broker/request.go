@@ -83,7 +83,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if len(granted) > 0 {
 		// Ask for an unencoded body so the response can be scrubbed.
 		out.Header.Del("Accept-Encoding")
+		out.Header.Del("Grpc-Accept-Encoding")
 	}
+	b.forwardTrailers(r, out)
 
 	resp, err := b.transport.RoundTrip(out)
 	if err != nil {
@@ -98,6 +100,10 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 	if tun != nil {
 		x.identify(tun.agent)
 		x.ev.Host, x.ev.Port = tun.target.host, tun.target.port
+		if r.ProtoMajor == 2 && r.Method == http.MethodConnect {
+			// Extended CONNECT (WebSockets over HTTP/2) is not advertised; a tunnel in a tunnel is not offered.
+			return target{}, fmt.Errorf("%w: CONNECT over HTTP/2 is not supported; use HTTP/1.1 for WebSockets", errBadRequest)
+		}
 		if tun.sniMismatch != "" {
 			return target{}, denial{fmt.Sprintf("TLS server name %q does not match the tunnel's CONNECT host %q", tun.sniMismatch, tun.target.host)}
 		}
@@ -254,6 +260,9 @@ func outbound(r *http.Request, t target) *http.Request {
 	out.GetBody = nil
 	upgrade := isWebSocketUpgrade(r.Header)
 	removeHopByHop(out.Header)
+	if headerHasToken(r.Header, "Te", "trailers") {
+		out.Header.Set("Te", "trailers") // end to end (gRPC needs it); other TE values are hop-by-hop
+	}
 	if upgrade {
 		out.Header.Set("Connection", "Upgrade")
 		out.Header.Set("Upgrade", "websocket")
@@ -272,7 +281,7 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Respon
 			return nil, err
 		}
 		if resp.Body != http.NoBody && !upgraded {
-			resp.Body = s.Reader(resp.Body)
+			resp.Body = &trailerScrubber{ReadCloser: s.Reader(resp.Body), resp: resp, s: s}
 			resp.ContentLength = -1
 			resp.Header.Del("Content-Length")
 		}
@@ -294,6 +303,9 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Respon
 // decodeForScrub removes a gzip content encoding so the body can be scrubbed. Other
 // encodings cannot be scrubbed, so such a response is refused rather than passed through.
 func decodeForScrub(resp *http.Response) error {
+	if ge := strings.ToLower(strings.TrimSpace(resp.Header.Get("Grpc-Encoding"))); ge != "" && ge != "identity" {
+		return fmt.Errorf("upstream sent %q-compressed gRPC messages to a request carrying a credential; they cannot be scrubbed", ge)
+	}
 	switch ce := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding"))); ce {
 	case "", "identity":
 		return nil

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -232,7 +233,7 @@ func TestAllowedRequestGetsCredentialAgentNeverSeesIt(t *testing.T) {
 	if strings.Contains(out, e.canary) {
 		t.Fatalf("the agent saw the secret:\n%s", out)
 	}
-	if !strings.Contains(out, "X-Echo-Authorization: Bearer [REDACTED]") || !strings.Contains(out, "auth=Bearer [REDACTED] end") {
+	if headerValue(out, "X-Echo-Authorization") != "Bearer [REDACTED]" || !strings.Contains(out, "auth=Bearer [REDACTED] end") {
 		t.Fatalf("response not scrubbed as expected:\n%s", out)
 	}
 	id := headerValue(out, "X-Broker-Request-Id")
@@ -243,6 +244,14 @@ func TestAllowedRequestGetsCredentialAgentNeverSeesIt(t *testing.T) {
 	if creds, _ := ev["credentials"].([]any); len(creds) != 1 || creds[0] != "canary" {
 		t.Errorf("audit credentials: %v", ev["credentials"])
 	}
+}
+
+// hasStatus reports whether curl -i output starts with a status line for code, whichever
+// HTTP version curl negotiated ("HTTP/1.1 403 Forbidden", "HTTP/2 403").
+func hasStatus(out string, code int) bool {
+	line, _, _ := strings.Cut(out, "\n")
+	f := strings.Fields(line)
+	return len(f) >= 2 && strings.HasPrefix(f[0], "HTTP/") && f[1] == strconv.Itoa(code)
 }
 
 func headerValue(resp, name string) string {
@@ -273,7 +282,7 @@ func TestDeniedRequestGets403JSON(t *testing.T) {
 		t.Fatalf("curl: %v\n%s", err, out)
 	}
 	head, body, _ := strings.Cut(out, "\r\n\r\n")
-	if !strings.HasPrefix(head, "HTTP/1.1 403") || headerValue(head, "Content-Type") != "application/json" {
+	if !hasStatus(head, 403) || headerValue(head, "Content-Type") != "application/json" {
 		t.Fatalf("want 403 JSON, got:\n%s", out)
 	}
 	var b map[string]string
@@ -392,7 +401,7 @@ func TestPlainHTTPForwarding(t *testing.T) {
 	}
 	// A credential is never sent over plain HTTP, whatever the policy grants.
 	out, _ = e.curl("-i", plain.URL+"/api/echo")
-	if !strings.HasPrefix(out, "HTTP/1.1 403") || !strings.Contains(out, "only sent over HTTPS") {
+	if !hasStatus(out, 403) || !strings.Contains(out, "only sent over HTTPS") {
 		t.Fatalf("credential over plain http: %q", out)
 	}
 	for _, r := range e.received() {
@@ -410,7 +419,7 @@ func TestUpstreamTLSFailureIs502WithoutCredential(t *testing.T) {
 	defer untrusted.Close()
 	out, _ := e.curl("-i", untrusted.URL+"/api/echo")
 	head, body, _ := strings.Cut(out, "\r\n\r\n")
-	if !strings.HasPrefix(head, "HTTP/1.1 502") || !strings.Contains(body, `"error":"upstream_error"`) {
+	if !hasStatus(head, 502) || !strings.Contains(body, `"error":"upstream_error"`) {
 		t.Fatalf("want 502 upstream_error, got:\n%s", out)
 	}
 	if strings.Contains(body, "x509") || strings.Contains(body, "certificate") && strings.Contains(body, "unknown authority") {
@@ -568,7 +577,7 @@ func TestPolicyHotReload(t *testing.T) {
 func TestMonitorModeNeverBlocks(t *testing.T) {
 	e := newEnv(t, envOpts{mode: "monitor"})
 	out, err := e.curl("-i", e.url("/admin/x"))
-	if err != nil || !strings.HasPrefix(out, "HTTP/1.1 200") {
+	if err != nil || !hasStatus(out, 200) {
 		t.Fatalf("monitor mode blocked: %v\n%s", err, out)
 	}
 	ev := e.broker.waitAudit(t, headerValue(out, "X-Broker-Request-Id"))
@@ -682,7 +691,7 @@ func TestGitCloneWithInjectedBasicAuth(t *testing.T) {
 func TestUnavailableCredentialIs503AndNotReady(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	out, _ := e.curl("-i", e.url("/missing/x"))
-	if !strings.HasPrefix(out, "HTTP/1.1 503") || !strings.Contains(out, `"error":"credential_unavailable"`) {
+	if !hasStatus(out, 503) || !strings.Contains(out, `"error":"credential_unavailable"`) {
 		t.Fatalf("want 503 credential_unavailable:\n%s", out)
 	}
 	if n := len(e.received()); n != 0 {
@@ -729,7 +738,7 @@ func TestAuditInputAndMetrics(t *testing.T) {
 	e := newEnv(t, envOpts{includeInput: true})
 	out, err := e.curl("-i", "-H", "Content-Type: application/json", "-H", "Authorization: Bearer agent-guess", "-H", "X-Trace: t1",
 		"--data", `{"model":"m-1","n":2}`, e.url("/api/echo?state=open"))
-	if err != nil || !strings.HasPrefix(out, "HTTP/1.1 200") {
+	if err != nil || !hasStatus(out, 200) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	ev := e.broker.waitAudit(t, headerValue(out, "X-Broker-Request-Id"))
@@ -783,7 +792,7 @@ func TestRedirectIsPassedBackScrubbed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if !strings.HasPrefix(out, "HTTP/1.1 302") || headerValue(out, "Location") != "https://other.example/next?token=[REDACTED]" {
+	if !hasStatus(out, 302) || headerValue(out, "Location") != "https://other.example/next?token=[REDACTED]" {
 		t.Fatalf("redirect: want the 302 with a scrubbed Location:\n%s", out)
 	}
 	if n := len(e.received()); n != 1 {
@@ -807,7 +816,7 @@ func TestPrivateDestinationRefusedAtDial(t *testing.T) {
 		}
 	}()
 	out, _ := e.curl("-i", "http://"+ln.Addr().String()+"/open/x")
-	if !strings.HasPrefix(out, "HTTP/1.1 502") || !strings.Contains(out, `"error":"upstream_error"`) || strings.Contains(out, "not allowed") {
+	if !hasStatus(out, 502) || !strings.Contains(out, `"error":"upstream_error"`) || strings.Contains(out, "not allowed") {
 		t.Fatalf("want an opaque 502:\n%s", out)
 	}
 	ev := e.broker.waitAudit(t, headerValue(out, "X-Broker-Request-Id"))

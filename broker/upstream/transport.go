@@ -34,6 +34,9 @@ type Options struct {
 //     environment variable cannot route traffic (and injected credentials) somewhere else.
 //   - Every connection goes through the checked Dialer.
 //   - TLS is always verified against the system roots plus CAFile, TLS 1.2 minimum.
+//   - HTTP/2 when the upstream offers it in ALPN, HTTP/1.1 otherwise; a WebSocket upgrade
+//     always gets a connection of its own that offers only http/1.1 (net/http does this).
+//     Plain-HTTP upstreams get HTTP/1.1 (no h2c).
 //   - DisableCompression: the broker must see response bodies as sent in order to scrub them,
 //     so it never asks for gzip on the agent's behalf.
 //
@@ -50,6 +53,10 @@ func New(opts Options) (*http.Transport, *Dialer, error) {
 		return nil, nil, err
 	}
 	d := NewDialer(opts.AllowPrivate, opts.DialTimeout, opts.Deny...)
+	// With a custom dialer and TLS config, net/http attempts HTTP/2 only when asked to.
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true)
 	return &http.Transport{
 		Proxy:       nil,
 		DialContext: d.DialContext,
@@ -63,7 +70,14 @@ func New(opts Options) (*http.Transport, *Dialer, error) {
 		MaxIdleConns:          orDefault(opts.MaxIdleConns, 4096),
 		MaxIdleConnsPerHost:   orDefault(opts.MaxIdleConnsPerHost, 256),
 		DisableCompression:    true,
-		ForceAttemptHTTP2:     false,
+		Protocols:             &protocols,
+		HTTP2: &http.HTTP2Config{
+			// A connection that has been silent this long is checked with a PING and
+			// dropped when the answer does not come, so requests are not queued on a
+			// dead connection.
+			SendPingTimeout: 30 * time.Second,
+			PingTimeout:     15 * time.Second,
+		},
 	}, d, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -335,9 +336,9 @@ func TestTransport(t *testing.T) {
 		if c.InsecureSkipVerify || c.MinVersion != tls.VersionTLS12 || c.RootCAs == nil {
 			t.Errorf("TLS config: InsecureSkipVerify=%v MinVersion=%x RootCAs=%v", c.InsecureSkipVerify, c.MinVersion, c.RootCAs != nil)
 		}
-		if !tr.DisableCompression || tr.ForceAttemptHTTP2 || tr.MaxIdleConns != 4096 || tr.MaxIdleConnsPerHost != 256 {
-			t.Errorf("DisableCompression=%v ForceAttemptHTTP2=%v MaxIdleConns=%d MaxIdleConnsPerHost=%d",
-				tr.DisableCompression, tr.ForceAttemptHTTP2, tr.MaxIdleConns, tr.MaxIdleConnsPerHost)
+		if !tr.DisableCompression || tr.Protocols == nil || !tr.Protocols.HTTP2() || tr.Protocols.UnencryptedHTTP2() || tr.MaxIdleConns != 4096 || tr.MaxIdleConnsPerHost != 256 {
+			t.Errorf("DisableCompression=%v Protocols=%v MaxIdleConns=%d MaxIdleConnsPerHost=%d",
+				tr.DisableCompression, tr.Protocols, tr.MaxIdleConns, tr.MaxIdleConnsPerHost)
 		}
 		if tr.TLSHandshakeTimeout != 10*time.Second || tr.ResponseHeaderTimeout != 60*time.Second || tr.IdleConnTimeout != 90*time.Second {
 			t.Errorf("timeouts: handshake=%v header=%v idle=%v", tr.TLSHandshakeTimeout, tr.ResponseHeaderTimeout, tr.IdleConnTimeout)
@@ -406,4 +407,61 @@ func pfx(cidrs ...string) []netip.Prefix {
 		out[i] = netip.MustParsePrefix(c)
 	}
 	return out
+}
+
+// TestTransportHTTP2 checks that the transport speaks HTTP/2 to an upstream that offers h2 in
+// ALPN, although it has its own dialer and TLS config, and HTTP/1.1 to one that does not; and
+// that a WebSocket upgrade goes over HTTP/1.1 even to an h2 upstream.
+func TestTransportHTTP2(t *testing.T) {
+	proto := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "websocket" {
+			conn, rw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Errorf("upgrade over %s: %v", r.Proto, err)
+				return
+			}
+			defer conn.Close()
+			fmt.Fprintf(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-Proto: %s\r\n\r\n", r.Proto)
+			_ = rw.Flush()
+			return
+		}
+		io.WriteString(w, r.Proto)
+	})
+	h2 := httptest.NewUnstartedServer(proto)
+	h2.EnableHTTP2 = true
+	h2.StartTLS()
+	t.Cleanup(h2.Close)
+	h1 := httptest.NewTLSServer(proto) // offers http/1.1 only
+	t.Cleanup(h1.Close)
+
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.pem")
+	writeFile(t, caFile, append(
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: h2.Certificate().Raw}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: h1.Certificate().Raw})...))
+	tr := newTransport(t, Options{CAFile: caFile, AllowPrivate: pfx("127.0.0.1/32")})
+
+	for name, tc := range map[string]struct{ url, want string }{
+		"h2 upstream":    {h2.URL, "HTTP/2.0"},
+		"h1-only server": {h1.URL, "HTTP/1.1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := get(t, tr, tc.url+"/"); got != tc.want {
+				t.Fatalf("upstream saw %q, want %q", got, tc.want)
+			}
+		})
+	}
+	t.Run("websocket to h2 upstream", func(t *testing.T) {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, h2.URL+"/ws", nil)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("X-Proto") != "HTTP/1.1" {
+			t.Fatalf("got %d over %q, want 101 over HTTP/1.1", resp.StatusCode, resp.Header.Get("X-Proto"))
+		}
+	})
 }
