@@ -104,6 +104,7 @@ type envOpts struct {
 	extraCredentials, extraConfig string
 	env                           []string
 	gitRoot                       string // serve the bare repositories under this folder at /git/, behind basic auth
+	upstreamH2                    bool   // the upstream offers h2 (only) in ALPN instead of http/1.1
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -121,7 +122,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 		})))
 	}
 	mux.HandleFunc("/", e.echo)
-	e.up = e.pki.serve(t, e.record(mux))
+	e.up = e.pki.serve(t, e.record(mux), o.upstreamH2)
 	if o.policy == "" {
 		o.policy = testPolicy
 	}
@@ -501,8 +502,9 @@ func TestWebSocketEcho(t *testing.T) {
 	}
 }
 
-// dialTunnel opens an intercepted tunnel by hand: CONNECT, then TLS trusting the broker's CA.
-func (e *env) dialTunnel(t *testing.T, hostport string) *tls.Conn {
+// dialTunnel opens an intercepted tunnel by hand: CONNECT, then TLS trusting the broker's CA,
+// offering the ALPN protocols alpn (none if empty).
+func (e *env) dialTunnel(t *testing.T, hostport string, alpn ...string) *tls.Conn {
 	t.Helper()
 	raw, err := net.Dial("tcp", e.broker.proxyAddr)
 	if err != nil {
@@ -519,7 +521,7 @@ func (e *env) dialTunnel(t *testing.T, hostport string) *tls.Conn {
 	pem, _ := os.ReadFile(e.broker.caFile)
 	pool.AppendCertsFromPEM(pem)
 	host, _, _ := net.SplitHostPort(hostport)
-	conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: host})
+	conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: host, NextProtos: alpn})
 	if err := conn.Handshake(); err != nil {
 		t.Fatal(err)
 	}

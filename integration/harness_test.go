@@ -114,11 +114,13 @@ func (p *upstreamPKI) issue(t *testing.T, name string, notAfter time.Time) tls.C
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
-// serve starts a TLS upstream on 127.0.0.1 with a certificate from the PKI.
-func (p *upstreamPKI) serve(t *testing.T, h http.Handler) *httptest.Server {
+// serve starts a TLS upstream on 127.0.0.1 with a certificate from the PKI. It offers only
+// http/1.1 in ALPN, or with h2 only h2.
+func (p *upstreamPKI) serve(t *testing.T, h http.Handler, h2 bool) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.leaf}}
+	srv.EnableHTTP2 = h2
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return srv
@@ -250,8 +252,8 @@ func (b *brokerProc) proxyURL(agent, token string) string {
 	return fmt.Sprintf("http://%s:%s@%s", url.PathEscape(agent), url.PathEscape(token), b.proxyAddr)
 }
 
-// client is a Go HTTP client that uses the broker as an agent would.
-func (b *brokerProc) client(t *testing.T, agent, token string) *http.Client {
+// caPool holds the broker's CA certificate, for clients that trust it as agents do.
+func (b *brokerProc) caPool(t *testing.T) *x509.CertPool {
 	t.Helper()
 	pool := x509.NewCertPool()
 	pem, err := os.ReadFile(b.caFile)
@@ -259,9 +261,16 @@ func (b *brokerProc) client(t *testing.T, agent, token string) *http.Client {
 		t.Fatal(err)
 	}
 	pool.AppendCertsFromPEM(pem)
+	return pool
+}
+
+// client is a Go HTTP client that uses the broker as an agent would. With a custom TLS config
+// net/http speaks HTTP/1.1 only, so this client covers HTTP/1.1 inside tunnels.
+func (b *brokerProc) client(t *testing.T, agent, token string) *http.Client {
+	t.Helper()
 	pu, _ := url.Parse(b.proxyURL(agent, token))
 	return &http.Client{
-		Transport:     &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: pool}},
+		Transport:     &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: b.caPool(t)}},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		Timeout:       waitTimeout,
 	}

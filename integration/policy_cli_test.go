@@ -469,7 +469,7 @@ func testBundle(t *testing.T, revision, rego string) []byte {
 // is down, loads the bundle when it comes up, and swaps in a new revision.
 func TestPolicyBundle(t *testing.T) {
 	pki := newUpstreamPKI(t)
-	up := pki.serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "upstream ok") }))
+	up := pki.serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "upstream ok") }), false)
 	var mu sync.Mutex
 	var body []byte
 	var etag string
