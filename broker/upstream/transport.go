@@ -70,14 +70,11 @@ func New(opts Options) (*http.Transport, *Dialer, error) {
 		MaxIdleConns:          orDefault(opts.MaxIdleConns, 4096),
 		MaxIdleConnsPerHost:   orDefault(opts.MaxIdleConnsPerHost, 256),
 		DisableCompression:    true,
-		Protocols:             &protocols,
-		HTTP2: &http.HTTP2Config{
-			// A connection that has been silent this long is checked with a PING and
-			// dropped when the answer does not come, so requests are not queued on a
-			// dead connection.
-			SendPingTimeout: 30 * time.Second,
-			PingTimeout:     15 * time.Second,
-		},
+		// No HTTP/2 health-check PINGs (HTTP2.SendPingTimeout): gRPC servers take frequent
+		// PINGs on a quiet connection for abuse and end it (GOAWAY ENHANCE_YOUR_CALM), with
+		// its long, quiet streams. Dead connections are found by TCP keep-alive (net.Dialer's
+		// default), as for HTTP/1.1.
+		Protocols: &protocols,
 	}, d, nil
 }
 
