@@ -21,8 +21,9 @@ const tlsHandshakeTimeout = 10 * time.Second
 
 // intercept serves an allowed, intercepted CONNECT: it answers 200, terminates the agent's TLS
 // with a leaf for the CONNECT host (issued only now), and serves the requests inside with
-// net/http, so each one gets the server's limits and timeouts and a context that ends when the
-// agent goes away. Every request is decided again (b.exchange with the tunnel).
+// net/http (HTTP/2 when the agent negotiated h2, else HTTP/1.1), so each one gets the server's
+// limits and timeouts and a context that ends when the agent goes away. Every request, or
+// HTTP/2 stream, is decided again (b.exchange with the tunnel).
 func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	var once sync.Once
 	done := func() { once.Do(release) }

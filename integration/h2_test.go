@@ -342,3 +342,28 @@ func TestHTTP2TunnelFreesAgentSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestH2CNotOffered: plain HTTP inside a tunnel stays HTTP/1.1. An HTTP/2 connection preface
+// ("prior knowledge" h2c) gets an HTTP/1.1 error and reaches nothing upstream.
+func TestH2CNotOffered(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	conn, err := e.connectDialer()(t.Context(), e.up.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("want an HTTP/1.1 error response: %v", err)
+	}
+	resp.Body.Close()
+	if resp.ProtoMajor != 1 || resp.StatusCode < 400 {
+		t.Fatalf("h2c preface answered %s %d", resp.Proto, resp.StatusCode)
+	}
+	if n := len(e.received()); n != 0 {
+		t.Fatalf("upstream received %d requests", n)
+	}
+}
