@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/elazarl/goproxy"
@@ -86,6 +87,10 @@ type Broker struct {
 	maxConns   int
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
+	// tunnels holds the server of every intercepted tunnel (*http.Server), so that a drain
+	// waits for their responses to end, not only for the pipeline to let go of them.
+	tunnels  sync.Map
+	draining atomic.Bool
 }
 
 // New builds the broker from a validated config.
@@ -184,8 +189,20 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	_ = srv.Shutdown(drainCtx) // stops accepting; waits for non-hijacked connections
+	b.draining.Store(true)
 	done := make(chan struct{})
-	go func() { b.inflight.Wait(); close(done) }()
+	go func() {
+		// Each tunnel's server ends its idle connections and waits for its responses to
+		// be written to the end (the last chunk is written after the pipeline is done).
+		var tunnels sync.WaitGroup
+		b.tunnels.Range(func(k, _ any) bool {
+			tunnels.Go(func() { _ = k.(*http.Server).Shutdown(drainCtx) })
+			return true
+		})
+		tunnels.Wait()
+		b.inflight.Wait()
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-drainCtx.Done():

@@ -63,12 +63,13 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          log.New(io.Discard, "", 0),
-		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateClosed || s == http.StateHijacked {
-				done() // the tunnel has ended: the agent's slot is free again
-			}
-		},
+		ErrorLog:          discardLog,
+	}
+	srv.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateClosed || s == http.StateHijacked {
+			b.tunnels.Delete(srv)
+			done() // the tunnel has ended: the agent's slot is free again
+		}
 	}
 	if tc, ok := conn.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == "h2" {
 		// HTTP/2: the server is handed the *tls.Conn itself, which is how net/http recognises
@@ -80,10 +81,22 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 		// passed the framing guard, and the server cannot take the h2 path because it is
 		// not given a *tls.Conn.
 		conn = wire.Guard(conn, framingRejection)
+		srv.TLSNextProto = noNextProto // and it need not set HTTP/2 up for each tunnel
+	}
+	b.tunnels.Store(srv, struct{}{})
+	if b.draining.Load() { // a drain began during the handshake: serve nothing more
+		b.tunnels.Delete(srv)
+		return
 	}
 	served = true
 	_ = srv.Serve(&oneConnListener{conn: conn})
 }
+
+// discardLog silences net/http's own messages about tunnel connections (they may hold URLs).
+var discardLog = log.New(io.Discard, "", 0)
+
+// noNextProto is the TLSNextProto of HTTP/1.1 tunnel servers: no protocol upgrade at all.
+var noNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
 
 // maxConcurrentStreams bounds the requests an agent runs at once on one HTTP/2 tunnel: all of
 // them share the tunnel's one connection slot (proxy.max_connections_per_agent).
