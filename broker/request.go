@@ -210,22 +210,31 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target) *policy.In
 		in.BodySize = 0
 		return in
 	}
-	if !isJSON(r.Header.Get("Content-Type")) || r.ContentLength > maxPolicyBody {
-		return in
+	in.ReadBody = func() (any, int64) { return readPolicyBody(r) }
+	return in
+}
+
+// readPolicyBody reads a JSON body up to maxPolicyBody for the policy and puts the bytes back
+// in front of the rest of r's body. It returns the parsed body (nil if it is not JSON, too
+// large or unreadable) and the body's size (-1 when unknown).
+func readPolicyBody(r *http.Request) (any, int64) {
+	size := r.ContentLength
+	if !isJSON(r.Header.Get("Content-Type")) || size > maxPolicyBody {
+		return nil, size
 	}
 	buf, err := io.ReadAll(io.LimitReader(r.Body, maxPolicyBody+1))
 	r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), errReader{err}, r.Body), r.Body}
 	if err != nil || len(buf) > maxPolicyBody {
-		return in
+		return nil, size
 	}
-	if r.ContentLength < 0 {
-		in.BodySize = int64(len(buf))
+	if size < 0 {
+		size = int64(len(buf))
 	}
 	var v any
-	if json.Unmarshal(buf, &v) == nil {
-		in.Body = v
+	if json.Unmarshal(buf, &v) != nil {
+		return nil, size
 	}
-	return in
+	return v, size
 }
 
 func isJSON(contentType string) bool {

@@ -31,9 +31,10 @@ var timeDependent = map[string]bool{
 }
 
 type decisionCache struct {
-	paths    []ast.Ref // input paths the policy reads: ground prefixes, none covering another
-	mu       sync.Mutex
-	cur, old map[string]Decision
+	paths     []ast.Ref // input paths the policy reads: ground prefixes, none covering another
+	readsBody bool      // one of them leads to or into input.request.body or body_size
+	mu        sync.Mutex
+	cur, old  map[string]Decision
 }
 
 // newDecisionCache returns the cache for a compiled policy, or nil when its decisions cannot
@@ -56,8 +57,17 @@ func newDecisionCache(c *ast.Compiler) *decisionCache {
 	if !cacheable || (len(paths) > 0 && len(paths[0]) == 1) {
 		return nil
 	}
-	return &decisionCache{paths: paths, cur: map[string]Decision{}}
+	dc := &decisionCache{paths: paths, cur: map[string]Decision{}}
+	for _, p := range paths {
+		for _, body := range bodyPaths {
+			dc.readsBody = dc.readsBody || p.HasPrefix(body) || body.HasPrefix(p)
+		}
+	}
+	return dc
 }
+
+// bodyPaths are the input paths that need the request body read.
+var bodyPaths = []ast.Ref{ast.MustParseRef("input.request.body"), ast.MustParseRef("input.request.body_size")}
 
 // minimalPrefixes sorts paths shortest first and drops each path another one covers.
 func minimalPrefixes(paths []ast.Ref) []ast.Ref {

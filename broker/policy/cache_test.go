@@ -197,3 +197,34 @@ func TestShippedPoliciesAreCacheable(t *testing.T) {
 		}
 	}
 }
+
+func TestBodyIsReadOnlyForPoliciesThatSeeIt(t *testing.T) {
+	cases := map[string]struct {
+		rego string
+		read bool
+	}{
+		"reads the model":         {`decision := {"allow": input.request.body.model == "m"}`, true},
+		"reads the size":          {`decision := {"allow": input.request.body_size < 10}`, true},
+		"reads the whole request": {`decision := {"allow": count(input.request) > 0}`, true},
+		"reads the path only":     {`decision := {"allow": input.request.path == "/x"}`, false},
+		"not cacheable":           {`decision := {"allow": time.now_ns() > 0}`, true},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			e := engine(t, "package broker\n\n"+c.rego+"\n")
+			calls := 0
+			in := req()
+			in.ReadBody = func() (any, int64) { calls++; return map[string]any{"model": "m"}, 5 }
+			d, err := e.Decide(context.Background(), in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]int{true: 1, false: 0}[c.read]; calls != want {
+				t.Fatalf("ReadBody called %d times, want %d", calls, want)
+			}
+			if c.read && !d.Allow {
+				t.Fatalf("the policy did not see the body: %+v", d)
+			}
+		})
+	}
+}

@@ -30,6 +30,18 @@ type Input struct {
 	Body        any               // parsed JSON body, or nil
 	BodySize    int64
 	Credentials []string // configured credentials whose hosts match Host
+	// ReadBody, when set, supplies Body and BodySize. The Engine calls it (once) only when
+	// the policy deciding can see them, so a request whose policy never looks at its body
+	// has it neither buffered nor parsed.
+	ReadBody func() (body any, size int64)
+}
+
+// loadBody fills Body and BodySize from ReadBody, if that has not been done.
+func (in *Input) loadBody() {
+	if in.ReadBody != nil {
+		in.Body, in.BodySize = in.ReadBody()
+		in.ReadBody = nil
+	}
 }
 
 // value builds the JSON-shaped document the policy sees as input.
@@ -72,8 +84,12 @@ func (in *Input) value() map[string]any {
 	}
 }
 
-// Document returns the input as the policy sees it, for the audit log (audit.include_input).
-func (in *Input) Document() map[string]any { return in.value() }
+// Document returns the input as the policy sees it, for the audit log (audit.include_input),
+// with the body read.
+func (in *Input) Document() map[string]any {
+	in.loadBody()
+	return in.value()
+}
 
 // astValue builds the same document as value, directly as the evaluator's value: converting a
 // map[string]any by reflection was the largest single cost of a decision.

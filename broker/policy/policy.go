@@ -173,6 +173,9 @@ func compileModules(modules []module) (*ast.Compiler, error) {
 // for the same values at the paths the policy reads is returned without evaluating.
 func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	p := e.cur.Load()
+	if p == nil || p.cache == nil || p.cache.readsBody {
+		in.loadBody()
+	}
 	if p == nil || p.cache == nil {
 		return e.decideInput(ctx, p, in)
 	}
