@@ -15,6 +15,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -26,8 +28,10 @@ func main() {
 	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
 	flag.IntVar(&o.idle, "idle", 200, "idle intercepted connections held for the memory figure")
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
+	peers := flag.String("peers", "mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
 	flag.Parse()
+	o.peers = strings.Split(*peers, ",")
 	if err := run(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -39,6 +43,7 @@ type options struct {
 	rate              int
 	newHosts, idle    int
 	big               bool
+	peers             []string
 	out               string
 }
 
@@ -81,10 +86,13 @@ func run(ctx context.Context, o options) error {
 		Latency: map[string]latency{}, SSE: map[string]sseResult{}, Transfer: map[string]transfer{},
 	}
 	paths := []path{
-		{name: "direct", client: directClient(p, 0), url: up.url(hostIntercept, "/v1/chat/completions")},
-		{name: "tunnel", client: proxyClient(bare, p.pool, 0), url: up.url(hostTunnel, "/v1/chat/completions"), b: bare},
-		{name: "intercept", client: proxyClient(bare, bare.caPool, 0), url: up.url(hostIntercept, "/v1/chat/completions"), b: bare},
-		{name: "full", client: proxyClient(full, full.caPool, 0), url: up.url(hostIntercept, "/v1/chat/completions"), b: full},
+		{name: "direct", url: up.url(hostIntercept, chatPath)},
+		{name: "tunnel", url: up.url(hostTunnel, chatPath), via: bare.tunnelling(p), proc: bare.process},
+		{name: "intercept", url: up.url(hostIntercept, chatPath), via: bare.intercepting(), proc: bare.process},
+		{name: "full", url: up.url(hostIntercept, chatPath), via: full.intercepting(), proc: full.process},
+	}
+	for i := range paths {
+		paths[i].client = paths[i].withConns(p, 0)
 	}
 	// Check every path once before measuring: a refusal would make every figure meaningless.
 	for _, pa := range paths {
@@ -92,6 +100,12 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("%s: %w", pa.name, err)
 		}
 	}
+	// The peers are checked as they start; one that fails is skipped, with the reason.
+	peerPaths, peerResults, stopPeers := startPeers(ctx, up, p, o.peers)
+	defer stopPeers()
+	s.Peers = peerResults
+	// Peers are measured for throughput, latency and CPU, interleaved with the broker's paths.
+	all := slices.Concat(paths, peerPaths)
 
 	// Memory per idle connection is read off a broker that has carried no load yet, so that
 	// heap grown by the other phases does not hide it.
@@ -105,21 +119,21 @@ func run(ctx context.Context, o options) error {
 
 	fmt.Fprintln(os.Stderr, "throughput (small bodies, keep-alive)...")
 	for _, c := range []int{1, 8, 32, 128} {
-		for _, pa := range paths {
+		for _, pa := range all {
 			pa.client = pa.withConns(p, c)
 			r := pa.throughput(ctx, c, o.phase)
 			if s.Throughput[pa.name] == nil {
 				s.Throughput[pa.name] = map[int]float64{}
 			}
 			s.Throughput[pa.name][c] = r.rps
-			if pa.b != nil && c == 8 {
+			if pa.proc != nil && c == 8 {
 				s.CPUPerRequestUS[pa.name] = r.cpuPerReq
 			}
 		}
 	}
 
 	fmt.Fprintln(os.Stderr, "latency (open loop)...")
-	for _, pa := range paths {
+	for _, pa := range all {
 		pa.client = pa.withConns(p, 256)
 		s.Latency[pa.name] = pa.openLoop(ctx, o.rate, o.latencyFor)
 	}
@@ -144,7 +158,6 @@ func run(ctx context.Context, o options) error {
 			s.Transfer[pa.name] = t
 		}
 	}
-	s.Peers = peers()
 	s.Seconds = time.Since(start).Seconds()
 	s.ratios()
 	s.print(os.Stdout)
@@ -166,17 +179,4 @@ func machine() string {
 		}
 	}
 	return fmt.Sprintf("%d cores (%s), %s/%s, %s", runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, runtime.Version())
-}
-
-// peers reports the other proxies that could be measured beside the broker.
-func peers() map[string]string {
-	out := map[string]string{}
-	for name, bin := range map[string]string{"mitmproxy": "mitmdump", "squid-openssl": "squid", "smokescreen": "smokescreen"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			out[name] = "skipped: not installed"
-		} else {
-			out[name] = "skipped: installed, but not yet measured by this benchmark"
-		}
-	}
-	return out
 }

@@ -27,7 +27,15 @@ type path struct {
 	name   string
 	client *http.Client
 	url    string
-	b      *broker // nil for direct
+	via    *via     // nil for direct
+	proc   *process // the proxy whose CPU time is charged to the requests; nil for direct
+}
+
+// via is a proxy between the client and the upstream.
+type via struct {
+	addr  string
+	user  *url.Userinfo  // proxy credentials, nil for none
+	roots *x509.CertPool // what the client trusts behind the proxy: the upstream's CA, or the proxy's
 }
 
 func (pa *path) host() string {
@@ -39,9 +47,9 @@ func directClient(p *pki, conns int) *http.Client {
 	return &http.Client{Transport: newTransport(nil, p.pool, conns), Timeout: time.Minute}
 }
 
-func proxyClient(b *broker, roots *x509.CertPool, conns int) *http.Client {
-	pu := &url.URL{Scheme: "http", User: url.UserPassword(agentID, b.token), Host: b.proxyAddr}
-	return &http.Client{Transport: newTransport(http.ProxyURL(pu), roots, conns), Timeout: time.Minute}
+func (v *via) client(conns int) *http.Client {
+	pu := &url.URL{Scheme: "http", User: v.user, Host: v.addr}
+	return &http.Client{Transport: newTransport(http.ProxyURL(pu), v.roots, conns), Timeout: time.Minute}
 }
 
 func newTransport(proxy func(*http.Request) (*url.URL, error), roots *x509.CertPool, conns int) *http.Transport {
@@ -60,14 +68,10 @@ func (pa *path) withConns(p *pki, conns int) *http.Client {
 	if pa.client != nil {
 		pa.client.CloseIdleConnections()
 	}
-	switch {
-	case pa.b == nil:
+	if pa.via == nil {
 		return directClient(p, conns)
-	case pa.name == "tunnel":
-		return proxyClient(pa.b, p.pool, conns)
-	default:
-		return proxyClient(pa.b, pa.b.caPool, conns)
 	}
+	return pa.via.client(conns)
 }
 
 func (pa *path) do(ctx context.Context) error {
@@ -103,7 +107,7 @@ func (pa *path) check(ctx context.Context) error {
 
 type throughputResult struct {
 	rps       float64
-	cpuPerReq float64 // broker CPU microseconds per request
+	cpuPerReq float64 // the proxy's CPU microseconds per request
 }
 
 // throughput runs conns closed-loop clients for d, after one warm-up request each.
@@ -116,8 +120,8 @@ func (pa *path) throughput(ctx context.Context, conns int, d time.Duration) thro
 	wg.Wait()
 	var n, errs atomic.Int64
 	var cpu0 time.Duration
-	if pa.b != nil {
-		cpu0 = pa.b.cpu()
+	if pa.proc != nil {
+		cpu0 = pa.proc.cpu()
 	}
 	start := time.Now()
 	deadline := start.Add(d)
@@ -137,13 +141,13 @@ func (pa *path) throughput(ctx context.Context, conns int, d time.Duration) thro
 	wg.Wait()
 	el := time.Since(start)
 	r := throughputResult{rps: float64(n.Load()) / el.Seconds()}
-	if pa.b != nil && n.Load() > 0 {
-		r.cpuPerReq = float64((pa.b.cpu() - cpu0).Microseconds()) / float64(n.Load())
+	if pa.proc != nil && n.Load() > 0 {
+		r.cpuPerReq = float64((pa.proc.cpu() - cpu0).Microseconds()) / float64(n.Load())
 	}
 	if e := errs.Load(); e > 0 {
 		fmt.Printf("  %s c=%d: %d errors\n", pa.name, conns, e)
 	}
-	fmt.Fprintf(stderr, "  %-9s c=%-3d %8.0f req/s\n", pa.name, conns, r.rps)
+	fmt.Fprintf(stderr, "  %-11s c=%-3d %8.0f req/s\n", pa.name, conns, r.rps)
 	return r
 }
 
@@ -179,7 +183,7 @@ func (pa *path) openLoop(ctx context.Context, rate int, d time.Duration) latency
 	slices.Sort(lat)
 	ms := func(q float64) float64 { return float64(lat[int(q*float64(n-1))].Microseconds()) / 1000 }
 	l := latency{P50MS: ms(0.5), P99MS: ms(0.99), Sent: n, Errors: int(errs.Load())}
-	fmt.Fprintf(stderr, "  %-9s p50 %.2f ms p99 %.2f ms\n", pa.name, l.P50MS, l.P99MS)
+	fmt.Fprintf(stderr, "  %-11s p50 %.2f ms p99 %.2f ms\n", pa.name, l.P50MS, l.P99MS)
 	return l
 }
 
@@ -195,9 +199,9 @@ func newHostCost(ctx context.Context, b *broker, p *pki, up *upstream, hosts int
 	var first, cached []time.Duration
 	for i := range hosts {
 		host := fmt.Sprintf("127.0.0.%d", firstNewHost+i)
-		pa := &path{name: "intercept", url: up.url(host, "/v1/chat/completions"), b: b}
+		pa := &path{name: "intercept", url: up.url(host, chatPath), via: b.intercepting()}
 		for round := range 2 {
-			pa.client = proxyClient(b, b.caPool, 1)
+			pa.client = pa.via.client(1)
 			t := time.Now()
 			if err := pa.do(ctx); err != nil {
 				fmt.Fprintf(stderr, "  new host %s: %v\n", host, err)
@@ -316,7 +320,7 @@ func (pa *path) sse(ctx context.Context, u string) sseResult {
 		return sseResult{}
 	}
 	r := sseResult{MeanDelayMS: float64((sum / time.Duration(n)).Microseconds()) / 1000, MaxDelayMS: float64(max.Microseconds()) / 1000}
-	fmt.Fprintf(stderr, "  %-9s SSE delay mean %.2f ms max %.2f ms\n", pa.name, r.MeanDelayMS, r.MaxDelayMS)
+	fmt.Fprintf(stderr, "  %-11s SSE delay mean %.2f ms max %.2f ms\n", pa.name, r.MeanDelayMS, r.MaxDelayMS)
 	return r
 }
 
@@ -346,7 +350,7 @@ func (pa *path) download(ctx context.Context, u string) float64 {
 		return 0
 	}
 	mbps := float64(n) / (1 << 20) / time.Since(t).Seconds()
-	fmt.Fprintf(stderr, "  %-9s download %.0f MiB/s\n", pa.name, mbps)
+	fmt.Fprintf(stderr, "  %-11s download %.0f MiB/s\n", pa.name, mbps)
 	return mbps
 }
 
@@ -367,7 +371,7 @@ func (pa *path) upload(ctx context.Context, u string) float64 {
 		return 0
 	}
 	mbps := float64(bigSize) / (1 << 20) / time.Since(t).Seconds()
-	fmt.Fprintf(stderr, "  %-9s upload %.0f MiB/s\n", pa.name, mbps)
+	fmt.Fprintf(stderr, "  %-11s upload %.0f MiB/s\n", pa.name, mbps)
 	return mbps
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -17,12 +16,12 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/capbroker/capbroker/policies"
@@ -34,6 +33,9 @@ const (
 	hostTunnel    = "127.0.0.2" // opaque CONNECT tunnel
 	hostGit       = "127.0.0.3" // the git concern in the full pipeline (uploads)
 	firstNewHost  = 10          // 127.0.0.10 onwards: hosts the broker has not seen
+
+	chatPath   = "/v1/chat/completions" // every small request
+	headerPath = "/bench/x-bench"       // answers with the request's X-Bench header
 )
 
 // pki is the upstream's private CA and its leaf, valid for every loopback host used.
@@ -44,28 +46,19 @@ type pki struct {
 }
 
 func newPKI(dir string, hosts int) (*pki, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, caKey, err := newCA("brokerbench upstream CA")
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "brokerbench upstream CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	ca, _ := x509.ParseCertificate(caDER)
 	ips := []net.IP{}
 	for i := 1; i < firstNewHost+hosts; i++ {
 		ips = append(ips, net.IPv4(127, 0, 0, byte(i)))
 	}
 	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "upstream"},
+		// Squid 5 matches an IP address against the common name, not the IP SANs.
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hostIntercept},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
 		IPAddresses: ips, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		KeyUsage: x509.KeyUsageDigitalSignature,
@@ -77,7 +70,27 @@ func newPKI(dir string, hosts int) (*pki, error) {
 	p := &pki{caFile: filepath.Join(dir, "upstream-ca.pem"), pool: x509.NewCertPool(),
 		leaf: tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}}
 	p.pool.AddCert(ca)
-	return p, os.WriteFile(p.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644)
+	return p, os.WriteFile(p.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw}), 0o644)
+}
+
+// newCA makes a self-signed CA valid for a day.
+func newCA(name string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	ca, err := x509.ParseCertificate(der)
+	return ca, key, err
 }
 
 // upstream is one HTTPS server listening on the same port of several loopback addresses.
@@ -103,6 +116,10 @@ func startUpstream(p *pki, hosts int) (*upstream, error) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Length", strconv.Itoa(len(smallBody)))
 		_, _ = w.Write(smallBody)
+	})
+	// headerPath shows whether an intercepting peer added its header on the way.
+	mux.HandleFunc(headerPath, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, r.Header.Get("X-Bench"))
 	})
 	// /v1/models/sse sends events carrying their send time, sseInterval apart.
 	mux.HandleFunc("/v1/models/sse", func(w http.ResponseWriter, r *http.Request) {
@@ -160,13 +177,11 @@ func (u *upstream) url(host, path string) string {
 
 // broker is a running broker binary.
 type broker struct {
-	cmd        *exec.Cmd
-	proxyAddr  string
-	caPool     *x509.CertPool
-	token      string
-	auditFile  string
-	exited     chan struct{}
-	stderrTail *strings.Builder
+	*process
+	proxyAddr string
+	caPool    *x509.CertPool
+	token     string
+	auditFile string
 }
 
 const (
@@ -232,7 +247,7 @@ func startBroker(bin, dir string, up *upstream, p *pki, full bool) (*broker, err
 	if err := os.MkdirAll(polDir, 0o755); err != nil {
 		return nil, err
 	}
-	b := &broker{token: "bench-token", exited: make(chan struct{}), stderrTail: &strings.Builder{}}
+	b := &broker{token: "bench-token"}
 	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0", max_connections_per_agent: 1024}
 admin: {listen: "127.0.0.1:0"}
 ca: {cert_file: %q, key_file: %q}
@@ -264,40 +279,29 @@ audit: {file: %q}
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	b.cmd = exec.Command(bin, "run", "--config", cfgFile)
-	b.cmd.Env = append(cleanEnv(), "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret)
-	b.cmd.Stdout = io.Discard // audit events of the bare broker
-	stderr, err := b.cmd.StderrPipe()
+	cmd := exec.Command(bin, "run", "--config", cfgFile)
+	cmd.Env = append(cleanEnv(), "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret)
+	cmd.Stdout = io.Discard // audit events of the bare broker
+	listening := make(chan string, 1)
+	proc, err := startProcess(cmd, func(line string) {
+		if strings.Contains(line, `"message":"listening"`) {
+			listening <- line
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
-	if err := b.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { _ = b.cmd.Wait(); close(b.exited) }()
-	listening := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			if strings.Contains(line, `"message":"listening"`) {
-				listening <- line
-			}
-			if b.stderrTail.Len() < 64<<10 {
-				b.stderrTail.WriteString(line + "\n")
-			}
-		}
-	}()
+	b.process = proc
 	select {
 	case line := <-listening:
 		var l struct{ Proxy string }
 		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			b.stop()
 			return nil, err
 		}
 		b.proxyAddr = l.Proxy
 	case <-b.exited:
-		return nil, fmt.Errorf("broker exited at start: %s", b.stderrTail)
+		return nil, fmt.Errorf("broker exited at start: %s", b.output())
 	case <-time.After(30 * time.Second):
 		b.stop()
 		return nil, errors.New("broker did not start listening within 30s")
@@ -311,44 +315,14 @@ audit: {file: %q}
 	return b, nil
 }
 
-func (b *broker) stop() {
-	_ = b.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-b.exited:
-	case <-time.After(10 * time.Second):
-		_ = b.cmd.Process.Kill()
-		<-b.exited
-	}
+// intercepting is the broker as a proxy the client trusts to intercept.
+func (b *broker) intercepting() *via {
+	return &via{addr: b.proxyAddr, user: url.UserPassword(agentID, b.token), roots: b.caPool}
 }
 
-// cpu returns the broker's user+system CPU time so far, from /proc/<pid>/stat.
-func (b *broker) cpu() time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-	s := string(raw)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	const clkTck = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / clkTck
-}
-
-// rss returns the broker's resident set size in bytes, from /proc/<pid>/status.
-func (b *broker) rss() int64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", b.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
+// tunnelling is the broker as a proxy the client trusts only to pass TLS through.
+func (b *broker) tunnelling(p *pki) *via {
+	return &via{addr: b.proxyAddr, user: url.UserPassword(agentID, b.token), roots: p.pool}
 }
 
 // cleanEnv is this process's environment without proxy settings.

@@ -18,16 +18,19 @@ type summary struct {
 	// Throughput is requests per second by path and number of connections.
 	Throughput map[string]map[int]float64 `json:"throughput_rps"`
 	// Ratios are the throughput ratios the issue's targets are stated in.
-	Ratios          map[string]map[int]float64 `json:"ratios"`
-	CPUPerRequestUS map[string]float64         `json:"broker_cpu_per_request_us"`
-	Latency         map[string]latency         `json:"latency_open_loop"`
-	AddedP50MS      map[string]float64         `json:"added_p50_ms"`
-	NewHost         newHost                    `json:"new_host"`
-	IdleConnBytes   int64                      `json:"idle_intercepted_conn_bytes"`
-	SSE             map[string]sseResult       `json:"sse_delay"`
-	Transfer        map[string]transfer        `json:"transfer_256mib"`
-	Peers           map[string]string          `json:"peers"`
-	Targets         []target                   `json:"targets"`
+	Ratios map[string]map[int]float64 `json:"ratios"`
+	// CPUPerRequestUS is the proxy's CPU time (with its child processes) per request, at c=8.
+	CPUPerRequestUS map[string]float64   `json:"proxy_cpu_per_request_us"`
+	Latency         map[string]latency   `json:"latency_open_loop"`
+	AddedP50MS      map[string]float64   `json:"added_p50_ms"`
+	NewHost         newHost              `json:"new_host"`
+	IdleConnBytes   int64                `json:"idle_intercepted_conn_bytes"`
+	SSE             map[string]sseResult `json:"sse_delay"`
+	Transfer        map[string]transfer  `json:"transfer_256mib"`
+	// Peers are the other proxies measured on the same upstream, or why they were skipped;
+	// their figures are in the maps above under their names.
+	Peers   map[string]peerResult `json:"peers"`
+	Targets []target              `json:"targets"`
 }
 
 // target is one of issue 7's goals, checked against this run.
@@ -55,8 +58,13 @@ func (s *summary) ratios() {
 	ratio("intercept/direct", "intercept", "direct")
 	ratio("full/direct", "full", "direct")
 	ratio("full/intercept", "full", "intercept")
+	// A peer against direct, and the broker path it compares with against the peer.
+	for _, pe := range s.measuredPeers() {
+		ratio(pe+"/direct", pe, "direct")
+		ratio(s.Peers[pe].ComparedWith+"/"+pe, s.Peers[pe].ComparedWith, pe)
+	}
 	s.AddedP50MS = map[string]float64{}
-	for _, p := range []string{"tunnel", "intercept", "full"} {
+	for _, p := range append([]string{"tunnel", "intercept", "full"}, s.measuredPeers()...) {
 		s.AddedP50MS[p] = s.Latency[p].P50MS - s.Latency["direct"].P50MS
 	}
 	atLeast := func(name string, v, limit float64, unit string) {
@@ -73,11 +81,23 @@ func (s *summary) ratios() {
 	atMost("SSE mean delay, full pipeline over direct", s.SSE["full"].MeanDelayMS-s.SSE["direct"].MeanDelayMS, 1, "ms")
 }
 
+// measuredPeers are the peers with figures, in the order of peerList.
+func (s *summary) measuredPeers() []string {
+	var names []string
+	for _, pe := range peerList {
+		if r, ok := s.Peers[pe.name]; ok && r.Skipped == "" {
+			names = append(names, pe.name)
+		}
+	}
+	return names
+}
+
 func (s *summary) print(out io.Writer) {
 	fmt.Fprintf(out, "\nmachine: %s\n\n", s.Machine)
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	rows := append([]string{"direct", "tunnel", "intercept", "full"}, s.measuredPeers()...)
 	fmt.Fprintln(w, "throughput (req/s)\tc=1\tc=8\tc=32\tc=128\tCPU µs/req\t")
-	for _, p := range []string{"direct", "tunnel", "intercept", "full"} {
+	for _, p := range rows {
 		fmt.Fprintf(w, "%s\t", p)
 		for _, c := range conns {
 			fmt.Fprintf(w, "%.0f\t", s.Throughput[p][c])
@@ -88,7 +108,11 @@ func (s *summary) print(out io.Writer) {
 			fmt.Fprint(w, "-\t\n")
 		}
 	}
-	for _, r := range []string{"tunnel/direct", "intercept/direct", "full/direct", "full/intercept"} {
+	ratios := []string{"tunnel/direct", "intercept/direct", "full/direct", "full/intercept"}
+	for _, pe := range s.measuredPeers() {
+		ratios = append(ratios, pe+"/direct", s.Peers[pe].ComparedWith+"/"+pe)
+	}
+	for _, r := range ratios {
 		fmt.Fprintf(w, "%s\t", r)
 		for _, c := range conns {
 			fmt.Fprintf(w, "%.2fx\t", s.Ratios[r][c])
@@ -99,16 +123,25 @@ func (s *summary) print(out io.Writer) {
 	fmt.Fprintln(out)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "path\tp50 ms\tp99 ms\tadded p50 ms\tSSE delay mean/max ms\tdownload MiB/s\tupload MiB/s\t")
-	for _, p := range []string{"direct", "tunnel", "intercept", "full"} {
+	for _, p := range rows {
 		l, e, t := s.Latency[p], s.SSE[p], s.Transfer[p]
-		fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%.2f\t%.2f / %.2f\t%.0f\t%.0f\t\n", p, l.P50MS, l.P99MS, s.AddedP50MS[p], e.MeanDelayMS, e.MaxDelayMS, t.DownloadMBps, t.UploadMBps)
+		fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%.2f\t", p, l.P50MS, l.P99MS, s.AddedP50MS[p])
+		if _, peer := s.Peers[p]; peer { // peers are not streamed through
+			fmt.Fprint(w, "-\t-\t-\t\n")
+			continue
+		}
+		fmt.Fprintf(w, "%.2f / %.2f\t%.0f\t%.0f\t\n", e.MeanDelayMS, e.MaxDelayMS, t.DownloadMBps, t.UploadMBps)
 	}
 	w.Flush()
 	fmt.Fprintf(out, "\nnew host first request: %.2f ms, cached: %.2f ms (extra %.2f ms, median of %d hosts)\n",
 		s.NewHost.FirstMS, s.NewHost.CachedMS, s.NewHost.ExtraMS, s.NewHost.Hosts)
 	fmt.Fprintf(out, "idle intercepted connection: %.1f KiB of broker RSS\n", float64(s.IdleConnBytes)/1024)
-	for name, st := range s.Peers {
-		fmt.Fprintf(out, "peer %s: %s\n", name, st)
+	for _, pe := range peerList {
+		if r := s.Peers[pe.name]; r.Skipped != "" {
+			fmt.Fprintf(out, "skipped: %s: %s\n", pe.name, r.Skipped)
+		} else {
+			fmt.Fprintf(out, "peer %s: %s, compared with the broker's %s path\n", pe.name, r.Version, r.ComparedWith)
+		}
 	}
 	fmt.Fprintln(out, "\nissue 7 targets:")
 	for _, t := range s.Targets {

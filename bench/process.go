@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// process is a proxy the bench started, the broker or a peer, with the start of its output.
+type process struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	mu     sync.Mutex
+	out    strings.Builder // the first 64 KiB of output, for error messages
+}
+
+// startProcess starts cmd and reads its standard error, and its standard output unless cmd
+// already has one, line by line; watch (if not nil) sees every line.
+func startProcess(cmd *exec.Cmd, watch func(line string)) (*process, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = w
+	if cmd.Stdout == nil {
+		cmd.Stdout = w
+	}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return nil, err
+	}
+	w.Close()
+	p := &process{cmd: cmd, exited: make(chan struct{})}
+	lines := make(chan struct{})
+	go func() {
+		defer close(lines)
+		defer r.Close()
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if watch != nil {
+				watch(line)
+			}
+			p.mu.Lock()
+			if p.out.Len() < 64<<10 {
+				p.out.WriteString(line + "\n")
+			}
+			p.mu.Unlock()
+		}
+	}()
+	go func() {
+		_ = cmd.Wait()
+		<-lines
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// output is the start of what the process wrote.
+func (p *process) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.TrimSpace(p.out.String())
+}
+
+func (p *process) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+// waitListening waits until addr accepts a connection, the process exits, or d passes.
+func (p *process) waitListening(addr string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("exited at start: %s", p.output())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not listening on %s after %s: %s", addr, d, p.output())
+		}
+	}
+}
+
+// cpu returns the user+system CPU time so far of the process and its descendants (helpers
+// such as squid's certificate generator), from /proc/<pid>/stat, including children that
+// have exited and been waited for.
+func (p *process) cpu() time.Duration {
+	pids := []int{p.cmd.Process.Pid}
+	parent := parents()
+	for i := 0; i < len(pids); i++ {
+		for child, pp := range parent {
+			if pp == pids[i] {
+				pids = append(pids, child)
+			}
+		}
+	}
+	var ticks int64
+	for _, pid := range pids {
+		f := statFields(pid)
+		if len(f) < 15 {
+			continue
+		}
+		// utime, stime, cutime, cstime are fields 14-17, 11-14 after the command name.
+		for _, v := range f[11:15] {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			ticks += n
+		}
+	}
+	const clkTck = 100 // USER_HZ on Linux
+	return time.Duration(ticks) * time.Second / clkTck
+}
+
+// statFields are the fields of /proc/<pid>/stat after the parenthesised command name.
+func statFields(pid int) []string {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 > len(s) {
+		return nil
+	}
+	return strings.Fields(s[i+2:])
+}
+
+// parents maps every running process to its parent.
+func parents() map[int]int {
+	m := map[int]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := statFields(pid); len(f) > 1 {
+			m[pid], _ = strconv.Atoi(f[1])
+		}
+	}
+	return m
+}
+
+// rss returns the process's resident set size in bytes, from /proc/<pid>/status.
+func (p *process) rss() int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// freePort returns a loopback address with a port that was free a moment ago, for the peers
+// that cannot listen on port 0 and report the port they got.
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
