@@ -23,6 +23,9 @@ tools:
 	@./scripts/install-test-tools.sh
 
 # `make bench` measures the broker against a direct connection on loopback (under 5 minutes):
-# a table on stdout, the JSON summary in bench/results/latest.json.
+# a table on stdout, the JSON summary in bench/results/latest.json. It first installs the peers
+# measured beside the broker (mitmproxy, squid-openssl, smokescreen) when it can; the benchmark
+# skips, with the reason, any it cannot run.
 bench:
+	@./scripts/install-bench-peers.sh
 	$(GO) run ./bench

@@ -83,7 +83,7 @@ func run(ctx context.Context, o options) error {
 	s := &summary{
 		Machine: machine(), Started: start.UTC().Format(time.RFC3339),
 		Throughput: map[string]map[int]float64{}, CPUPerRequestUS: map[string]float64{},
-		Latency: map[string]latency{}, SSE: map[string]sseResult{}, Transfer: map[string]transfer{},
+		Latency: map[string]latency{}, LatencyRate: o.rate, SSE: map[string]sseResult{}, Transfer: map[string]transfer{},
 	}
 	paths := []path{
 		{name: "direct", url: up.url(hostIntercept, chatPath)},

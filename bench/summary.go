@@ -22,6 +22,7 @@ type summary struct {
 	// CPUPerRequestUS is the proxy's CPU time (with its child processes) per request, at c=8.
 	CPUPerRequestUS map[string]float64   `json:"proxy_cpu_per_request_us"`
 	Latency         map[string]latency   `json:"latency_open_loop"`
+	LatencyRate     int                  `json:"latency_rate_rps"`
 	AddedP50MS      map[string]float64   `json:"added_p50_ms"`
 	NewHost         newHost              `json:"new_host"`
 	IdleConnBytes   int64                `json:"idle_intercepted_conn_bytes"`
@@ -81,6 +82,15 @@ func (s *summary) ratios() {
 	atMost("SSE mean delay, full pipeline over direct", s.SSE["full"].MeanDelayMS-s.SSE["direct"].MeanDelayMS, 1, "ms")
 }
 
+// saturated says whether the path's best throughput is under the open-loop rate.
+func (s *summary) saturated(p string) bool {
+	best := 0.0
+	for _, v := range s.Throughput[p] {
+		best = max(best, v)
+	}
+	return best < float64(s.LatencyRate)
+}
+
 // measuredPeers are the peers with figures, in the order of peerList.
 func (s *summary) measuredPeers() []string {
 	var names []string
@@ -123,9 +133,14 @@ func (s *summary) print(out io.Writer) {
 	fmt.Fprintln(out)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "path\tp50 ms\tp99 ms\tadded p50 ms\tSSE delay mean/max ms\tdownload MiB/s\tupload MiB/s\t")
+	over := false
 	for _, p := range rows {
 		l, e, t := s.Latency[p], s.SSE[p], s.Transfer[p]
-		fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%.2f\t", p, l.P50MS, l.P99MS, s.AddedP50MS[p])
+		name := p
+		if s.saturated(p) {
+			name, over = p+" (*)", true
+		}
+		fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%.2f\t", name, l.P50MS, l.P99MS, s.AddedP50MS[p])
 		if _, peer := s.Peers[p]; peer { // peers are not streamed through
 			fmt.Fprint(w, "-\t-\t-\t\n")
 			continue
@@ -133,6 +148,9 @@ func (s *summary) print(out io.Writer) {
 		fmt.Fprintf(w, "%.2f / %.2f\t%.0f\t%.0f\t\n", e.MeanDelayMS, e.MaxDelayMS, t.DownloadMBps, t.UploadMBps)
 	}
 	w.Flush()
+	if over {
+		fmt.Fprintf(out, "(*) its best throughput is under the open-loop rate of %d req/s: requests queue\n", s.LatencyRate)
+	}
 	fmt.Fprintf(out, "\nnew host first request: %.2f ms, cached: %.2f ms (extra %.2f ms, median of %d hosts)\n",
 		s.NewHost.FirstMS, s.NewHost.CachedMS, s.NewHost.ExtraMS, s.NewHost.Hosts)
 	fmt.Fprintf(out, "idle intercepted connection: %.1f KiB of broker RSS\n", float64(s.IdleConnBytes)/1024)
