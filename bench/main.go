@@ -3,7 +3,9 @@
 // It starts a TLS upstream with its own CA, builds the broker and starts two of them (a bare
 // one with an allow-all policy, and one running the full pipeline: the shipped policies,
 // credential injection, scrubbing and audit to a file), drives them with Go HTTP clients, and
-// prints a table of ratios against direct HTTPS. The summary is also written as JSON.
+// prints a table of ratios against direct HTTPS. Other proxies (mitmproxy, squid with ssl-bump,
+// smokescreen) are measured beside it on the same upstream when installed, and skipped with the
+// reason when not. The summary is also written as JSON.
 package main
 
 import (
