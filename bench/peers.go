@@ -55,9 +55,9 @@ func startPeers(ctx context.Context, up *upstream, p *pki, names []string) ([]pa
 	results := map[string]peerResult{}
 	// The peers get a directory of their own, outside the brokers' (which holds their CA keys):
 	// squid started as root works as an unprivileged user that must reach its subdirectory.
-	dir, err := os.MkdirTemp("", "brokerbench-peers-")
-	if err == nil {
-		err = os.Chmod(dir, 0o711)
+	dir, dirErr := os.MkdirTemp("", "brokerbench-peers-")
+	if dirErr == nil {
+		dirErr = os.Chmod(dir, 0o711)
 	}
 	stop := func() {
 		for _, pr := range procs {
@@ -72,17 +72,16 @@ func startPeers(ctx context.Context, up *upstream, p *pki, names []string) ([]pa
 		switch {
 		case !slices.Contains(names, pe.name):
 			r.Skipped = "not selected (-peers)"
-		case err != nil:
-			r.Skipped = err.Error()
+		case dirErr != nil:
+			r.Skipped = dirErr.Error()
 		default:
-			var pa path
-			var proc *process
-			pa, proc, r.Version, err = startPeer(ctx, pe, filepath.Join(dir, pe.name), up, p)
+			pa, proc, version, err := startPeer(ctx, pe, filepath.Join(dir, pe.name), up, p)
+			r.Version = version
 			if err != nil {
-				r.Skipped, err = err.Error(), nil
+				r.Skipped = err.Error()
 				break
 			}
-			fmt.Fprintf(stderr, "peer %s (%s): checked\n", pe.name, r.Version)
+			fmt.Fprintf(stderr, "peer %s (%s): checked\n", pe.name, version)
 			paths = append(paths, pa)
 			procs = append(procs, proc)
 		}
