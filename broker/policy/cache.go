@@ -94,9 +94,14 @@ func (c *decisionCache) key(find func(ast.Ref) (ast.Value, error)) (string, bool
 	buf := make([]byte, 0, 256)
 	for _, p := range c.paths {
 		v, err := find(p)
-		if err != nil {
+		switch t, ok := v.(interface{ AppendText([]byte) ([]byte, error) }); {
+		case err != nil:
 			buf = append(buf, '\x01')
-		} else {
+		case ok:
+			if buf, err = t.AppendText(buf); err != nil {
+				return "", false
+			}
+		default:
 			buf = append(buf, v.String()...)
 		}
 		buf = append(buf, '\x00')

@@ -7,6 +7,7 @@ package policy
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -243,5 +244,12 @@ func newDecisionID() string {
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics rather than return short)
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	hex.Encode(s[9:13], b[4:6])
+	hex.Encode(s[14:18], b[6:8])
+	hex.Encode(s[19:23], b[8:10])
+	hex.Encode(s[24:], b[10:])
+	s[8], s[13], s[18], s[23] = '-', '-', '-', '-'
+	return string(s[:])
 }

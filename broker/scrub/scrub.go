@@ -14,10 +14,12 @@ package scrub
 import (
 	"bytes"
 	"cmp"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // Replacer replaces fixed byte strings in streams and strings.
@@ -232,8 +234,7 @@ func (z *reader) Read(p []byte) (int, error) {
 func (z *reader) fill() int {
 	switch {
 	case z.in == nil:
-		z.in = make([]byte, firstReadSize+z.r.maxLen)
-		z.out = make([]byte, 0, len(z.in))
+		z.in, z.out = firstBuffer(firstReadSize+z.r.maxLen), firstBuffer(firstReadSize + z.r.maxLen)[:0]
 		z.next = make([]int, len(z.r.olds))
 	case z.full && len(z.in) < readSize+z.r.maxLen:
 		in := make([]byte, readSize+z.r.maxLen)
@@ -251,5 +252,35 @@ func (z *reader) fill() int {
 	return n
 }
 
-// Close closes src.
-func (z *reader) Close() error { return z.src.Close() }
+// Close closes src, and gives the reader's buffers back for another response to use.
+func (z *reader) Close() error {
+	if z.err != errClosed {
+		putFirstBuffer(z.in)
+		putFirstBuffer(z.out)
+		z.in, z.out, z.off, z.held, z.err = nil, nil, 0, 0, errClosed
+	}
+	return z.src.Close()
+}
+
+var errClosed = errors.New("scrub: read after close")
+
+// firstBuffers holds the input and output buffers of readers that have not grown: most
+// responses are small, and a fresh pair for each one made the garbage collector the main
+// cost of scrubbing them. Buffers for patterns longer than firstSlack are not pooled.
+var firstBuffers = sync.Pool{New: func() any { b := make([]byte, firstReadSize+firstSlack); return &b }}
+
+const firstSlack = 256
+
+func firstBuffer(n int) []byte {
+	if n > firstReadSize+firstSlack {
+		return make([]byte, n)
+	}
+	return (*firstBuffers.Get().(*[]byte))[:n]
+}
+
+func putFirstBuffer(b []byte) {
+	if cap(b) == firstReadSize+firstSlack {
+		b = b[:cap(b)]
+		firstBuffers.Put(&b)
+	}
+}

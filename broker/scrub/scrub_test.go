@@ -504,6 +504,7 @@ func BenchmarkReaderSmall(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		rd.Close() // as the broker does: the buffers go back to the pool
 	}
 }
 
@@ -554,5 +555,30 @@ func TestReaderReturnsTheEndWithTheLastBytes(t *testing.T) {
 	n, err := r.Read(buf)
 	if err != io.EOF || string(buf[:n]) != `{"token":"[REDACTED]"}` {
 		t.Fatalf("Read = %q, %v; want the whole body with io.EOF", buf[:n], err)
+	}
+}
+
+// TestClosedReaderGivesNothing: Close gives the reader's buffers to the next response, so a
+// read after Close must not return bytes from them.
+func TestClosedReaderGivesNothing(t *testing.T) {
+	r := scrub.New("s3cret", "[REDACTED]")
+	first := r.Reader(io.NopCloser(strings.NewReader("first body s3cret, long enough to stay buffered")))
+	buf := make([]byte, 4)
+	if _, err := first.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second := r.Reader(io.NopCloser(strings.NewReader("second body")))
+	got, err := io.ReadAll(second)
+	if err != nil || string(got) != "second body" {
+		t.Fatalf("second reader: %q, %v", got, err)
+	}
+	if n, err := first.Read(buf); n != 0 || err == nil {
+		t.Fatalf("read after Close = %d, %v", n, err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
 	}
 }
