@@ -238,6 +238,9 @@ func readPolicyBody(r *http.Request) (any, int64) {
 }
 
 func isJSON(contentType string) bool {
+	if contentType == "application/json" {
+		return true // the usual case, without parsing parameters
+	}
 	mt, _, err := mime.ParseMediaType(contentType)
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
 }
