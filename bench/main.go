@@ -24,7 +24,8 @@ import (
 
 func main() {
 	o := options{}
-	flag.DurationVar(&o.phase, "phase", 2*time.Second, "duration of each throughput phase")
+	flag.DurationVar(&o.phase, "phase", time.Second, "duration of each throughput phase")
+	flag.IntVar(&o.rounds, "rounds", 3, "throughput rounds over all paths; each figure is a path's best round")
 	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
 	flag.DurationVar(&o.latencyFor, "latency-for", 3*time.Second, "duration of each latency phase")
 	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
@@ -42,7 +43,7 @@ func main() {
 
 type options struct {
 	phase, latencyFor time.Duration
-	rate              int
+	rate, rounds      int
 	newHosts, idle    int
 	big               bool
 	peers             []string
@@ -87,7 +88,7 @@ func run(ctx context.Context, o options) error {
 		Throughput: map[string]map[int]float64{}, CPUPerRequestUS: map[string]float64{},
 		Latency: map[string]latency{}, LatencyRate: o.rate, SSE: map[string]sseResult{}, Transfer: map[string]transfer{},
 	}
-	paths := []path{
+	paths := []*path{
 		{name: "direct", url: up.url(hostIntercept, chatPath)},
 		{name: "tunnel", url: up.url(hostTunnel, chatPath), via: bare.tunnelling(p), proc: bare.process},
 		{name: "intercept", url: up.url(hostIntercept, chatPath), via: bare.intercepting(), proc: bare.process},
@@ -119,17 +120,21 @@ func run(ctx context.Context, o options) error {
 	s.IdleConnBytes = idleCost(fresh, up, o.idle)
 	fresh.stop()
 
+	// Every path is measured in each round, in turn, and keeps its best round: a burst of
+	// load from outside (a shared machine) then lowers one round of one path, not a ratio.
 	fmt.Fprintln(os.Stderr, "throughput (small bodies, keep-alive)...")
-	for _, c := range []int{1, 8, 32, 128} {
-		for _, pa := range all {
-			pa.client = pa.withConns(p, c)
-			r := pa.throughput(ctx, c, o.phase)
-			if s.Throughput[pa.name] == nil {
-				s.Throughput[pa.name] = map[int]float64{}
-			}
-			s.Throughput[pa.name][c] = r.rps
-			if pa.proc != nil && c == 8 {
-				s.CPUPerRequestUS[pa.name] = r.cpuPerReq
+	for range max(o.rounds, 1) {
+		for _, c := range []int{1, 8, 32, 128} {
+			for _, pa := range all {
+				pa.client = pa.withConns(p, c)
+				r := pa.throughput(ctx, c, o.phase)
+				if s.Throughput[pa.name] == nil {
+					s.Throughput[pa.name] = map[int]float64{}
+				}
+				s.Throughput[pa.name][c] = max(s.Throughput[pa.name][c], r.rps)
+				if cpu, seen := s.CPUPerRequestUS[pa.name]; pa.proc != nil && c == 8 && r.cpuPerReq > 0 && (!seen || r.cpuPerReq < cpu) {
+					s.CPUPerRequestUS[pa.name] = r.cpuPerReq
+				}
 			}
 		}
 	}

@@ -49,8 +49,8 @@ const installHint = "not installed (scripts/install-bench-peers.sh installs it)"
 
 // startPeers starts the named peers and checks each once through the path the bench measures.
 // It returns a path for each peer that works, every peer's result, and a function stopping them.
-func startPeers(ctx context.Context, up *upstream, p *pki, names []string) ([]path, map[string]peerResult, func()) {
-	var paths []path
+func startPeers(ctx context.Context, up *upstream, p *pki, names []string) ([]*path, map[string]peerResult, func()) {
+	var paths []*path
 	var procs []*process
 	results := map[string]peerResult{}
 	// The peers get a directory of their own, outside the brokers' (which holds their CA keys):
@@ -82,7 +82,7 @@ func startPeers(ctx context.Context, up *upstream, p *pki, names []string) ([]pa
 				break
 			}
 			fmt.Fprintf(stderr, "peer %s (%s): checked\n", pe.name, version)
-			paths = append(paths, pa)
+			paths = append(paths, &pa)
 			procs = append(procs, proc)
 		}
 		if r.Skipped != "" {

@@ -34,6 +34,9 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 			done()
 		}
 	}()
+	// A host's first certificate is issued while the agent prepares its ClientHello, rather
+	// than after it arrives; the handshake below waits on the same issue (single flight).
+	go func() { _, _ = b.certs.Get(tun.target.host) }()
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
