@@ -184,11 +184,18 @@ func (e *env) received() []*http.Request {
 }
 
 // echo reflects the Authorization header it received in a header and, split across two
-// flushed chunks, in the body: the broker must scrub both.
+// flushed chunks, in the body: the broker must scrub both. With ?whole it answers in one
+// piece, with a Content-Length.
 func (e *env) echo(w http.ResponseWriter, r *http.Request) {
 	auth := r.Header.Get("Authorization")
 	w.Header().Set("X-Echo-Authorization", auth)
 	w.Header().Set("Content-Type", "text/plain")
+	if r.URL.Query().Has("whole") {
+		body := fmt.Sprintf("path=%s auth=%s end\n", r.URL.Path, auth)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = io.WriteString(w, body)
+		return
+	}
 	half := len(auth) / 2
 	fmt.Fprintf(w, "path=%s auth=%s", r.URL.Path, auth[:half])
 	w.(http.Flusher).Flush()
@@ -236,6 +243,16 @@ func TestAllowedRequestGetsCredentialAgentNeverSeesIt(t *testing.T) {
 	}
 	if headerValue(out, "X-Echo-Authorization") != "Bearer [REDACTED]" || !strings.Contains(out, "auth=Bearer [REDACTED] end") {
 		t.Fatalf("response not scrubbed as expected:\n%s", out)
+	}
+	// A small body that arrives whole leaves whole: scrubbed with its end, it is sent with
+	// an exact Content-Length, in one write, not chunked after a flush.
+	whole, err := e.curl("-i", e.url("/api/echo?whole"))
+	if err != nil {
+		t.Fatalf("curl: %v\n%s", err, whole)
+	}
+	_, body, _ := strings.Cut(whole, "\r\n\r\n")
+	if body != "path=/api/echo auth=Bearer [REDACTED] end\n" || headerValue(whole, "Content-Length") != strconv.Itoa(len(body)) {
+		t.Errorf("Content-Length %q for the scrubbed body %q", headerValue(whole, "Content-Length"), body)
 	}
 	id := headerValue(out, "X-Broker-Request-Id")
 	ev := e.broker.waitAudit(t, id)
