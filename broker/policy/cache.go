@@ -19,7 +19,7 @@ import (
 // are held. A key longer than maxCacheKey (a policy reading a whole body, say) is not cached.
 const (
 	cacheGeneration = 4096
-	maxCacheKey     = 4096
+	maxCacheKey     = 1024
 )
 
 // timeDependent are builtins that OPA does not mark nondeterministic but that read the clock
