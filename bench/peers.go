@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // peer is another proxy measured beside the broker, against the same upstream in the same run.
@@ -169,12 +168,8 @@ func startMitmproxy(bin, dir string, p *pki) (*process, *via, error) {
 	cmd := exec.Command(bin, "-q", "--listen-host", host, "--listen-port", port, "-s", addon,
 		"--set", "confdir="+dir, "--set", "ssl_verify_upstream_trusted_ca="+p.caFile)
 	cmd.Env = cleanEnv()
-	proc, err := startProcess(cmd, nil)
+	proc, err := startServing(cmd, addr)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := proc.waitListening(addr, 30*time.Second); err != nil {
-		proc.stop()
 		return nil, nil, err
 	}
 	// mitmproxy writes its CA before it listens.
@@ -280,12 +275,8 @@ shutdown_lifetime 0 seconds
 	}
 	cmd := exec.Command(bin, "-N", "-d", "1", "-f", confFile)
 	cmd.Env = cleanEnv()
-	proc, err := startProcess(cmd, nil)
+	proc, err := startServing(cmd, addr)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := proc.waitListening(addr, 30*time.Second); err != nil {
-		proc.stop()
 		return nil, nil, err
 	}
 	roots := x509.NewCertPool()
@@ -342,12 +333,8 @@ func startSmokescreen(bin, _ string, p *pki) (*process, *via, error) {
 	host, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command(bin, "--listen-ip", host, "--listen-port", port, "--allow-range", "127.0.0.0/8")
 	cmd.Env = cleanEnv()
-	proc, err := startProcess(cmd, nil)
+	proc, err := startServing(cmd, addr)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := proc.waitListening(addr, 30*time.Second); err != nil {
-		proc.stop()
 		return nil, nil, err
 	}
 	return proc, &via{addr: addr, roots: p.pool}, nil

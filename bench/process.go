@@ -176,6 +176,19 @@ func (p *process) rss() int64 {
 	return 0
 }
 
+// startServing starts a peer's cmd and waits until it accepts connections on addr.
+func startServing(cmd *exec.Cmd, addr string) (*process, error) {
+	proc, err := startProcess(cmd, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := proc.waitListening(addr, 30*time.Second); err != nil {
+		proc.stop()
+		return nil, err
+	}
+	return proc, nil
+}
+
 // freePort returns a loopback address with a port that was free a moment ago, for the peers
 // that cannot listen on port 0 and report the port they got.
 func freePort() (string, error) {
