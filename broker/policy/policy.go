@@ -144,6 +144,20 @@ func compile(ctx context.Context, src *source) (*prepared, error) {
 // compileModules parses (Rego v1) and compiles modules with the broker's capabilities.
 // The error is an ast.Errors listing every problem.
 func compileModules(modules []module) (*ast.Compiler, error) {
+	parsed, err := parseModules(modules)
+	if err != nil {
+		return nil, err
+	}
+	c := ast.NewCompiler().WithCapabilities(Capabilities())
+	if c.Compile(parsed); c.Failed() {
+		return nil, c.Errors
+	}
+	return c, nil
+}
+
+// parseModules parses modules as Rego v1 with the broker's capabilities. The error is an
+// ast.Errors listing every problem in every file, not only the first.
+func parseModules(modules []module) (map[string]*ast.Module, error) {
 	parsed := make(map[string]*ast.Module, len(modules))
 	var errs ast.Errors
 	for _, m := range modules {
@@ -161,11 +175,7 @@ func compileModules(modules []module) (*ast.Compiler, error) {
 	if len(errs) > 0 {
 		return nil, errs
 	}
-	c := ast.NewCompiler().WithCapabilities(Capabilities())
-	if c.Compile(parsed); c.Failed() {
-		return nil, c.Errors
-	}
-	return c, nil
+	return parsed, nil
 }
 
 // Decide evaluates the policy for one input. Errors (including timeouts, panics inside the

@@ -34,22 +34,9 @@ func RunTests(ctx context.Context, fsys fs.FS, display string, o TestOptions) (c
 	if len(src.tests) == 0 {
 		return nil, errors.New("no *_test.rego files found")
 	}
-	modules := map[string]*ast.Module{}
-	var parseErrs ast.Errors
-	for _, m := range append(append([]module(nil), src.modules...), src.tests...) {
-		parsed, err := ast.ParseModuleWithOpts(m.name, string(m.raw), ast.ParserOptions{RegoVersion: ast.RegoV1, Capabilities: Capabilities()})
-		if err != nil {
-			var errs ast.Errors
-			if errors.As(err, &errs) {
-				parseErrs = append(parseErrs, errs...)
-				continue
-			}
-			return nil, err
-		}
-		modules[m.name] = parsed
-	}
-	if len(parseErrs) > 0 {
-		return nil, parseErrs
+	modules, err := parseModules(append(append([]module(nil), src.modules...), src.tests...))
+	if err != nil {
+		return nil, err
 	}
 	timeout := o.Timeout
 	if timeout == 0 {
