@@ -1,10 +1,12 @@
-package scrub
+package scrub_test
 
 import (
 	"io"
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/capbroker/capbroker/broker/scrub"
 )
 
 // FuzzReader: for any input, patterns and read split, the streaming Reader produces exactly
@@ -14,7 +16,7 @@ func FuzzReader(f *testing.F) {
 	f.Add("xx sk-secret yy sk-sec", "sk-secret", "PLACEHOLDER", 3)
 	f.Add("aaaa", "aa", "a", 1)
 	f.Fuzz(func(t *testing.T, in, p1, p2 string, chunk int) {
-		r := New(p1, "[REDACTED]", p2, "[REDACTED]")
+		r := scrub.New(p1, "[REDACTED]", p2, "[REDACTED]")
 		want := r.String(in)
 		if chunk <= 0 || chunk > 64 {
 			chunk = 1 + len(in)%7
@@ -32,19 +34,4 @@ func FuzzReader(f *testing.F) {
 			}
 		}
 	})
-}
-
-type chunked struct {
-	s string
-	n int
-}
-
-func (c *chunked) Read(p []byte) (int, error) {
-	if c.s == "" {
-		return 0, io.EOF
-	}
-	k := min(c.n, len(p), len(c.s))
-	copy(p, c.s[:k])
-	c.s = c.s[k:]
-	return k, nil
 }
