@@ -16,6 +16,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/capbroker/capbroker/internal/harness"
 )
 
 // peer is another proxy measured beside the broker, against the same upstream in the same run.
@@ -160,14 +162,14 @@ func startMitmproxy(bin, dir string, p *pki) (*process, *via, error) {
 	if err := os.WriteFile(addon, []byte(mitmAddon), 0o644); err != nil {
 		return nil, nil, err
 	}
-	addr, err := freePort()
+	addr, err := harness.FreeAddr()
 	if err != nil {
 		return nil, nil, err
 	}
 	host, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command(bin, "-q", "--listen-host", host, "--listen-port", port, "-s", addon,
 		"--set", "confdir="+dir, "--set", "ssl_verify_upstream_trusted_ca="+p.caFile)
-	cmd.Env = cleanEnv()
+	cmd.Env = harness.Env()
 	proc, err := startServing(cmd, addr)
 	if err != nil {
 		return nil, nil, err
@@ -236,7 +238,7 @@ func startSquid(bin, dir string, p *pki) (*process, *via, error) {
 	if out, err := exec.Command(certgen, "-c", "-s", db, "-M", "4MB").CombinedOutput(); err != nil {
 		return nil, nil, fmt.Errorf("%s -c: %v: %s", certgen, err, out)
 	}
-	addr, err := freePort()
+	addr, err := harness.FreeAddr()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -274,7 +276,7 @@ shutdown_lifetime 0 seconds
 		return nil, nil, err
 	}
 	cmd := exec.Command(bin, "-N", "-d", "1", "-f", confFile)
-	cmd.Env = cleanEnv()
+	cmd.Env = harness.Env()
 	proc, err := startServing(cmd, addr)
 	if err != nil {
 		return nil, nil, err
@@ -326,13 +328,13 @@ func findSmokescreen() (string, error) {
 // startSmokescreen runs smokescreen, which only tunnels CONNECT to TLS upstreams, with
 // loopback allowed (it refuses private and loopback ranges by default).
 func startSmokescreen(bin, _ string, p *pki) (*process, *via, error) {
-	addr, err := freePort()
+	addr, err := harness.FreeAddr()
 	if err != nil {
 		return nil, nil, err
 	}
 	host, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command(bin, "--listen-ip", host, "--listen-port", port, "--allow-range", "127.0.0.0/8")
-	cmd.Env = cleanEnv()
+	cmd.Env = harness.Env()
 	proc, err := startServing(cmd, addr)
 	if err != nil {
 		return nil, nil, err

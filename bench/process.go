@@ -188,14 +188,3 @@ func startServing(cmd *exec.Cmd, addr string) (*process, error) {
 	}
 	return proc, nil
 }
-
-// freePort returns a loopback address with a port that was free a moment ago, for the peers
-// that cannot listen on port 0 and report the port they got.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}

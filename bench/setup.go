@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capbroker/capbroker/internal/harness"
 	"github.com/capbroker/capbroker/policies"
 )
 
@@ -280,7 +281,7 @@ audit: {file: %q}
 		return nil, err
 	}
 	cmd := exec.Command(bin, "run", "--config", cfgFile)
-	cmd.Env = append(cleanEnv(), "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret)
+	cmd.Env = append(harness.Env(), "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret)
 	cmd.Stdout = io.Discard // audit events of the bare broker
 	listening := make(chan string, 1)
 	proc, err := startProcess(cmd, func(line string) {
@@ -323,18 +324,4 @@ func (b *broker) intercepting() *via {
 // tunnelling is the broker as a proxy the client trusts only to pass TLS through.
 func (b *broker) tunnelling(p *pki) *via {
 	return &via{addr: b.proxyAddr, user: url.UserPassword(agentID, b.token), roots: p.pool}
-}
-
-// cleanEnv is this process's environment without proxy settings.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		switch strings.ToUpper(k) {
-		case "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY":
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
 }

@@ -23,6 +23,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/capbroker/capbroker/internal/harness"
 )
 
 const agentID = "coder-1"
@@ -220,7 +222,7 @@ func (e *env) curl(args ...string) (string, error) {
 	cmd := exec.Command("curl", append([]string{"-sS", "--max-time", "20", "--suppress-connect-headers"}, args...)...)
 	proxy := e.broker.proxyURL(agentID, e.token)
 	// curl reads only the lower-case http_proxy (httpoxy), and both cases of https_proxy.
-	cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "http_proxy="+proxy, "CURL_CA_BUNDLE="+e.broker.caFile, "NO_PROXY=")
+	cmd.Env = append(harness.Env(), "HTTPS_PROXY="+proxy, "http_proxy="+proxy, "CURL_CA_BUNDLE="+e.broker.caFile, "NO_PROXY=")
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
@@ -341,7 +343,7 @@ func TestNoIdentityGets407(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_connect}", "--max-time", "20", e.url("/open/x"))
-			cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "CURL_CA_BUNDLE="+e.broker.caFile)
+			cmd.Env = append(harness.Env(), "HTTPS_PROXY="+proxy, "CURL_CA_BUNDLE="+e.broker.caFile)
 			out, _ := cmd.Output()
 			if !strings.HasSuffix(string(out), "407") {
 				t.Fatalf("CONNECT: want 407, got %q", out)
@@ -399,7 +401,7 @@ func TestPython3Client(t *testing.T) {
 print(urllib.request.urlopen(sys.argv[1]).read().decode())`
 	cmd := exec.Command("python3", "-c", script, e.url("/api/echo"))
 	proxy := e.broker.proxyURL(agentID, e.token)
-	cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "https_proxy="+proxy, "SSL_CERT_FILE="+e.broker.caFile)
+	cmd.Env = append(harness.Env(), "HTTPS_PROXY="+proxy, "https_proxy="+proxy, "SSL_CERT_FILE="+e.broker.caFile)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("python3: %v\n%s", err, out)
@@ -674,7 +676,7 @@ func TestGitCloneWithInjectedBasicAuth(t *testing.T) {
 		t.Helper()
 		cmd := exec.Command("git", args...)
 		cmd.Dir = dir
-		cmd.Env = append(cleanEnv(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t", "GIT_CONFIG_NOSYSTEM=1", "HOME="+root)
+		cmd.Env = append(harness.Env(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t", "GIT_CONFIG_NOSYSTEM=1", "HOME="+root)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("git %v: %v\n%s", args, err, out)
 		}
@@ -692,7 +694,7 @@ func TestGitCloneWithInjectedBasicAuth(t *testing.T) {
 	dst := filepath.Join(t.TempDir(), "clone")
 	cmd := exec.Command("git", "clone", "-q", e.url("/git/repo.git"), dst)
 	proxy := e.broker.proxyURL(agentID, e.token)
-	cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+proxy, "https_proxy="+proxy, "GIT_SSL_CAINFO="+e.broker.caFile,
+	cmd.Env = append(harness.Env(), "HTTPS_PROXY="+proxy, "https_proxy="+proxy, "GIT_SSL_CAINFO="+e.broker.caFile,
 		"GIT_TERMINAL_PROMPT=0", "GIT_CONFIG_NOSYSTEM=1", "HOME="+t.TempDir())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("git clone through the broker: %v\n%s", err, out)

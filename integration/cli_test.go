@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/capbroker/capbroker/internal/harness"
 )
 
 // run runs the broker binary and returns its combined output and exit code.
@@ -17,7 +19,7 @@ func run(t *testing.T, dir string, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.Command(brokerBin, args...)
 	cmd.Dir = dir
-	cmd.Env = cleanEnv()
+	cmd.Env = harness.Env()
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); ok {
 		return string(out), ee.ExitCode()
@@ -138,7 +140,7 @@ func TestDevQuickStart(t *testing.T) {
 	start := func() (exports map[string]string, stop func()) {
 		cmd := exec.Command(brokerBin, "dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
 		cmd.Dir = dir
-		cmd.Env = cleanEnv()
+		cmd.Env = harness.Env()
 		stdout, _ := cmd.StdoutPipe()
 		cmd.Stderr = io.Discard
 		if err := cmd.Start(); err != nil {
@@ -177,7 +179,7 @@ func TestDevQuickStart(t *testing.T) {
 	}
 	// The agent's first call, to a host the shipped policy does not allow: refused before any TLS.
 	cmd := exec.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_connect}", "--max-time", "20", "https://not-allowed.invalid/")
-	cmd.Env = append(cleanEnv(), "HTTPS_PROXY="+exports["HTTPS_PROXY"], "CURL_CA_BUNDLE="+exports["CURL_CA_BUNDLE"])
+	cmd.Env = append(harness.Env(), "HTTPS_PROXY="+exports["HTTPS_PROXY"], "CURL_CA_BUNDLE="+exports["CURL_CA_BUNDLE"])
 	out, _ := cmd.Output()
 	if string(out) != "403" {
 		t.Fatalf("denied CONNECT through dev broker: %q", out)

@@ -26,6 +26,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/capbroker/capbroker/internal/harness"
 )
 
 var brokerBin string
@@ -182,7 +184,7 @@ policy: {dir: %q, mode: %s}
 		// ip netns exec enters the namespace and execs the broker: the process is the broker.
 		b.cmd = exec.Command("ip", "netns", "exec", o.netns, brokerBin, "run", "--config", cfgFile)
 	}
-	b.cmd.Env = append(cleanEnv(), o.env...)
+	b.cmd.Env = append(harness.Env(), o.env...)
 	b.cmd.Stdout = b.auditLog
 	b.cmd.Stderr = b.logs
 	if err := b.cmd.Start(); err != nil {
@@ -201,20 +203,6 @@ policy: {dir: %q, mode: %s}
 	}
 	b.proxyAddr, b.adminAddr = l.Proxy, l.Admin
 	return b
-}
-
-// cleanEnv is this process's environment without proxy settings.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		switch strings.ToUpper(k) {
-		case "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY":
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
 }
 
 func (b *brokerProc) writePolicy(t *testing.T, name, content string) {

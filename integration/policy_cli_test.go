@@ -18,6 +18,8 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/bundle"
+
+	"github.com/capbroker/capbroker/internal/harness"
 )
 
 // writeFiles writes name -> content under dir, creating directories.
@@ -510,7 +512,7 @@ agents: [{id: %s, token_sha256: %x}]
 	os.Chmod(filepath.Join(dir, "broker.yaml"), 0o600)
 	b.cmd = exec.Command(brokerBin, "run", "--config", "broker.yaml")
 	b.cmd.Dir = dir
-	b.cmd.Env = cleanEnv()
+	b.cmd.Env = harness.Env()
 	b.cmd.Stdout, b.cmd.Stderr = b.auditLog, b.logs
 	if err := b.cmd.Start(); err != nil {
 		t.Fatal(err)

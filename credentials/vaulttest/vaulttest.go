@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -26,6 +25,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/api"
+
+	"github.com/capbroker/capbroker/internal/harness"
 )
 
 // RootToken is the dev server's root token.
@@ -73,7 +74,7 @@ func Start(t testing.TB) *Server {
 
 	var lastErr error
 	for range startAttempts {
-		listen, err := freePort()
+		listen, err := harness.FreeAddr()
 		if err != nil {
 			t.Fatalf("vaulttest: %v", err)
 		}
@@ -223,17 +224,6 @@ func serverEnv(home string) []string {
 		env = append(env, kv)
 	}
 	return append(env, "HOME="+home)
-}
-
-// freePort returns a loopback host:port that was free a moment ago. Vault needs a concrete
-// port, so there is a window in which another process could take it; Start retries.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 var binary struct {
