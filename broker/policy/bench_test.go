@@ -55,7 +55,7 @@ func BenchmarkDecide(b *testing.B) {
 		b.Run("evaluated/"+name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := e.decideInput(ctx, e.cur.Load(), in); err != nil {
+				if _, err := evaluateInput(ctx, e.cur.Load(), in); err != nil {
 					b.Fatal(err)
 				}
 			}

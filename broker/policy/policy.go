@@ -184,29 +184,33 @@ func parseModules(modules []module) (map[string]*ast.Module, error) {
 // for the same values at the paths the policy reads is returned without evaluating.
 func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	p := e.cur.Load()
-	if p == nil || p.cache == nil || p.cache.readsBody {
+	var c *decisionCache
+	if p != nil {
+		c = p.cache
+	}
+	if c == nil || c.readsBody {
 		in.loadBody()
 	}
-	if p == nil || p.cache == nil {
-		return e.decideInput(ctx, p, in)
+	key, cached := "", false
+	if c != nil {
+		key, cached = c.key(in.find)
 	}
-	key, ok := p.cache.key(in.find)
-	if !ok {
-		return e.decideInput(ctx, p, in)
+	if !cached {
+		return evaluateInput(ctx, p, in)
 	}
-	if d, hit := p.cache.get(key); hit {
+	if d, hit := c.get(key); hit {
 		d.ID = newDecisionID()
 		return d, nil
 	}
-	d, err := e.decideInput(ctx, p, in)
+	d, err := evaluateInput(ctx, p, in)
 	if err == nil {
-		p.cache.put(key, d)
+		c.put(key, d)
 	}
 	return d, err
 }
 
-// decideInput evaluates p for in, converted directly to the evaluator's value.
-func (e *Engine) decideInput(ctx context.Context, p *prepared, in *Input) (Decision, error) {
+// evaluateInput evaluates p for in, converted directly to the evaluator's value.
+func evaluateInput(ctx context.Context, p *prepared, in *Input) (Decision, error) {
 	v, err := in.astValue()
 	if err != nil {
 		// Not expected (the body is parsed JSON); the general conversion decides it, or fails.
