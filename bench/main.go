@@ -132,8 +132,11 @@ func run(ctx context.Context, o options) error {
 					s.Throughput[pa.name] = map[int]float64{}
 				}
 				s.Throughput[pa.name][c] = max(s.Throughput[pa.name][c], r.rps)
-				if cpu, seen := s.CPUPerRequestUS[pa.name]; pa.proc != nil && c == 8 && r.cpuPerReq > 0 && (!seen || r.cpuPerReq < cpu) {
-					s.CPUPerRequestUS[pa.name] = r.cpuPerReq
+				if pa.proc == nil || c != 8 || r.cpuPerReq == 0 {
+					continue // CPU per request is read at 8 connections, of the proxy's process
+				}
+				if cpu, seen := s.CPUPerRequestUS[pa.name]; !seen || r.cpuPerReq < cpu {
+					s.CPUPerRequestUS[pa.name] = r.cpuPerReq // its best round, as for throughput
 				}
 			}
 		}
