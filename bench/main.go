@@ -33,6 +33,8 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
+	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling)")
+	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.Parse()
 	o.peers = strings.Split(*peers, ",")
 	if err := run(context.Background(), o); err != nil {
@@ -48,6 +50,8 @@ type options struct {
 	big               bool
 	peers             []string
 	out               string
+	only              string
+	conns             int
 }
 
 func run(ctx context.Context, o options) error {
@@ -102,6 +106,17 @@ func run(ctx context.Context, o options) error {
 		if err := pa.check(ctx); err != nil {
 			return fmt.Errorf("%s: %w", pa.name, err)
 		}
+	}
+	if o.only != "" {
+		for _, pa := range paths {
+			if pa.name == o.only {
+				pa.client = pa.withConns(p, o.conns)
+				r := pa.throughput(ctx, o.conns, o.phase)
+				fmt.Printf("%s c=%d: %.0f req/s, %.1f µs CPU per request\n", pa.name, o.conns, r.rps, r.cpuPerReq)
+				return nil
+			}
+		}
+		return fmt.Errorf("-only %q: no such path", o.only)
 	}
 	// The peers are checked as they start; one that fails is skipped, with the reason.
 	peerPaths, peerResults, stopPeers := startPeers(ctx, up, p, o.peers)

@@ -76,7 +76,7 @@ type Broker struct {
 	bindings   *inject.Set
 	policy     Decider
 	secrets    Secrets
-	transport  *http.Transport
+	transport  *upstream.Client
 	dialer     *upstream.Dialer
 	certs      *certs.Cache
 	audit      *audit.Logger
@@ -149,7 +149,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 // and our handlers for every request and CONNECT.
 func (b *Broker) newProxy() *goproxy.ProxyHttpServer {
 	p := goproxy.NewProxyHttpServer()
-	p.Tr = b.transport
+	p.Tr = b.transport.Transport() // never used: every request handler returns a response
 	p.ConnectDial = nil
 	p.ConnectDialWithReq = func(*http.Request, string, string) (net.Conn, error) {
 		return nil, errors.New("broker: goproxy must not dial on its own") // every tunnel is ours

@@ -52,6 +52,10 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	tun.target.scheme = "http" // plain HTTP sent through a CONNECT tunnel, unless TLS follows
 	if first[0] == 0x16 {      // a TLS handshake record: intercept TLS
 		tun.target.scheme = "https"
+		// Likewise a new host's first upstream connection is dialled during the agent's
+		// handshake, not after its first request (a TCP and TLS handshake only: nothing is
+		// sent upstream before a request has been decided).
+		b.transport.Prepare(tun.target.hostPort())
 		tc := tls.Server(conn, b.mitmTLS(tun))
 		if err := tc.Handshake(); err != nil {
 			b.log.Debug().Err(err).Str("host", tun.target.host).Msg("agent TLS handshake failed in tunnel")

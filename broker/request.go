@@ -55,11 +55,16 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		return nil, err
 	}
 	x.ev.Scheme, x.ev.Host, x.ev.Port, x.ev.Path = t.scheme, t.host, t.port, r.URL.Path
-	if r.Body != nil && r.Body != http.NoBody {
+	small, err := readSmallBody(r)
+	if err != nil {
+		return nil, err
+	}
+	x.bytesIn.Add(int64(len(small)))
+	if small == nil && r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &x.bytesIn}
 	}
 
-	in := b.requestInput(x, r, t)
+	in := b.requestInput(x, r, t, small)
 	d, err := b.policy.Decide(r.Context(), in)
 	granted, err := b.authorize(x, in, d, err)
 	if err != nil {
@@ -67,6 +72,11 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	}
 
 	out := outbound(r, t)
+	if small != nil {
+		// The transport may replay a body it can rewind, on a fresh connection, when a
+		// kept-alive one turns out to have been closed before anything was written to it.
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(small)), nil }
+	}
 	var pairs []string
 	for _, g := range granted {
 		secret, err := b.secrets.Get(r.Context(), g.Name)
@@ -181,9 +191,28 @@ func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, eva
 	return nil, err
 }
 
-// requestInput builds the policy input. A JSON body up to maxPolicyBody is parsed; the bytes
-// read for it are put back in front of the rest of the body.
-func (b *Broker) requestInput(x *exchange, r *http.Request, t target) *policy.Input {
+// readSmallBody reads a request body of known length up to maxPolicyBody whole, and puts it
+// back in r as an in-memory body, which it also returns (nil when the body was left to
+// stream). Such a body has usually arrived with the headers. In memory, it goes upstream in the
+// same write as the headers: net/http sends the headers on their own, first, before a body it
+// cannot see whole. A body the agent will send only after "100 Continue" is left alone, so that
+// the agent is not asked for it before the policy has decided.
+func readSmallBody(r *http.Request) ([]byte, error) {
+	if r.ContentLength <= 0 || r.ContentLength > maxPolicyBody || r.Header.Get("Expect") != "" {
+		return nil, nil
+	}
+	buf := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(r.Body, buf); err != nil {
+		return nil, fmt.Errorf("%w: reading the request body: %v", errBadRequest, err)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(buf))
+	return buf, nil
+}
+
+// requestInput builds the policy input. A JSON body up to maxPolicyBody is parsed: small, the
+// body read whole before (readSmallBody); otherwise the bytes read for it are put back in front
+// of the rest of the body.
+func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte) *policy.Input {
 	in := &policy.Input{
 		Phase:       policy.PhaseRequest,
 		AgentID:     x.agent.ID,
@@ -210,7 +239,11 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target) *policy.In
 		in.BodySize = 0
 		return in
 	}
-	in.ReadBody = func() (any, int64) { return readPolicyBody(r) }
+	if small != nil {
+		in.ReadBody = func() (any, int64) { return parsePolicyBody(r.Header.Get("Content-Type"), small), in.BodySize }
+	} else {
+		in.ReadBody = func() (any, int64) { return readPolicyBody(r) }
+	}
 	return in
 }
 
@@ -230,11 +263,17 @@ func readPolicyBody(r *http.Request) (any, int64) {
 	if size < 0 {
 		size = int64(len(buf))
 	}
+	return parsePolicyBody("application/json", buf), size
+}
+
+// parsePolicyBody is body parsed as JSON when contentType is JSON, else (or when it is not
+// valid JSON) nil.
+func parsePolicyBody(contentType string, body []byte) any {
 	var v any
-	if json.Unmarshal(buf, &v) != nil {
-		return nil, size
+	if !isJSON(contentType) || json.Unmarshal(body, &v) != nil {
+		return nil
 	}
-	return v, size
+	return v
 }
 
 func isJSON(contentType string) bool {

@@ -145,6 +145,7 @@ func (b *Binding) replacePlaceholder(req *http.Request, v string) []string {
 	}
 	if b.rule.Body && req.Body != nil && req.Body != http.NoBody {
 		req.Body = scrub.New(ph, v).Reader(req.Body)
+		req.GetBody = nil // a replay would send the placeholder
 		req.ContentLength = -1
 		req.Header.Del("Content-Length")
 	}

@@ -29,53 +29,55 @@ type Options struct {
 	Deny []netip.AddrPort
 }
 
-// NewTransport returns the transport the broker forwards through. Its safety properties:
-//   - Proxy is nil: HTTP(S)_PROXY/NO_PROXY in the broker's own environment are ignored, so an
+// New returns the client the broker forwards through, and the checked Dialer it uses, for the
+// broker's opaque tunnels. Its safety properties:
+//   - No proxy: HTTP(S)_PROXY/NO_PROXY in the broker's own environment are ignored, so an
 //     environment variable cannot route traffic (and injected credentials) somewhere else.
 //   - Every connection goes through the checked Dialer.
 //   - TLS is always verified against the system roots plus CAFile, TLS 1.2 minimum.
 //   - HTTP/2 when the upstream offers it in ALPN, HTTP/1.1 otherwise; a WebSocket upgrade
-//     always gets a connection of its own that offers only http/1.1 (net/http does this).
-//     Plain-HTTP upstreams get HTTP/1.1 (no h2c).
-//   - DisableCompression: the broker must see response bodies as sent in order to scrub them,
-//     so it never asks for gzip on the agent's behalf.
-//
-// An http.Transport never follows redirects; it returns them to the caller as-is.
-func NewTransport(opts Options) (*http.Transport, error) {
-	tr, _, err := New(opts)
-	return tr, err
-}
-
-// New returns the transport and the checked Dialer it uses, for the broker's opaque tunnels.
-func New(opts Options) (*http.Transport, *Dialer, error) {
+//     always gets a connection of its own that offers only http/1.1. Plain-HTTP upstreams get
+//     HTTP/1.1 (no h2c).
+//   - The broker must see response bodies as sent in order to scrub them, so it never asks
+//     for gzip on the agent's behalf.
+//   - Redirects are returned to the caller as they are, never followed.
+func New(opts Options) (*Client, *Dialer, error) {
 	roots, err := rootPool(opts.CAFile)
 	if err != nil {
 		return nil, nil, err
 	}
 	d := NewDialer(opts.AllowPrivate, opts.DialTimeout, opts.Deny...)
-	// With a custom dialer and TLS config, net/http attempts HTTP/2 only when asked to.
+	c := &Client{
+		dial:             d.DialContext,
+		tls:              &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		handshakeTimeout: orDefault(opts.TLSHandshakeTimeout, 10*time.Second),
+		headerTimeout:    orDefault(opts.ResponseHeaderTimeout, 60*time.Second),
+		idleTimeout:      orDefault(opts.IdleConnTimeout, 90*time.Second),
+		maxIdlePerHost:   orDefault(opts.MaxIdleConnsPerHost, 256),
+		maxIdle:          orDefault(opts.MaxIdleConns, 4096),
+		idle:             map[string][]*conn{},
+	}
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
-	return &http.Transport{
-		Proxy:       nil,
-		DialContext: d.DialContext,
-		TLSClientConfig: &tls.Config{
-			RootCAs:    roots,
-			MinVersion: tls.VersionTLS12,
-		},
-		TLSHandshakeTimeout:   orDefault(opts.TLSHandshakeTimeout, 10*time.Second),
-		ResponseHeaderTimeout: orDefault(opts.ResponseHeaderTimeout, 60*time.Second),
-		IdleConnTimeout:       orDefault(opts.IdleConnTimeout, 90*time.Second),
-		MaxIdleConns:          orDefault(opts.MaxIdleConns, 4096),
-		MaxIdleConnsPerHost:   orDefault(opts.MaxIdleConnsPerHost, 256),
+	c.h2 = &http.Transport{
+		Proxy:                 nil,
+		DialContext:           d.DialContext,
+		DialTLSContext:        c.dialH2,
+		TLSClientConfig:       c.tls,
+		TLSHandshakeTimeout:   c.handshakeTimeout,
+		ResponseHeaderTimeout: c.headerTimeout,
+		IdleConnTimeout:       c.idleTimeout,
+		MaxIdleConns:          c.maxIdle,
+		MaxIdleConnsPerHost:   c.maxIdlePerHost,
 		DisableCompression:    true,
 		// No HTTP/2 health-check PINGs (HTTP2.SendPingTimeout): gRPC servers take frequent
 		// PINGs on a quiet connection for abuse and end it (GOAWAY ENHANCE_YOUR_CALM), with
 		// its long, quiet streams. Dead connections are found by TCP keep-alive (net.Dialer's
 		// default), as for HTTP/1.1.
 		Protocols: &protocols,
-	}, d, nil
+	}
+	return c, d, nil
 }
 
 // rootPool returns the system roots plus every certificate in caFile. A CA file that cannot be

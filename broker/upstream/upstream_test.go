@@ -283,7 +283,7 @@ func TestTransport(t *testing.T) {
 		t.Setenv("HTTP_PROXY", "http://127.0.0.1:1")
 		t.Setenv("NO_PROXY", "")
 		tr := newTransport(t, Options{CAFile: caFile, AllowPrivate: loopback})
-		if tr.Proxy != nil {
+		if tr.Transport().Proxy != nil {
 			t.Fatal("Transport.Proxy is set")
 		}
 		if body := get(t, tr, srv.URL+"/"); body != "ok accept-encoding=" {
@@ -331,17 +331,26 @@ func TestTransport(t *testing.T) {
 	})
 
 	t.Run("settings", func(t *testing.T) {
-		tr := newTransport(t, Options{})
-		c := tr.TLSClientConfig
-		if c.InsecureSkipVerify || c.MinVersion != tls.VersionTLS12 || c.RootCAs == nil {
-			t.Errorf("TLS config: InsecureSkipVerify=%v MinVersion=%x RootCAs=%v", c.InsecureSkipVerify, c.MinVersion, c.RootCAs != nil)
+		c, _, err := New(Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc, tr := c.tls, c.Transport()
+		if tc.InsecureSkipVerify || tc.MinVersion != tls.VersionTLS12 || tc.RootCAs == nil || tr.TLSClientConfig != tc {
+			t.Errorf("TLS config: InsecureSkipVerify=%v MinVersion=%x RootCAs=%v", tc.InsecureSkipVerify, tc.MinVersion, tc.RootCAs != nil)
 		}
 		if !tr.DisableCompression || tr.Protocols == nil || !tr.Protocols.HTTP2() || tr.Protocols.UnencryptedHTTP2() || tr.MaxIdleConns != 4096 || tr.MaxIdleConnsPerHost != 256 {
 			t.Errorf("DisableCompression=%v Protocols=%v MaxIdleConns=%d MaxIdleConnsPerHost=%d",
 				tr.DisableCompression, tr.Protocols, tr.MaxIdleConns, tr.MaxIdleConnsPerHost)
 		}
-		if tr.TLSHandshakeTimeout != 10*time.Second || tr.ResponseHeaderTimeout != 60*time.Second || tr.IdleConnTimeout != 90*time.Second {
-			t.Errorf("timeouts: handshake=%v header=%v idle=%v", tr.TLSHandshakeTimeout, tr.ResponseHeaderTimeout, tr.IdleConnTimeout)
+		if c.maxIdle != 4096 || c.maxIdlePerHost != 256 {
+			t.Errorf("pool: MaxIdleConns=%d MaxIdleConnsPerHost=%d", c.maxIdle, c.maxIdlePerHost)
+		}
+		if c.handshakeTimeout != 10*time.Second || c.headerTimeout != 60*time.Second || c.idleTimeout != 90*time.Second {
+			t.Errorf("timeouts: handshake=%v header=%v idle=%v", c.handshakeTimeout, c.headerTimeout, c.idleTimeout)
+		}
+		if tr.TLSHandshakeTimeout != c.handshakeTimeout || tr.ResponseHeaderTimeout != c.headerTimeout || tr.IdleConnTimeout != c.idleTimeout {
+			t.Errorf("HTTP/2 timeouts: handshake=%v header=%v idle=%v", tr.TLSHandshakeTimeout, tr.ResponseHeaderTimeout, tr.IdleConnTimeout)
 		}
 	})
 
@@ -353,17 +362,17 @@ func TestTransport(t *testing.T) {
 	}
 	for name, file := range badCAs {
 		t.Run("CAFile "+name, func(t *testing.T) {
-			_, err := NewTransport(Options{CAFile: file})
+			_, _, err := New(Options{CAFile: file})
 			if err == nil || !strings.Contains(err.Error(), file) {
-				t.Fatalf("NewTransport(CAFile=%s) error = %v, want one naming the file", file, err)
+				t.Fatalf("New(CAFile=%s) error = %v, want one naming the file", file, err)
 			}
 		})
 	}
 }
 
-func newTransport(t *testing.T, opts Options) *http.Transport {
+func newTransport(t *testing.T, opts Options) *Client {
 	t.Helper()
-	tr, err := NewTransport(opts)
+	tr, _, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +380,7 @@ func newTransport(t *testing.T, opts Options) *http.Transport {
 	return tr
 }
 
-func roundTrip(t *testing.T, tr *http.Transport, url string) (*http.Response, error) {
+func roundTrip(t *testing.T, tr *Client, url string) (*http.Response, error) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
 	if err != nil {
@@ -380,7 +389,7 @@ func roundTrip(t *testing.T, tr *http.Transport, url string) (*http.Response, er
 	return tr.RoundTrip(req)
 }
 
-func get(t *testing.T, tr *http.Transport, url string) string {
+func get(t *testing.T, tr *Client, url string) string {
 	t.Helper()
 	resp, err := roundTrip(t, tr, url)
 	if err != nil {

@@ -1,0 +1,556 @@
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+	"golang.org/x/sys/unix"
+)
+
+// Client sends the broker's requests upstream.
+//
+// HTTP/1.1 exchanges run on the caller's goroutine, over a pool of kept-alive connections: the
+// request is written, then the response read, with no reader and writer goroutine per
+// connection to hand each request and response through (net/http's Transport does that, and
+// the handoffs cost about a fifth of the broker's CPU per request). A host whose TLS handshake
+// negotiates h2 is served by an http.Transport from then on, beginning with that connection.
+//
+// Every connection goes through the checked Dialer, and TLS is always verified (see New).
+type Client struct {
+	h2               *http.Transport // hosts that negotiated h2; it dials through dialH2
+	dial             func(ctx context.Context, network, addr string) (net.Conn, error)
+	tls              *tls.Config
+	handshakeTimeout time.Duration
+	headerTimeout    time.Duration
+	idleTimeout      time.Duration
+	maxIdlePerHost   int
+	maxIdle          int
+
+	mu    sync.Mutex
+	idle  map[string][]*conn // by connection key (scheme and address), most recently used last
+	nidle int
+
+	h2hosts   sync.Map // address -> struct{}: its last handshake negotiated h2
+	handoff   sync.Map // address -> *tls.Conn: dialled here, negotiated h2, for the Transport's next dial
+	preparing sync.Map // connection key -> struct{}: a Prepare dial in flight
+}
+
+// maxResponseHeaderBytes bounds an upstream response's header block.
+const maxResponseHeaderBytes = 1 << 20
+
+// livenessAge is how long a connection may sit idle before it is checked for a close from the
+// server (one non-blocking peek) when it is taken from the pool.
+const livenessAge = time.Second
+
+// RoundTrip sends req and returns the response. The caller must close the response body; a
+// connection goes back to the pool when its response body has been read to the end.
+func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
+	addr := canonicalAddr(req)
+	upgrade := isUpgrade(req)
+	if req.URL.Scheme == "https" && !upgrade && c.isH2(addr) {
+		return c.h2.RoundTrip(req)
+	}
+	if err := validHeaders(req); err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	key := req.URL.Scheme + "://" + addr
+	for attempt := 0; ; attempt++ {
+		pc, reused, err := c.get(req.Context(), key, req.URL.Scheme, addr, upgrade)
+		if err != nil {
+			closeBody(req)
+			return nil, err
+		}
+		if pc == nil { // the handshake negotiated h2: the Transport takes it from here
+			return c.h2.RoundTrip(req)
+		}
+		resp, err := pc.roundTrip(req)
+		if err == nil {
+			return resp, nil
+		}
+		// A kept-alive connection the server had closed fails before any response: a
+		// request that may be replayed is sent once more, on a fresh connection.
+		var nr noResponse
+		if attempt > 0 || !reused || !errors.As(err, &nr) || !replayable(req) || req.Context().Err() != nil {
+			return nil, err
+		}
+		if req.GetBody != nil {
+			if req.Body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// Prepare dials a connection to the https address addr (host:port) in the background when the
+// pool has none, so that a request arriving soon does not wait for the TCP and TLS handshakes.
+// The broker calls it when it opens an intercepted tunnel, while the agent does its own
+// handshake with the broker.
+func (c *Client) Prepare(addr string) {
+	key := "https://" + addr
+	if c.isH2(addr) || c.hasIdle(key) {
+		return
+	}
+	if _, busy := c.preparing.LoadOrStore(key, struct{}{}); busy {
+		return
+	}
+	go func() {
+		defer c.preparing.Delete(key)
+		ctx, cancel := context.WithTimeout(context.Background(), c.handshakeTimeout)
+		defer cancel()
+		pc, err := c.dialConn(ctx, key, "https", addr, false)
+		if err != nil || pc == nil {
+			return // the request will dial again, and report the error
+		}
+		c.put(pc)
+	}()
+}
+
+// CloseIdleConnections closes every pooled connection.
+func (c *Client) CloseIdleConnections() {
+	c.mu.Lock()
+	idle := c.idle
+	c.idle, c.nidle = map[string][]*conn{}, 0
+	c.mu.Unlock()
+	for _, list := range idle {
+		for _, pc := range list {
+			pc.close()
+		}
+	}
+	c.handoff.Range(func(k, v any) bool {
+		c.handoff.Delete(k)
+		_ = v.(net.Conn).Close()
+		return true
+	})
+	c.h2.CloseIdleConnections()
+}
+
+// Transport is the http.Transport that serves h2 hosts. It dials through the same checked
+// Dialer and TLS configuration.
+func (c *Client) Transport() *http.Transport { return c.h2 }
+
+func (c *Client) isH2(addr string) bool {
+	_, ok := c.h2hosts.Load(addr)
+	return ok
+}
+
+func (c *Client) hasIdle(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.idle[key]) > 0
+}
+
+// get returns a pooled connection for key (reused true) or a new one. It returns a nil conn
+// when a new TLS connection negotiated h2: that connection waits for the Transport's dial.
+func (c *Client) get(ctx context.Context, key, scheme, addr string, upgrade bool) (*conn, bool, error) {
+	if !upgrade { // an upgrade gets a connection of its own, never returned to the pool
+		for {
+			pc := c.take(key)
+			if pc == nil {
+				break
+			}
+			if time.Since(pc.idleAt) < livenessAge || pc.alive() {
+				return pc, true, nil
+			}
+			pc.close()
+		}
+	}
+	pc, err := c.dialConn(ctx, key, scheme, addr, upgrade)
+	return pc, false, err
+}
+
+// take removes the most recently used idle connection for key from the pool.
+func (c *Client) take(key string) *conn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	list := c.idle[key]
+	if len(list) == 0 {
+		return nil
+	}
+	pc := list[len(list)-1]
+	list[len(list)-1] = nil
+	c.idle[key] = list[:len(list)-1]
+	c.nidle--
+	pc.timer.Stop()
+	return pc
+}
+
+// put returns pc to the pool, or closes it when the pool is full.
+func (c *Client) put(pc *conn) {
+	c.mu.Lock()
+	if c.nidle >= c.maxIdle || len(c.idle[pc.key]) >= c.maxIdlePerHost {
+		c.mu.Unlock()
+		pc.close()
+		return
+	}
+	pc.idleAt = time.Now()
+	c.idle[pc.key] = append(c.idle[pc.key], pc)
+	c.nidle++
+	if pc.timer == nil {
+		pc.timer = time.AfterFunc(c.idleTimeout, pc.expire)
+	} else {
+		pc.timer.Reset(c.idleTimeout)
+	}
+	c.mu.Unlock()
+}
+
+// remove takes pc out of the pool if it is there, and reports whether it was.
+func (c *Client) remove(pc *conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	list := c.idle[pc.key]
+	for i, x := range list {
+		if x == pc {
+			c.idle[pc.key] = append(list[:i], list[i+1:]...)
+			c.nidle--
+			if len(c.idle[pc.key]) == 0 {
+				delete(c.idle, pc.key)
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// dialConn dials addr, with TLS for https. A TLS connection that negotiates h2 is handed to
+// the Transport (see dialH2) and dialConn returns nil.
+func (c *Client) dialConn(ctx context.Context, key, scheme, addr string, upgrade bool) (*conn, error) {
+	raw, err := c.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	nc := raw
+	if scheme == "https" {
+		alpn := []string{"h2", "http/1.1"}
+		if upgrade {
+			alpn = []string{"http/1.1"}
+		}
+		tc, err := c.handshake(ctx, raw, addr, alpn)
+		if err != nil {
+			return nil, err
+		}
+		if tc.ConnectionState().NegotiatedProtocol == "h2" {
+			c.h2hosts.Store(addr, struct{}{})
+			if old, loaded := c.handoff.Swap(addr, tc); loaded {
+				_ = old.(net.Conn).Close()
+			}
+			return nil, nil
+		}
+		nc = tc
+	}
+	pc := &conn{c: c, key: key, Conn: nc}
+	pc.raw, _ = raw.(syscall.Conn)
+	pc.lr = limitedReader{r: nc, n: -1}
+	pc.br = bufio.NewReader(&pc.lr)
+	pc.bw = bufio.NewWriter(nc)
+	return pc, nil
+}
+
+// handshake runs the TLS handshake on raw, verifying the server for addr's host.
+func (c *Client) handshake(ctx context.Context, raw net.Conn, addr string, alpn []string) (*tls.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	cfg := c.tls.Clone()
+	cfg.ServerName = host
+	cfg.NextProtos = alpn
+	tc := tls.Client(raw, cfg)
+	hctx, cancel := context.WithTimeout(ctx, c.handshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// dialH2 is the Transport's TLS dialer: the connection dialConn handed over, if there is one,
+// else a new one. A host that now answers http/1.1 goes back to the pool.
+func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
+	if tc, ok := c.handoff.LoadAndDelete(addr); ok {
+		return tc.(net.Conn), nil
+	}
+	raw, err := c.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := c.handshake(ctx, raw, addr, []string{"h2", "http/1.1"})
+	if err != nil {
+		return nil, err
+	}
+	if tc.ConnectionState().NegotiatedProtocol != "h2" {
+		c.h2hosts.Delete(addr)
+	}
+	return tc, nil
+}
+
+// conn is one pooled HTTP/1.1 connection.
+type conn struct {
+	c   *Client
+	key string
+	net.Conn
+	raw    syscall.Conn // the TCP connection under TLS, for the liveness peek
+	lr     limitedReader
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	idleAt time.Time
+	timer  *time.Timer
+}
+
+func (pc *conn) close() { _ = pc.Conn.Close() }
+
+// expire closes pc when it has sat idle in the pool for the idle timeout.
+func (pc *conn) expire() {
+	if pc.c.remove(pc) {
+		pc.close()
+	}
+}
+
+// alive reports whether the server has not closed pc: a non-blocking peek finds no EOF.
+func (pc *conn) alive() bool {
+	if pc.raw == nil {
+		return true
+	}
+	rc, err := pc.raw.SyscallConn()
+	if err != nil {
+		return false
+	}
+	ok := false
+	var buf [1]byte
+	_ = rc.Read(func(fd uintptr) bool {
+		n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		// Nothing to read (EAGAIN) is a live, quiet connection; bytes waiting (n > 0) may be
+		// a TLS session ticket. A close reads as 0 bytes, a reset as an error.
+		ok = n > 0 || errors.Is(err, unix.EAGAIN)
+		return true
+	})
+	return ok
+}
+
+// noResponse wraps an error that ended an exchange before any response header arrived.
+type noResponse struct{ error }
+
+func (e noResponse) Unwrap() error { return e.error }
+
+// roundTrip writes req on pc and reads the response. A request body that is not in memory is
+// written by a goroutine of its own while the response is awaited, so that a server may answer
+// (an early 413, say) before it has read the whole body.
+func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	stop := context.AfterFunc(ctx, pc.close) // the agent went away: abandon the exchange
+	var wrote chan error
+	if streaming(req) {
+		wrote = make(chan error, 1)
+		go func() {
+			err := pc.write(req)
+			wrote <- err
+			if err != nil {
+				pc.close() // so the response read below ends too
+			}
+		}()
+	} else if err := pc.write(req); err != nil {
+		stop()
+		pc.close()
+		return nil, noResponse{orContext(ctx, err)}
+	}
+	resp, err := pc.readResponse(req)
+	if err != nil {
+		stop()
+		pc.close()
+		if wrote != nil {
+			if werr := <-wrote; werr != nil && ctx.Err() == nil {
+				err = fmt.Errorf("%w (writing the request: %v)", err, werr)
+			}
+		}
+		return nil, noResponse{orContext(ctx, err)}
+	}
+	b := &body{pc: pc, rc: resp.Body, stop: stop, wrote: wrote, keep: !resp.Close && !req.Close}
+	switch {
+	case resp.StatusCode == http.StatusSwitchingProtocols:
+		resp.Body = &upgraded{body: b}
+	case resp.Body == http.NoBody: // HEAD, 204, 304, Content-Length: 0: the exchange is over
+		b.finish(true)
+	default:
+		resp.Body = b
+	}
+	return resp, nil
+}
+
+func (pc *conn) write(req *http.Request) error {
+	// Request.Write sends the body's framing and closes it; the headers and an in-memory
+	// body leave in one write.
+	if err := req.Write(pc.bw); err != nil {
+		return err
+	}
+	return pc.bw.Flush()
+}
+
+// readResponse reads the response to req, skipping informational (1xx) responses other than
+// 101, with the header timeout and size limit.
+func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
+	_ = pc.SetReadDeadline(time.Now().Add(pc.c.headerTimeout))
+	defer pc.SetReadDeadline(time.Time{})
+	for range 10 {
+		pc.lr.n = maxResponseHeaderBytes
+		resp, err := http.ReadResponse(pc.br, req)
+		pc.lr.n = -1
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, nil
+		}
+	}
+	return nil, errors.New("upstream sent too many informational (1xx) responses")
+}
+
+// body is an HTTP/1.1 response body. Read to its end, it returns the connection to the pool;
+// closed before that, it closes the connection (reading the rest could take forever).
+type body struct {
+	pc    *conn
+	rc    io.ReadCloser
+	stop  func() bool
+	wrote chan error // the request body's writer, when one runs
+	keep  bool       // neither side asked to close the connection
+	once  sync.Once
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err != nil {
+		b.finish(err == io.EOF)
+	}
+	return n, err
+}
+
+func (b *body) Close() error {
+	b.finish(false)
+	return nil
+}
+
+func (b *body) finish(eof bool) {
+	b.once.Do(func() {
+		live := b.stop() // false: the agent went away and the connection was closed
+		if b.wrote != nil {
+			select {
+			case err := <-b.wrote:
+				live = live && err == nil
+			default:
+				live = false // the server answered before reading the whole request body
+			}
+		}
+		if eof && live && b.keep && b.pc.br.Buffered() == 0 {
+			b.pc.c.put(b.pc)
+			return
+		}
+		b.pc.close()
+	})
+}
+
+// upgraded is the body of a 101 response: the connection itself, after the response head.
+// Reads take the bytes already buffered first; writes go to the connection.
+type upgraded struct{ *body }
+
+func (u *upgraded) Read(p []byte) (int, error) { return u.pc.br.Read(p) }
+
+func (u *upgraded) Write(p []byte) (int, error) { return u.pc.Conn.Write(p) }
+
+// limitedReader reads at most n bytes from r while n >= 0, then fails; n < 0 is no limit.
+type limitedReader struct {
+	r io.Reader
+	n int64
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.n < 0 {
+		return l.r.Read(p)
+	}
+	if l.n == 0 {
+		return 0, fmt.Errorf("upstream response header larger than %d bytes", maxResponseHeaderBytes)
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+// canonicalAddr is req's host:port, with the scheme's default port when none is given.
+func canonicalAddr(req *http.Request) string {
+	if port := req.URL.Port(); port != "" {
+		return req.URL.Host
+	}
+	port := "80"
+	if req.URL.Scheme == "https" {
+		port = "443"
+	}
+	return net.JoinHostPort(req.URL.Hostname(), port)
+}
+
+func isUpgrade(req *http.Request) bool {
+	return req.Header.Get("Upgrade") != "" && httpguts.HeaderValuesContainsToken(req.Header["Connection"], "upgrade")
+}
+
+// streaming reports whether req has a body that is not in memory (it can be replayed, through
+// GetBody, when it is).
+func streaming(req *http.Request) bool {
+	return req.Body != nil && req.Body != http.NoBody && req.GetBody == nil
+}
+
+// replayable reports whether req may be sent again after a failure on a kept-alive connection:
+// its body can be replayed and the method is idempotent (net/http's rule).
+func replayable(req *http.Request) bool {
+	if streaming(req) {
+		return false
+	}
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+}
+
+// validHeaders refuses header names and values that would change the message's framing (a
+// value with a line break, say): Request.Write would only replace the line breaks.
+func validHeaders(req *http.Request) error {
+	for _, h := range []http.Header{req.Header, req.Trailer} {
+		for k, vs := range h {
+			if !httpguts.ValidHeaderFieldName(k) {
+				return fmt.Errorf("invalid header field name %q", k)
+			}
+			for _, v := range vs {
+				if !httpguts.ValidHeaderFieldValue(v) {
+					return fmt.Errorf("invalid header field value for %q", k) // the value may be a secret
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+// orContext is ctx's error when ctx has ended (the exchange was abandoned), else err.
+func orContext(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return err
+}
