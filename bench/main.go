@@ -31,11 +31,21 @@ func main() {
 	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
 	flag.IntVar(&o.idle, "idle", 200, "idle intercepted connections held for the memory figure")
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
-	peers := flag.String("peers", "mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none")
+	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
 	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling)")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
+	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
+	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
+	relayUpstreamCA := flag.String("relay-upstream-ca", "", "with -relay: the upstream's CA certificate")
 	flag.Parse()
+	if *relay != "" {
+		if err := serveRelay(*relay, *relayCA, *relayUpstreamCA); err != nil {
+			fmt.Fprintln(os.Stderr, "relay:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	o.peers = strings.Split(*peers, ",")
 	if err := run(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +35,7 @@ type peer struct {
 }
 
 var peerList = []peer{
+	{name: "relay", like: "intercept", find: findRelay, start: startRelay},
 	{name: "mitmproxy", like: "intercept", version: []string{"--version"}, find: findMitmdump, start: startMitmproxy},
 	{name: "squid", like: "intercept", version: []string{"-v"}, find: findSquid, start: startSquid},
 	{name: "smokescreen", like: "tunnel", version: []string{"--version"}, find: findSmokescreen, start: startSmokescreen},
@@ -99,7 +101,10 @@ func startPeer(ctx context.Context, pe peer, dir string, up *upstream, p *pki) (
 	if err != nil {
 		return path{}, nil, "", err
 	}
-	version := firstLine(bin, pe.version...)
+	version := "part of the bench, " + runtime.Version() // the relay
+	if pe.version != nil {
+		version = firstLine(bin, pe.version...)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return path{}, nil, version, err
 	}
