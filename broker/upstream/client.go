@@ -35,6 +35,10 @@ type Client struct {
 	idleTimeout      time.Duration
 	maxIdlePerHost   int
 	maxIdle          int
+	livenessAge      time.Duration // defaultLivenessAge; a field so that tests can check every take
+
+	// prepared, when set, is called once a Prepare dial has gone into the pool. Tests only.
+	prepared func()
 
 	mu    sync.Mutex
 	idle  map[string][]*conn // by connection key (scheme and address), most recently used last
@@ -48,9 +52,9 @@ type Client struct {
 // maxResponseHeaderBytes bounds an upstream response's header block.
 const maxResponseHeaderBytes = 1 << 20
 
-// livenessAge is how long a connection may sit idle before it is checked for a close from the
-// server (one non-blocking peek) when it is taken from the pool.
-const livenessAge = time.Second
+// defaultLivenessAge is how long a connection may sit idle before it is checked for a close
+// from the server (one non-blocking peek) when it is taken from the pool.
+const defaultLivenessAge = time.Second
 
 // RoundTrip sends req and returns the response. The caller must close the response body; a
 // connection goes back to the pool when its response body has been read to the end.
@@ -113,6 +117,9 @@ func (c *Client) Prepare(addr string) {
 			return // the request will dial again, and report the error
 		}
 		c.put(pc)
+		if c.prepared != nil {
+			c.prepared()
+		}
 	}()
 }
 
@@ -159,7 +166,7 @@ func (c *Client) get(ctx context.Context, key, scheme, addr string, upgrade bool
 			if pc == nil {
 				break
 			}
-			if time.Since(pc.idleAt) < livenessAge || pc.alive() {
+			if time.Since(pc.idleAt) < c.livenessAge || pc.alive() {
 				return pc, true, nil
 			}
 			pc.close()
