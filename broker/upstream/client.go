@@ -314,6 +314,7 @@ type conn struct {
 	bw     *bufio.Writer
 	idleAt time.Time
 	timer  *time.Timer
+	served bool // a response has been read on it (see alive)
 }
 
 func (pc *conn) close() { _ = pc.Conn.Close() }
@@ -338,9 +339,12 @@ func (pc *conn) alive() bool {
 	var buf [1]byte
 	_ = rc.Read(func(fd uintptr) bool {
 		n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		// Nothing to read (EAGAIN) is a live, quiet connection; bytes waiting (n > 0) may be
-		// a TLS session ticket. A close reads as 0 bytes, a reset as an error.
-		ok = n > 0 || errors.Is(err, unix.EAGAIN)
+		// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
+		// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
+		// connection that has not read a response yet (a prepared one); on one that has, they
+		// are a TLS close_notify alert (a TLS server's close reads as bytes, not as 0) or data
+		// that answers no request: either way the connection cannot be used.
+		ok = (n > 0 && !pc.served) || errors.Is(err, unix.EAGAIN)
 		return true
 	})
 	return ok
@@ -383,6 +387,7 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, noResponse{orContext(ctx, err)}
 	}
+	pc.served = true
 	b := &body{pc: pc, rc: resp.Body, stop: stop, wrote: wrote, keep: !resp.Close && !req.Close}
 	switch {
 	case resp.StatusCode == http.StatusSwitchingProtocols:
