@@ -382,10 +382,10 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 		pc.close()
 		if wrote != nil {
 			if werr := <-wrote; werr != nil && ctx.Err() == nil {
-				err = fmt.Errorf("%w (writing the request: %v)", err, werr)
+				err = fmt.Errorf("%w (writing the request: %v)", err, werr) // keeps a noResponse
 			}
 		}
-		return nil, noResponse{orContext(ctx, err)}
+		return nil, orContext(ctx, err)
 	}
 	pc.served = true
 	b := &body{pc: pc, rc: resp.Body, stop: stop, wrote: wrote, keep: !resp.Close && !req.Close}
@@ -410,12 +410,22 @@ func (pc *conn) write(req *http.Request) error {
 }
 
 // readResponse reads the response to req, skipping informational (1xx) responses other than
-// 101, with the header timeout and size limit.
+// 101, with the header timeout and size limit. An error before the response's first byte that
+// is not the timeout (the connection was closed or reset) is a noResponse; any other error
+// is not: the server got the request, and may be acting on it.
 func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
 	_ = pc.SetReadDeadline(time.Now().Add(pc.c.headerTimeout))
 	defer pc.SetReadDeadline(time.Time{})
-	for range 10 {
+	for i := range 10 {
 		pc.lr.n = maxResponseHeaderBytes
+		if i == 0 {
+			if _, err := pc.br.Peek(1); err != nil {
+				if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+					return nil, err
+				}
+				return nil, noResponse{err}
+			}
+		}
 		resp, err := http.ReadResponse(pc.br, req)
 		pc.lr.n = -1
 		if err != nil {
