@@ -377,12 +377,25 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, noResponse{orContext(ctx, err)}
 	}
 	resp, err := pc.readResponse(req)
+	if err == nil && ctx.Err() != nil {
+		// The context ended as the response arrived: the exchange is abandoned all the same.
+		// The response may even be the server's answer to the abandoning close (a handler that
+		// stops when its client goes away sends an empty 200).
+		err = ctx.Err()
+	}
 	if err != nil {
 		stop()
 		pc.close()
 		if wrote != nil {
-			if werr := <-wrote; werr != nil && ctx.Err() == nil {
-				err = fmt.Errorf("%w (writing the request: %v)", err, werr) // keeps a noResponse
+			// The writer's error, if it has failed (its failure may be what ended the read: it
+			// sends its error before closing the connection). It is not waited for: it may be
+			// blocked reading a request body that stalls, and would hold the caller there.
+			select {
+			case werr := <-wrote:
+				if werr != nil && ctx.Err() == nil {
+					err = fmt.Errorf("%w (writing the request: %v)", err, werr) // keeps a noResponse
+				}
+			default:
 			}
 		}
 		return nil, orContext(ctx, err)
