@@ -35,6 +35,10 @@ type Client struct {
 	idleTimeout      time.Duration
 	maxIdlePerHost   int
 	maxIdle          int
+	livenessAge      time.Duration // defaultLivenessAge; a field so that tests can check every take
+
+	// prepared, when set, is called once a Prepare dial has gone into the pool. Tests only.
+	prepared func()
 
 	mu    sync.Mutex
 	idle  map[string][]*conn // by connection key (scheme and address), most recently used last
@@ -48,9 +52,9 @@ type Client struct {
 // maxResponseHeaderBytes bounds an upstream response's header block.
 const maxResponseHeaderBytes = 1 << 20
 
-// livenessAge is how long a connection may sit idle before it is checked for a close from the
-// server (one non-blocking peek) when it is taken from the pool.
-const livenessAge = time.Second
+// defaultLivenessAge is how long a connection may sit idle before it is checked for a close
+// from the server (one non-blocking peek) when it is taken from the pool.
+const defaultLivenessAge = time.Second
 
 // RoundTrip sends req and returns the response. The caller must close the response body; a
 // connection goes back to the pool when its response body has been read to the end.
@@ -113,6 +117,9 @@ func (c *Client) Prepare(addr string) {
 			return // the request will dial again, and report the error
 		}
 		c.put(pc)
+		if c.prepared != nil {
+			c.prepared()
+		}
 	}()
 }
 
@@ -159,7 +166,7 @@ func (c *Client) get(ctx context.Context, key, scheme, addr string, upgrade bool
 			if pc == nil {
 				break
 			}
-			if time.Since(pc.idleAt) < livenessAge || pc.alive() {
+			if time.Since(pc.idleAt) < c.livenessAge || pc.alive() {
 				return pc, true, nil
 			}
 			pc.close()
@@ -307,6 +314,7 @@ type conn struct {
 	bw     *bufio.Writer
 	idleAt time.Time
 	timer  *time.Timer
+	served bool // a response has been read on it (see alive)
 }
 
 func (pc *conn) close() { _ = pc.Conn.Close() }
@@ -331,9 +339,12 @@ func (pc *conn) alive() bool {
 	var buf [1]byte
 	_ = rc.Read(func(fd uintptr) bool {
 		n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		// Nothing to read (EAGAIN) is a live, quiet connection; bytes waiting (n > 0) may be
-		// a TLS session ticket. A close reads as 0 bytes, a reset as an error.
-		ok = n > 0 || errors.Is(err, unix.EAGAIN)
+		// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
+		// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
+		// connection that has not read a response yet (a prepared one); on one that has, they
+		// are a TLS close_notify alert (a TLS server's close reads as bytes, not as 0) or data
+		// that answers no request: either way the connection cannot be used.
+		ok = (n > 0 && !pc.served) || errors.Is(err, unix.EAGAIN)
 		return true
 	})
 	return ok
@@ -366,16 +377,30 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, noResponse{orContext(ctx, err)}
 	}
 	resp, err := pc.readResponse(req)
+	if err == nil && ctx.Err() != nil {
+		// The context ended as the response arrived: the exchange is abandoned all the same.
+		// The response may even be the server's answer to the abandoning close (a handler that
+		// stops when its client goes away sends an empty 200).
+		err = ctx.Err()
+	}
 	if err != nil {
 		stop()
 		pc.close()
 		if wrote != nil {
-			if werr := <-wrote; werr != nil && ctx.Err() == nil {
-				err = fmt.Errorf("%w (writing the request: %v)", err, werr)
+			// The writer's error, if it has failed (its failure may be what ended the read: it
+			// sends its error before closing the connection). It is not waited for: it may be
+			// blocked reading a request body that stalls, and would hold the caller there.
+			select {
+			case werr := <-wrote:
+				if werr != nil && ctx.Err() == nil {
+					err = fmt.Errorf("%w (writing the request: %v)", err, werr) // keeps a noResponse
+				}
+			default:
 			}
 		}
-		return nil, noResponse{orContext(ctx, err)}
+		return nil, orContext(ctx, err)
 	}
+	pc.served = true
 	b := &body{pc: pc, rc: resp.Body, stop: stop, wrote: wrote, keep: !resp.Close && !req.Close}
 	switch {
 	case resp.StatusCode == http.StatusSwitchingProtocols:
@@ -398,12 +423,22 @@ func (pc *conn) write(req *http.Request) error {
 }
 
 // readResponse reads the response to req, skipping informational (1xx) responses other than
-// 101, with the header timeout and size limit.
+// 101, with the header timeout and size limit. An error before the response's first byte that
+// is not the timeout (the connection was closed or reset) is a noResponse; any other error
+// is not: the server got the request, and may be acting on it.
 func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
 	_ = pc.SetReadDeadline(time.Now().Add(pc.c.headerTimeout))
 	defer pc.SetReadDeadline(time.Time{})
-	for range 10 {
+	for i := range 10 {
 		pc.lr.n = maxResponseHeaderBytes
+		if i == 0 {
+			if _, err := pc.br.Peek(1); err != nil {
+				if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+					return nil, err
+				}
+				return nil, noResponse{err}
+			}
+		}
 		resp, err := http.ReadResponse(pc.br, req)
 		pc.lr.n = -1
 		if err != nil {

@@ -346,6 +346,9 @@ func TestTransport(t *testing.T) {
 		if c.maxIdle != 4096 || c.maxIdlePerHost != 256 {
 			t.Errorf("pool: MaxIdleConns=%d MaxIdleConnsPerHost=%d", c.maxIdle, c.maxIdlePerHost)
 		}
+		if c.livenessAge != defaultLivenessAge {
+			t.Errorf("livenessAge = %v, want %v", c.livenessAge, defaultLivenessAge)
+		}
 		if c.handshakeTimeout != 10*time.Second || c.headerTimeout != 60*time.Second || c.idleTimeout != 90*time.Second {
 			t.Errorf("timeouts: handshake=%v header=%v idle=%v", c.handshakeTimeout, c.headerTimeout, c.idleTimeout)
 		}
