@@ -186,7 +186,11 @@ func (c *Client) take(key string) *conn {
 	}
 	pc := list[len(list)-1]
 	list[len(list)-1] = nil
-	c.idle[key] = list[:len(list)-1]
+	if len(list) == 1 {
+		delete(c.idle, key) // a host seen once does not keep an entry
+	} else {
+		c.idle[key] = list[:len(list)-1]
+	}
 	c.nidle--
 	pc.timer.Stop()
 	return pc
