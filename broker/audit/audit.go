@@ -46,18 +46,25 @@ type Event struct {
 // Logger writes events. Safe for concurrent use.
 type Logger struct {
 	zl           zerolog.Logger
+	out          *batchWriter
 	includeInput bool
 	now          func() time.Time
 }
 
-// New writes events to w, one JSON object per line.
+// New writes events to w, one JSON object per line. The lines are written by a goroutine of
+// the Logger's, in batches under load (see batchWriter); Close writes what is pending.
 func New(w io.Writer, includeInput bool) *Logger {
+	out := newBatchWriter(w)
 	return &Logger{
-		zl:           zerolog.New(zerolog.SyncWriter(w)).With().Timestamp().Logger(),
+		zl:           zerolog.New(out).With().Timestamp().Logger(),
+		out:          out,
 		includeInput: includeInput,
 		now:          time.Now,
 	}
 }
+
+// Close writes every event not yet written. Events written after Close are written at once.
+func (l *Logger) Close() { l.out.Close() }
 
 // Write records one decision.
 func (l *Logger) Write(e *Event) {

@@ -16,6 +16,7 @@ func TestEventFields(t *testing.T) {
 		BytesIn: 1, BytesOut: 2, Start: time.Now(), PolicyRevision: "rev", Mode: "enforce",
 		Input: map[string]any{"not": "logged without include_input"},
 	})
+	l.Close()
 	var ev map[string]any
 	if err := json.Unmarshal(buf.Bytes(), &ev); err != nil {
 		t.Fatalf("not one JSON line: %q", buf.String())
@@ -30,7 +31,9 @@ func TestEventFields(t *testing.T) {
 		t.Errorf("event: %v", ev)
 	}
 	buf.Reset()
-	New(&buf, true).Write(&Event{Start: time.Now(), WouldDeny: true, Input: map[string]any{"phase": "request"}})
+	l = New(&buf, true)
+	l.Write(&Event{Start: time.Now(), WouldDeny: true, Input: map[string]any{"phase": "request"}})
+	l.Close()
 	_ = json.Unmarshal(buf.Bytes(), &ev)
 	if ev["would_deny"] != true || ev["input"] == nil {
 		t.Errorf("include_input/would_deny: %v", ev)

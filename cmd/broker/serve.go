@@ -138,6 +138,8 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	defer closeAudit()
+	auditLog := audit.New(auditW, cfg.Audit.IncludeInput)
+	defer auditLog.Close() // before the file closes: the last events are written
 
 	proxyLn, err := net.Listen("tcp", cfg.Proxy.Listen)
 	if err != nil {
@@ -151,7 +153,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	metrics := broker.NewMetrics(nil)
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: store, CA: ca, Metrics: metrics, Log: log,
-		Audit: audit.New(auditW, cfg.Audit.IncludeInput),
+		Audit: auditLog,
 		Self:  append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...),
 	})
 	if err != nil {

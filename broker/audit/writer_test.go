@@ -1,0 +1,91 @@
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestBatchWriterKeepsEveryEventWhole writes events from many goroutines through a writer that
+// is slow at first (it holds its first write until released, so events pile up past
+// maxPending): after Close, every event is there once, as a line of its own.
+func TestBatchWriterKeepsEveryEventWhole(t *testing.T) {
+	var out lockedBuffer
+	release := make(chan struct{})
+	out.gate = release
+	l := New(&out, false)
+	const writers, each = 8, 2000
+	pad := strings.Repeat("x", 200) // 8*2000 events of ~500 bytes: several times maxPending
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				l.Write(&Event{RequestID: fmt.Sprintf("%d-%d", w, i), Reason: pad, Start: time.Now()})
+			}
+		})
+	}
+	close(release)
+	wg.Wait()
+	l.Close()
+
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(out.Bytes()))
+	for sc.Scan() {
+		var ev struct {
+			RequestID string `json:"request_id"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("a line is not one event: %.200q", sc.Text())
+		}
+		if seen[ev.RequestID] {
+			t.Fatalf("event %s written twice", ev.RequestID)
+		}
+		seen[ev.RequestID] = true
+	}
+	if len(seen) != writers*each {
+		t.Fatalf("%d events written, want %d", len(seen), writers*each)
+	}
+	if out.writes >= writers*each {
+		t.Errorf("%d writes for %d events: none was batched", out.writes, writers*each)
+	}
+}
+
+func TestBatchWriterAfterClose(t *testing.T) {
+	var out lockedBuffer
+	l := New(&out, false)
+	l.Close()
+	l.Close() // twice is harmless
+	l.Write(&Event{RequestID: "late", Start: time.Now()})
+	if !strings.Contains(string(out.Bytes()), `"request_id":"late"`) {
+		t.Fatalf("an event written after Close is not there at once: %q", out.Bytes())
+	}
+}
+
+// lockedBuffer records writes; the first one waits for gate, when set.
+type lockedBuffer struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	writes int
+	gate   chan struct{}
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	if b.gate != nil {
+		<-b.gate
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.writes++
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
