@@ -37,8 +37,9 @@ type Client struct {
 	maxIdle          int
 	livenessAge      time.Duration // defaultLivenessAge; a field so that tests can check every take
 
-	// prepared, when set, is called once a Prepare dial has gone into the pool. Tests only.
-	prepared func()
+	// prepared, when set, is called once a Prepare dial has gone into the pool, and
+	// awaitingPrepared when a request starts to wait for one. Tests only.
+	prepared, awaitingPrepared func()
 
 	mu    sync.Mutex
 	idle  map[string][]*conn // by connection key (scheme and address), most recently used last
@@ -46,7 +47,7 @@ type Client struct {
 
 	h2hosts   sync.Map // address -> struct{}: its last handshake negotiated h2
 	handoff   sync.Map // address -> *tls.Conn: dialled here, negotiated h2, for the Transport's next dial
-	preparing sync.Map // connection key -> struct{}: a Prepare dial in flight
+	preparing sync.Map // connection key -> chan struct{}: a Prepare dial in flight, closed when it ends
 }
 
 // maxResponseHeaderBytes bounds an upstream response's header block.
@@ -105,10 +106,12 @@ func (c *Client) Prepare(addr string) {
 	if c.isH2(addr) || c.hasIdle(key) {
 		return
 	}
-	if _, busy := c.preparing.LoadOrStore(key, struct{}{}); busy {
+	done := make(chan struct{})
+	if _, busy := c.preparing.LoadOrStore(key, done); busy {
 		return
 	}
 	go func() {
+		defer close(done)
 		defer c.preparing.Delete(key)
 		ctx, cancel := context.WithTimeout(context.Background(), c.handshakeTimeout)
 		defer cancel()
@@ -158,22 +161,47 @@ func (c *Client) hasIdle(key string) bool {
 }
 
 // get returns a pooled connection for key (reused true) or a new one. It returns a nil conn
-// when a new TLS connection negotiated h2: that connection waits for the Transport's dial.
+// when the host turned out to speak h2: the Transport takes the request (and the connection).
+// A request that finds the pool empty while a Prepare dial for key is under way waits for
+// that dial rather than start a second handshake beside it.
 func (c *Client) get(ctx context.Context, key, scheme, addr string, upgrade bool) (*conn, bool, error) {
-	if !upgrade { // an upgrade gets a connection of its own, never returned to the pool
-		for {
-			pc := c.take(key)
-			if pc == nil {
-				break
-			}
-			if time.Since(pc.idleAt) < c.livenessAge || pc.alive() {
-				return pc, true, nil
-			}
-			pc.close()
+	if upgrade { // an upgrade gets a connection of its own, never returned to the pool
+		pc, err := c.dialConn(ctx, key, scheme, addr, upgrade)
+		return pc, false, err
+	}
+	if pc := c.takeLive(key); pc != nil {
+		return pc, true, nil
+	}
+	if v, ok := c.preparing.Load(key); ok {
+		if c.awaitingPrepared != nil {
+			c.awaitingPrepared()
+		}
+		select {
+		case <-v.(chan struct{}):
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+		if c.isH2(addr) {
+			return nil, false, nil
+		}
+		if pc := c.takeLive(key); pc != nil {
+			return pc, pc.served, nil
 		}
 	}
 	pc, err := c.dialConn(ctx, key, scheme, addr, upgrade)
 	return pc, false, err
+}
+
+// takeLive takes the most recently used idle connection for key that the server has not
+// closed, closing those it has.
+func (c *Client) takeLive(key string) *conn {
+	for {
+		pc := c.take(key)
+		if pc == nil || time.Since(pc.idleAt) < c.livenessAge || pc.alive() {
+			return pc
+		}
+		pc.close()
+	}
 }
 
 // take removes the most recently used idle connection for key from the pool.

@@ -775,6 +775,73 @@ func TestClientPrepare(t *testing.T) {
 	}
 }
 
+// A request that finds the pool empty while a Prepare dial is under way waits for it instead
+// of dialling a second connection beside it; one whose context ends meanwhile stops waiting.
+func TestClientRequestWaitsForPrepare(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			srv, ct := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.WriteString(w, r.Proto)
+			}), true, h2)
+			c := clientFor(t, srv)
+			release, dials := make(chan struct{}), make(chan struct{}, 10)
+			dial := c.dial
+			c.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				dials <- struct{}{}
+				<-release // every dial waits until the request is waiting
+				return dial(ctx, network, addr)
+			}
+			waiting := make(chan struct{}, 1)
+			c.awaitingPrepared = func() { waiting <- struct{}{} }
+			c.Prepare(srv.Listener.Addr().String())
+			within(t, dials, "the prepared dial")
+			res := async(c, request(t, http.MethodGet, srv.URL+"/", nil))
+			select {
+			case <-waiting:
+			case <-dials:
+				t.Fatal("the request dialled a connection of its own while the prepared one was being dialled")
+			}
+			close(release)
+			r := within(t, res, "the response")
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			b, _ := io.ReadAll(r.resp.Body)
+			r.resp.Body.Close()
+			want := "HTTP/1.1"
+			if h2 {
+				want = "HTTP/2.0"
+			}
+			if string(b) != want {
+				t.Fatalf("response %q, want %q", b, want)
+			}
+			ct.wantOpened(t, 1)
+		})
+	}
+	t.Run("context ends while waiting", func(t *testing.T) {
+		srv, _ := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), true, false)
+		c := clientFor(t, srv)
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		dial := c.dial
+		c.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			<-release
+			return dial(ctx, network, addr)
+		}
+		waiting := make(chan struct{}, 1)
+		c.awaitingPrepared = func() { waiting <- struct{}{} }
+		c.Prepare(srv.Listener.Addr().String())
+		ctx, cancel := context.WithCancel(t.Context())
+		req := request(t, http.MethodGet, srv.URL+"/", nil).WithContext(ctx)
+		res := async(c, req)
+		within(t, waiting, "the request to wait")
+		cancel()
+		if r := within(t, res, "RoundTrip to return"); !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", r.err)
+		}
+	})
+}
+
 // 11: a host whose TLS handshake negotiates h2 is served over HTTP/2 by the Transport, on the
 // connection the client dialled.
 func TestClientH2Handoff(t *testing.T) {

@@ -62,10 +62,12 @@ func New(opts Options) (*Client, *Dialer, error) {
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
 	c.h2 = &http.Transport{
-		Proxy:                 nil,
-		DialContext:           d.DialContext,
-		DialTLSContext:        c.dialH2,
-		TLSClientConfig:       c.tls,
+		Proxy:          nil,
+		DialContext:    d.DialContext,
+		DialTLSContext: c.dialH2,
+		// A copy: the Transport adds "h2" to its config's NextProtos on first use, while
+		// c.tls is cloned for every handshake. Its dials are dialH2's anyway.
+		TLSClientConfig:       c.tls.Clone(),
 		TLSHandshakeTimeout:   c.handshakeTimeout,
 		ResponseHeaderTimeout: c.headerTimeout,
 		IdleConnTimeout:       c.idleTimeout,

@@ -336,7 +336,7 @@ func TestTransport(t *testing.T) {
 			t.Fatal(err)
 		}
 		tc, tr := c.tls, c.Transport()
-		if tc.InsecureSkipVerify || tc.MinVersion != tls.VersionTLS12 || tc.RootCAs == nil || tr.TLSClientConfig != tc {
+		if tc.InsecureSkipVerify || tc.MinVersion != tls.VersionTLS12 || tc.RootCAs == nil || tr.TLSClientConfig.RootCAs != tc.RootCAs {
 			t.Errorf("TLS config: InsecureSkipVerify=%v MinVersion=%x RootCAs=%v", tc.InsecureSkipVerify, tc.MinVersion, tc.RootCAs != nil)
 		}
 		if !tr.DisableCompression || tr.Protocols == nil || !tr.Protocols.HTTP2() || tr.Protocols.UnencryptedHTTP2() || tr.MaxIdleConns != 4096 || tr.MaxIdleConnsPerHost != 256 {
