@@ -37,6 +37,12 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	// A host's first certificate is issued while the agent prepares its ClientHello, rather
 	// than after it arrives; the handshake below waits on the same issue (single flight).
 	go func() { _, _ = b.certs.Get(tun.target.host) }()
+	// Likewise the host's first upstream connection, when the pool has none: dialled now (a
+	// TCP and TLS handshake only; nothing is sent before a request has been decided), not
+	// after the agent's first request. Port 80 is left out: what follows there is plain HTTP.
+	if tun.target.port != 80 {
+		b.transport.Prepare(tun.target.hostPort())
+	}
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
@@ -52,10 +58,6 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	tun.target.scheme = "http" // plain HTTP sent through a CONNECT tunnel, unless TLS follows
 	if first[0] == 0x16 {      // a TLS handshake record: intercept TLS
 		tun.target.scheme = "https"
-		// Likewise a new host's first upstream connection is dialled during the agent's
-		// handshake, not after its first request (a TCP and TLS handshake only: nothing is
-		// sent upstream before a request has been decided).
-		b.transport.Prepare(tun.target.hostPort())
 		tc := tls.Server(conn, b.mitmTLS(tun))
 		if err := tc.Handshake(); err != nil {
 			b.log.Debug().Err(err).Str("host", tun.target.host).Msg("agent TLS handshake failed in tunnel")

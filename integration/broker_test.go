@@ -23,6 +23,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/capbroker/capbroker/internal/harness"
 )
@@ -107,6 +108,8 @@ type envOpts struct {
 	env                           []string
 	gitRoot                       string // serve the bare repositories under this folder at /git/, behind basic auth
 	upstreamH2                    bool   // the upstream offers h2 (only) in ALPN instead of http/1.1
+	// upstreamConnState, when set, sees the upstream's connection state changes.
+	upstreamConnState func(net.Conn, http.ConnState)
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -124,7 +127,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 		})))
 	}
 	mux.HandleFunc("/", e.echo)
-	e.up = e.pki.serve(t, e.record(mux), o.upstreamH2)
+	e.up = e.pki.serve(t, e.record(mux), o.upstreamH2, o.upstreamConnState)
 	if o.policy == "" {
 		o.policy = testPolicy
 	}
@@ -545,6 +548,34 @@ func (e *env) dialTunnel(t *testing.T, hostport string, alpn ...string) *tls.Con
 		t.Fatal(err)
 	}
 	return conn
+}
+
+// TestTunnelDialsUpstreamDuringHandshake: an intercepted tunnel to a host the broker has no
+// connection to opens one while the agent does its TLS handshake, before any request; the
+// first request then goes over it, not over a second one.
+func TestTunnelDialsUpstreamDuringHandshake(t *testing.T) {
+	opened := make(chan net.Addr, 10)
+	e := newEnv(t, envOpts{upstreamConnState: func(c net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened <- c.RemoteAddr()
+		}
+	}})
+	conn := e.dialTunnel(t, e.up.Listener.Addr().String())
+	defer conn.Close()
+	select {
+	case <-opened:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no upstream connection was opened before the first request")
+	}
+	fmt.Fprintf(conn, "GET /open/x HTTP/1.1\r\nHost: %s\r\n\r\n", e.up.Listener.Addr())
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("request in the tunnel: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if len(opened) != 0 {
+		t.Fatalf("the first request opened another upstream connection (%v)", <-opened)
+	}
 }
 
 func TestTunnelHostMismatchIsDenied(t *testing.T) {

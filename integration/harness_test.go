@@ -118,11 +118,12 @@ func (p *upstreamPKI) issue(t *testing.T, name string, notAfter time.Time) tls.C
 
 // serve starts a TLS upstream on 127.0.0.1 with a certificate from the PKI. It offers only
 // http/1.1 in ALPN, or with h2 only h2.
-func (p *upstreamPKI) serve(t *testing.T, h http.Handler, h2 bool) *httptest.Server {
+func (p *upstreamPKI) serve(t *testing.T, h http.Handler, h2 bool, connState func(net.Conn, http.ConnState)) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.leaf}}
 	srv.EnableHTTP2 = h2
+	srv.Config.ConnState = connState
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return srv

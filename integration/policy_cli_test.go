@@ -471,7 +471,7 @@ func testBundle(t *testing.T, revision, rego string) []byte {
 // is down, loads the bundle when it comes up, and swaps in a new revision.
 func TestPolicyBundle(t *testing.T) {
 	pki := newUpstreamPKI(t)
-	up := pki.serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "upstream ok") }), false)
+	up := pki.serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "upstream ok") }), false, nil)
 	var mu sync.Mutex
 	var body []byte
 	var etag string
