@@ -73,8 +73,8 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 
 	out := outbound(r, t)
 	if small != nil {
-		// The transport may replay a body it can rewind, on a fresh connection, when a
-		// kept-alive one turns out to have been closed before anything was written to it.
+		// So that the upstream client can send an idempotent request again, on a fresh
+		// connection, when its kept-alive one turns out closed before any response.
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(small)), nil }
 	}
 	var pairs []string
