@@ -1,5 +1,5 @@
 // Package upstream is the broker's way out: it decides which IP addresses may be dialled,
-// dials only those, and builds the http.Transport every forwarded request goes through.
+// dials only those, and builds the Client every forwarded request goes through.
 package upstream
 
 import "net/netip"

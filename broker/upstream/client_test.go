@@ -96,7 +96,7 @@ func newClient(t *testing.T, cert *x509.Certificate) *Client {
 		opts.CAFile = filepath.Join(t.TempDir(), "ca.pem")
 		writeFile(t, opts.CAFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}))
 	}
-	return newTransport(t, opts)
+	return newClientOpts(t, opts)
 }
 
 func clientFor(t *testing.T, srv *httptest.Server) *Client {

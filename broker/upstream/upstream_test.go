@@ -282,7 +282,7 @@ func TestTransport(t *testing.T) {
 		t.Setenv("HTTPS_PROXY", "http://127.0.0.1:1")
 		t.Setenv("HTTP_PROXY", "http://127.0.0.1:1")
 		t.Setenv("NO_PROXY", "")
-		tr := newTransport(t, Options{CAFile: caFile, AllowPrivate: loopback})
+		tr := newClientOpts(t, Options{CAFile: caFile, AllowPrivate: loopback})
 		if tr.Transport().Proxy != nil {
 			t.Fatal("Transport.Proxy is set")
 		}
@@ -292,14 +292,14 @@ func TestTransport(t *testing.T) {
 	})
 
 	t.Run("trusted via CAFile", func(t *testing.T) {
-		tr := newTransport(t, Options{CAFile: caFile, AllowPrivate: loopback})
+		tr := newClientOpts(t, Options{CAFile: caFile, AllowPrivate: loopback})
 		if body := get(t, tr, srv.URL+"/"); body != "ok accept-encoding=" {
 			t.Fatalf("body = %q (transport must not add Accept-Encoding)", body)
 		}
 	})
 
 	t.Run("system roots only rejects test cert", func(t *testing.T) {
-		tr := newTransport(t, Options{AllowPrivate: loopback})
+		tr := newClientOpts(t, Options{AllowPrivate: loopback})
 		_, err := roundTrip(t, tr, srv.URL+"/")
 		var verr *tls.CertificateVerificationError
 		if !errors.As(err, &verr) {
@@ -308,7 +308,7 @@ func TestTransport(t *testing.T) {
 	})
 
 	t.Run("loopback upstream refused without allow list", func(t *testing.T) {
-		tr := newTransport(t, Options{CAFile: caFile})
+		tr := newClientOpts(t, Options{CAFile: caFile})
 		_, err := roundTrip(t, tr, srv.URL+"/")
 		if !errors.Is(err, ErrForbiddenDestination) {
 			t.Fatalf("err = %v, want ErrForbiddenDestination", err)
@@ -316,7 +316,7 @@ func TestTransport(t *testing.T) {
 	})
 
 	t.Run("redirect returned as-is", func(t *testing.T) {
-		tr := newTransport(t, Options{CAFile: caFile, AllowPrivate: loopback})
+		tr := newClientOpts(t, Options{CAFile: caFile, AllowPrivate: loopback})
 		resp, err := roundTrip(t, tr, srv.URL+"/redirect")
 		if err != nil {
 			t.Fatal(err)
@@ -373,7 +373,7 @@ func TestTransport(t *testing.T) {
 	}
 }
 
-func newTransport(t *testing.T, opts Options) *Client {
+func newClientOpts(t *testing.T, opts Options) *Client {
 	t.Helper()
 	tr, _, err := New(opts)
 	if err != nil {
@@ -451,7 +451,7 @@ func TestTransportHTTP2(t *testing.T) {
 	writeFile(t, caFile, append(
 		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: h2.Certificate().Raw}),
 		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: h1.Certificate().Raw})...))
-	tr := newTransport(t, Options{CAFile: caFile, AllowPrivate: pfx("127.0.0.1/32")})
+	tr := newClientOpts(t, Options{CAFile: caFile, AllowPrivate: pfx("127.0.0.1/32")})
 
 	for name, tc := range map[string]struct{ url, want string }{
 		"h2 upstream":    {h2.URL, "HTTP/2.0"},
