@@ -33,6 +33,14 @@ type Decider interface {
 	Decide(ctx context.Context, in *policy.Input) (policy.Decision, error)
 }
 
+// upstreamClient sends requests upstream. *upstream.Client implements it.
+type upstreamClient interface {
+	RoundTrip(*http.Request) (*http.Response, error)
+	// Prepare dials the https address (host:port) ahead of a request, when nothing is pooled.
+	Prepare(addr string)
+	CloseIdleConnections()
+}
+
 // Secrets returns credential values by name. *credentials.Store implements it.
 type Secrets interface {
 	Get(ctx context.Context, name string) (credentials.Secret, error)
@@ -76,7 +84,7 @@ type Broker struct {
 	bindings   *inject.Set
 	policy     Decider
 	secrets    Secrets
-	transport  *upstream.Client
+	transport  upstreamClient
 	dialer     *upstream.Dialer
 	certs      *certs.Cache
 	audit      *audit.Logger
@@ -140,16 +148,16 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		maxConns:   cfg.Proxy.MaxConnections,
 	}
 	m.certCacheSize(b.certs.Len)
-	b.proxy = b.newProxy()
+	b.proxy = b.newProxy(tr.Transport())
 	return b, nil
 }
 
 // newProxy configures goproxy with every unsafe default replaced: our transport (verified TLS,
 // no proxy environment, checked dialer), our dialer for tunnels, our CA and certificate cache,
 // and our handlers for every request and CONNECT.
-func (b *Broker) newProxy() *goproxy.ProxyHttpServer {
+func (b *Broker) newProxy(tr *http.Transport) *goproxy.ProxyHttpServer {
 	p := goproxy.NewProxyHttpServer()
-	p.Tr = b.transport.Transport() // never used: every request handler returns a response
+	p.Tr = tr // never used: every request handler returns a response
 	p.ConnectDial = nil
 	p.ConnectDialWithReq = func(*http.Request, string, string) (net.Conn, error) {
 		return nil, errors.New("broker: goproxy must not dial on its own") // every tunnel is ours
