@@ -357,26 +357,27 @@ func TestClientServerClosedIdle(t *testing.T) {
 		t.Cleanup(func() { close(done) })
 		return srv, ct, proceed, closed
 	}
+	// pooledThenClosed returns a client whose one pooled connection the server has closed.
+	// Within livenessAge (an hour here) the connection is not checked before it is used.
+	pooledThenClosed := func(t *testing.T, useTLS bool) (*httptest.Server, *connTracker, *Client) {
+		srv, ct, proceed, closed := newCloser(t, useTLS)
+		c := clientFor(t, srv)
+		c.livenessAge = time.Hour
+		mustGet(t, c, srv.URL+"/close", "closed")
+		proceed <- struct{}{}
+		within(t, closed, "the server to close")
+		return srv, ct, c
+	}
 	for _, scheme := range []string{"https", "http"} {
 		t.Run(scheme+" GET replayed", func(t *testing.T) {
-			// Within livenessAge the connection is not checked: the GET fails on it before
-			// any response, and is sent again on a fresh connection.
-			srv, ct, proceed, closed := newCloser(t, scheme == "https")
-			c := clientFor(t, srv)
-			c.livenessAge = time.Hour
-			mustGet(t, c, srv.URL+"/close", "closed")
-			proceed <- struct{}{}
-			within(t, closed, "the server to close")
+			// The GET fails on the closed connection before any response, and is sent
+			// again on a fresh connection.
+			srv, ct, c := pooledThenClosed(t, scheme == "https")
 			mustGet(t, c, srv.URL+"/", "GET ")
 			ct.wantOpened(t, 2)
 		})
 		t.Run(scheme+" idempotent POST replayed with its body", func(t *testing.T) {
-			srv, ct, proceed, closed := newCloser(t, scheme == "https")
-			c := clientFor(t, srv)
-			c.livenessAge = time.Hour
-			mustGet(t, c, srv.URL+"/close", "closed")
-			proceed <- struct{}{}
-			within(t, closed, "the server to close")
+			srv, ct, c := pooledThenClosed(t, scheme == "https")
 			req := request(t, http.MethodPost, srv.URL+"/", strings.NewReader("body once more"))
 			req.Header.Set("Idempotency-Key", "k1")
 			if code, body := do(t, c, req); code != 200 || body != "POST body once more" {
