@@ -46,7 +46,7 @@ type Client struct {
 	nidle int
 
 	h2hosts   sync.Map // address -> struct{}: its last handshake negotiated h2
-	handoff   sync.Map // address -> *tls.Conn: dialled here, negotiated h2, for the Transport's next dial
+	handoff   sync.Map // address -> handedOff: dialled here, negotiated h2, for the Transport's next dial
 	preparing sync.Map // connection key -> chan struct{}: a Prepare dial in flight, closed when it ends
 }
 
@@ -139,7 +139,7 @@ func (c *Client) CloseIdleConnections() {
 	}
 	c.handoff.Range(func(k, v any) bool {
 		c.handoff.Delete(k)
-		_ = v.(net.Conn).Close()
+		_ = v.(handedOff).Close()
 		return true
 	})
 	c.h2.CloseIdleConnections()
@@ -280,8 +280,8 @@ func (c *Client) dialConn(ctx context.Context, key, scheme, addr string, upgrade
 		}
 		if tc.ConnectionState().NegotiatedProtocol == "h2" {
 			c.h2hosts.Store(addr, struct{}{})
-			if old, loaded := c.handoff.Swap(addr, tc); loaded {
-				_ = old.(net.Conn).Close()
+			if old, loaded := c.handoff.Swap(addr, handedOff{tc, time.Now()}); loaded {
+				_ = old.(handedOff).Close()
 			}
 			return nil, nil
 		}
@@ -318,8 +318,12 @@ func (c *Client) handshake(ctx context.Context, raw net.Conn, addr string, alpn 
 // dialH2 is the Transport's TLS dialer: the connection dialConn handed over, if there is one,
 // else a new one. A host that now answers http/1.1 goes back to the pool.
 func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
-	if tc, ok := c.handoff.LoadAndDelete(addr); ok {
-		return tc.(net.Conn), nil
+	if v, ok := c.handoff.LoadAndDelete(addr); ok {
+		h := v.(handedOff)
+		if time.Since(h.at) < maxHandoffAge {
+			return h.Conn, nil
+		}
+		_ = h.Close() // left over from a Prepare no request followed; the server may have closed it
 	}
 	raw, err := c.dial(ctx, "tcp", addr)
 	if err != nil {
@@ -334,6 +338,16 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 	}
 	return tc, nil
 }
+
+// handedOff is an h2 connection waiting for the Transport's dial, since when.
+type handedOff struct {
+	net.Conn
+	at time.Time
+}
+
+// maxHandoffAge is how long a handed-off connection is kept for the Transport. The request
+// that dialled it takes it at once; one from a Prepare waits for the agent's first request.
+const maxHandoffAge = 5 * time.Second
 
 // conn is one pooled HTTP/1.1 connection.
 type conn struct {

@@ -863,6 +863,29 @@ func TestClientH2Handoff(t *testing.T) {
 	})
 }
 
+// A handed-off h2 connection nobody took in time (a Prepare no request followed) is closed,
+// not given to the Transport: the server may have closed it meanwhile.
+func TestClientStaleHandoff(t *testing.T) {
+	srv, ct := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Proto)
+	}), true, true)
+	c := clientFor(t, srv)
+	addr := srv.Listener.Addr().String()
+	c.Prepare(addr)
+	if done, ok := c.preparing.Load("https://" + addr); ok { // else the dial is over already
+		within(t, done.(chan struct{}), "the prepared dial")
+	}
+	v, ok := c.handoff.Load(addr)
+	if !ok {
+		t.Fatal("the prepared h2 connection is not waiting for the Transport")
+	}
+	stale := v.(handedOff)
+	c.handoff.Store(addr, handedOff{stale.Conn, stale.at.Add(-maxHandoffAge)})
+	mustGet(t, c, srv.URL+"/", "HTTP/2.0")
+	ct.wantOpened(t, 2)
+	within(t, ct.closed, "the stale connection to be closed")
+}
+
 // 12: a connection idle for idleTimeout is closed and leaves the pool.
 func TestClientIdleExpiry(t *testing.T) {
 	srv, ct := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
