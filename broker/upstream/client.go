@@ -387,10 +387,11 @@ func (pc *conn) alive() bool {
 		n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
 		// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
-		// connection that has not read a response yet (a prepared one); on one that has, they
+		// connection that has not read a response yet (a prepared one), unless the server
+		// has closed it behind them (peerClosed); on one that has served a response, they
 		// are a TLS close_notify alert (a TLS server's close reads as bytes, not as 0) or data
 		// that answers no request: either way the connection cannot be used.
-		ok = (n > 0 && !pc.served) || errors.Is(err, unix.EAGAIN)
+		ok = (n > 0 && !pc.served && !peerClosed(fd)) || errors.Is(err, unix.EAGAIN)
 		return true
 	})
 	return ok

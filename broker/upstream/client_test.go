@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -861,6 +862,68 @@ func TestClientH2Handoff(t *testing.T) {
 		t.Errorf("connection to %v still waiting for the Transport", k)
 		return true
 	})
+}
+
+// A prepared connection the server closed before any request (its keep-alive timeout, say) is
+// not used, although its close (close_notify, after the session tickets) reads as bytes:
+// a POST, never replayed, goes out on a new connection.
+func TestClientPreparedThenClosed(t *testing.T) {
+	closed := make(chan struct{}, 1)
+	var n atomic.Int32
+	srv := newRawServer(t, true, func(conn net.Conn) {
+		if n.Add(1) == 1 {
+			if err := conn.(*tls.Conn).Handshake(); err != nil {
+				t.Error(err)
+			}
+			conn.Close()
+			closed <- struct{}{}
+			return
+		}
+		br := bufio.NewReader(conn)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		b, _ := io.ReadAll(req.Body)
+		fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
+	})
+	c := newClient(t, srv.cert)
+	c.livenessAge = 0
+	dials := recordDials(c)
+	prepared := make(chan struct{}, 1)
+	c.prepared = func() { prepared <- struct{}{} }
+	c.Prepare(strings.TrimPrefix(srv.URL, "https://"))
+	within(t, prepared, "the prepared connection")
+	first := within(t, dials, "the prepared dial")
+	within(t, closed, "the server to close")
+	waitPeerClosed(t, first)
+	if code, body := do(t, c, request(t, http.MethodPost, srv.URL+"/", strings.NewReader("once"))); code != 200 || body != "once" {
+		t.Fatalf("POST = %d %q", code, body)
+	}
+	if n := srv.accepted.Load(); n != 2 {
+		t.Fatalf("server accepted %d connections, want 2", n)
+	}
+}
+
+// waitPeerClosed waits until the kernel has seen the peer of nc close its side.
+func waitPeerClosed(t *testing.T, nc net.Conn) {
+	t.Helper()
+	rc, err := nc.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(guard)
+	for {
+		closed := false
+		_ = rc.Control(func(fd uintptr) { closed = peerClosed(fd) })
+		if closed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server's close did not reach the client")
+		}
+		runtime.Gosched()
+	}
 }
 
 // A handed-off h2 connection nobody took in time (a Prepare no request followed) is closed,
