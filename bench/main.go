@@ -77,7 +77,7 @@ func run(ctx context.Context, o options) error {
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("building the broker (run from the repository root): %w", err)
 	}
-	p, err := newPKI(dir, o.newHosts)
+	p, err := newPKI("brokerbench upstream CA", filepath.Join(dir, "upstream-ca.pem"), o.newHosts)
 	if err != nil {
 		return err
 	}

@@ -2,20 +2,13 @@ package main
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"time"
 
 	"github.com/capbroker/capbroker/internal/harness"
 )
@@ -51,10 +44,10 @@ func startRelay(bin, dir string, p *pki) (*process, *via, error) {
 
 func findRelay() (string, error) { return os.Executable() }
 
-// serveRelay is the relay's main: it writes the CA of the certificate it serves (for
-// 127.0.0.1) to caFile, and trusts upstreamCA for the upstream.
+// serveRelay is the relay's main: it writes the CA of the certificate it serves (see newPKI)
+// to caFile, and trusts upstreamCA for the upstream.
 func serveRelay(addr, caFile, upstreamCA string) error {
-	ca, caKey, err := newCA("brokerbench relay CA")
+	p, err := newPKI("brokerbench relay CA", caFile, 0)
 	if err != nil {
 		return err
 	}
@@ -62,24 +55,7 @@ func serveRelay(addr, caFile, upstreamCA string) error {
 	if err != nil {
 		return err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hostIntercept},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP(hostIntercept)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		KeyUsage: x509.KeyUsageDigitalSignature,
-	}, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw}), 0o644); err != nil {
-		return err
-	}
-	server := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{"http/1.1"}}
+	server := &tls.Config{Certificates: []tls.Certificate{p.leaf}, NextProtos: []string{"http/1.1"}}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err

@@ -46,8 +46,10 @@ type pki struct {
 	leaf   tls.Certificate
 }
 
-func newPKI(dir string, hosts int) (*pki, error) {
-	ca, caKey, err := newCA("brokerbench upstream CA")
+// newPKI makes a CA named name, writes its certificate to caFile, and issues it a leaf for
+// 127.0.0.1 up to the last new host.
+func newPKI(name, caFile string, hosts int) (*pki, error) {
+	ca, caKey, err := newCA(name)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +70,7 @@ func newPKI(dir string, hosts int) (*pki, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pki{caFile: filepath.Join(dir, "upstream-ca.pem"), pool: x509.NewCertPool(),
+	p := &pki{caFile: caFile, pool: x509.NewCertPool(),
 		leaf: tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}}
 	p.pool.AddCert(ca)
 	return p, os.WriteFile(p.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw}), 0o644)
