@@ -209,9 +209,8 @@ func readSmallBody(r *http.Request) ([]byte, error) {
 	return buf, nil
 }
 
-// requestInput builds the policy input. A JSON body up to maxPolicyBody is parsed: small, the
-// body read whole before (readSmallBody); otherwise the bytes read for it are put back in front
-// of the rest of the body.
+// requestInput builds the policy input. A JSON body up to maxPolicyBody is parsed, when the
+// policy can see it (readPolicyBody); small is the body if readSmallBody has read it.
 func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte) *policy.Input {
 	in := &policy.Input{
 		Phase:       policy.PhaseRequest,
@@ -239,41 +238,36 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		in.BodySize = 0
 		return in
 	}
-	if small != nil {
-		in.ReadBody = func() (any, int64) { return parsePolicyBody(r.Header.Get("Content-Type"), small), in.BodySize }
-	} else {
-		in.ReadBody = func() (any, int64) { return readPolicyBody(r) }
-	}
+	in.ReadBody = func() (any, int64) { return readPolicyBody(r, small) }
 	return in
 }
 
-// readPolicyBody reads a JSON body up to maxPolicyBody for the policy and puts the bytes back
-// in front of the rest of r's body. It returns the parsed body (nil if it is not JSON, too
-// large or unreadable) and the body's size (-1 when unknown).
-func readPolicyBody(r *http.Request) (any, int64) {
+// readPolicyBody parses a JSON body up to maxPolicyBody for the policy: small, when
+// readSmallBody has read it; otherwise it reads the body here and puts the bytes back in front
+// of the rest of r's body. It returns the parsed body (nil if it is not JSON, too large or
+// unreadable) and the body's size (-1 when unknown).
+func readPolicyBody(r *http.Request, small []byte) (any, int64) {
 	size := r.ContentLength
 	if !isJSON(r.Header.Get("Content-Type")) || size > maxPolicyBody {
 		return nil, size
 	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, maxPolicyBody+1))
-	r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), errReader{err}, r.Body), r.Body}
-	if err != nil || len(buf) > maxPolicyBody {
-		return nil, size
+	buf := small
+	if buf == nil {
+		var err error
+		buf, err = io.ReadAll(io.LimitReader(r.Body, maxPolicyBody+1))
+		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), errReader{err}, r.Body), r.Body}
+		if err != nil || len(buf) > maxPolicyBody {
+			return nil, size
+		}
 	}
 	if size < 0 {
 		size = int64(len(buf))
 	}
-	return parsePolicyBody("application/json", buf), size
-}
-
-// parsePolicyBody is body parsed as JSON when contentType is JSON, else (or when it is not
-// valid JSON) nil.
-func parsePolicyBody(contentType string, body []byte) any {
 	var v any
-	if !isJSON(contentType) || json.Unmarshal(body, &v) != nil {
-		return nil
+	if json.Unmarshal(buf, &v) != nil {
+		return nil, size
 	}
-	return v
+	return v, size
 }
 
 func isJSON(contentType string) bool {
