@@ -30,19 +30,11 @@ func (e *Engine) LoadDir(ctx context.Context, dir string) error {
 	return e.load(ctx, os.DirFS(dir), dir)
 }
 
-// Watch reloads the policy from dir whenever a policy or data file in it, or in a directory
-// below it, changes, until ctx ends. Each reload is reported to onReload with its error
-// (nil on success); a failed reload leaves the last good policy in place.
-func (e *Engine) Watch(ctx context.Context, dir string, onReload func(revision string, err error)) error {
-	run, err := e.WatchDir(dir)
-	if err != nil {
-		return err
-	}
-	return run(ctx, onReload)
-}
-
 // WatchDir starts watching dir before it returns, so that a change made after that is seen,
-// and returns the loop that reloads (see Watch) for the caller to run, typically in a goroutine.
+// and returns the loop that reloads, for the caller to run (typically in a goroutine): it
+// reloads the policy from dir whenever a policy or data file in it, or in a directory below
+// it, changes, until ctx ends. Each reload is reported to onReload with its error (nil on
+// success); a failed reload leaves the last good policy in place.
 func (e *Engine) WatchDir(dir string) (run func(ctx context.Context, onReload func(revision string, err error)) error, err error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
