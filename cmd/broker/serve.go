@@ -165,37 +165,32 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	go func() { _ = admin.Serve(adminLn) }()
 	defer admin.Close()
 
+	// reported counts a policy reload in the metrics and logs it with these messages.
+	reported := func(failed, loaded string) func(rev string, err error) {
+		return func(rev string, err error) {
+			metrics.PolicyReload(err)
+			if err != nil {
+				log.Error().Err(err).Str("policy_revision", rev).Msg(failed)
+				return
+			}
+			log.Info().Str("policy_revision", rev).Msg(loaded)
+		}
+	}
 	if watch {
 		// The directory is watched before the broker says it is listening, so a policy
 		// written after that is always seen.
 		run, err := engine.WatchDir(cfg.Policy.Dir)
-		if err != nil {
-			log.Error().Err(err).Msg("policy watch stopped; policy changes need a restart")
-		} else {
-			go func() {
-				err := run(ctx, func(rev string, err error) {
-					metrics.PolicyReload(err)
-					if err != nil {
-						log.Error().Err(err).Str("policy_revision", rev).Msg("policy reload failed; keeping the last good policy")
-						return
-					}
-					log.Info().Str("policy_revision", rev).Msg("policy reloaded")
-				})
-				if err != nil {
-					log.Error().Err(err).Msg("policy watch stopped; policy changes need a restart")
-				}
-			}()
-		}
+		go func() {
+			if err == nil {
+				err = run(ctx, reported("policy reload failed; keeping the last good policy", "policy reloaded"))
+			}
+			if err != nil {
+				log.Error().Err(err).Msg("policy watch stopped; policy changes need a restart")
+			}
+		}()
 	}
 	if bundlePoller != nil {
-		go bundlePoller.Run(ctx, func(rev string, err error) {
-			metrics.PolicyReload(err)
-			if err != nil {
-				log.Error().Err(err).Str("policy_revision", rev).Msg("policy bundle not loaded; keeping the last good policy")
-				return
-			}
-			log.Info().Str("policy_revision", rev).Msg("policy bundle loaded")
-		})
+		go bundlePoller.Run(ctx, reported("policy bundle not loaded; keeping the last good policy", "policy bundle loaded"))
 	}
 	log.Info().Str("proxy", proxyLn.Addr().String()).Str("admin", adminLn.Addr().String()).
 		Str("policy_revision", engine.Revision()).Str("mode", cfg.Policy.Mode).Msg("listening")
