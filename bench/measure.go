@@ -74,11 +74,16 @@ func (pa *path) withConns(p *pki, conns int) *http.Client {
 	return pa.via.client(conns)
 }
 
-func (pa *path) do(ctx context.Context) error {
+// post sends the small request every phase measures.
+func (pa *path) post(ctx context.Context) (*http.Response, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, pa.url, bytes.NewReader(requestBody))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "brokerbench/1")
-	resp, err := pa.client.Do(req)
+	return pa.client.Do(req)
+}
+
+func (pa *path) do(ctx context.Context) error {
+	resp, err := pa.post(ctx)
 	if err != nil {
 		return err
 	}
@@ -90,10 +95,9 @@ func (pa *path) do(ctx context.Context) error {
 	return err
 }
 
+// check is do, with the response's body compared with what the upstream sends.
 func (pa *path) check(ctx context.Context) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, pa.url, bytes.NewReader(requestBody))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := pa.client.Do(req)
+	resp, err := pa.post(ctx)
 	if err != nil {
 		return err
 	}
