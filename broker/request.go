@@ -3,7 +3,6 @@ package broker
 import (
 	"bytes"
 	"compress/gzip"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -238,15 +237,16 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		in.BodySize = 0
 		return in
 	}
-	in.ReadBody = func() (any, int64) { return readPolicyBody(r, small) }
+	in.ReadBody = func() ([]byte, int64) { return readPolicyBody(r, small) }
 	return in
 }
 
-// readPolicyBody parses a JSON body up to maxPolicyBody for the policy: small, when
+// readPolicyBody reads a JSON body up to maxPolicyBody for the policy: small, when
 // readSmallBody has read it; otherwise it reads the body here and puts the bytes back in front
-// of the rest of r's body. It returns the parsed body (nil if it is not JSON, too large or
-// unreadable) and the body's size (-1 when unknown).
-func readPolicyBody(r *http.Request, small []byte) (any, int64) {
+// of the rest of r's body. It returns the body's text (nil if it is not JSON, too large or
+// unreadable), which the policy parses as far as it needs, and the body's size (-1 when
+// unknown).
+func readPolicyBody(r *http.Request, small []byte) ([]byte, int64) {
 	size := r.ContentLength
 	if !isJSON(r.Header.Get("Content-Type")) || size > maxPolicyBody {
 		return nil, size
@@ -263,11 +263,7 @@ func readPolicyBody(r *http.Request, small []byte) (any, int64) {
 	if size < 0 {
 		size = int64(len(buf))
 	}
-	var v any
-	if json.Unmarshal(buf, &v) != nil {
-		return nil, size
-	}
-	return v, size
+	return buf, size
 }
 
 func isJSON(contentType string) bool {

@@ -91,17 +91,79 @@ func TestFindMatchesTheDocument(t *testing.T) {
 		}
 		for _, s := range paths {
 			t.Run(fmt.Sprintf("%d/%s", i, s), func(t *testing.T) {
-				ref := ast.MustParseRef(s)
-				got, gotErr := in.find(ref)
-				want, wantErr := doc.Find(ref[1:])
-				if (gotErr != nil) != (wantErr != nil) {
-					t.Fatalf("find: %v, %v; document: %v, %v", got, gotErr, want, wantErr)
-				}
-				if wantErr == nil && got.Compare(want) != 0 {
-					t.Fatalf("find: %v; document: %v", got, want)
-				}
+				checkFind(t, in, doc, ast.MustParseRef(s))
 			})
 		}
+	}
+
+	for i, text := range bodyTexts {
+		for _, s := range append(paths, pathsIntoBodies...) {
+			t.Run(fmt.Sprintf("text%d/%s", i, s), func(t *testing.T) { checkFindInText(t, text, ast.MustParseRef(s)) })
+		}
+	}
+}
+
+// bodyTexts are JSON bodies of every shape, and text that is not JSON.
+var bodyTexts = []string{
+	`{"model": "m", "n": 1.5, "list": ["a", {"k": null}], "null": null, "o": {"model": "inner", "x": [1, {"y": "}"}]}, "t": true}`,
+	`{"model": "first", "model": "last"}`, `{"m\u006fdel": "escaped name", "e": "\"q\"", "caf\u00e9": 1}`,
+	" \t{\"o\" : { \"model\" :\n\"spaced\" } , \"n\":-1e3 }\n", "{\"\xff\": \"invalid UTF-8\", \"\xef\xbf\xbd\": 2}",
+	`["x"]`, `"text"`, `null`, `12`, `{}`, `{"model": "m"} trailing`, `{"model": `, ``,
+}
+
+// pathsIntoBodies lead into a body, beside the paths TestFindMatchesTheDocument tries.
+var pathsIntoBodies = []string{"input.request.body.o.model", "input.request.body.o.x[1].y", "input.request.body.e",
+	"input.request.body.model.x", `input.request.body["model"]`, `input.request.body["café"]`, `input.request.body["\ufffd"]`}
+
+// checkFindInText checks find for path in an input whose body is still text, against the
+// whole input, and checks that a path into the body did not parse it whole.
+func checkFindInText(t *testing.T, text string, path ast.Ref) {
+	t.Helper()
+	withText := func() *Input {
+		in := &Input{Phase: PhaseRequest, Method: "POST", Scheme: "https", Host: "h", Port: 443, Path: "/",
+			ReadBody: func() ([]byte, int64) { return []byte(text), int64(len(text)) }}
+		in.loadBody()
+		return in
+	}
+	doc, err := withText().astValue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := withText()
+	checkFind(t, in, doc, path)
+	if in.bodyText == nil && len(path) > len(bodyPaths[0]) && path.HasPrefix(bodyPaths[0]) {
+		t.Fatal("the body was parsed whole for a path into it")
+	}
+}
+
+// FuzzFindInText looks up paths in arbitrary bodies, as TestFindMatchesTheDocument does in
+// chosen ones (go test -fuzz FuzzFindInText ./broker/policy/).
+func FuzzFindInText(f *testing.F) {
+	for _, text := range bodyTexts {
+		f.Add(text)
+	}
+	var paths []ast.Ref
+	for _, s := range []string{"input.request.body", "input.request.body.model", "input.request.body.o.model",
+		"input.request.body.list[0]", `input.request.body["\ufffd"]`} {
+		paths = append(paths, ast.MustParseRef(s))
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		for _, path := range paths {
+			checkFindInText(t, text, path)
+		}
+	})
+}
+
+// checkFind checks in.find(ref) against the value at ref in doc, the whole input.
+func checkFind(t *testing.T, in *Input, doc ast.Value, ref ast.Ref) {
+	t.Helper()
+	got, gotErr := in.find(ref)
+	want, wantErr := doc.Find(ref[1:])
+	if (gotErr != nil) != (wantErr != nil) {
+		t.Fatalf("find: %v, %v; document: %v, %v", got, gotErr, want, wantErr)
+	}
+	if wantErr == nil && got.Compare(want) != 0 {
+		t.Fatalf("find: %v; document: %v", got, want)
 	}
 }
 
@@ -214,7 +276,7 @@ func TestBodyIsReadOnlyForPoliciesThatSeeIt(t *testing.T) {
 			e := engine(t, "package broker\n\n"+c.rego+"\n")
 			calls := 0
 			in := req()
-			in.ReadBody = func() (any, int64) { calls++; return map[string]any{"model": "m"}, 5 }
+			in.ReadBody = func() ([]byte, int64) { calls++; return []byte(`{"model": "m"}`), 5 }
 			d, err := e.Decide(context.Background(), in)
 			if err != nil {
 				t.Fatal(err)

@@ -1,9 +1,12 @@
 package policy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -30,22 +33,43 @@ type Input struct {
 	Body        any               // parsed JSON body, or nil
 	BodySize    int64
 	Credentials []string // configured credentials whose hosts match Host
-	// ReadBody, when set, supplies Body and BodySize. The Engine calls it (once) only when
-	// the policy deciding can see them, so a request whose policy never looks at its body
-	// has it neither buffered nor parsed.
-	ReadBody func() (body any, size int64)
+	// ReadBody, when set, supplies the body as JSON text (nil when it is not JSON) and
+	// BodySize. The Engine calls it (once) only when the policy deciding can see them, so a
+	// request whose policy never looks at its body has it neither buffered nor parsed. The
+	// text becomes Body only when the whole input is needed: the decision cache reads just
+	// the members it keys on (an LLM request's model, not its prompt).
+	ReadBody func() (text []byte, size int64)
+
+	bodyText []byte // from ReadBody, not yet parsed into Body
 }
 
-// loadBody fills Body and BodySize from ReadBody, if that has not been done.
+// loadBody reads the body's text and size from ReadBody, if that has not been done.
 func (in *Input) loadBody() {
 	if in.ReadBody != nil {
-		in.Body, in.BodySize = in.ReadBody()
+		in.bodyText, in.BodySize = in.ReadBody()
 		in.ReadBody = nil
 	}
 }
 
+// parseBody turns the text loadBody read into Body: nil when it is not valid JSON.
+func (in *Input) parseBody() {
+	if in.bodyText != nil {
+		in.Body = parseJSON(in.bodyText)
+		in.bodyText = nil
+	}
+}
+
+func parseJSON(text []byte) any {
+	var v any
+	if json.Unmarshal(text, &v) != nil {
+		return nil
+	}
+	return v
+}
+
 // value builds the JSON-shaped document the policy sees as input.
 func (in *Input) value() map[string]any {
+	in.parseBody()
 	labels := make(map[string]any, len(in.Labels))
 	for k, v := range in.Labels {
 		labels[k] = v
@@ -94,6 +118,7 @@ func (in *Input) Document() map[string]any {
 // astValue builds the same document as value, directly as the evaluator's value: converting a
 // map[string]any by reflection was the largest single cost of a decision.
 func (in *Input) astValue() (ast.Value, error) {
+	in.parseBody()
 	labels := make([][2]*ast.Term, 0, len(in.Labels))
 	for k, v := range in.Labels {
 		labels = append(labels, [2]*ast.Term{ast.StringTerm(k), ast.StringTerm(v)})
@@ -209,6 +234,8 @@ func (in *Input) find(path ast.Ref) (ast.Value, error) {
 				l[i] = ast.StringTerm(v)
 			}
 			return findIn(ast.NewArray(l...), path[4:])
+		case k == "body" && in.bodyText != nil:
+			return findInText(in.bodyText, path[3:])
 		case k == "body":
 			body, rest := in.Body, path[3:]
 			for len(rest) > 0 { // walk the parsed JSON while the path names object members
@@ -237,6 +264,114 @@ func (in *Input) find(path ast.Ref) (ast.Value, error) {
 		return nil, err
 	}
 	return v.Find(path[1:])
+}
+
+// findInText is find for a path into a body still held as JSON text. It walks the objects on
+// the way without decoding them and decodes only the value found, so an LLM request's prompt
+// beside its model is scanned, never built. The answers are those of the parsed body: text
+// that is not JSON is null, and of repeated members the last counts, as encoding/json has it.
+func findInText(text []byte, rest ast.Ref) (ast.Value, error) {
+	if !json.Valid(text) {
+		return findIn(ast.Null{}, rest)
+	}
+	text = bytes.TrimLeft(text, " \t\r\n")
+	for len(rest) > 0 && text[0] == '{' {
+		key, isKey := rest[0].Value.(ast.String)
+		if !isKey {
+			break
+		}
+		member, ok := objectMember(text, string(key))
+		if !ok {
+			return nil, errNoValue
+		}
+		text, rest = member, rest[1:]
+	}
+	body := parseJSON(text)
+	if body == nil {
+		return findIn(ast.Null{}, rest)
+	}
+	v, err := ast.InterfaceToValue(body)
+	if err != nil {
+		return nil, err
+	}
+	return findIn(v, rest)
+}
+
+// objectMember returns the text of the last member named key in obj, a valid JSON object.
+func objectMember(obj []byte, key string) (member []byte, found bool) {
+	i := skipSpace(obj, 1)
+	for obj[i] != '}' {
+		nameEnd := skipString(obj, i)
+		name := obj[i:nameEnd]
+		start := skipSpace(obj, skipSpace(obj, nameEnd)+1) // past the colon
+		end := skipValue(obj, start)
+		if memberNamed(name, key) {
+			member, found = obj[start:end], true
+		}
+		if i = skipSpace(obj, end); obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+	}
+	return member, found
+}
+
+// memberNamed reports whether name, a member name as JSON text, decodes to key. A name with
+// escapes or non-ASCII bytes is decoded as encoding/json does (invalid UTF-8 becomes U+FFFD).
+func memberNamed(name []byte, key string) bool {
+	plain := bytes.IndexFunc(name, func(r rune) bool { return r == '\\' || r >= utf8.RuneSelf }) < 0
+	if plain {
+		return string(name[1:len(name)-1]) == key
+	}
+	var s string
+	return json.Unmarshal(name, &s) == nil && s == key
+}
+
+// skipSpace returns the index of the first byte of b at or after i that is not JSON
+// whitespace. In valid JSON text, there is one wherever it is called.
+func skipSpace(b []byte, i int) int {
+	for b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n' {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index just past the JSON string starting at b[i].
+func skipString(b []byte, i int) int {
+	for i++; b[i] != '"'; i++ {
+		if b[i] == '\\' {
+			i++
+		}
+	}
+	return i + 1
+}
+
+// skipValue returns the index just past the JSON value starting at b[i].
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+	default: // a number, true, false or null
+		for i < len(b) && !strings.ContainsRune(",}] \t\r\n", rune(b[i])) {
+			i++
+		}
+		return i
+	}
 }
 
 // requestOnly are the members of input.request in the request phase only.
