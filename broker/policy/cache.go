@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"encoding/binary"
 	"slices"
 	"sync"
 
@@ -86,30 +87,42 @@ func minimalPrefixes(paths []ast.Ref) []ast.Ref {
 	return out
 }
 
-// key is the text of the input's values at the cache's paths ("" and false when too long);
-// find returns the value at a path (input.a.b...), or an error when there is none. Each value
-// is written as a complete Rego term (strings quoted, object keys sorted), so equal keys mean
-// equal values; a missing value is written as a character no term starts with.
+// key encodes the input's values at the cache's paths ("" and false when too long); find
+// returns the value at a path (input.a.b...), or an error when there is none. Each value is
+// written so that equal keys mean equal values: a string as 's', its length and its bytes;
+// any other value as 'v' and its text as a complete Rego term (strings quoted, object keys
+// sorted), which never holds a NUL, then a NUL; a missing value as 'm'.
 func (c *decisionCache) key(find func(ast.Ref) (ast.Value, error)) (string, bool) {
 	buf := make([]byte, 0, 256)
 	for _, p := range c.paths {
 		v, err := find(p)
-		switch t, ok := v.(interface{ AppendText([]byte) ([]byte, error) }); {
-		case err != nil:
-			buf = append(buf, '\x01')
-		case ok:
-			if buf, err = t.AppendText(buf); err != nil {
-				return "", false
-			}
-		default:
-			buf = append(buf, v.String()...)
+		if err != nil {
+			buf = append(buf, 'm')
+		} else if s, ok := v.(ast.String); ok {
+			buf = append(buf, 's')
+			buf = binary.AppendUvarint(buf, uint64(len(s)))
+			buf = append(buf, s...)
+		} else if buf, err = appendTerm(append(buf, 'v'), v); err != nil {
+			return "", false
 		}
-		buf = append(buf, '\x00')
 		if len(buf) > maxCacheKey {
 			return "", false
 		}
 	}
 	return string(buf), true
+}
+
+// appendTerm appends v's text as a Rego term, and a NUL.
+func appendTerm(buf []byte, v ast.Value) ([]byte, error) {
+	if t, ok := v.(interface{ AppendText([]byte) ([]byte, error) }); ok {
+		var err error
+		if buf, err = t.AppendText(buf); err != nil {
+			return nil, err
+		}
+	} else {
+		buf = append(buf, v.String()...)
+	}
+	return append(buf, 0), nil
 }
 
 func (c *decisionCache) get(key string) (Decision, bool) {

@@ -108,6 +108,7 @@ var bodyTexts = []string{
 	`{"model": "m", "n": 1.5, "list": ["a", {"k": null}], "null": null, "o": {"model": "inner", "x": [1, {"y": "}"}]}, "t": true}`,
 	`{"model": "first", "model": "last"}`, `{"m\u006fdel": "escaped name", "e": "\"q\"", "caf\u00e9": 1}`,
 	" \t{\"o\" : { \"model\" :\n\"spaced\" } , \"n\":-1e3 }\n", "{\"\xff\": \"invalid UTF-8\", \"\xef\xbf\xbd\": 2}",
+	"{\"model\": \"caf\xc3\xa9\"}", "{\"model\": \"bad \xff byte\"}", `{"model": "tab\tescaped"}`,
 	`["x"]`, `"text"`, `null`, `12`, `{}`, `{"model": "m"} trailing`, `{"model": `, ``,
 }
 
@@ -208,6 +209,35 @@ decision := {"allow": false, "reason": "team"} if not input.request.headers["x-t
 	}
 	if d := decide("/a", "a", "three"); !d.Allow || d.Reason != "/a" {
 		t.Fatalf("back to the first: %+v", d)
+	}
+}
+
+// TestKeysTellValuesApart checks that inputs whose values at the policy's paths differ get
+// different keys, and equal ones the same key: strings that hold a key's own separators, a
+// string and the number it spells, a value and its absence.
+func TestKeysTellValuesApart(t *testing.T) {
+	c := &decisionCache{paths: []ast.Ref{ast.MustParseRef("input.request.path"), ast.MustParseRef("input.request.body.model")}}
+	paths := []string{"", "a", "a\x00", "s\x01a", "m", "v1\x00", "\"a\"", "x", "xs"}
+	bodies := []string{`{"model": "1"}`, `{"model": 1}`, `{}`, `{"model": null}`, `{"model": {"a": 1}}`,
+		`{"model": "m"}`, `{"model": "s\u0001a"}`, `{"model": ""}`}
+	keys := map[string]string{}
+	for _, path := range paths {
+		for _, body := range bodies {
+			in := &Input{Phase: PhaseRequest, Method: "POST", Scheme: "https", Host: "h", Port: 443, Path: path,
+				ReadBody: func() ([]byte, int64) { return []byte(body), int64(len(body)) }}
+			in.loadBody()
+			k, ok := c.key(in.find)
+			if !ok {
+				t.Fatalf("no key for %q, %q", path, body)
+			}
+			if again, _ := c.key(in.find); again != k {
+				t.Fatalf("two keys for %q, %q", path, body)
+			}
+			if other, seen := keys[k]; seen {
+				t.Fatalf("%q, %q has the key of %s", path, body, other)
+			}
+			keys[k] = fmt.Sprintf("%q, %q", path, body)
+		}
 	}
 }
 

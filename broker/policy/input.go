@@ -286,6 +286,9 @@ func findInText(text []byte, rest ast.Ref) (ast.Value, error) {
 		}
 		text, rest = member, rest[1:]
 	}
+	if s, ok := plainString(text); ok {
+		return findIn(ast.String(s), rest) // an LLM request's model, say: no decoder needed
+	}
 	body := parseJSON(text)
 	if body == nil {
 		return findIn(ast.Null{}, rest)
@@ -295,6 +298,19 @@ func findInText(text []byte, rest ast.Ref) (ast.Value, error) {
 		return nil, err
 	}
 	return findIn(v, rest)
+}
+
+// plainString returns the string a JSON string decodes to when it has no escapes and is
+// valid UTF-8, so that its text between the quotes is the string itself.
+func plainString(text []byte) (string, bool) {
+	if len(text) < 2 || text[0] != '"' {
+		return "", false
+	}
+	inner := text[1 : len(text)-1]
+	if bytes.IndexByte(inner, '\\') >= 0 || !utf8.Valid(inner) {
+		return "", false
+	}
+	return string(inner), true
 }
 
 // objectMember returns the text of the last member named key in obj, a valid JSON object.

@@ -7,13 +7,12 @@
 // Matching is leftmost-longest and non-overlapping: the input is scanned from
 // left to right, at each position the longest pattern that matches there is
 // replaced, and scanning resumes after it. Replacement text is never scanned
-// again. String, Header and Reader all produce the same result for the same
+// again. String, Bytes, Header and Reader all produce the same result for the same
 // input, however a stream is split into reads.
 package scrub
 
 import (
 	"bytes"
-	"cmp"
 	"errors"
 	"io"
 	"net/http"
@@ -29,8 +28,10 @@ type Replacer struct {
 	olds     [][]byte // patterns as bytes
 	news     [][]byte // news[i] replaces olds[i]
 	maxLen   int      // length of the longest pattern
-	sr       *strings.Replacer
 }
+
+// none is the Replacer without patterns.
+var none = &Replacer{}
 
 // New returns a Replacer for old, new pairs, like strings.NewReplacer.
 // Empty old strings are dropped; when an old string is repeated, the first
@@ -41,29 +42,21 @@ func New(oldnew ...string) *Replacer {
 	if len(oldnew)%2 == 1 {
 		panic("scrub.New: odd argument count")
 	}
-	var pairs [][2]string
-	seen := make(map[string]bool)
+	if len(oldnew) == 0 {
+		return none
+	}
+	n := len(oldnew) / 2
+	r := &Replacer{patterns: make([]string, 0, n), olds: make([][]byte, 0, n), news: make([][]byte, 0, n)}
 	for i := 0; i < len(oldnew); i += 2 {
-		if o := oldnew[i]; o != "" && !seen[o] {
-			seen[o] = true
-			pairs = append(pairs, [2]string{o, oldnew[i+1]})
+		old := oldnew[i]
+		if old == "" || slices.Contains(r.patterns, old) {
+			continue
 		}
+		r.patterns = append(r.patterns, old)
+		r.olds = append(r.olds, []byte(old))
+		r.news = append(r.news, []byte(oldnew[i+1]))
+		r.maxLen = max(r.maxLen, len(old))
 	}
-	r := &Replacer{}
-	for _, p := range pairs {
-		r.patterns = append(r.patterns, p[0])
-		r.olds = append(r.olds, []byte(p[0]))
-		r.news = append(r.news, []byte(p[1]))
-		r.maxLen = max(r.maxLen, len(p[0]))
-	}
-	// strings.Replacer prefers earlier pairs at the same position; ordering
-	// them longest first makes that leftmost-longest, matching the Reader.
-	slices.SortStableFunc(pairs, func(a, b [2]string) int { return cmp.Compare(len(b[0]), len(a[0])) })
-	args := make([]string, 0, 2*len(pairs))
-	for _, p := range pairs {
-		args = append(args, p[0], p[1])
-	}
-	r.sr = strings.NewReplacer(args...)
 	return r
 }
 
@@ -75,10 +68,26 @@ func (r *Replacer) Empty() bool { return len(r.olds) == 0 }
 func (r *Replacer) String(s string) string {
 	for _, p := range r.patterns {
 		if strings.Contains(s, p) {
-			return r.sr.Replace(s)
+			return string(r.replaceAll([]byte(s)))
 		}
 	}
 	return s
+}
+
+// Bytes returns b with all patterns replaced: b itself when it contains none.
+func (r *Replacer) Bytes(b []byte) []byte {
+	for _, p := range r.olds {
+		if bytes.Contains(b, p) {
+			return r.replaceAll(b)
+		}
+	}
+	return b
+}
+
+// replaceAll returns a new slice holding b with all patterns replaced.
+func (r *Replacer) replaceAll(b []byte) []byte {
+	out, _ := r.replace(make([]byte, 0, len(b)), b, true, make([]int, len(r.olds)))
+	return out
 }
 
 // Header replaces patterns inside every value of h, in place.

@@ -60,8 +60,20 @@ var replaceCases = map[string]replaceCase{
 func TestString(t *testing.T) {
 	for name, tc := range replaceCases {
 		t.Run(name, func(t *testing.T) {
-			if got := scrub.New(tc.pairs...).String(tc.in); got != tc.out {
+			r := scrub.New(tc.pairs...)
+			if got := r.String(tc.in); got != tc.out {
 				t.Errorf("String(%q) = %q, want %q", tc.in, got, tc.out)
+			}
+			in := []byte(tc.in)
+			got := r.Bytes(in)
+			if string(got) != tc.out {
+				t.Errorf("Bytes(%q) = %q, want %q", tc.in, got, tc.out)
+			}
+			if string(in) != tc.in {
+				t.Errorf("Bytes changed its argument to %q", in)
+			}
+			if tc.in == tc.out && len(in) > 0 && &got[0] != &in[0] {
+				t.Error("Bytes copied an input that holds no pattern")
 			}
 			if got := naive(tc.pairs, tc.in); got != tc.out {
 				t.Errorf("test oracle disagrees: %q", got)
@@ -137,6 +149,9 @@ func TestReaderRandom(t *testing.T) {
 		r := scrub.New(pairs...)
 		if got := r.String(in); got != want {
 			t.Fatalf("seed %d: String mismatch\n in: %q\ngot: %q\nwant %q", seed, in, got, want)
+		}
+		if got := r.Bytes([]byte(in)); string(got) != want {
+			t.Fatalf("seed %d: Bytes mismatch\n in: %q\ngot: %q\nwant %q", seed, in, got, want)
 		}
 
 		var out []byte
