@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/textproto"
 	"strings"
 
 	"github.com/elazarl/goproxy"
@@ -208,8 +209,9 @@ func readSmallBody(r *http.Request) ([]byte, error) {
 	return buf, nil
 }
 
-// requestInput builds the policy input. A JSON body up to maxPolicyBody is parsed, when the
-// policy can see it (readPolicyBody); small is the body if readSmallBody has read it.
+// requestInput builds the policy input. Its headers are gathered, and a JSON body up to
+// maxPolicyBody is read (readPolicyBody), only when the policy can see them; small is the body
+// if readSmallBody has read it.
 func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte) *policy.Input {
 	in := &policy.Input{
 		Phase:       policy.PhaseRequest,
@@ -222,16 +224,9 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		Port:        t.port,
 		Path:        r.URL.Path,
 		Query:       r.URL.Query(),
-		Headers:     make(map[string]string, len(r.Header)),
+		ReadHeaders: func() map[string]string { return b.policyHeaders(r.Header) },
 		BodySize:    r.ContentLength,
 		Credentials: b.bindings.Matching(t.host),
-	}
-	for k, vs := range r.Header {
-		lk := strings.ToLower(k)
-		if b.bindings.CredentialHeader(lk) || hopByHop[lk] {
-			continue
-		}
-		in.Headers[lk] = strings.Join(vs, ", ")
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		in.BodySize = 0
@@ -239,6 +234,19 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 	}
 	in.ReadBody = func() ([]byte, int64) { return readPolicyBody(r, small) }
 	return in
+}
+
+// policyHeaders are the request's headers as the policy sees them: lower-case names, values
+// joined, without hop-by-hop and credential-bearing ones.
+func (b *Broker) policyHeaders(h http.Header) map[string]string {
+	headers := make(map[string]string, len(h))
+	for k, vs := range h {
+		lk := strings.ToLower(k)
+		if !b.bindings.CredentialHeader(lk) && !isHopByHop(k) {
+			headers[lk] = strings.Join(vs, ", ")
+		}
+	}
+	return headers
 }
 
 // readPolicyBody reads a JSON body up to maxPolicyBody for the policy: small, when
@@ -369,17 +377,23 @@ func decodeForScrub(resp *http.Response) error {
 }
 
 // hopByHop are the headers that describe one connection, not the message (RFC 9110 §7.6.1),
-// plus the proxy's own credentials.
+// plus the proxy's own credentials; by their canonical names (isHopByHop).
 var hopByHop = map[string]bool{
-	"connection":          true,
-	"proxy-connection":    true,
-	"keep-alive":          true,
-	"proxy-authenticate":  true,
-	"proxy-authorization": true,
-	"te":                  true,
-	"trailer":             true,
-	"transfer-encoding":   true,
-	"upgrade":             true,
+	"Connection":          true,
+	"Proxy-Connection":    true,
+	"Keep-Alive":          true,
+	"Proxy-Authenticate":  true,
+	"Proxy-Authorization": true,
+	"Te":                  true,
+	"Trailer":             true,
+	"Transfer-Encoding":   true,
+	"Upgrade":             true,
+}
+
+// isHopByHop reports whether a header name, in any case, is one of hopByHop. A name already
+// in canonical form, as net/http gives them, is looked up without a copy.
+func isHopByHop(name string) bool {
+	return hopByHop[textproto.CanonicalMIMEHeaderKey(name)]
 }
 
 func removeHopByHop(h http.Header) {
@@ -391,7 +405,7 @@ func removeHopByHop(h http.Header) {
 		}
 	}
 	for name := range h {
-		if hopByHop[strings.ToLower(name)] {
+		if isHopByHop(name) {
 			delete(h, name)
 		}
 	}

@@ -34,8 +34,7 @@ func (b *Broker) forwardTrailers(r, out *http.Request) {
 // trailerAllowed reports whether an agent's request trailer may be forwarded: never a
 // hop-by-hop field, nor one that carries credentials (which could duplicate an injected one).
 func (b *Broker) trailerAllowed(name string) bool {
-	lk := strings.ToLower(name)
-	return !hopByHop[lk] && !b.bindings.CredentialHeader(lk)
+	return !isHopByHop(name) && !b.bindings.CredentialHeader(strings.ToLower(name))
 }
 
 // trailerCopier copies src's trailer values into dst when the body reaches its end.

@@ -32,10 +32,11 @@ var timeDependent = map[string]bool{
 }
 
 type decisionCache struct {
-	paths     []ast.Ref // input paths the policy reads: ground prefixes, none covering another
-	readsBody bool      // one of them leads to or into input.request.body or body_size
-	mu        sync.Mutex
-	cur, old  map[string]Decision
+	paths        []ast.Ref // input paths the policy reads: ground prefixes, none covering another
+	readsBody    bool      // one of them leads to or into input.request.body or body_size
+	readsHeaders bool      // one of them leads to or into input.request.headers
+	mu           sync.Mutex
+	cur, old     map[string]Decision
 }
 
 // newDecisionCache returns the cache for a compiled policy, or nil when its decisions cannot
@@ -59,16 +60,28 @@ func newDecisionCache(c *ast.Compiler) *decisionCache {
 		return nil
 	}
 	dc := &decisionCache{paths: paths, cur: map[string]Decision{}}
-	for _, p := range paths {
-		for _, body := range bodyPaths {
-			dc.readsBody = dc.readsBody || p.HasPrefix(body) || body.HasPrefix(p)
-		}
-	}
+	dc.readsBody = dc.reads(bodyPaths...)
+	dc.readsHeaders = dc.reads(headersPath)
 	return dc
 }
 
-// bodyPaths are the input paths that need the request body read.
-var bodyPaths = []ast.Ref{ast.MustParseRef("input.request.body"), ast.MustParseRef("input.request.body_size")}
+// reads reports whether the policy reads any of refs, a part of one, or an object holding one.
+func (c *decisionCache) reads(refs ...ast.Ref) bool {
+	for _, p := range c.paths {
+		for _, r := range refs {
+			if p.HasPrefix(r) || r.HasPrefix(p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// bodyPaths are the input paths that need the request body read; headersPath, the headers.
+var (
+	bodyPaths   = []ast.Ref{ast.MustParseRef("input.request.body"), ast.MustParseRef("input.request.body_size")}
+	headersPath = ast.MustParseRef("input.request.headers")
+)
 
 // minimalPrefixes sorts paths shortest first and drops each path another one covers.
 func minimalPrefixes(paths []ast.Ref) []ast.Ref {

@@ -290,32 +290,37 @@ func TestShippedPoliciesAreCacheable(t *testing.T) {
 	}
 }
 
-func TestBodyIsReadOnlyForPoliciesThatSeeIt(t *testing.T) {
+func TestBodyAndHeadersAreReadOnlyForPoliciesThatSeeThem(t *testing.T) {
 	cases := map[string]struct {
-		rego string
-		read bool
+		rego              string
+		body, headers     bool // read
+		allowsWhatItReads bool
 	}{
-		"reads the model":         {`decision := {"allow": input.request.body.model == "m"}`, true},
-		"reads the size":          {`decision := {"allow": input.request.body_size < 10}`, true},
-		"reads the whole request": {`decision := {"allow": count(input.request) > 0}`, true},
-		"reads the path only":     {`decision := {"allow": input.request.path == "/x"}`, false},
-		"not cacheable":           {`decision := {"allow": time.now_ns() > 0}`, true},
+		"reads the model":         {`decision := {"allow": input.request.body.model == "m"}`, true, false, true},
+		"reads the size":          {`decision := {"allow": input.request.body_size < 10}`, true, false, true},
+		"reads a header":          {`decision := {"allow": input.request.headers["x-team"] == "a"}`, false, true, true},
+		"reads the whole request": {`decision := {"allow": count(input.request) > 0}`, true, true, true},
+		"reads the path only":     {`decision := {"allow": input.request.path == "/x"}`, false, false, false},
+		"not cacheable":           {`decision := {"allow": time.now_ns() > 0}`, true, true, true},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			e := engine(t, "package broker\n\n"+c.rego+"\n")
-			calls := 0
+			bodyReads, headerReads := 0, 0
 			in := req()
-			in.ReadBody = func() ([]byte, int64) { calls++; return []byte(`{"model": "m"}`), 5 }
+			in.ReadBody = func() ([]byte, int64) { bodyReads++; return []byte(`{"model": "m"}`), 5 }
+			in.Headers = nil
+			in.ReadHeaders = func() map[string]string { headerReads++; return map[string]string{"x-team": "a"} }
 			d, err := e.Decide(context.Background(), in)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := map[bool]int{true: 1, false: 0}[c.read]; calls != want {
-				t.Fatalf("ReadBody called %d times, want %d", calls, want)
+			want := map[bool]int{true: 1, false: 0}
+			if bodyReads != want[c.body] || headerReads != want[c.headers] {
+				t.Fatalf("ReadBody called %d times, ReadHeaders %d; want %d, %d", bodyReads, headerReads, want[c.body], want[c.headers])
 			}
-			if c.read && !d.Allow {
-				t.Fatalf("the policy did not see the body: %+v", d)
+			if c.allowsWhatItReads && !d.Allow {
+				t.Fatalf("the policy did not see what it reads: %+v", d)
 			}
 		})
 	}

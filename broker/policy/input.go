@@ -19,18 +19,22 @@ const (
 
 // Input is the policy input (CONTRACT §4).
 type Input struct {
-	Phase       string
-	AgentID     string
-	Labels      map[string]string
-	SourceIP    string
-	Method      string
-	Scheme      string
-	Host        string
-	Port        int
-	Path        string
-	Query       map[string][]string
-	Headers     map[string]string // lower-case names, credential-bearing headers already removed
-	Body        any               // parsed JSON body, or nil
+	Phase    string
+	AgentID  string
+	Labels   map[string]string
+	SourceIP string
+	Method   string
+	Scheme   string
+	Host     string
+	Port     int
+	Path     string
+	Query    map[string][]string
+	Headers  map[string]string // lower-case names, credential-bearing headers already removed
+	// ReadHeaders, when set, supplies Headers. Like ReadBody, the Engine calls it only when
+	// the policy deciding can see them: no shipped policy reads a header, and building the map
+	// was a good part of building the input.
+	ReadHeaders func() map[string]string
+	Body        any // parsed JSON body, or nil
 	BodySize    int64
 	Credentials []string // configured credentials whose hosts match Host
 	// ReadBody, when set, supplies the body as JSON text (nil when it is not JSON) and
@@ -48,6 +52,13 @@ func (in *Input) loadBody() {
 	if in.ReadBody != nil {
 		in.bodyText, in.BodySize = in.ReadBody()
 		in.ReadBody = nil
+	}
+}
+
+// loadHeaders fills Headers from ReadHeaders, if that has not been done.
+func (in *Input) loadHeaders() {
+	if in.ReadHeaders != nil {
+		in.Headers, in.ReadHeaders = in.ReadHeaders(), nil
 	}
 }
 
@@ -109,9 +120,10 @@ func (in *Input) value() map[string]any {
 }
 
 // Document returns the input as the policy sees it, for the audit log (audit.include_input),
-// with the body read.
+// with the body and headers read.
 func (in *Input) Document() map[string]any {
 	in.loadBody()
+	in.loadHeaders()
 	return in.value()
 }
 

@@ -191,6 +191,9 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	if c == nil || c.readsBody {
 		in.loadBody()
 	}
+	if c == nil || c.readsHeaders {
+		in.loadHeaders()
+	}
 	key, cached := "", false
 	if c != nil {
 		key, cached = c.key(in.find)
