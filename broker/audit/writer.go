@@ -66,27 +66,28 @@ func (b *batchWriter) run() {
 	}
 }
 
-// flush writes what is pending until nothing is.
+// flush writes what is pending until nothing is. Two buffers take turns: events are added to
+// one while the other is written.
 func (b *batchWriter) flush() {
 	for {
 		b.mu.Lock()
 		buf := b.pending
-		b.pending = b.spare[:0]
-		b.spare = nil
-		b.room.Broadcast()
-		b.mu.Unlock()
 		if len(buf) == 0 {
+			b.mu.Unlock()
 			return
 		}
+		b.pending, b.spare = b.spare[:0], nil
+		b.room.Broadcast()
+		b.mu.Unlock()
 		if _, err := b.w.Write(buf); err != nil {
 			// As zerolog reports a failed synchronous write; the events are lost.
 			fmt.Fprintf(os.Stderr, "audit: writing events: %v\n", err)
 		}
-		b.mu.Lock()
-		if b.spare == nil && cap(buf) <= maxPending {
+		if cap(buf) <= 2*maxPending { // pending stops growing just past maxPending
+			b.mu.Lock()
 			b.spare = buf[:0]
+			b.mu.Unlock()
 		}
-		b.mu.Unlock()
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -88,4 +90,28 @@ func (b *lockedBuffer) Bytes() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return bytes.Clone(b.buf.Bytes())
+}
+
+// TestBatchWriterReusesItsBuffers writes events from several goroutines while the writer
+// writes others: its two buffers take turns, so events allocate only while the buffers grow.
+func TestBatchWriterReusesItsBuffers(t *testing.T) {
+	w := newBatchWriter(io.Discard)
+	defer w.Close()
+	line := []byte(strings.Repeat("x", 300) + "\n")
+	const writers, each = 4, 20000
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			for range each {
+				w.Write(line)
+			}
+		})
+	}
+	wg.Wait()
+	runtime.ReadMemStats(&after)
+	if n := after.Mallocs - before.Mallocs; n > 300 {
+		t.Errorf("%d allocations for %d events", n, writers*each)
+	}
 }
