@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"strings"
 
 	"github.com/elazarl/goproxy"
@@ -223,7 +224,7 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		Host:        t.host,
 		Port:        t.port,
 		Path:        r.URL.Path,
-		Query:       r.URL.Query(),
+		Query:       query(r.URL),
 		ReadHeaders: func() map[string]string { return b.policyHeaders(r.Header) },
 		BodySize:    r.ContentLength,
 		Credentials: b.bindings.Matching(t.host),
@@ -234,6 +235,14 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 	}
 	in.ReadBody = func() ([]byte, int64) { return readPolicyBody(r, small) }
 	return in
+}
+
+// query is u's query parameters: nil, with nothing to allocate, for the usual empty query.
+func query(u *url.URL) map[string][]string {
+	if u.RawQuery == "" {
+		return nil
+	}
+	return u.Query()
 }
 
 // policyHeaders are the request's headers as the policy sees them: lower-case names, values

@@ -100,29 +100,29 @@ func minimalPrefixes(paths []ast.Ref) []ast.Ref {
 	return out
 }
 
-// key encodes the input's values at the cache's paths ("" and false when too long); find
+// key encodes the input's values at the cache's paths (nil and false when too long); find
 // returns the value at a path (input.a.b...), or an error when there is none. Each value is
 // written so that equal keys mean equal values: a string as 's', its length and its bytes;
 // any other value as 'v' and its text as a complete Rego term (strings quoted, object keys
 // sorted), which never holds a NUL, then a NUL; a missing value as 'm'.
-func (c *decisionCache) key(find func(ast.Ref) (ast.Value, error)) (string, bool) {
+func (c *decisionCache) key(find func(ast.Ref) (found, error)) ([]byte, bool) {
 	buf := make([]byte, 0, 256)
 	for _, p := range c.paths {
-		v, err := find(p)
+		f, err := find(p)
 		if err != nil {
 			buf = append(buf, 'm')
-		} else if s, ok := v.(ast.String); ok {
+		} else if s, ok := f.str(); ok {
 			buf = append(buf, 's')
 			buf = binary.AppendUvarint(buf, uint64(len(s)))
 			buf = append(buf, s...)
-		} else if buf, err = appendTerm(append(buf, 'v'), v); err != nil {
-			return "", false
+		} else if buf, err = appendTerm(append(buf, 'v'), f.v); err != nil {
+			return nil, false
 		}
 		if len(buf) > maxCacheKey {
-			return "", false
+			return nil, false
 		}
 	}
-	return string(buf), true
+	return buf, true
 }
 
 // appendTerm appends v's text as a Rego term, and a NUL.
@@ -138,23 +138,23 @@ func appendTerm(buf []byte, v ast.Value) ([]byte, error) {
 	return append(buf, 0), nil
 }
 
-func (c *decisionCache) get(key string) (Decision, bool) {
+func (c *decisionCache) get(key []byte) (Decision, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if d, ok := c.cur[key]; ok {
+	if d, ok := c.cur[string(key)]; ok { // a lookup by string(key) copies nothing
 		return d, true
 	}
-	d, ok := c.old[key]
+	d, ok := c.old[string(key)]
 	if ok {
-		c.putLocked(key, d)
+		c.putLocked(string(key), d)
 	}
 	return d, ok
 }
 
-func (c *decisionCache) put(key string, d Decision) {
+func (c *decisionCache) put(key []byte, d Decision) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.putLocked(key, d)
+	c.putLocked(string(key), d)
 }
 
 func (c *decisionCache) putLocked(key string, d Decision) {

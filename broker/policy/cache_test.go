@@ -158,7 +158,8 @@ func FuzzFindInText(f *testing.F) {
 // checkFind checks in.find(ref) against the value at ref in doc, the whole input.
 func checkFind(t *testing.T, in *Input, doc ast.Value, ref ast.Ref) {
 	t.Helper()
-	got, gotErr := in.find(ref)
+	f, gotErr := in.find(ref)
+	got := f.value()
 	want, wantErr := doc.Find(ref[1:])
 	if (gotErr != nil) != (wantErr != nil) {
 		t.Fatalf("find: %v, %v; document: %v, %v", got, gotErr, want, wantErr)
@@ -230,13 +231,13 @@ func TestKeysTellValuesApart(t *testing.T) {
 			if !ok {
 				t.Fatalf("no key for %q, %q", path, body)
 			}
-			if again, _ := c.key(in.find); again != k {
+			if again, _ := c.key(in.find); string(again) != string(k) {
 				t.Fatalf("two keys for %q, %q", path, body)
 			}
-			if other, seen := keys[k]; seen {
+			if other, seen := keys[string(k)]; seen {
 				t.Fatalf("%q, %q has the key of %s", path, body, other)
 			}
-			keys[k] = fmt.Sprintf("%q, %q", path, body)
+			keys[string(k)] = fmt.Sprintf("%q, %q", path, body)
 		}
 	}
 }
@@ -244,16 +245,16 @@ func TestKeysTellValuesApart(t *testing.T) {
 func TestCacheIsBounded(t *testing.T) {
 	c := &decisionCache{cur: map[string]Decision{}}
 	for i := range 3*cacheGeneration + 7 {
-		c.put(fmt.Sprint(i), Decision{Reason: fmt.Sprint(i)})
+		c.put([]byte(fmt.Sprint(i)), Decision{Reason: fmt.Sprint(i)})
 	}
 	if n := len(c.cur) + len(c.old); n > 2*cacheGeneration {
 		t.Fatalf("%d decisions held", n)
 	}
 	last := fmt.Sprint(3*cacheGeneration + 6)
-	if d, ok := c.get(last); !ok || d.Reason != last {
+	if d, ok := c.get([]byte(last)); !ok || d.Reason != last {
 		t.Fatal("the newest decision was dropped")
 	}
-	if _, ok := c.get("0"); ok {
+	if _, ok := c.get([]byte("0")); ok {
 		t.Fatal("the oldest decision was kept")
 	}
 }

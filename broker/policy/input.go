@@ -188,9 +188,34 @@ func (in *Input) astValue() (ast.Value, error) {
 // errNoValue is find's answer for a path the input has no value at.
 var errNoValue = errors.New("no value at this path")
 
+// found is a value find returns: a string as it is, any other value as an ast.Value. The
+// decision cache reads several strings of every request, and making each an ast.Value (an
+// interface) would allocate.
+type found struct {
+	s string
+	v ast.Value // nil: the value is s
+}
+
+// value is f as an ast.Value.
+func (f found) value() ast.Value {
+	if f.v == nil {
+		return ast.String(f.s)
+	}
+	return f.v
+}
+
+// str returns the string f is, if it is one.
+func (f found) str() (string, bool) {
+	if f.v == nil {
+		return f.s, true
+	}
+	s, ok := f.v.(ast.String)
+	return string(s), ok
+}
+
 // find returns the value astValue().Find(path[1:]) would, building only the part of the input
 // the path leads into (the decision cache reads a few fields of every request).
-func (in *Input) find(path ast.Ref) (ast.Value, error) {
+func (in *Input) find(path ast.Ref) (found, error) {
 	key := func(i int) string {
 		if i < len(path) {
 			if s, ok := path[i].Value.(ast.String); ok {
@@ -202,44 +227,44 @@ func (in *Input) find(path ast.Ref) (ast.Value, error) {
 	request := in.Phase == PhaseRequest
 	switch key(1) {
 	case "phase":
-		return findIn(ast.String(in.Phase), path[2:])
+		return findString(in.Phase, path[2:])
 	case "agent":
 		switch key(2) {
 		case "id":
-			return findIn(ast.String(in.AgentID), path[3:])
+			return findString(in.AgentID, path[3:])
 		case "labels":
 			if len(path) > 3 {
 				v, ok := in.Labels[key(3)]
 				if !ok {
-					return nil, errNoValue
+					return found{}, errNoValue
 				}
-				return findIn(ast.String(v), path[4:])
+				return findString(v, path[4:])
 			}
 		}
 	case "request":
 		switch k := key(2); {
 		case k == "method":
-			return findIn(ast.String(in.Method), path[3:])
+			return findString(in.Method, path[3:])
 		case k == "host":
-			return findIn(ast.String(in.Host), path[3:])
+			return findString(in.Host, path[3:])
 		case k == "port":
 			return findIn(ast.Number(strconv.Itoa(in.Port)), path[3:])
 		case !request && requestOnly[k]:
-			return nil, errNoValue
+			return found{}, errNoValue
 		case k == "scheme":
-			return findIn(ast.String(in.Scheme), path[3:])
+			return findString(in.Scheme, path[3:])
 		case k == "path":
-			return findIn(ast.String(in.Path), path[3:])
+			return findString(in.Path, path[3:])
 		case k == "headers" && len(path) > 3:
 			v, ok := in.Headers[key(3)]
 			if !ok {
-				return nil, errNoValue
+				return found{}, errNoValue
 			}
-			return findIn(ast.String(v), path[4:])
+			return findString(v, path[4:])
 		case k == "query" && len(path) > 3:
 			vs, ok := in.Query[key(3)]
 			if !ok {
-				return nil, errNoValue
+				return found{}, errNoValue
 			}
 			l := make([]*ast.Term, len(vs))
 			for i, v := range vs {
@@ -257,7 +282,7 @@ func (in *Input) find(path ast.Ref) (ast.Value, error) {
 					break
 				}
 				if body, ok = m[string(s)]; !ok {
-					return nil, errNoValue
+					return found{}, errNoValue
 				}
 				rest = rest[1:]
 			}
@@ -266,23 +291,23 @@ func (in *Input) find(path ast.Ref) (ast.Value, error) {
 			}
 			v, err := ast.InterfaceToValue(body)
 			if err != nil {
-				return nil, err
+				return found{}, err
 			}
 			return findIn(v, rest)
 		}
 	}
 	v, err := in.astValue() // any other path: build the whole input
 	if err != nil {
-		return nil, err
+		return found{}, err
 	}
-	return v.Find(path[1:])
+	return findIn(v, path[1:])
 }
 
 // findInText is find for a path into a body still held as JSON text. It walks the objects on
 // the way without decoding them and decodes only the value found, so an LLM request's prompt
 // beside its model is scanned, never built. The answers are those of the parsed body: text
 // that is not JSON is null, and of repeated members the last counts, as encoding/json has it.
-func findInText(text []byte, rest ast.Ref) (ast.Value, error) {
+func findInText(text []byte, rest ast.Ref) (found, error) {
 	if !json.Valid(text) {
 		return findIn(ast.Null{}, rest)
 	}
@@ -294,12 +319,12 @@ func findInText(text []byte, rest ast.Ref) (ast.Value, error) {
 		}
 		member, ok := objectMember(text, string(key))
 		if !ok {
-			return nil, errNoValue
+			return found{}, errNoValue
 		}
 		text, rest = member, rest[1:]
 	}
 	if s, ok := plainString(text); ok {
-		return findIn(ast.String(s), rest) // an LLM request's model, say: no decoder needed
+		return findString(s, rest) // an LLM request's model, say: no decoder needed
 	}
 	body := parseJSON(text)
 	if body == nil {
@@ -307,7 +332,7 @@ func findInText(text []byte, rest ast.Ref) (ast.Value, error) {
 	}
 	v, err := ast.InterfaceToValue(body)
 	if err != nil {
-		return nil, err
+		return found{}, err
 	}
 	return findIn(v, rest)
 }
@@ -406,9 +431,18 @@ func skipValue(b []byte, i int) int {
 var requestOnly = map[string]bool{"scheme": true, "path": true, "query": true, "headers": true, "body": true, "body_size": true}
 
 // findIn is v.Find(rest), and v itself for an empty rest.
-func findIn(v ast.Value, rest ast.Ref) (ast.Value, error) {
+func findIn(v ast.Value, rest ast.Ref) (found, error) {
 	if len(rest) == 0 {
-		return v, nil
+		return found{v: v}, nil
 	}
-	return v.Find(rest)
+	v, err := v.Find(rest)
+	return found{v: v}, err
+}
+
+// findString is findIn for a string.
+func findString(s string, rest ast.Ref) (found, error) {
+	if len(rest) == 0 {
+		return found{s: s}, nil
+	}
+	return findIn(ast.String(s), rest)
 }

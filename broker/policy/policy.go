@@ -194,11 +194,11 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	if c == nil || c.readsHeaders {
 		in.loadHeaders()
 	}
-	key, cached := "", false
-	if c != nil {
-		key, cached = c.key(in.find)
+	if c == nil {
+		return evaluateInput(ctx, p, in)
 	}
-	if !cached {
+	key, ok := c.key(in.find)
+	if !ok {
 		return evaluateInput(ctx, p, in)
 	}
 	if d, hit := c.get(key); hit {

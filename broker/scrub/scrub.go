@@ -24,10 +24,14 @@ import (
 // Replacer replaces fixed byte strings in streams and strings.
 // It is immutable and safe for concurrent use.
 type Replacer struct {
-	patterns []string // in argument order, without empty and repeated ones
-	olds     [][]byte // patterns as bytes
-	news     [][]byte // news[i] replaces olds[i]
-	maxLen   int      // length of the longest pattern
+	pairs  []pair // in argument order, without empty and repeated patterns
+	maxLen int    // length of the longest pattern
+}
+
+// pair is a pattern and its replacement.
+type pair struct {
+	pattern  string
+	old, new []byte // the pattern as bytes, and its replacement
 }
 
 // none is the Replacer without patterns.
@@ -45,29 +49,35 @@ func New(oldnew ...string) *Replacer {
 	if len(oldnew) == 0 {
 		return none
 	}
-	n := len(oldnew) / 2
-	r := &Replacer{patterns: make([]string, 0, n), olds: make([][]byte, 0, n), news: make([][]byte, 0, n)}
+	size := 0
+	for _, s := range oldnew {
+		size += len(s)
+	}
+	mem := make([]byte, 0, size) // every pattern's and replacement's bytes, in one allocation
+	r := &Replacer{pairs: make([]pair, 0, len(oldnew)/2)}
 	for i := 0; i < len(oldnew); i += 2 {
-		old := oldnew[i]
-		if old == "" || slices.Contains(r.patterns, old) {
+		old, repl := oldnew[i], oldnew[i+1]
+		if old == "" || slices.ContainsFunc(r.pairs, func(p pair) bool { return p.pattern == old }) {
 			continue
 		}
-		r.patterns = append(r.patterns, old)
-		r.olds = append(r.olds, []byte(old))
-		r.news = append(r.news, []byte(oldnew[i+1]))
+		start := len(mem)
+		mem = append(mem, old...)
+		mid, end := len(mem), len(mem)+len(repl)
+		mem = append(mem, repl...)
+		r.pairs = append(r.pairs, pair{pattern: old, old: mem[start:mid:mid], new: mem[mid:end:end]})
 		r.maxLen = max(r.maxLen, len(old))
 	}
 	return r
 }
 
 // Empty reports whether r has no patterns, so that it never changes anything.
-func (r *Replacer) Empty() bool { return len(r.olds) == 0 }
+func (r *Replacer) Empty() bool { return len(r.pairs) == 0 }
 
 // String returns s with all patterns replaced. It does not allocate when s
 // contains no pattern.
 func (r *Replacer) String(s string) string {
-	for _, p := range r.patterns {
-		if strings.Contains(s, p) {
+	for _, p := range r.pairs {
+		if strings.Contains(s, p.pattern) {
 			return string(r.replaceAll([]byte(s)))
 		}
 	}
@@ -76,8 +86,8 @@ func (r *Replacer) String(s string) string {
 
 // Bytes returns b with all patterns replaced: b itself when it contains none.
 func (r *Replacer) Bytes(b []byte) []byte {
-	for _, p := range r.olds {
-		if bytes.Contains(b, p) {
+	for _, p := range r.pairs {
+		if bytes.Contains(b, p.old) {
 			return r.replaceAll(b)
 		}
 	}
@@ -86,7 +96,7 @@ func (r *Replacer) Bytes(b []byte) []byte {
 
 // replaceAll returns a new slice holding b with all patterns replaced.
 func (r *Replacer) replaceAll(b []byte) []byte {
-	out, _ := r.replace(make([]byte, 0, len(b)), b, true, make([]int, len(r.olds)))
+	out, _ := r.replace(make([]byte, 0, len(b)), b, true, make([]int, len(r.pairs)))
 	return out
 }
 
@@ -136,7 +146,8 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) 
 		// Find the leftmost match at or after pos, preferring the longest.
 		// next caches each pattern's first occurrence at or after pos.
 		start, k := absent, 0
-		for i, p := range r.olds {
+		for i, pr := range r.pairs {
+			p := pr.old
 			if next[i] == absent {
 				continue
 			}
@@ -148,7 +159,7 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) 
 				}
 				next[i] = pos + j
 			}
-			if start == absent || next[i] < start || (next[i] == start && len(p) > len(r.olds[k])) {
+			if start == absent || next[i] < start || (next[i] == start && len(p) > len(r.pairs[k].old)) {
 				start, k = next[i], i
 			}
 		}
@@ -160,8 +171,8 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) 
 			break
 		}
 		dst = append(dst, src[pos:start]...)
-		dst = append(dst, r.news[k]...)
-		pos = start + len(r.olds[k])
+		dst = append(dst, r.pairs[k].new...)
+		pos = start + len(r.pairs[k].old)
 		if pos > hold {
 			// The match covered the held bytes; what remains may not
 			// need holding at all.
@@ -180,8 +191,8 @@ func (r *Replacer) holdFrom(src []byte, from int, eof bool) int {
 	}
 	for i := max(from, len(src)-r.maxLen+1); i < len(src); i++ {
 		tail := src[i:]
-		for _, p := range r.olds {
-			if len(p) > len(tail) && bytes.HasPrefix(p, tail) {
+		for _, p := range r.pairs {
+			if len(p.old) > len(tail) && bytes.HasPrefix(p.old, tail) {
 				return i
 			}
 		}
@@ -211,6 +222,9 @@ type reader struct {
 	next []int // scratch for Replacer.replace
 	full bool  // the last read filled the input buffer: grow it before the next
 	err  error // sticky error from src; set once all input is consumed
+
+	pooled *buffers // in and out, while they are a pooled pair
+	nexts  [4]int   // next, for up to four patterns
 }
 
 // Read implements io.Reader. It reads from src only while it has no output
@@ -243,12 +257,20 @@ func (z *reader) Read(p []byte) (int, error) {
 func (z *reader) fill() int {
 	switch {
 	case z.in == nil:
-		z.in, z.out = firstBuffer(firstReadSize+z.r.maxLen), firstBuffer(firstReadSize + z.r.maxLen)[:0]
-		z.next = make([]int, len(z.r.olds))
+		n := firstReadSize + z.r.maxLen
+		if z.r.maxLen <= firstSlack {
+			z.pooled = pool.Get().(*buffers)
+			z.in, z.out = z.pooled.in[:n], z.pooled.out[:0]
+		} else {
+			z.in, z.out = make([]byte, n), make([]byte, 0, n)
+		}
+		z.next = z.nexts[:0]
+		z.next = slices.Grow(z.next, len(z.r.pairs))[:len(z.r.pairs)]
 	case z.full && len(z.in) < readSize+z.r.maxLen:
 		in := make([]byte, readSize+z.r.maxLen)
 		copy(in, z.in[:z.held])
 		z.in, z.out = in, make([]byte, 0, len(in))
+		z.release()
 	}
 	n, err := z.src.Read(z.in[z.held:])
 	z.full = z.held+n == len(z.in)
@@ -264,32 +286,29 @@ func (z *reader) fill() int {
 // Close closes src, and gives the reader's buffers back for another response to use.
 func (z *reader) Close() error {
 	if z.err != errClosed {
-		putFirstBuffer(z.in)
-		putFirstBuffer(z.out)
+		z.release()
 		z.in, z.out, z.off, z.held, z.err = nil, nil, 0, 0, errClosed
 	}
 	return z.src.Close()
 }
 
+// release gives the pooled pair back, once z no longer uses it.
+func (z *reader) release() {
+	if z.pooled != nil {
+		pool.Put(z.pooled)
+		z.pooled = nil
+	}
+}
+
 var errClosed = errors.New("scrub: read after close")
 
-// firstBuffers holds the input and output buffers of readers that have not grown: most
-// responses are small, and a fresh pair for each one made the garbage collector the main
-// cost of scrubbing them. Buffers for patterns longer than firstSlack are not pooled.
-var firstBuffers = sync.Pool{New: func() any { b := make([]byte, firstReadSize+firstSlack); return &b }}
+// buffers are a reader's input and output buffers of the first size. Most responses are small,
+// and a fresh pair for each one made the garbage collector the main cost of scrubbing them,
+// so pairs are pooled. Readers with patterns longer than firstSlack do not use the pool.
+type buffers struct{ in, out []byte }
+
+var pool = sync.Pool{New: func() any {
+	return &buffers{in: make([]byte, firstReadSize+firstSlack), out: make([]byte, 0, firstReadSize+firstSlack)}
+}}
 
 const firstSlack = 256
-
-func firstBuffer(n int) []byte {
-	if n > firstReadSize+firstSlack {
-		return make([]byte, n)
-	}
-	return (*firstBuffers.Get().(*[]byte))[:n]
-}
-
-func putFirstBuffer(b []byte) {
-	if cap(b) == firstReadSize+firstSlack {
-		b = b[:cap(b)]
-		firstBuffers.Put(&b)
-	}
-}
