@@ -57,7 +57,7 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
 	}
-	t := target{scheme: "https", host: host, port: port}
+	t := newTarget("https", host, port)
 	x.ev.Host, x.ev.Port = host, port
 
 	in := &policy.Input{

@@ -9,25 +9,36 @@ import (
 )
 
 // target is where a request is sent: a normalised host (lower-case, no brackets, no
-// trailing dot, numeric IPv4 forms as dotted quads) and port.
+// trailing dot, numeric IPv4 forms as dotted quads) and port. newTarget makes one.
 type target struct {
 	scheme string
 	host   string
 	port   int
+	// hostPort and hostHeader, worked out once: a tunnel's requests use them all the time.
+	authority, header string
 }
 
-func (t target) hostPort() string { return net.JoinHostPort(t.host, strconv.Itoa(t.port)) }
+func newTarget(scheme, host string, port int) target {
+	t := target{scheme: scheme, host: host, port: port, authority: net.JoinHostPort(host, strconv.Itoa(port))}
+	t.header = t.authority
+	if (scheme == "https" && port == 443) || (scheme == "http" && port == 80) {
+		t.header = host
+		if strings.Contains(host, ":") {
+			t.header = "[" + host + "]"
+		}
+	}
+	return t
+}
+
+// hostPort is "host:port", with an IPv6 host in brackets.
+func (t target) hostPort() string { return t.authority }
 
 // hostHeader is the Host header upstream: the port only when it is not the scheme's default.
-func (t target) hostHeader() string {
-	if (t.scheme == "https" && t.port == 443) || (t.scheme == "http" && t.port == 80) {
-		if strings.Contains(t.host, ":") {
-			return "[" + t.host + "]"
-		}
-		return t.host
-	}
-	return t.hostPort()
-}
+func (t target) hostHeader() string { return t.header }
+
+// names reports whether h, a Host header or an absolute URL's host, names t exactly as t
+// writes itself, which is how nearly every request names it; anything else is parsed.
+func (t target) names(h string) bool { return h == t.authority || h == t.header }
 
 // splitHost parses "host[:port]" into a normalised host and a port (defPort when absent).
 // The policy, the credential bindings and the dialer all see the normalised host, so

@@ -78,3 +78,26 @@ func FuzzSplitHost(f *testing.F) {
 		}
 	})
 }
+
+// TestTargetNamesOnlyWhatParsesToIt checks the shortcut requestTarget takes before parsing a
+// request's host: it accepts only what the parser reads as the same host and port.
+func TestTargetNamesOnlyWhatParsesToIt(t *testing.T) {
+	for _, tg := range []target{newTarget("https", "api.example.com", 443), newTarget("https", "127.0.0.1", 8443),
+		newTarget("https", "::1", 443), newTarget("http", "::1", 8080), newTarget("http", "example.com", 80)} {
+		named := 0
+		for _, h := range []string{tg.host, tg.hostPort(), tg.hostHeader(), "[" + tg.host + "]", strings.ToUpper(tg.hostPort()),
+			tg.host + ".", tg.host + ":1", "other.example:443", tg.hostPort() + "0"} {
+			if !tg.names(h) {
+				continue
+			}
+			named++
+			host, port, err := splitHost(h, 0)
+			if err != nil || host != tg.host || (port != 0 && port != tg.port) {
+				t.Errorf("%s names %q, parsed as %q %d %v", tg.hostPort(), h, host, port, err)
+			}
+		}
+		if named == 0 {
+			t.Errorf("%s names none of its own forms", tg.hostPort())
+		}
+	}
+}

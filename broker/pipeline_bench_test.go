@@ -84,7 +84,7 @@ func benchBroker(b *testing.B, full bool) (*Broker, *tunnel) {
 	}
 	br.transport = memoryUpstream{}
 	agent := identity.Agent{ID: "dev-agent", Labels: map[string]string{"env": "dev"}}
-	return br, &tunnel{agent: agent, target: target{scheme: "https", host: "api.openai.com", port: 443}}
+	return br, &tunnel{agent: agent, target: newTarget("https", "api.openai.com", 443)}
 }
 
 type allowAll struct{}

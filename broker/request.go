@@ -120,7 +120,7 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 		}
 		// The Host header and, in absolute form, the URL's host must both name the CONNECT target.
 		for _, h := range []string{r.Host, r.URL.Host} {
-			if h == "" {
+			if h == "" || tun.target.names(h) {
 				continue
 			}
 			host, port, err := splitHost(h, 0)
@@ -149,7 +149,7 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 	if err != nil {
 		return target{}, fmt.Errorf("%w: %v", errBadRequest, err)
 	}
-	return target{scheme: "http", host: host, port: port}, nil
+	return newTarget("http", host, port), nil
 }
 
 // authorize applies the decision: which credentials, if any, the request may carry. In monitor
