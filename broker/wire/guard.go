@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -181,27 +182,28 @@ func (g *guarded) onLine(line []byte) error {
 
 // endHead checks a complete head and sets up reading its body.
 func (g *guarded) endHead() error {
-	lines := bytes.Split(g.head[:len(g.head)-4], []byte("\r\n"))
-	reqLine := lines[0]
+	reqLine, fields, _ := bytes.Cut(g.head[:len(g.head)-4], []byte("\r\n"))
 	method, _, ok := bytes.Cut(reqLine, []byte(" "))
 	if !ok || !isToken(method) {
 		return ErrFraming
 	}
 	var cl, te [][]byte
 	hosts, upgrade := 0, false
-	for _, l := range lines[1:] {
+	for more := len(fields) > 0; more; {
+		var l []byte
+		l, fields, more = bytes.Cut(fields, []byte("\r\n"))
 		name, value, err := headerField(l)
 		if err != nil {
 			return err
 		}
-		switch string(bytes.ToLower(name)) {
-		case "content-length":
+		switch {
+		case bytes.EqualFold(name, []byte("content-length")):
 			cl = append(cl, value)
-		case "transfer-encoding":
+		case bytes.EqualFold(name, []byte("transfer-encoding")):
 			te = append(te, value)
-		case "host":
+		case bytes.EqualFold(name, []byte("host")):
 			hosts++
-		case "upgrade":
+		case bytes.EqualFold(name, []byte("upgrade")):
 			upgrade = true
 		}
 	}
@@ -246,11 +248,20 @@ func headerField(l []byte) (name, value []byte, err error) {
 
 func isToken(b []byte) bool {
 	for _, c := range b {
-		if c <= ' ' || c >= 0x7f || bytes.IndexByte([]byte("\"(),/:;<=>?@[\\]{}"), c) >= 0 {
+		if !tokenChars[c] {
 			return false
 		}
 	}
 	return len(b) > 0
 }
+
+// tokenChars marks the bytes a token (RFC 9110 §5.6.2) is made of: visible ASCII but the
+// delimiters.
+var tokenChars = func() (t [256]bool) {
+	for c := '!'; c <= '~'; c++ {
+		t[c] = !strings.ContainsRune(`"(),/:;<=>?@[\]{}`, c)
+	}
+	return t
+}()
 
 var _ io.Reader = (*guarded)(nil)

@@ -59,6 +59,14 @@ func TestGuard(t *testing.T) {
 		"control char in value": {"GET / HTTP/1.1\r\nX: a\x01b\r\n\r\n", true},
 		"plus sign length":      {"POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc", true},
 		"huge head":             {"GET / HTTP/1.1\r\nX: " + strings.Repeat("a", maxHead) + "\r\n\r\n", true},
+		"duplicate CL, cases":   {"POST / HTTP/1.1\r\ncontent-length: 3\r\nCONTENT-LENGTH: 3\r\n\r\nabc", true},
+		"TE in capitals":        {"POST / HTTP/1.1\r\nTRANSFER-ENCODING: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", false},
+		"two Hosts":             {"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", true},
+		"upgrade passes bytes":  {"GET / HTTP/1.1\r\nHost: a\r\nupgrade: websocket\r\n\r\n\x81\x05frame\n\n", false},
+		"head without fields":   {"GET / HTTP/1.1\r\n\r\n", false},
+		"delimiter in a name":   {"GET / HTTP/1.1\r\nX(y): 1\r\n\r\n", true},
+		"non-ASCII in a name":   {"GET / HTTP/1.1\r\nX\xc3\xa9: 1\r\n\r\n", true},
+		"bad method":            {"G@T / HTTP/1.1\r\nHost: a\r\n\r\n", true},
 	}
 	for name, c := range cases {
 		for _, split := range []int{1, 7, 1 << 16} {
