@@ -148,6 +148,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		maxConns:   cfg.Proxy.MaxConnections,
 	}
 	m.certCacheSize(b.certs.Len)
+	m.auditEventsLost(b.audit.Lost)
 	b.proxy = b.newProxy(tr.Transport())
 	return b, nil
 }

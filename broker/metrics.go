@@ -13,6 +13,7 @@ type Metrics struct {
 	latency   *prometheus.HistogramVec
 	reloads   *prometheus.CounterVec
 	certCache prometheus.Collector
+	auditLost prometheus.Collector
 }
 
 // NewMetrics registers the broker's metrics in reg (a new registry when nil).
@@ -62,4 +63,16 @@ func (m *Metrics) certCacheSize(f func() int) {
 		Help: "Leaf certificates held in the interception certificate cache.",
 	}, func() float64 { return float64(f()) })
 	m.reg.MustRegister(m.certCache)
+}
+
+// auditEventsLost exports f, the audit events whose write failed.
+func (m *Metrics) auditEventsLost(f func() int64) {
+	if m.auditLost != nil {
+		return
+	}
+	m.auditLost = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "capbroker_audit_events_lost_total",
+		Help: "Audit events that could not be written (the write to the audit file or stdout failed).",
+	}, func() float64 { return float64(f()) })
+	m.reg.MustRegister(m.auditLost)
 }

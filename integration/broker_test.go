@@ -826,6 +826,7 @@ func TestAuditInputAndMetrics(t *testing.T) {
 		`capbroker_requests_total{decision="allow",phase="connect"} 2`,
 		`capbroker_request_duration_seconds_count{phase="request"} 2`,
 		`capbroker_cert_cache_entries 1`,
+		`capbroker_audit_events_lost_total 0`,
 	} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("metrics lack %s", want)

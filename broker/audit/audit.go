@@ -66,6 +66,9 @@ func New(w io.Writer, includeInput bool) *Logger {
 // Close writes every event not yet written. Events written after Close are written at once.
 func (l *Logger) Close() { l.out.Close() }
 
+// Lost is the number of events whose write failed (each was also reported on stderr).
+func (l *Logger) Lost() int64 { return l.out.lost.Load() }
+
 // Write records one decision.
 func (l *Logger) Write(e *Event) {
 	ev := l.zl.Info().

@@ -1,10 +1,12 @@
 package audit
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 )
 
 // maxPending bounds the events waiting to be written. A request that would go over it waits
@@ -20,6 +22,8 @@ type batchWriter struct {
 	wake chan struct{} // capacity 1: the writer has something to do
 	stop chan struct{}
 	done chan struct{}
+
+	lost atomic.Int64 // events whose write failed
 
 	mu      sync.Mutex
 	room    sync.Cond // signalled when pending has been taken
@@ -42,7 +46,11 @@ func (b *batchWriter) Write(p []byte) (int, error) {
 	}
 	if b.closed { // after Close: written here and now
 		defer b.mu.Unlock()
-		return b.w.Write(p)
+		n, err := b.w.Write(p)
+		if err != nil {
+			b.lost.Add(1)
+		}
+		return n, err
 	}
 	b.pending = append(b.pending, p...)
 	b.mu.Unlock()
@@ -80,8 +88,9 @@ func (b *batchWriter) flush() {
 		b.room.Broadcast()
 		b.mu.Unlock()
 		if _, err := b.w.Write(buf); err != nil {
-			// As zerolog reports a failed synchronous write; the events are lost.
+			// As zerolog reports a failed synchronous write; the events are lost, and counted.
 			fmt.Fprintf(os.Stderr, "audit: writing events: %v\n", err)
+			b.lost.Add(int64(bytes.Count(buf, []byte{'\n'})))
 		}
 		if cap(buf) <= 2*maxPending { // pending stops growing just past maxPending
 			b.mu.Lock()

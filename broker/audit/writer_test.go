@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -115,3 +116,27 @@ func TestBatchWriterReusesItsBuffers(t *testing.T) {
 		t.Errorf("%d allocations for %d events", n, writers*each)
 	}
 }
+
+// TestLostEventsAreCounted writes events to a destination that fails: each one is counted as
+// lost, whether it was batched or written after Close.
+func TestLostEventsAreCounted(t *testing.T) {
+	l := New(failingWriter{}, false)
+	for i := range 5 {
+		l.Write(&Event{RequestID: fmt.Sprint(i), Start: time.Now()})
+	}
+	l.Close() // every pending event has been attempted
+	if n := l.Lost(); n != 5 {
+		t.Fatalf("%d events counted lost, want 5", n)
+	}
+	l.Write(&Event{RequestID: "after close", Start: time.Now()})
+	if n := l.Lost(); n != 6 {
+		t.Fatalf("%d events counted lost after a write after Close, want 6", n)
+	}
+	if n := New(io.Discard, false).Lost(); n != 0 {
+		t.Fatalf("%d events lost on a working destination", n)
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
