@@ -147,8 +147,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		limits:     newAgentLimiter(cfg.Proxy.MaxConnectionsPerAgent),
 		maxConns:   cfg.Proxy.MaxConnections,
 	}
-	m.certCacheSize(b.certs.Len)
-	m.auditEventsLost(b.audit.Lost)
+	m.watch(b.certs.Len, b.audit.Lost)
 	b.proxy = b.newProxy(tr.Transport())
 	return b, nil
 }

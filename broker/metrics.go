@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -8,12 +10,11 @@ import (
 // Metrics are the broker's Prometheus metrics. Labels carry only fixed vocabularies (phase,
 // decision, result), never hosts, agents' tokens or values.
 type Metrics struct {
-	reg       *prometheus.Registry
-	requests  *prometheus.CounterVec
-	latency   *prometheus.HistogramVec
-	reloads   *prometheus.CounterVec
-	certCache prometheus.Collector
-	auditLost prometheus.Collector
+	reg      *prometheus.Registry
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+	reloads  *prometheus.CounterVec
+	watched  sync.Once
 }
 
 // NewMetrics registers the broker's metrics in reg (a new registry when nil).
@@ -54,25 +55,20 @@ func (m *Metrics) PolicyReload(err error) {
 	m.reloads.WithLabelValues("ok").Inc()
 }
 
-func (m *Metrics) certCacheSize(f func() int) {
-	if m.certCache != nil {
-		return
-	}
-	m.certCache = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "capbroker_cert_cache_entries",
-		Help: "Leaf certificates held in the interception certificate cache.",
-	}, func() float64 { return float64(f()) })
-	m.reg.MustRegister(m.certCache)
-}
-
-// auditEventsLost exports f, the audit events whose write failed.
-func (m *Metrics) auditEventsLost(f func() int64) {
-	if m.auditLost != nil {
-		return
-	}
-	m.auditLost = prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "capbroker_audit_events_lost_total",
-		Help: "Audit events that could not be written (the write to the audit file or stdout failed).",
-	}, func() float64 { return float64(f()) })
-	m.reg.MustRegister(m.auditLost)
+// watch exports what is read from a broker's parts when metrics are gathered: the size of its
+// certificate cache, and the audit events whose write failed. Only the first broker given a
+// Metrics is watched.
+func (m *Metrics) watch(certs func() int, auditLost func() int64) {
+	m.watched.Do(func() {
+		m.reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "capbroker_cert_cache_entries",
+				Help: "Leaf certificates held in the interception certificate cache.",
+			}, func() float64 { return float64(certs()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "capbroker_audit_events_lost_total",
+				Help: "Audit events that could not be written (the write to the audit file or stdout failed).",
+			}, func() float64 { return float64(auditLost()) }),
+		)
+	})
 }

@@ -286,14 +286,7 @@ func (in *Input) find(path ast.Ref) (found, error) {
 				}
 				rest = rest[1:]
 			}
-			if body == nil {
-				return findIn(ast.Null{}, rest)
-			}
-			v, err := ast.InterfaceToValue(body)
-			if err != nil {
-				return found{}, err
-			}
-			return findIn(v, rest)
+			return findInJSON(body, rest)
 		}
 	}
 	v, err := in.astValue() // any other path: build the whole input
@@ -326,15 +319,19 @@ func findInText(text []byte, rest ast.Ref) (found, error) {
 	if s, ok := plainString(text); ok {
 		return findString(s, rest) // an LLM request's model, say: no decoder needed
 	}
-	body := parseJSON(text)
-	if body == nil {
+	return findInJSON(parseJSON(text), rest)
+}
+
+// findInJSON is findIn for a value decoded from JSON (nil is null).
+func findInJSON(v any, rest ast.Ref) (found, error) {
+	if v == nil {
 		return findIn(ast.Null{}, rest)
 	}
-	v, err := ast.InterfaceToValue(body)
+	value, err := ast.InterfaceToValue(v)
 	if err != nil {
 		return found{}, err
 	}
-	return findIn(v, rest)
+	return findIn(value, rest)
 }
 
 // plainString returns the string a JSON string decodes to when it has no escapes and is
