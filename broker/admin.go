@@ -13,20 +13,33 @@ type Readiness interface {
 	NotReady() map[string]string
 }
 
-// AdminHandler serves /healthz (the process is up), /readyz (every credential is readable)
-// and /metrics (Prometheus).
-func AdminHandler(m *Metrics, ready Readiness) http.Handler {
+// PolicyRevision names the policy deciding, "" while none is loaded (policy.bundle before its
+// first download): every request is then refused.
+type PolicyRevision interface {
+	Revision() string
+}
+
+// AdminHandler serves /healthz (the process is up), /readyz (a policy is loaded and every
+// credential is readable) and /metrics (Prometheus).
+func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		notReady := ready.NotReady()
-		if len(notReady) > 0 {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "credentials": notReady})
-			return
+		status, body := http.StatusOK, map[string]any{"status": "ready"}
+		if rev := policy.Revision(); rev != "" {
+			body["policy_revision"] = rev
+		} else {
+			status, body["policy"] = http.StatusServiceUnavailable, "no policy loaded yet"
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ready"})
+		if notReady := ready.NotReady(); len(notReady) > 0 {
+			status, body["credentials"] = http.StatusServiceUnavailable, notReady
+		}
+		if status != http.StatusOK {
+			body["status"] = "not ready"
+		}
+		writeJSON(w, status, body)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry(), promhttp.HandlerOpts{}))
 	return mux

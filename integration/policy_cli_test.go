@@ -543,6 +543,19 @@ agents: [{id: %s, token_sha256: %x}]
 	if !strings.Contains(ev, `"decision":"deny"`) {
 		t.Fatalf("connect without a bundle: %s", ev)
 	}
+	readyz := func() (int, map[string]any) {
+		resp, err := http.Get("http://" + b.adminAddr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body
+	}
+	if code, body := readyz(); code != http.StatusServiceUnavailable || body["policy"] != "no policy loaded yet" {
+		t.Fatalf("/readyz without a bundle: %d %v", code, body)
+	}
 
 	allowAll := "package broker\n\ndecision := {\"allow\": true}\n"
 	mark := b.logs.mark()
@@ -553,6 +566,9 @@ agents: [{id: %s, token_sha256: %x}]
 	code, id := get()
 	if code != http.StatusOK {
 		t.Fatalf("with bundle r1: %d %s", code, id)
+	}
+	if code, body := readyz(); code != http.StatusOK || body["policy_revision"] != "r1" {
+		t.Fatalf("/readyz with bundle r1: %d %v", code, body)
 	}
 	if ev := b.waitAudit(t, id); ev["policy_revision"] != "r1" || ev["decision"] != "allow" {
 		t.Fatalf("audit with r1: %v", ev)

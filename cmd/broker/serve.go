@@ -161,7 +161,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		adminLn.Close()
 		return err
 	}
-	admin := &http.Server{Handler: broker.AdminHandler(metrics, store), ReadHeaderTimeout: 5 * time.Second}
+	admin := &http.Server{Handler: broker.AdminHandler(metrics, store, engine), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = admin.Serve(adminLn) }()
 	defer admin.Close()
 
