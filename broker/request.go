@@ -92,9 +92,11 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		}
 	}
 	if len(granted) > 0 {
-		// Ask for an unencoded body so the response can be scrubbed.
+		// Ask for an unencoded body, and WebSocket frames without compression, so the response
+		// can be scrubbed.
 		out.Header.Del("Accept-Encoding")
 		out.Header.Del("Grpc-Accept-Encoding")
+		out.Header.Del("Sec-WebSocket-Extensions")
 	}
 	b.forwardTrailers(r, out)
 
@@ -334,7 +336,11 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Respon
 	upgraded := resp.StatusCode == http.StatusSwitchingProtocols
 	if !s.Empty() {
 		s.Header(resp.Header)
-		if err := decodeForScrub(resp); err != nil {
+		err := decodeForScrub(resp)
+		if err == nil && upgraded {
+			err = scrubWebSocket(resp, s)
+		}
+		if err != nil {
 			resp.Body.Close()
 			return nil, err
 		}

@@ -489,39 +489,118 @@ func TestSSEEventsArriveOneByOne(t *testing.T) {
 	}
 }
 
+// TestWebSocketEcho upgrades to a WebSocket under /api/, where the canary credential is
+// injected: the server's frames reach the agent with the canary scrubbed, the agent's frames
+// reach the server as they were sent, and the upgrade went without compression offered.
 func TestWebSocketEcho(t *testing.T) {
+	offered := make(chan []string, 1) // the upgrade's Sec-WebSocket-Extensions, as the server got them
 	ws := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 			http.Error(w, "want websocket upgrade", 400)
 			return
 		}
+		offered <- r.Header.Values("Sec-WebSocket-Extensions")
+		key := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 		conn, rw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			return
 		}
 		defer conn.Close()
 		fmt.Fprint(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		// A careless server echoes the key it was given, split across two fragments.
+		rw.Write(wsFrame(false, 0x1, []byte("your key: "+key[:5]), false))
+		rw.Write(wsFrame(true, 0x0, []byte(key[5:]+"\n"), false))
 		rw.Flush()
-		_, _ = io.Copy(conn, rw) // echo
+		for { // then echoes the agent's messages (single frames, masked by the agent)
+			op, payload, err := readWSFrame(rw.Reader)
+			if err != nil || op == 0x8 {
+				return
+			}
+			rw.Write(wsFrame(true, op, payload, false))
+			rw.Flush()
+		}
 	})
 	e := newEnv(t, envOpts{handler: ws})
 	conn := e.dialTunnel(t, e.up.Listener.Addr().String())
 	defer conn.Close()
-	fmt.Fprintf(conn, "GET /api/custom/ws HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", e.up.Listener.Addr())
+	fmt.Fprintf(conn, "GET /api/custom/ws HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n", e.up.Listener.Addr())
 	rd := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(rd, nil)
 	if err != nil || resp.StatusCode != 101 {
 		t.Fatalf("upgrade: %v %v", resp, err)
 	}
-	for _, msg := range []string{"hello\n", "second message\n"} {
-		if _, err := io.WriteString(conn, msg); err != nil {
+	var echoed []byte
+	for fin := false; !fin; {
+		op, payload, err := readWSFrame(rd)
+		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := rd.ReadString('\n')
-		if err != nil || got != msg {
-			t.Fatalf("echo: %q %v", got, err)
+		fin = op&0x80 != 0
+		echoed = append(echoed, payload...)
+	}
+	if got := string(echoed); got != "your key: [REDACTED]\n" || strings.Contains(got, e.canary) {
+		t.Fatalf("the server's message reached the agent as %q", got)
+	}
+	if extensions := <-offered; len(extensions) != 0 {
+		t.Fatalf("the upgrade offered the server %v: compressed frames could not be scrubbed", extensions)
+	}
+	for _, msg := range []string{"hello", "second message"} {
+		if _, err := conn.Write(wsFrame(true, 0x1, []byte(msg), true)); err != nil {
+			t.Fatal(err)
+		}
+		op, got, err := readWSFrame(rd)
+		if err != nil || op != 0x81 || string(got) != msg {
+			t.Fatalf("echo: %#x %q %v", op, got, err)
 		}
 	}
+}
+
+// wsFrame is a WebSocket frame; an agent's is masked (with a fixed key: this is a test).
+func wsFrame(fin bool, op byte, payload []byte, masked bool) []byte {
+	b0 := op
+	if fin {
+		b0 |= 0x80
+	}
+	if len(payload) > 125 {
+		panic("test frames are short")
+	}
+	if !masked {
+		return append([]byte{b0, byte(len(payload))}, payload...)
+	}
+	key := []byte{1, 2, 3, 4}
+	out := append([]byte{b0, 0x80 | byte(len(payload))}, key...)
+	for i, c := range payload {
+		out = append(out, c^key[i%4])
+	}
+	return out
+}
+
+// readWSFrame reads a short frame, unmasking it if need be; op includes the FIN bit.
+func readWSFrame(r *bufio.Reader) (op byte, payload []byte, err error) {
+	var h [2]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	var key [4]byte
+	if h[1]&0x80 != 0 {
+		if _, err := io.ReadFull(r, key[:]); err != nil {
+			return 0, nil, err
+		}
+	}
+	n := h[1] & 0x7f
+	if n > 125 {
+		return 0, nil, fmt.Errorf("frame of %d bytes in a test of short ones", n)
+	}
+	payload = make([]byte, n)
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return 0, nil, err
+	}
+	if h[1]&0x80 != 0 {
+		for i := range payload {
+			payload[i] ^= key[i%4]
+		}
+	}
+	return h[0] &^ 0x70, payload, nil
 }
 
 // dialTunnel opens an intercepted tunnel by hand: CONNECT, then TLS trusting the broker's CA,

@@ -7,7 +7,7 @@
 // Matching is leftmost-longest and non-overlapping: the input is scanned from
 // left to right, at each position the longest pattern that matches there is
 // replaced, and scanning resumes after it. Replacement text is never scanned
-// again. String, Bytes, Header and Reader all produce the same result for the same
+// again. String, Bytes, Header, Stream and Reader all produce the same result for the same
 // input, however a stream is split into reads.
 package scrub
 
@@ -92,6 +92,17 @@ func (r *Replacer) Bytes(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// Stream appends to dst the replaced form of the longest prefix of in that can be decided now,
+// and returns it with the length of that prefix. The rest of in, shorter than the longest
+// pattern, may begin one: pass it again, ahead of the input that follows. With final, all of
+// in is decided. It is what Reader does, for a caller that frames its own output.
+func (r *Replacer) Stream(dst, in []byte, final bool) ([]byte, int) {
+	if r.Empty() {
+		return append(dst, in...), len(in)
+	}
+	return r.replace(dst, in, final, make([]int, len(r.pairs)))
 }
 
 // replaceAll returns a new slice holding b with all patterns replaced.

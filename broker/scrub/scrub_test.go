@@ -153,6 +153,9 @@ func TestReaderRandom(t *testing.T) {
 		if got := r.Bytes([]byte(in)); string(got) != want {
 			t.Fatalf("seed %d: Bytes mismatch\n in: %q\ngot: %q\nwant %q", seed, in, got, want)
 		}
+		if got := streamInPieces(r, in, rng); got != want {
+			t.Fatalf("seed %d: Stream mismatch\n in: %q\ngot: %q\nwant %q", seed, in, got, want)
+		}
 
 		var out []byte
 		src := &randomChunks{rng: rng, data: in}
@@ -585,5 +588,23 @@ func TestClosedReaderGivesNothing(t *testing.T) {
 	}
 	if err := first.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// streamInPieces passes in through r.Stream in random pieces, each after what the last one
+// left, as a caller framing its own output does.
+func streamInPieces(r *scrub.Replacer, in string, rng *rand.Rand) string {
+	var out, held []byte
+	for rest := in; ; {
+		n := min(len(rest), rng.IntN(40))
+		final := n == len(rest)
+		held = append(held, rest[:n]...)
+		rest = rest[n:]
+		var taken int
+		out, taken = r.Stream(out, held, final)
+		held = append(held[:0], held[taken:]...)
+		if final {
+			return string(out)
+		}
 	}
 }
