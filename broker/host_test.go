@@ -101,3 +101,21 @@ func TestTargetNamesOnlyWhatParsesToIt(t *testing.T) {
 		}
 	}
 }
+
+func TestTargetHostHeader(t *testing.T) {
+	for _, c := range []struct {
+		t            target
+		header, addr string
+	}{
+		{newTarget("https", "api.example.com", 443), "api.example.com", "api.example.com:443"},
+		{newTarget("https", "api.example.com", 8443), "api.example.com:8443", "api.example.com:8443"},
+		{newTarget("http", "api.example.com", 80), "api.example.com", "api.example.com:80"},
+		{newTarget("http", "api.example.com", 443), "api.example.com:443", "api.example.com:443"}, // plain HTTP in a tunnel to 443
+		{newTarget("https", "::1", 443), "[::1]", "[::1]:443"},
+		{newTarget("http", "::1", 8080), "[::1]:8080", "[::1]:8080"},
+	} {
+		if c.t.hostHeader() != c.header || c.t.hostPort() != c.addr {
+			t.Errorf("%s %s %d: Host %q, address %q; want %q, %q", c.t.scheme, c.t.host, c.t.port, c.t.hostHeader(), c.t.hostPort(), c.header, c.addr)
+		}
+	}
+}

@@ -55,9 +55,9 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 		return
 	}
 	var conn net.Conn = &peekedConn{Conn: client, r: br}
-	tun.target.scheme = "http" // plain HTTP sent through a CONNECT tunnel, unless TLS follows
-	if first[0] == 0x16 {      // a TLS handshake record: intercept TLS
-		tun.target.scheme = "https"
+	if first[0] != 0x16 { // not a TLS handshake record: plain HTTP sent through the tunnel
+		tun.target = newTarget("http", tun.target.host, tun.target.port)
+	} else { // intercept TLS
 		tc := tls.Server(conn, b.mitmTLS(tun))
 		if err := tc.Handshake(); err != nil {
 			b.log.Debug().Err(err).Str("host", tun.target.host).Msg("agent TLS handshake failed in tunnel")
