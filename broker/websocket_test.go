@@ -158,3 +158,31 @@ func TestWebSocketExtensionIsRefused(t *testing.T) {
 		t.Fatal("an upgrade with compressed frames was accepted for scrubbing")
 	}
 }
+
+// FuzzWebSocketScrub feeds arbitrary server bytes to a scrubbed WebSocket: it never panics,
+// what it passes on is well-formed server frames, and no data message or control frame the
+// agent can assemble from them holds the secret (go test -fuzz FuzzWebSocketScrub ./broker).
+func FuzzWebSocketScrub(f *testing.F) {
+	f.Add(appendFrame(appendFrame(nil, false, wsText, []byte("a sk-sec")), true, wsContinuation, []byte("ret-1 b")))
+	f.Add(appendFrame(appendFrame(nil, true, 0x9, []byte(wsSecret)), true, wsBinary, []byte("x"+wsSecret)))
+	f.Add(appendFrame(nil, true, wsClose, []byte("\x03\xe8"+wsSecret)))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		out, _ := scrubFrames(t, raw)
+		var message []byte
+		for _, fr := range parseFrames(t, out) {
+			if fr.op >= wsClose {
+				if strings.Contains(fr.payload, wsSecret) {
+					t.Fatalf("a control frame carried the secret: %q", fr.payload)
+				}
+				continue
+			}
+			if fr.op != wsContinuation {
+				message = message[:0]
+			}
+			message = append(message, fr.payload...)
+			if bytes.Contains(message, []byte(wsSecret)) {
+				t.Fatalf("a message carried the secret: %q", message)
+			}
+		}
+	})
+}
