@@ -87,6 +87,7 @@ type Broker struct {
 	transport  upstreamClient
 	dialer     *upstream.Dialer
 	certs      *certs.Cache
+	mitmTLS    *tls.Config // the agent-facing TLS config of every intercepted tunnel
 	audit      *audit.Logger
 	metrics    *Metrics
 	log        zerolog.Logger
@@ -147,6 +148,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		limits:     newAgentLimiter(cfg.Proxy.MaxConnectionsPerAgent),
 		maxConns:   cfg.Proxy.MaxConnections,
 	}
+	b.mitmTLS = b.newMitmTLS()
 	m.watch(b.certs.Len, b.audit.Lost)
 	b.proxy = b.newProxy(tr.Transport())
 	return b, nil

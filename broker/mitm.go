@@ -3,6 +3,7 @@ package broker
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"io"
 	"log"
 	"net"
@@ -54,11 +55,11 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	if err != nil {
 		return
 	}
-	var conn net.Conn = &peekedConn{Conn: client, r: br}
+	var conn net.Conn = &peekedConn{Conn: client, r: br, tun: tun}
 	if first[0] != 0x16 { // not a TLS handshake record: plain HTTP sent through the tunnel
 		tun.target = newTarget("http", tun.target.host, tun.target.port)
 	} else { // intercept TLS
-		tc := tls.Server(conn, b.mitmTLS(tun))
+		tc := tls.Server(conn, b.mitmTLS)
 		if err := tc.Handshake(); err != nil {
 			b.log.Debug().Err(err).Str("host", tun.target.host).Msg("agent TLS handshake failed in tunnel")
 			return
@@ -131,15 +132,22 @@ func configureH2(srv *http.Server) {
 	}
 }
 
-// mitmTLS is the agent-facing TLS config of an intercepted tunnel: always the certificate of
-// the CONNECT host. A ClientHello naming another host (SNI) is recorded on the tunnel, and
-// every request in it is then refused with a 403 that the audit log explains.
-func (b *Broker) mitmTLS(tun *tunnel) *tls.Config {
+// newMitmTLS is the agent-facing TLS config of intercepted tunnels, one for all of them: a
+// tunnel's certificate is always that of its CONNECT host, found from the connection the
+// handshake runs on (a *peekedConn, which knows its tunnel). A ClientHello naming another host
+// (SNI) is recorded on the tunnel, and every request in it is then refused with a 403 that the
+// audit log explains.
+func (b *Broker) newMitmTLS() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		// h2 first: a client that offers both gets HTTP/2 (see intercept).
 		NextProtos: []string{"h2", "http/1.1"},
 		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			pc, ok := hello.Conn.(*peekedConn)
+			if !ok {
+				return nil, errors.New("TLS handshake outside an intercepted tunnel")
+			}
+			tun := pc.tun
 			if sni := strings.ToLower(strings.TrimSuffix(hello.ServerName, ".")); sni != "" && sni != tun.target.host {
 				tun.sniMismatch = hello.ServerName
 			}
@@ -242,10 +250,11 @@ func (b *Broker) switchProtocols(w http.ResponseWriter, resp *http.Response) {
 	<-done
 }
 
-// peekedConn is a conn whose first bytes were read into r.
+// peekedConn is a tunnel's conn, whose first bytes were read into r.
 type peekedConn struct {
 	net.Conn
-	r *bufio.Reader
+	r   *bufio.Reader
+	tun *tunnel
 }
 
 func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
