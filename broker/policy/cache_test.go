@@ -110,6 +110,7 @@ var bodyTexts = []string{
 	" \t{\"o\" : { \"model\" :\n\"spaced\" } , \"n\":-1e3 }\n", "{\"\xff\": \"invalid UTF-8\", \"\xef\xbf\xbd\": 2}",
 	"{\"model\": \"caf\xc3\xa9\"}", "{\"model\": \"bad \xff byte\"}", `{"model": "tab\tescaped"}`,
 	`["x"]`, `"text"`, `null`, `12`, `{}`, `{"model": "m"} trailing`, `{"model": `, ``,
+	"\"\" \n", `"\""`, " \"padded\"\t",
 }
 
 // pathsIntoBodies lead into a body, beside the paths TestFindMatchesTheDocument tries.

@@ -304,7 +304,7 @@ func findInText(text []byte, rest ast.Ref) (found, error) {
 	if !json.Valid(text) {
 		return findIn(ast.Null{}, rest)
 	}
-	text = bytes.TrimLeft(text, " \t\r\n")
+	text = bytes.Trim(text, " \t\r\n") // the whitespace around a value is no part of it
 	for len(rest) > 0 && text[0] == '{' {
 		key, isKey := rest[0].Value.(ast.String)
 		if !isKey {
