@@ -317,7 +317,7 @@ func findInText(text []byte, rest ast.Ref) (found, error) {
 		text, rest = member, rest[1:]
 	}
 	if s, ok := plainString(text); ok {
-		return findString(s, rest) // an LLM request's model, say: no decoder needed
+		return findString(string(s), rest) // an LLM request's model, say: no decoder needed
 	}
 	return findInJSON(parseJSON(text), rest)
 }
@@ -334,17 +334,17 @@ func findInJSON(v any, rest ast.Ref) (found, error) {
 	return findIn(value, rest)
 }
 
-// plainString returns the string a JSON string decodes to when it has no escapes and is
-// valid UTF-8, so that its text between the quotes is the string itself.
-func plainString(text []byte) (string, bool) {
+// plainString returns the bytes between the quotes of a JSON string that has no escapes and
+// is valid UTF-8: they are the string it decodes to, as they stand.
+func plainString(text []byte) ([]byte, bool) {
 	if len(text) < 2 || text[0] != '"' {
-		return "", false
+		return nil, false
 	}
 	inner := text[1 : len(text)-1]
 	if bytes.IndexByte(inner, '\\') >= 0 || !utf8.Valid(inner) {
-		return "", false
+		return nil, false
 	}
-	return string(inner), true
+	return inner, true
 }
 
 // objectMember returns the text of the last member named key in obj, a valid JSON object.
@@ -366,11 +366,10 @@ func objectMember(obj []byte, key string) (member []byte, found bool) {
 }
 
 // memberNamed reports whether name, a member name as JSON text, decodes to key. A name with
-// escapes or non-ASCII bytes is decoded as encoding/json does (invalid UTF-8 becomes U+FFFD).
+// escapes or invalid UTF-8 is decoded as encoding/json does (invalid UTF-8 becomes U+FFFD).
 func memberNamed(name []byte, key string) bool {
-	plain := bytes.IndexFunc(name, func(r rune) bool { return r == '\\' || r >= utf8.RuneSelf }) < 0
-	if plain {
-		return string(name[1:len(name)-1]) == key
+	if s, ok := plainString(name); ok {
+		return string(s) == key // compared without a copy
 	}
 	var s string
 	return json.Unmarshal(name, &s) == nil && s == key
