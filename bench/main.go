@@ -167,8 +167,20 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
+	var procs []*process
+	for _, pa := range all {
+		if pa.proc != nil && !slices.Contains(procs, pa.proc) {
+			procs = append(procs, pa.proc)
+		}
+	}
 	fmt.Fprintln(os.Stderr, "latency (open loop)...")
 	for _, pa := range all {
+		switch waited, quiet := settle(procs, 10*time.Second); {
+		case !quiet:
+			fmt.Fprintf(os.Stderr, "  %s: the proxies were still busy after %s; measuring anyway\n", pa.name, waited.Round(time.Second))
+		case waited > time.Second:
+			fmt.Fprintf(os.Stderr, "  %s: waited %s for the proxies to go quiet\n", pa.name, waited.Round(100*time.Millisecond))
+		}
 		pa.client = pa.withConns(p, 256)
 		s.Latency[pa.name] = pa.openLoop(ctx, o.rate, o.latencyFor)
 	}

@@ -188,3 +188,29 @@ func startServing(cmd *exec.Cmd, addr string) (*process, error) {
 	}
 	return proc, nil
 }
+
+// settle waits, up to limit, until the proxies have gone quiet: under 5 ms of CPU among them
+// in 100 ms. A proxy still working off the queue of a phase that has ended (mitmproxy, whose
+// throughput is far below what it was offered at 128 connections) would otherwise take CPU
+// from the next path measured, and its latency would be charged to that path. It returns how
+// long it waited, and whether they went quiet.
+func settle(procs []*process, limit time.Duration) (time.Duration, bool) {
+	total := func() (t time.Duration) {
+		for _, p := range procs {
+			t += p.cpu()
+		}
+		return t
+	}
+	const window, quiet = 100 * time.Millisecond, 5 * time.Millisecond
+	start := time.Now()
+	before := total()
+	for time.Since(start) < limit {
+		time.Sleep(window)
+		now := total()
+		if now-before < quiet {
+			return time.Since(start), true
+		}
+		before = now
+	}
+	return time.Since(start), false
+}
