@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/elazarl/goproxy"
@@ -345,9 +346,9 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Respon
 			return nil, err
 		}
 		if resp.Body != http.NoBody && !upgraded {
-			resp.Body = &trailerScrubber{ReadCloser: s.Reader(resp.Body), resp: resp, s: s}
-			resp.ContentLength = -1
-			resp.Header.Del("Content-Length")
+			if err := scrubBody(resp, s); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if !upgraded {
@@ -362,6 +363,37 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Respon
 		resp.Body = body
 	}
 	return resp, nil
+}
+
+// maxWholeScrub is the largest response body that is scrubbed whole (scrubBody).
+const maxWholeScrub = 32 << 10
+
+// scrubBody makes resp's body scrubbed. A small HTTP/1.x body of known length and without
+// trailers, as most API answers are, is read whole and scrubbed at once: it reaches the agent
+// with its exact length, in the same write as the headers. Any other body is scrubbed as it
+// streams, and reaches the agent chunked (its length can change), with its trailers scrubbed
+// at its end.
+func scrubBody(resp *http.Response, s *scrub.Replacer) error {
+	if resp.ContentLength <= 0 || resp.ContentLength > maxWholeScrub || resp.ProtoMajor != 1 || len(resp.Trailer) > 0 {
+		resp.Body = &trailerScrubber{ReadCloser: s.Reader(resp.Body), resp: resp, s: s}
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+		return nil
+	}
+	// Read to io.EOF, which is what gives the upstream connection back to the pool.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, resp.ContentLength+1))
+	resp.Body.Close()
+	if err == nil && int64(len(body)) != resp.ContentLength {
+		err = fmt.Errorf("%d bytes where Content-Length said %d", len(body), resp.ContentLength)
+	}
+	if err != nil {
+		return fmt.Errorf("upstream response body: %w", err)
+	}
+	body = s.Bytes(body)
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	return nil
 }
 
 // decodeForScrub removes a gzip content encoding so the body can be scrubbed. Other
