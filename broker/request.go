@@ -380,20 +380,48 @@ func scrubBody(resp *http.Response, s *scrub.Replacer) error {
 		resp.Header.Del("Content-Length")
 		return nil
 	}
-	// Read to io.EOF, which is what gives the upstream connection back to the pool.
-	body, err := io.ReadAll(io.LimitReader(resp.Body, resp.ContentLength+1))
-	resp.Body.Close()
-	if err == nil && int64(len(body)) != resp.ContentLength {
-		err = fmt.Errorf("%d bytes where Content-Length said %d", len(body), resp.ContentLength)
+	body := make([]byte, resp.ContentLength)
+	_, err := io.ReadFull(resp.Body, body)
+	if err == nil {
+		// To io.EOF, which is also what gives the upstream connection back to the pool.
+		err = expectEOF(resp.Body)
 	}
+	resp.Body.Close()
 	if err != nil {
 		return fmt.Errorf("upstream response body: %w", err)
 	}
-	body = s.Bytes(body)
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	resp.ContentLength = int64(len(body))
-	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	if scrubbed := s.Bytes(body); len(scrubbed) != len(body) {
+		body = scrubbed
+		resp.ContentLength = int64(len(body))
+		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	b := &wholeBody{}
+	b.Reset(body)
+	resp.Body = b
 	return nil
+}
+
+// wholeBody is a response body held in memory.
+type wholeBody struct{ bytes.Reader }
+
+func (*wholeBody) Close() error { return nil }
+
+// expectEOF reads r's end: an error if anything is left.
+func expectEOF(r io.Reader) error {
+	var b [1]byte
+	for range 100 { // a Reader may return 0, nil; not forever
+		n, err := r.Read(b[:])
+		if n > 0 {
+			return errors.New("more bytes than its Content-Length")
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return io.ErrNoProgress
 }
 
 // decodeForScrub removes a gzip content encoding so the body can be scrubbed. Other

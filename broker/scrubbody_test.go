@@ -86,11 +86,16 @@ func TestScrubBody(t *testing.T) {
 		})
 	}
 
-	t.Run("a body shorter than its length is an error", func(t *testing.T) {
-		resp, _ := response(int64(len(text))+10, 1)
-		err := scrubBody(resp, s)
-		if err == nil || strings.Contains(err.Error(), secret) {
-			t.Fatalf("err = %v, want an error without the secret", err)
-		}
-	})
+	for name, length := range map[string]int64{"shorter": int64(len(text)) + 10, "longer": int64(len(text)) - 10} {
+		t.Run("a body "+name+" than its length is an error", func(t *testing.T) {
+			resp, up := response(length, 1)
+			err := scrubBody(resp, s)
+			if err == nil || strings.Contains(err.Error(), secret) {
+				t.Fatalf("err = %v, want an error without the secret", err)
+			}
+			if !up.closed {
+				t.Error("the upstream body was not closed")
+			}
+		})
+	}
 }
