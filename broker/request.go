@@ -390,8 +390,10 @@ func scrubBody(resp *http.Response, s *scrub.Replacer) error {
 	if err != nil {
 		return fmt.Errorf("upstream response body: %w", err)
 	}
-	if scrubbed := s.Bytes(body); len(scrubbed) != len(body) {
-		body = scrubbed
+	// A replacement can be as long as what it replaces: the length tells whether the header
+	// must change, never whether the body did.
+	body = s.Bytes(body)
+	if int64(len(body)) != resp.ContentLength {
 		resp.ContentLength = int64(len(body))
 		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	}

@@ -60,6 +60,20 @@ func TestScrubBody(t *testing.T) {
 		}
 	})
 
+	t.Run("a secret as long as its replacement is scrubbed too", func(t *testing.T) {
+		const same = "sk-0123456" // len(redacted): the body's length does not change
+		body := "a=" + same + " b=" + same
+		resp := &http.Response{StatusCode: 200, ProtoMajor: 1, Header: http.Header{"Content-Length": {strconv.Itoa(len(body))}},
+			Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body))}
+		if err := scrubBody(resp, scrub.New(same, redacted)); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		if string(got) != "a="+redacted+" b="+redacted || resp.ContentLength != int64(len(body)) {
+			t.Fatalf("got %q, length %d", got, resp.ContentLength)
+		}
+	})
+
 	for name, c := range map[string]struct {
 		length int64
 		major  int
