@@ -96,8 +96,9 @@ type Broker struct {
 	maxConns   int
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
-	// tunnels holds the server of every intercepted tunnel (*http.Server), so that a drain
-	// waits for their responses to end, not only for the pipeline to let go of them.
+	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
+	// an HTTP/2 tunnel, the *parkingConn of an HTTP/1.1 one), so that a drain waits for their
+	// responses to end, not only for the pipeline to let go of them.
 	tunnels  sync.Map
 	draining atomic.Bool
 }
@@ -206,7 +207,7 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		// be written to the end (the last chunk is written after the pipeline is done).
 		var tunnels sync.WaitGroup
 		b.tunnels.Range(func(k, _ any) bool {
-			tunnels.Go(func() { _ = k.(*http.Server).Shutdown(drainCtx) })
+			tunnels.Go(func() { _ = k.(shutdowner).Shutdown(drainCtx) })
 			return true
 		})
 		tunnels.Wait()

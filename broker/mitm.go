@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -10,11 +11,10 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
-
-	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // tlsHandshakeTimeout bounds the agent's TLS handshake inside a tunnel.
@@ -24,7 +24,8 @@ const tlsHandshakeTimeout = 10 * time.Second
 // with a leaf for the CONNECT host (issued only now), and serves the requests inside with
 // net/http (HTTP/2 when the agent negotiated h2, else HTTP/1.1), so each one gets the server's
 // limits and timeouts and a context that ends when the agent goes away. Every request, or
-// HTTP/2 stream, is decided again (b.exchange with the tunnel).
+// HTTP/2 stream, is decided again (b.exchange with the tunnel). An HTTP/1.1 tunnel is put
+// aside between requests (parkingConn).
 func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	var once sync.Once
 	done := func() { once.Do(release) }
@@ -75,31 +76,58 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          discardLog,
 	}
-	srv.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateClosed || s == http.StateHijacked {
-			b.tunnels.Delete(srv)
-			done() // the tunnel has ended: the agent's slot is free again
-		}
+	var ended shutdowner
+	end := func() {
+		b.tunnels.Delete(ended)
+		done() // the tunnel has ended: the agent's slot is free again
 	}
-	if tc, ok := conn.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == "h2" {
+	tc, isTLS := conn.(*tls.Conn)
+	if isTLS && tc.ConnectionState().NegotiatedProtocol == "h2" {
 		// HTTP/2: the server is handed the *tls.Conn itself, which is how net/http recognises
 		// a negotiated h2 connection; its framing is checked by the HTTP/2 server. Each stream
 		// is one request through serveTunnel.
 		configureH2(srv)
-	} else {
-		// HTTP/1.1 (ALPN http/1.1, none, or plain HTTP): every byte the parser sees has
-		// passed the framing guard, and the server cannot take the h2 path because it is
-		// not given a *tls.Conn.
-		conn = wire.Guard(conn, framingRejection)
-		srv.TLSNextProto = noNextProto // and it need not set HTTP/2 up for each tunnel
+		srv.ConnState = func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed || s == http.StateHijacked {
+				end()
+			}
+		}
+		ended = srv
+		if !b.track(srv) {
+			return
+		}
+		served = true
+		_ = srv.Serve(&oneConnListener{conn: conn})
+		return
 	}
-	b.tunnels.Store(srv, struct{}{})
-	if b.draining.Load() { // a drain began during the handshake: serve nothing more
-		b.tunnels.Delete(srv)
+	// HTTP/1.1 (ALPN http/1.1, none, or plain HTTP): every byte the parser sees has passed the
+	// framing guard, and the server cannot take the h2 path because it is not given a
+	// *tls.Conn. It need not set HTTP/2 up for each tunnel either. Between requests the tunnel
+	// is parked (see parkingConn).
+	srv.TLSNextProto = noNextProto
+	pc := newParkingConn(conn, srv, parkAfter, end)
+	ended = pc
+	if !b.track(pc) {
 		return
 	}
 	served = true
-	_ = srv.Serve(&oneConnListener{conn: conn})
+	pc.serve()
+}
+
+// shutdowner is a tunnel's server, which a drain shuts down.
+type shutdowner interface {
+	Shutdown(context.Context) error
+}
+
+// track records a tunnel's server for a drain; it reports false, and records nothing, when a
+// drain has already begun.
+func (b *Broker) track(s shutdowner) bool {
+	b.tunnels.Store(s, struct{}{})
+	if b.draining.Load() { // a drain began during the handshake: serve nothing more
+		b.tunnels.Delete(s)
+		return false
+	}
+	return true
 }
 
 // discardLog silences net/http's own messages about tunnel connections (they may hold URLs).
@@ -261,18 +289,19 @@ func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // oneConnListener hands one connection to http.Server.Serve, then reports itself closed.
 type oneConnListener struct {
-	conn net.Conn
-	once sync.Once
+	conn  net.Conn
+	taken atomic.Bool
 }
 
 func (l *oneConnListener) Accept() (net.Conn, error) {
-	var c net.Conn
-	l.once.Do(func() { c = l.conn })
-	if c == nil {
+	if l.taken.Swap(true) {
 		return nil, net.ErrClosed
 	}
-	return c, nil
+	return l.conn, nil
 }
+
+// accepted reports whether the server took the connection.
+func (l *oneConnListener) accepted() bool { return l.taken.Load() }
 
 func (l *oneConnListener) Close() error   { return nil }
 func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }

@@ -962,3 +962,32 @@ func TestPrivateDestinationRefusedAtDial(t *testing.T) {
 	default:
 	}
 }
+
+// TestQuietTunnelKeepsServing: curl makes three requests on one intercepted HTTP/1.1 tunnel,
+// a quarter of a second apart: longer than a quiet tunnel stays with net/http before the
+// broker parks it (broker.parkAfter, 100 ms). Each request after a pause is read by a parked
+// tunnel, and is still decided, injected and scrubbed; the agent's connection is reused.
+func TestQuietTunnelKeepsServing(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	u := e.url("/api/echo")
+	out, err := e.curl("--http1.1", "--rate", "4/s", "-w", "\nconnects=%{num_connects} status=%{http_code}\n", u, u, u)
+	if err != nil {
+		t.Fatalf("curl: %v\n%s", err, out)
+	}
+	if n := strings.Count(out, "auth=Bearer [REDACTED] end"); n != 3 {
+		t.Errorf("%d scrubbed answers, want 3:\n%s", n, out)
+	}
+	if c := strings.Count(out, "connects=1 status=200"); c != 1 || strings.Count(out, "connects=0 status=200") != 2 {
+		t.Errorf("want one connection for three 200s:\n%s", out)
+	}
+	got := e.received()
+	if len(got) != 3 {
+		t.Fatalf("upstream received %d requests, want 3", len(got))
+	}
+	for _, r := range got {
+		if r.Header.Get("Authorization") != "Bearer "+e.canary {
+			t.Fatal("a request after a pause left without its credential")
+		}
+	}
+	e.assertNoCanaryLeaked()
+}

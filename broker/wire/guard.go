@@ -10,7 +10,6 @@ package wire
 import (
 	"bytes"
 	"errors"
-	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -26,8 +25,8 @@ const maxHead = 64 << 10
 // Guard returns conn with its incoming HTTP/1.1 requests checked. On a violation it writes
 // rejection (a complete HTTP response) to conn and makes further reads fail. After a request
 // that switches protocols (CONNECT, or an Upgrade) the stream passes through unchecked.
-func Guard(conn net.Conn, rejection []byte) net.Conn {
-	return &guarded{Conn: conn, rejection: rejection}
+func Guard(conn net.Conn, rejection []byte) *Conn {
+	return &Conn{Conn: conn, rejection: rejection}
 }
 
 type state int
@@ -42,7 +41,8 @@ const (
 	stPassthrough              // protocol switched: no more checking
 )
 
-type guarded struct {
+// Conn is a connection whose incoming requests are checked (see Guard).
+type Conn struct {
 	net.Conn
 	rejection []byte
 
@@ -53,9 +53,21 @@ type guarded struct {
 	remain  int64
 	crlfGot int
 	err     error
+
+	scanned  int64 // bytes read and checked
+	requests int64 // requests read to their end, body included
+	endedAt  int64 // scanned when the last of them ended
+	ended    bool  // set by onLine when a line ended a request
 }
 
-func (g *guarded) Write(p []byte) (int, error) {
+// Between reports how many requests have been read whole, and whether every byte read so far
+// belongs to one of them: the stream is between two requests, with nothing of the next one
+// read yet. Never true after a request that switched protocols.
+func (g *Conn) Between() (requests int64, between bool) {
+	return g.requests, g.err == nil && g.st == stHead && g.scanned == g.endedAt
+}
+
+func (g *Conn) Write(p []byte) (int, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.Conn.Write(p)
@@ -63,7 +75,7 @@ func (g *guarded) Write(p []byte) (int, error) {
 
 // Read returns bytes only after checking them; a violation anywhere in what was read means
 // none of it is returned.
-func (g *guarded) Read(p []byte) (int, error) {
+func (g *Conn) Read(p []byte) (int, error) {
 	if g.err != nil {
 		return 0, g.err
 	}
@@ -81,7 +93,11 @@ func (g *guarded) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (g *guarded) scan(b []byte) error {
+func (g *Conn) scan(b []byte) error {
+	end := g.scanned + int64(len(b))
+	g.scanned = end
+	// A request ended where the len(b) bytes still to scan begin.
+	endRequest := func() { g.requests, g.endedAt = g.requests+1, end-int64(len(b)) }
 	for len(b) > 0 {
 		switch g.st {
 		case stPassthrough:
@@ -92,6 +108,7 @@ func (g *guarded) scan(b []byte) error {
 			b = b[k:]
 			if g.remain == 0 {
 				g.st = stHead
+				endRequest()
 			}
 		case stChunkData:
 			k := min(int64(len(b)), g.remain)
@@ -125,13 +142,17 @@ func (g *guarded) scan(b []byte) error {
 			if err := g.onLine(line); err != nil {
 				return err
 			}
+			if g.ended {
+				g.ended = false
+				endRequest()
+			}
 		}
 	}
 	return nil
 }
 
 // onLine handles one complete line (ending in "\n") in a line-oriented state.
-func (g *guarded) onLine(line []byte) error {
+func (g *Conn) onLine(line []byte) error {
 	if len(line) < 2 || line[len(line)-2] != '\r' {
 		return ErrFraming // bare LF
 	}
@@ -170,7 +191,7 @@ func (g *guarded) onLine(line []byte) error {
 		}
 	case stTrailers:
 		if len(text) == 0 {
-			g.st = stHead
+			g.st, g.ended = stHead, true
 			return nil
 		}
 		if _, _, err := headerField(text); err != nil {
@@ -181,7 +202,7 @@ func (g *guarded) onLine(line []byte) error {
 }
 
 // endHead checks a complete head and sets up reading its body.
-func (g *guarded) endHead() error {
+func (g *Conn) endHead() error {
 	reqLine, fields, _ := bytes.Cut(g.head[:len(g.head)-4], []byte("\r\n"))
 	method, _, ok := bytes.Cut(reqLine, []byte(" "))
 	if !ok || !isToken(method) {
@@ -228,6 +249,7 @@ func (g *guarded) endHead() error {
 	if string(method) == "CONNECT" || upgrade {
 		g.st = stPassthrough
 	}
+	g.ended = g.st == stHead // no body: the head was the whole request
 	return nil
 }
 
@@ -264,4 +286,4 @@ var tokenChars = func() (t [256]bool) {
 	return t
 }()
 
-var _ io.Reader = (*guarded)(nil)
+var _ net.Conn = (*Conn)(nil)

@@ -81,6 +81,49 @@ func TestGuard(t *testing.T) {
 	}
 }
 
+// TestBetween: the guard knows when every byte read so far belongs to a whole request, which
+// is what lets a tunnel put its connection aside between requests without losing any byte.
+func TestBetween(t *testing.T) {
+	get := "GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+	cases := map[string]struct {
+		in       string
+		requests int64
+		between  bool
+	}{
+		"nothing yet":                 {"", 0, true},
+		"one GET":                     {get, 1, true},
+		"part of a head":              {"GET / HTTP/1.1\r\nHost: a\r\n", 0, false},
+		"one byte of the next":        {get + "G", 1, false},
+		"two pipelined":               {get + get, 2, true},
+		"body by length, whole":       {"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 1, true},
+		"body by length, short":       {"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhel", 0, false},
+		"chunked with trailers":       {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nT: v\r\n\r\n", 1, true},
+		"chunked before the trailers": {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n", 0, false},
+		"an empty line after":         {get + "\r\n", 1, false},
+		"upgrade":                     {"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n", 0, false},
+	}
+	for name, c := range cases {
+		for _, split := range []int{1, 7, 1 << 16} {
+			client, server := net.Pipe()
+			g := Guard(server, []byte("REJECTED"))
+			go func() {
+				for data := []byte(c.in); len(data) > 0; data = data[min(split, len(data)):] {
+					if _, err := client.Write(data[:min(split, len(data))]); err != nil {
+						break
+					}
+				}
+				client.Close()
+			}()
+			if _, err := io.Copy(io.Discard, g); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if n, ok := g.Between(); n != c.requests || ok != c.between {
+				t.Errorf("%s (reads of %d): Between() = %d, %v; want %d, %v", name, split, n, ok, c.requests, c.between)
+			}
+		}
+	}
+}
+
 // FuzzGuard: the verdict does not depend on how the stream is split into reads, the guard
 // never panics, and it never passes on bytes that differ from its input.
 func FuzzGuard(f *testing.F) {
