@@ -404,14 +404,22 @@ func scrubBody(resp *http.Response, s *scrub.Replacer) error {
 		resp.ContentLength = int64(len(body))
 		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
-	b := &wholeBody{}
-	b.Reset(body)
-	resp.Body = b
+	resp.Body = &wholeBody{rest: body}
 	return nil
 }
 
-// wholeBody is a response body held in memory.
-type wholeBody struct{ bytes.Reader }
+// wholeBody is a response body held in memory. Its last bytes come with io.EOF, so that
+// copyFlushing leaves them to the end of the response: headers and body in one write.
+type wholeBody struct{ rest []byte }
+
+func (b *wholeBody) Read(p []byte) (int, error) {
+	n := copy(p, b.rest)
+	b.rest = b.rest[n:]
+	if len(b.rest) == 0 {
+		return n, io.EOF
+	}
+	return n, nil
+}
 
 func (*wholeBody) Close() error { return nil }
 

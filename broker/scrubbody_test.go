@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,9 +52,15 @@ func TestScrubBody(t *testing.T) {
 		if !up.eof || !up.closed {
 			t.Errorf("upstream body read to its end %v, closed %v: its connection would not go back to the pool", up.eof, up.closed)
 		}
-		got, _ := io.ReadAll(resp.Body)
-		if string(got) != want {
+		rec := httptest.NewRecorder()
+		if !copyFlushing(rec, resp.Body) {
+			t.Fatal("copyFlushing did not reach the end of the body")
+		}
+		if got := rec.Body.Bytes(); string(got) != want {
 			t.Fatalf("body not scrubbed: %d bytes, holds the secret: %v", len(got), bytes.Contains(got, []byte(secret)))
+		}
+		if rec.Flushed {
+			t.Error("a body held whole was flushed: its headers and body would not leave in one write")
 		}
 		if resp.ContentLength != int64(len(want)) || resp.Header.Get("Content-Length") != strconv.Itoa(len(want)) {
 			t.Errorf("length %d, header %q; the scrubbed body has %d bytes", resp.ContentLength, resp.Header.Get("Content-Length"), len(want))
