@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -18,6 +19,14 @@ var benchInputs = map[string]*Input{
 		Headers:  map[string]string{"content-type": "application/json", "user-agent": "agent/1.0", "accept": "*/*"},
 		ReadBody: func() ([]byte, int64) { return llmBody, int64(len(llmBody)) },
 	},
+	// A conversation of about 100 KB: the body is scanned for its model, never decoded.
+	"llm_long_prompt": {
+		Phase: PhaseRequest, AgentID: "coder-1", Labels: map[string]string{"team": "platform"}, SourceIP: "127.0.0.1",
+		Method: "POST", Scheme: "https", Host: "api.openai.com", Port: 443, Path: "/v1/chat/completions",
+		Query: map[string][]string{}, Credentials: []string{"openai"},
+		Headers:  map[string]string{"content-type": "application/json", "user-agent": "agent/1.0", "accept": "*/*"},
+		ReadBody: func() ([]byte, int64) { return longBody, int64(len(longBody)) },
+	},
 	"github_read": {
 		Phase: PhaseRequest, AgentID: "coder-1", SourceIP: "127.0.0.1",
 		Method: "GET", Scheme: "https", Host: "api.github.com", Port: 443, Path: "/repos/capbroker/capbroker/issues",
@@ -33,6 +42,9 @@ var benchInputs = map[string]*Input{
 		Phase: PhaseConnect, AgentID: "coder-1", SourceIP: "127.0.0.1", Method: "CONNECT", Host: "api.openai.com", Port: 443,
 	},
 }
+
+var longBody = []byte(`{"model":"gpt-4.1-mini","max_tokens":64,"messages":[{"role":"user","content":"` +
+	strings.Repeat(`lorem ipsum dolor sit amet, \"quoted\" `, 2500) + `"}]}`)
 
 var llmBody = []byte(`{"model":"gpt-4.1-mini","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`)
 

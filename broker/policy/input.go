@@ -301,7 +301,7 @@ func (in *Input) find(path ast.Ref) (found, error) {
 // beside its model is scanned, never built. The answers are those of the parsed body: text
 // that is not JSON is null, and of repeated members the last counts, as encoding/json has it.
 func findInText(text []byte, rest ast.Ref) (found, error) {
-	if !json.Valid(text) {
+	if !validJSON(text) {
 		return findIn(ast.Null{}, rest)
 	}
 	text = bytes.Trim(text, " \t\r\n") // the whitespace around a value is no part of it
@@ -386,12 +386,19 @@ func skipSpace(b []byte, i int) int {
 
 // skipString returns the index just past the JSON string starting at b[i].
 func skipString(b []byte, i int) int {
-	for i++; b[i] != '"'; i++ {
-		if b[i] == '\\' {
+	for i++; ; {
+		for plainInString[b[i]] { // the run up to a quote or a backslash
+			i++
+		}
+		switch b[i] {
+		case '"':
+			return i + 1
+		case '\\':
+			i += 2 // the escaped byte; the hex digits of a \u escape are plain
+		default:
 			i++
 		}
 	}
-	return i + 1
 }
 
 // skipValue returns the index just past the JSON value starting at b[i].
