@@ -26,6 +26,8 @@ func main() {
 	o := options{}
 	flag.DurationVar(&o.phase, "phase", time.Second, "duration of each throughput phase")
 	flag.IntVar(&o.rounds, "rounds", 3, "throughput rounds over all paths; each figure is a path's best round")
+	flag.IntVar(&o.pairs, "pairs", 10, "pairs of adjacent slices for the full/intercept ratio the target is stated in")
+	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "duration of each slice of -pairs")
 	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
 	flag.DurationVar(&o.latencyFor, "latency-for", 3*time.Second, "duration of each latency phase")
 	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
@@ -62,6 +64,8 @@ type options struct {
 	out               string
 	only              string
 	conns             int
+	pairs             int
+	slice             time.Duration
 }
 
 func run(ctx context.Context, o options) error {
@@ -166,6 +170,13 @@ func run(ctx context.Context, o options) error {
 			}
 		}
 	}
+
+	// The target's ratio, measured in adjacent slices (pairedRatio): the best rounds above
+	// are each path's own, taken seconds apart.
+	fmt.Fprintln(os.Stderr, "full pipeline over bare intercepted, paired...")
+	intercept, fullPath := paths[2], paths[3]
+	intercept.client, fullPath.client = intercept.withConns(p, 32), fullPath.withConns(p, 32)
+	s.FullOverIntercept = pairedRatio(ctx, fullPath, intercept, 32, max(o.pairs, 1), o.slice)
 
 	var procs []*process
 	for _, pa := range all {

@@ -116,6 +116,13 @@ type throughputResult struct {
 
 // throughput runs conns closed-loop clients for d, after one warm-up request each.
 func (pa *path) throughput(ctx context.Context, conns int, d time.Duration) throughputResult {
+	r := pa.closedLoop(ctx, conns, d)
+	fmt.Fprintf(stderr, "  %-11s c=%-3d %8.0f req/s\n", pa.name, conns, r.rps)
+	return r
+}
+
+// closedLoop is throughput without the progress line.
+func (pa *path) closedLoop(ctx context.Context, conns int, d time.Duration) throughputResult {
 	var wg sync.WaitGroup
 	for range conns {
 		wg.Add(1)
@@ -151,7 +158,45 @@ func (pa *path) throughput(ctx context.Context, conns int, d time.Duration) thro
 	if e := errs.Load(); e > 0 {
 		fmt.Printf("  %s c=%d: %d errors\n", pa.name, conns, e)
 	}
-	fmt.Fprintf(stderr, "  %-11s c=%-3d %8.0f req/s\n", pa.name, conns, r.rps)
+	return r
+}
+
+// paired is one path's throughput over another's, measured in adjacent slices.
+type paired struct {
+	Conns   int       `json:"conns"`
+	SliceMS int64     `json:"slice_ms"`
+	Ratios  []float64 `json:"ratios"` // one per pair of slices, in the order measured
+	Median  float64   `json:"median"`
+}
+
+// pairedRatio measures num's throughput over den's at conns connections in pairs of
+// adjacent slices of d each, den first in one pair and num first in the next, and keeps the
+// median of the pairs' ratios. A burst of load from outside (a shared machine) then falls on
+// both slices of a pair alike, or on one pair among many, where the best rounds of two paths
+// measured seconds apart can catch one of them in a quiet moment and the other in a busy one.
+func pairedRatio(ctx context.Context, num, den *path, conns, pairs int, d time.Duration) paired {
+	r := paired{Conns: conns, SliceMS: d.Milliseconds()}
+	for i := range pairs {
+		first, second := den, num
+		if i%2 == 1 {
+			first, second = num, den
+		}
+		a, b := first.closedLoop(ctx, conns, d), second.closedLoop(ctx, conns, d)
+		if i%2 == 1 {
+			a, b = b, a
+		}
+		if a.rps > 0 {
+			r.Ratios = append(r.Ratios, b.rps/a.rps)
+		}
+	}
+	if len(r.Ratios) > 0 {
+		sorted := slices.Sorted(slices.Values(r.Ratios))
+		r.Median = sorted[len(sorted)/2]
+		if len(sorted)%2 == 0 {
+			r.Median = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
+		}
+	}
+	fmt.Fprintf(stderr, "  %s/%s c=%d: median %.2fx of %d pairs\n", num.name, den.name, conns, r.Median, len(r.Ratios))
 	return r
 }
 
