@@ -19,14 +19,6 @@ var benchInputs = map[string]*Input{
 		Headers:  map[string]string{"content-type": "application/json", "user-agent": "agent/1.0", "accept": "*/*"},
 		ReadBody: func() ([]byte, int64) { return llmBody, int64(len(llmBody)) },
 	},
-	// A conversation of about 100 KB: the body is scanned for its model, never decoded.
-	"llm_long_prompt": {
-		Phase: PhaseRequest, AgentID: "coder-1", Labels: map[string]string{"team": "platform"}, SourceIP: "127.0.0.1",
-		Method: "POST", Scheme: "https", Host: "api.openai.com", Port: 443, Path: "/v1/chat/completions",
-		Query: map[string][]string{}, Credentials: []string{"openai"},
-		Headers:  map[string]string{"content-type": "application/json", "user-agent": "agent/1.0", "accept": "*/*"},
-		ReadBody: func() ([]byte, int64) { return longBody, int64(len(longBody)) },
-	},
 	"github_read": {
 		Phase: PhaseRequest, AgentID: "coder-1", SourceIP: "127.0.0.1",
 		Method: "GET", Scheme: "https", Host: "api.github.com", Port: 443, Path: "/repos/capbroker/capbroker/issues",
@@ -41,6 +33,14 @@ var benchInputs = map[string]*Input{
 	"connect": {
 		Phase: PhaseConnect, AgentID: "coder-1", SourceIP: "127.0.0.1", Method: "CONNECT", Host: "api.openai.com", Port: 443,
 	},
+}
+
+// llm_long_prompt is llm_allow with a conversation of about 100 KB: the body is scanned for its
+// model, never decoded.
+func init() {
+	long := *benchInputs["llm_allow"]
+	long.ReadBody = func() ([]byte, int64) { return longBody, int64(len(longBody)) }
+	benchInputs["llm_long_prompt"] = &long
 }
 
 var longBody = []byte(`{"model":"gpt-4.1-mini","max_tokens":64,"messages":[{"role":"user","content":"` +
