@@ -375,16 +375,9 @@ func memberNamed(name []byte, key string) bool {
 	return json.Unmarshal(name, &s) == nil && s == key
 }
 
-// skipSpace returns the index of the first byte of b at or after i that is not JSON
-// whitespace. In valid JSON text, there is one wherever it is called.
-func skipSpace(b []byte, i int) int {
-	for b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n' {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index just past the JSON string starting at b[i].
+// skipString returns the index just past the JSON string starting at b[i], in text that
+// validJSON accepted. It is scanString without the checks that text has passed: on a long
+// prompt, scanString in its place made a cached decision about 30% slower.
 func skipString(b []byte, i int) int {
 	for i++; ; {
 		for plainInString[b[i]] { // the run up to a quote or a backslash

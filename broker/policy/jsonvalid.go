@@ -16,7 +16,7 @@ func validJSON(b []byte) bool {
 	i := 0
 	for {
 		// A value starts at i, after optional whitespace.
-		if i = skipSpaceAt(b, i); i == len(b) {
+		if i = skipSpace(b, i); i == len(b) {
 			return false
 		}
 		ok := true
@@ -25,7 +25,7 @@ func validJSON(b []byte) bool {
 			if len(open) == maxNestingDepth {
 				return false
 			}
-			j := skipSpaceAt(b, i+1)
+			j := skipSpace(b, i+1)
 			if j < len(b) && b[j] == closer(c) {
 				i = j + 1 // empty: a value that has ended
 				break
@@ -53,7 +53,7 @@ func validJSON(b []byte) bool {
 		}
 		// A value ended at i: close the containers it ends, up to a comma and the next value.
 		for {
-			i = skipSpaceAt(b, i)
+			i = skipSpace(b, i)
 			if len(open) == 0 {
 				return i == len(b)
 			}
@@ -64,7 +64,7 @@ func validJSON(b []byte) bool {
 			if b[i] == ',' {
 				if top == '[' {
 					i++
-				} else if i, ok = memberName(b, skipSpaceAt(b, i+1)); !ok {
+				} else if i, ok = memberName(b, skipSpace(b, i+1)); !ok {
 					return false
 				}
 				break
@@ -85,9 +85,9 @@ func closer(open byte) byte {
 	return ']'
 }
 
-// skipSpaceAt returns the index of the first byte of b at or after i that is not JSON
+// skipSpace returns the index of the first byte of b at or after i that is not JSON
 // whitespace, or len(b).
-func skipSpaceAt(b []byte, i int) int {
+func skipSpace(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
 		i++
 	}
@@ -101,7 +101,7 @@ func memberName(b []byte, i int) (int, bool) {
 		return i, false
 	}
 	i, ok := scanString(b, i)
-	if i = skipSpaceAt(b, i); !ok || i == len(b) || b[i] != ':' {
+	if i = skipSpace(b, i); !ok || i == len(b) || b[i] != ':' {
 		return i, false
 	}
 	return i + 1, true
