@@ -177,16 +177,16 @@ type paired struct {
 func pairedRatio(ctx context.Context, num, den *path, conns, pairs int, d time.Duration) paired {
 	r := paired{Conns: conns, SliceMS: d.Milliseconds()}
 	for i := range pairs {
-		first, second := den, num
-		if i%2 == 1 {
-			first, second = num, den
+		var n, m throughputResult // num's and den's
+		if i%2 == 0 {
+			m = den.closedLoop(ctx, conns, d)
+			n = num.closedLoop(ctx, conns, d)
+		} else {
+			n = num.closedLoop(ctx, conns, d)
+			m = den.closedLoop(ctx, conns, d)
 		}
-		a, b := first.closedLoop(ctx, conns, d), second.closedLoop(ctx, conns, d)
-		if i%2 == 1 {
-			a, b = b, a
-		}
-		if a.rps > 0 {
-			r.Ratios = append(r.Ratios, b.rps/a.rps)
+		if m.rps > 0 {
+			r.Ratios = append(r.Ratios, n.rps/m.rps)
 		}
 	}
 	if len(r.Ratios) > 0 {
