@@ -7,19 +7,30 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // maxPending bounds the events waiting to be written. A request that would go over it waits
 // for the writer: events are never dropped.
 const maxPending = 1 << 20
 
+// The writer waits up to linger after an event for others to join it in one write, unless
+// lingerBytes are already pending. Under load that makes one write of tens of events instead
+// of one per event (a write to a file costs several microseconds, as much as the rest of the
+// event's audit); an event waits at most that long in memory before it is written.
+const (
+	linger      = 2 * time.Millisecond
+	lingerBytes = 64 << 10
+)
+
 // batchWriter writes events on a goroutine of its own. A request hands its event over and goes
-// on; when events arrive faster than one write takes, the next write carries all that came
-// meanwhile, so under load many events share one write call. Each event is one Write from
-// zerolog and stays whole: lines never interleave.
+// on; the writer collects the events that arrive within linger of each other, or while a write
+// is under way, into one write call. Each event is one Write from zerolog and stays whole:
+// lines never interleave.
 type batchWriter struct {
 	w    io.Writer
 	wake chan struct{} // capacity 1: the writer has something to do
+	full chan struct{} // capacity 1: lingerBytes are pending, write them now
 	stop chan struct{}
 	done chan struct{}
 
@@ -33,7 +44,7 @@ type batchWriter struct {
 }
 
 func newBatchWriter(w io.Writer) *batchWriter {
-	b := &batchWriter{w: w, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	b := &batchWriter{w: w, wake: make(chan struct{}, 1), full: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	b.room.L = &b.mu
 	go b.run()
 	return b
@@ -53,24 +64,42 @@ func (b *batchWriter) Write(p []byte) (int, error) {
 		return n, err
 	}
 	b.pending = append(b.pending, p...)
+	full := len(b.pending) >= lingerBytes
 	b.mu.Unlock()
-	select {
-	case b.wake <- struct{}{}:
-	default: // the writer is already due to look
+	signal(b.wake)
+	if full {
+		signal(b.full)
 	}
 	return len(p), nil
 }
 
+// signal makes c ready to receive, if it is not already.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
 func (b *batchWriter) run() {
 	defer close(b.done)
+	t := time.NewTimer(linger)
+	t.Stop()
 	for {
 		select {
 		case <-b.wake:
-			b.flush()
 		case <-b.stop:
 			b.flush()
 			return
 		}
+		t.Reset(linger) // since Go 1.23, a stopped or reset timer delivers no stale tick
+		select {
+		case <-t.C:
+		case <-b.full:
+		case <-b.stop: // the loop comes back to it after this write
+		}
+		t.Stop()
+		b.flush()
 	}
 }
 

@@ -140,3 +140,59 @@ func TestLostEventsAreCounted(t *testing.T) {
 type failingWriter struct{}
 
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
+
+// TestBatchWriterLingers writes events 50 µs apart, as requests under load end, and waits for
+// them all without Close: they arrive in a few writes, not one each (as they did when the writer
+// wrote whatever was pending as soon as it woke), and none waits for a later event or for Close.
+func TestBatchWriterLingers(t *testing.T) {
+	const events, apart = 200, 50 * time.Microsecond
+	sink := &lineSink{want: events, all: make(chan struct{})}
+	w := newBatchWriter(sink)
+	defer w.Close()
+	line := []byte(strings.Repeat("x", 100) + "\n")
+	for range events {
+		w.Write(line)
+		for start := time.Now(); time.Since(start) < apart; { // the time a request takes
+		}
+	}
+	select {
+	case <-sink.all:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d of %d events written without Close", sink.lines(), events)
+	}
+	if n := sink.writeCount(); n > events/10 {
+		t.Errorf("%d writes for %d events %v apart", n, events, apart)
+	}
+}
+
+// lineSink counts lines and writes, and closes all when want lines have arrived.
+type lineSink struct {
+	mu        sync.Mutex
+	n, writes int
+	want      int
+	all       chan struct{}
+}
+
+func (s *lineSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes++
+	before := s.n
+	s.n += bytes.Count(p, []byte{'\n'})
+	if before < s.want && s.n >= s.want {
+		close(s.all)
+	}
+	return len(p), nil
+}
+
+func (s *lineSink) lines() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+func (s *lineSink) writeCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.writes
+}
