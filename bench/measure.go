@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -112,6 +113,7 @@ func (pa *path) check(ctx context.Context) error {
 type throughputResult struct {
 	rps       float64
 	cpuPerReq float64 // the proxy's CPU microseconds per request
+	steal     float64 // the fraction of the machine's CPU time the hypervisor took meanwhile
 }
 
 // throughput runs conns closed-loop clients for d, after one warm-up request each.
@@ -134,6 +136,7 @@ func (pa *path) closedLoop(ctx context.Context, conns int, d time.Duration) thro
 	if pa.proc != nil {
 		cpu0 = pa.proc.cpu()
 	}
+	mc0 := readMachineCPU()
 	start := time.Now()
 	deadline := start.Add(d)
 	for range conns {
@@ -151,7 +154,7 @@ func (pa *path) closedLoop(ctx context.Context, conns int, d time.Duration) thro
 	}
 	wg.Wait()
 	el := time.Since(start)
-	r := throughputResult{rps: float64(n.Load()) / el.Seconds()}
+	r := throughputResult{rps: float64(n.Load()) / el.Seconds(), steal: stealSince(mc0)}
 	if pa.proc != nil && n.Load() > 0 {
 		r.cpuPerReq = float64((pa.proc.cpu() - cpu0).Microseconds()) / float64(n.Load())
 	}
@@ -167,6 +170,9 @@ type paired struct {
 	SliceMS int64     `json:"slice_ms"`
 	Ratios  []float64 `json:"ratios"` // one per pair of slices, in the order measured
 	Median  float64   `json:"median"`
+	// Steal is the fraction of the machine's CPU time the hypervisor took during each pair's
+	// slices (num's, den's): on a shared VM, what moves a pair's ratio besides the broker.
+	Steal [][2]float64 `json:"steal"`
 }
 
 // pairedRatio measures num's throughput over den's at conns connections in pairs of
@@ -187,6 +193,7 @@ func pairedRatio(ctx context.Context, num, den *path, conns, pairs int, d time.D
 		}
 		if m.rps > 0 {
 			r.Ratios = append(r.Ratios, n.rps/m.rps)
+			r.Steal = append(r.Steal, [2]float64{round3(n.steal), round3(m.steal)})
 		}
 	}
 	if len(r.Ratios) > 0 {
@@ -446,3 +453,5 @@ func cut(s, sep string) (string, string, bool) {
 	k, v, ok := strings.Cut(s, sep)
 	return strings.TrimSpace(k), strings.TrimSpace(v), ok
 }
+
+func round3(f float64) float64 { return math.Round(f*1000) / 1000 }

@@ -214,3 +214,47 @@ func settle(procs []*process, limit time.Duration) (time.Duration, bool) {
 	}
 	return time.Since(start), false
 }
+
+// machineCPU is the machine's CPU time so far, from the first line of /proc/stat, in clock
+// ticks: all of it, and the part stolen by the hypervisor (time the VM wanted to run and was
+// not given a CPU). Zero when /proc/stat cannot be read.
+type machineCPU struct{ total, steal uint64 }
+
+func readMachineCPU() machineCPU {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return machineCPU{}
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	return parseMachineCPU(line)
+}
+
+// parseMachineCPU reads /proc/stat's first line: cpu user nice system idle iowait irq softirq
+// steal guest guest_nice. Guest time is left out of the total: it is also counted in user.
+func parseMachineCPU(line string) machineCPU {
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return machineCPU{}
+	}
+	var c machineCPU
+	for i, s := range f[1:9] {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return machineCPU{}
+		}
+		c.total += v
+		if i == 7 {
+			c.steal = v
+		}
+	}
+	return c
+}
+
+// stealSince is the fraction of the machine's CPU time stolen since c0.
+func stealSince(c0 machineCPU) float64 {
+	c := readMachineCPU()
+	if c.total <= c0.total {
+		return 0
+	}
+	return float64(c.steal-c0.steal) / float64(c.total-c0.total)
+}

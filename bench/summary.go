@@ -136,8 +136,12 @@ func (s *summary) print(out io.Writer) {
 	w.Flush()
 	if f := s.FullOverIntercept; len(f.Ratios) > 0 {
 		lo, hi := slices.Min(f.Ratios), slices.Max(f.Ratios)
-		fmt.Fprintf(out, "full/intercept at c=%d in %d pairs of adjacent %d ms slices: median %.2fx (%.2f to %.2f)\n",
-			f.Conns, len(f.Ratios), f.SliceMS, f.Median, lo, hi)
+		var steal float64
+		for _, st := range f.Steal {
+			steal += (st[0] + st[1]) / 2
+		}
+		fmt.Fprintf(out, "full/intercept at c=%d in %d pairs of adjacent %d ms slices: median %.2fx (%.2f to %.2f); CPU stolen by the hypervisor meanwhile: %.1f%%\n",
+			f.Conns, len(f.Ratios), f.SliceMS, f.Median, lo, hi, 100*steal/float64(max(len(f.Steal), 1)))
 	}
 	fmt.Fprintln(out)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
