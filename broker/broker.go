@@ -82,6 +82,7 @@ type Broker struct {
 	auditInput bool
 	agents     *identity.Identifier
 	bindings   *inject.Set
+	scrubbers  scrubbers
 	policy     Decider
 	secrets    Secrets
 	transport  upstreamClient
@@ -138,6 +139,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		auditInput: cfg.Audit.IncludeInput,
 		agents:     agents,
 		bindings:   inject.NewSet(cfg.Credentials),
+		scrubbers:  newScrubbers(cfg.Credentials),
 		policy:     deps.Policy,
 		secrets:    deps.Secrets,
 		transport:  tr,

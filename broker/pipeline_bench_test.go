@@ -53,7 +53,7 @@ func BenchmarkPipeline(b *testing.B) {
 	}
 }
 
-func benchBroker(b *testing.B, full bool) (*Broker, *tunnel) {
+func benchBroker(b testing.TB, full bool) (*Broker, *tunnel) {
 	b.Helper()
 	dir := b.TempDir()
 	if err := certs.WriteCA(dir, false); err != nil {
@@ -93,10 +93,12 @@ func (allowAll) Decide(context.Context, *policy.Input) (policy.Decision, error) 
 	return policy.Decision{Allow: true, Revision: "bench"}, nil
 }
 
+const benchSecret = "sk-bench-0123456789abcdef0123456789abcdef"
+
 type benchSecrets struct{}
 
 func (benchSecrets) Get(context.Context, string) (credentials.Secret, error) {
-	return credentials.NewSecret("sk-bench-0123456789abcdef0123456789abcdef"), nil
+	return credentials.NewSecret(benchSecret), nil
 }
 
 func (benchSecrets) Previous(string) []credentials.Secret { return nil }

@@ -79,25 +79,25 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		// connection, when its kept-alive one turns out closed before any response.
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(small)), nil }
 	}
-	var pairs []string
+	var patterns []string // every form of every secret the request carries, and their predecessors
 	for _, g := range granted {
 		secret, err := b.secrets.Get(r.Context(), g.Name)
 		if err != nil {
 			return nil, err // never forward without a credential the decision granted
 		}
-		for _, s := range g.Apply(out, secret) {
-			pairs = append(pairs, s, redacted)
-		}
+		patterns = append(patterns, g.Apply(out, secret)...)
 		for _, old := range b.secrets.Previous(g.Name) {
-			pairs = append(pairs, old.Reveal(), redacted)
+			patterns = append(patterns, old.Reveal())
 		}
 	}
+	s := scrub.New() // no patterns, no allocation: a response without a secret to scrub
 	if len(granted) > 0 {
+		s = b.scrubbers.get(granted[0].Name, patterns)
 		// Ask for an unencoded body, and WebSocket frames without compression, so the response
 		// can be scrubbed.
-		out.Header.Del("Accept-Encoding")
-		out.Header.Del("Grpc-Accept-Encoding")
-		out.Header.Del("Sec-WebSocket-Extensions")
+		for _, h := range encodingOffers {
+			delete(out.Header, h)
+		}
 	}
 	b.forwardTrailers(r, out)
 
@@ -105,8 +105,13 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err != nil {
 		return nil, fmt.Errorf("upstream %s: %w", t.hostPort(), err)
 	}
-	return x.respond(resp, scrub.New(pairs...))
+	return x.respond(resp, s)
 }
+
+// encodingOffers are the request headers that let an upstream encode a response in a way the
+// scrubber cannot read, by their canonical names: net/http gives a request's header names in
+// canonical form (a name that is not a valid token stays as it is, and is none of these).
+var encodingOffers = [...]string{"Accept-Encoding", "Grpc-Accept-Encoding", "Sec-Websocket-Extensions"}
 
 // requestTarget works out and checks where a request goes. Inside a tunnel the request's host
 // must be the CONNECT host, and the request is always sent to the CONNECT target.

@@ -110,8 +110,7 @@ func (b *Binding) Apply(req *http.Request, secret credentials.Secret) []string {
 	r := b.rule
 	switch {
 	case r.Header != "":
-		req.Header.Del(r.Header)
-		req.Header.Set(r.Header, strings.ReplaceAll(r.Value, "{{secret}}", v))
+		req.Header.Set(r.Header, strings.ReplaceAll(r.Value, "{{secret}}", v)) // every value the agent sent goes
 		return []string{v}
 	case r.Query != "":
 		q := req.URL.Query()
