@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -280,6 +281,21 @@ func (b *brokerProc) audit(t *testing.T) []auditEvent {
 	return evs
 }
 
+// waitAuditWhere waits for n audit events for which match is true, and returns them.
+func (b *brokerProc) waitAuditWhere(t *testing.T, n int, what string, match func(auditEvent) bool) []auditEvent {
+	t.Helper()
+	var evs []auditEvent
+	for _, line := range b.auditLog.waitLines(t, 0, n, what, func(line string) bool {
+		var ev auditEvent
+		return json.Unmarshal([]byte(line), &ev) == nil && match(ev)
+	}) {
+		var ev auditEvent
+		_ = json.Unmarshal([]byte(line), &ev)
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
 // waitAudit waits for the audit event of a request id.
 func (b *brokerProc) waitAudit(t *testing.T, requestID string) auditEvent {
 	t.Helper()
@@ -353,22 +369,40 @@ func (l *logTail) mark() int {
 // waitFrom returns the first line at or after index from that contains substr.
 func (l *logTail) waitFrom(t *testing.T, from int, substr string) string {
 	t.Helper()
+	return l.waitCount(t, from, substr, 1)[0]
+}
+
+// waitCount returns the first n lines at or after index from that contain substr, waiting
+// for them up to waitTimeout. The count is taken under the lock each time a line arrives,
+// so lines that came in before the call are counted too.
+func (l *logTail) waitCount(t *testing.T, from int, substr string, n int) []string {
+	t.Helper()
+	return l.waitLines(t, from, n, strconv.Quote(substr), func(line string) bool { return strings.Contains(line, substr) })
+}
+
+// waitLines returns the first n lines at or after index from that match, waiting for them
+// up to waitTimeout; what names the lines in a failure.
+func (l *logTail) waitLines(t *testing.T, from, n int, what string, match func(string) bool) []string {
+	t.Helper()
 	deadline := time.AfterFunc(waitTimeout, func() { l.mu.Lock(); l.cond.Broadcast(); l.mu.Unlock() })
 	defer deadline.Stop()
 	start := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for {
+		var found []string
 		for i := from; i < len(l.lines); i++ {
-			if strings.Contains(l.lines[i], substr) {
-				return l.lines[i]
+			if match(l.lines[i]) {
+				if found = append(found, l.lines[i]); len(found) == n {
+					return found
+				}
 			}
 			if strings.HasPrefix(l.lines[i], "broker process exited") {
-				t.Fatalf("the broker exited while waiting for %q; log:\n%s", substr, l.buf.String())
+				t.Fatalf("the broker exited while waiting for %s; log:\n%s", what, l.buf.String())
 			}
 		}
 		if time.Since(start) >= waitTimeout {
-			t.Fatalf("timed out waiting for log line containing %q; log:\n%s", substr, l.buf.String())
+			t.Fatalf("timed out waiting for %d log lines matching %s; log:\n%s", n, what, l.buf.String())
 		}
 		l.cond.Wait()
 	}

@@ -411,9 +411,13 @@ print(r.status, body, end="")`, target+"/api/python", filepath.Join(sn.agentDir,
 		if n := len(received()) - before; n != 2 {
 			t.Fatalf("denied requests reached the upstream (%d requests in all)", n)
 		}
+		isAllowed := func(ev auditEvent) bool {
+			return ev["agent"] == agentID && ev["phase"] == "request" && ev["decision"] == "allow" && ev["source_ip"] == agentSideIP
+		}
+		b.waitAuditWhere(t, 2, "allowed request events from "+agentSideIP, isAllowed)
 		var allowed int
 		for _, ev := range b.audit(t) {
-			if ev["agent"] == agentID && ev["phase"] == "request" && ev["decision"] == "allow" && ev["source_ip"] == agentSideIP {
+			if isAllowed(ev) {
 				allowed++
 			}
 		}
