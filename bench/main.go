@@ -35,7 +35,7 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling)")
+	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired full/intercept ratio (-pairs, -slice)")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
 	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
@@ -120,6 +120,12 @@ func run(ctx context.Context, o options) error {
 		if err := pa.check(ctx); err != nil {
 			return fmt.Errorf("%s: %w", pa.name, err)
 		}
+	}
+	if o.only == "pairs" {
+		paths[2].client, paths[3].client = paths[2].withConns(p, o.conns), paths[3].withConns(p, o.conns)
+		r := pairedRatio(ctx, paths[3], paths[2], o.conns, max(o.pairs, 1), o.slice)
+		fmt.Printf("full/intercept c=%d: median %.3fx of %d pairs %v\n", o.conns, r.Median, len(r.Ratios), r.Ratios)
+		return nil
 	}
 	if o.only != "" {
 		for _, pa := range paths {
