@@ -26,7 +26,7 @@ func main() {
 	o := options{}
 	flag.DurationVar(&o.phase, "phase", time.Second, "duration of each throughput phase")
 	flag.IntVar(&o.rounds, "rounds", 3, "throughput rounds over all paths; each figure is a path's best round")
-	flag.IntVar(&o.pairs, "pairs", 10, "pairs of adjacent slices for the full/intercept ratio the target is stated in")
+	flag.IntVar(&o.pairs, "pairs", 10, "pairs of adjacent slices for each of the ratios the targets are stated in (full/intercept, intercept/direct)")
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "duration of each slice of -pairs")
 	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
 	flag.DurationVar(&o.latencyFor, "latency-for", 3*time.Second, "duration of each latency phase")
@@ -35,7 +35,7 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired full/intercept ratio (-pairs, -slice)")
+	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice)")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
 	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
@@ -121,10 +121,20 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("%s: %w", pa.name, err)
 		}
 	}
+	direct, intercept, fullPath := paths[0], paths[2], paths[3]
+	// The targets' ratios, each measured in adjacent slices (pairedRatio).
+	pairs := func(conns int) {
+		fmt.Fprintln(os.Stderr, "full pipeline over bare intercepted, and bare intercepted over direct, paired...")
+		for _, pa := range []*path{direct, intercept, fullPath} {
+			pa.client = pa.withConns(p, conns)
+		}
+		s.FullOverIntercept = pairedRatio(ctx, fullPath, intercept, conns, max(o.pairs, 1), o.slice)
+		s.InterceptOverDirect = pairedRatio(ctx, intercept, direct, conns, max(o.pairs, 1), o.slice)
+	}
 	if o.only == "pairs" {
-		paths[2].client, paths[3].client = paths[2].withConns(p, o.conns), paths[3].withConns(p, o.conns)
-		r := pairedRatio(ctx, paths[3], paths[2], o.conns, max(o.pairs, 1), o.slice)
-		fmt.Printf("full/intercept c=%d: median %.3fx of %d pairs %v\n", o.conns, r.Median, len(r.Ratios), r.Ratios)
+		pairs(o.conns)
+		s.FullOverIntercept.print(os.Stdout, "full/intercept")
+		s.InterceptOverDirect.print(os.Stdout, "intercept/direct")
 		return nil
 	}
 	if o.only != "" {
@@ -177,12 +187,9 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
-	// The target's ratio, measured in adjacent slices (pairedRatio): the best rounds above
-	// are each path's own, taken seconds apart.
-	fmt.Fprintln(os.Stderr, "full pipeline over bare intercepted, paired...")
-	intercept, fullPath := paths[2], paths[3]
-	intercept.client, fullPath.client = intercept.withConns(p, 32), fullPath.withConns(p, 32)
-	s.FullOverIntercept = pairedRatio(ctx, fullPath, intercept, 32, max(o.pairs, 1), o.slice)
+	// The best rounds above are each path's own, taken seconds apart; the targets' ratios
+	// are measured in adjacent slices.
+	pairs(32)
 
 	var procs []*process
 	for _, pa := range all {
