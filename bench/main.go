@@ -26,7 +26,7 @@ func main() {
 	o := options{}
 	flag.DurationVar(&o.phase, "phase", time.Second, "duration of each throughput phase")
 	flag.IntVar(&o.rounds, "rounds", 3, "throughput rounds over all paths; each figure is a path's best round")
-	flag.IntVar(&o.pairs, "pairs", 10, "pairs of adjacent slices for each of the ratios the targets are stated in (full/intercept, intercept/direct)")
+	flag.IntVar(&o.pairs, "pairs", 20, "pairs of adjacent slices for each of the ratios the targets are stated in (full/intercept, intercept/direct)")
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "duration of each slice of -pairs")
 	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
 	flag.DurationVar(&o.latencyFor, "latency-for", 3*time.Second, "duration of each latency phase")
@@ -190,6 +190,11 @@ func run(ctx context.Context, o options) error {
 	// The best rounds above are each path's own, taken seconds apart; the targets' ratios
 	// are measured in adjacent slices.
 	pairs(32)
+	if i := slices.IndexFunc(peerPaths, func(pa *path) bool { return pa.name == "relay" }); i >= 0 {
+		relay := peerPaths[i]
+		relay.client = relay.withConns(p, 32)
+		s.RelayOverDirect = pairedRatio(ctx, relay, direct, 32, max(o.pairs, 1), o.slice)
+	}
 
 	var procs []*process
 	for _, pa := range all {

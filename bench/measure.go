@@ -173,6 +173,11 @@ type paired struct {
 	// Steal is the fraction of the machine's CPU time the hypervisor took during each pair's
 	// slices (num's, den's): on a shared VM, what moves a pair's ratio besides the broker.
 	Steal [][2]float64 `json:"steal"`
+	// CPURatios are, when both paths are the broker's, num's broker CPU time per request over
+	// den's in each pair, and CPUMedian their median: what the extra work costs the broker
+	// itself, apart from the client and the upstream that share the machine.
+	CPURatios []float64 `json:"cpu_ratios,omitempty"`
+	CPUMedian float64   `json:"cpu_median,omitempty"`
 }
 
 // pairedRatio measures num's throughput over den's at conns connections in pairs of
@@ -195,16 +200,25 @@ func pairedRatio(ctx context.Context, num, den *path, conns, pairs int, d time.D
 			r.Ratios = append(r.Ratios, n.rps/m.rps)
 			r.Steal = append(r.Steal, [2]float64{round3(n.steal), round3(m.steal)})
 		}
-	}
-	if len(r.Ratios) > 0 {
-		sorted := slices.Sorted(slices.Values(r.Ratios))
-		r.Median = sorted[len(sorted)/2]
-		if len(sorted)%2 == 0 {
-			r.Median = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
+		if n.cpuPerReq > 0 && m.cpuPerReq > 0 {
+			r.CPURatios = append(r.CPURatios, n.cpuPerReq/m.cpuPerReq)
 		}
 	}
+	r.Median, r.CPUMedian = median(r.Ratios), median(r.CPURatios)
 	fmt.Fprintf(stderr, "  %s/%s c=%d: median %.2fx of %d pairs\n", num.name, den.name, conns, r.Median, len(r.Ratios))
 	return r
+}
+
+// median is the middle of v, or the mean of its middle two; 0 for none.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	sorted := slices.Sorted(slices.Values(v))
+	if len(sorted)%2 == 0 {
+		return (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
+	}
+	return sorted[len(sorted)/2]
 }
 
 type latency struct {

@@ -26,6 +26,9 @@ type summary struct {
 	// InterceptOverDirect is the bare intercepted path's throughput over direct HTTPS at 32
 	// connections, measured the same way: the figure the second target is read from.
 	InterceptOverDirect paired `json:"intercept_over_direct_paired"`
+	// RelayOverDirect is the relay's, the floor's, over direct HTTPS, measured the same way:
+	// how close to the second target an intercepting proxy can come on this machine.
+	RelayOverDirect paired `json:"relay_over_direct_paired"`
 	// CPUPerRequestUS is the proxy's CPU time (with its child processes) per request, at c=8.
 	CPUPerRequestUS map[string]float64   `json:"proxy_cpu_per_request_us"`
 	Latency         map[string]latency   `json:"latency_open_loop"`
@@ -139,6 +142,7 @@ func (s *summary) print(out io.Writer) {
 	w.Flush()
 	s.FullOverIntercept.print(out, "full/intercept")
 	s.InterceptOverDirect.print(out, "intercept/direct")
+	s.RelayOverDirect.print(out, "relay/direct")
 	fmt.Fprintln(out)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "path\tp50 ms\tp99 ms\tadded p50 ms\tSSE delay mean/max ms\tdownload MiB/s\tupload MiB/s\t")
@@ -176,7 +180,7 @@ func (s *summary) print(out io.Writer) {
 		if t.Met {
 			verdict = "met"
 		}
-		fmt.Fprintf(out, "  %-48s %8.2f %-3s (limit %g %s): %s\n", t.Name, t.Value, t.Unit, t.Limit, t.Unit, verdict)
+		fmt.Fprintf(out, "  %-48s %8.3f %-3s (limit %g %s): %s\n", t.Name, t.Value, t.Unit, t.Limit, t.Unit, verdict)
 	}
 	fmt.Fprintf(out, "took %.0f s\n", s.Seconds)
 }
@@ -190,6 +194,10 @@ func (f paired) print(out io.Writer, name string) {
 	for _, st := range f.Steal {
 		steal += (st[0] + st[1]) / 2
 	}
-	fmt.Fprintf(out, "%s at c=%d in %d pairs of adjacent %d ms slices: median %.2fx (%.2f to %.2f); CPU stolen by the hypervisor meanwhile: %.1f%%\n",
+	fmt.Fprintf(out, "%s at c=%d in %d pairs of adjacent %d ms slices: median %.3fx (%.2f to %.2f); CPU stolen by the hypervisor meanwhile: %.1f%%\n",
 		name, f.Conns, len(f.Ratios), f.SliceMS, f.Median, slices.Min(f.Ratios), slices.Max(f.Ratios), 100*steal/float64(max(len(f.Steal), 1)))
+	if len(f.CPURatios) > 0 {
+		fmt.Fprintf(out, "  broker CPU per request in the same pairs: median %.3fx (%.2f to %.2f)\n",
+			f.CPUMedian, slices.Min(f.CPURatios), slices.Max(f.CPURatios))
+	}
 }
