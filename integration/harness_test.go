@@ -270,8 +270,14 @@ type auditEvent map[string]any
 // audit returns the audit events written so far.
 func (b *brokerProc) audit(t *testing.T) []auditEvent {
 	t.Helper()
-	var evs []auditEvent
-	for _, line := range b.auditLog.snapshot() {
+	return decodeAudit(t, b.auditLog.snapshot())
+}
+
+// decodeAudit parses audit lines.
+func decodeAudit(t *testing.T, lines []string) []auditEvent {
+	t.Helper()
+	evs := make([]auditEvent, 0, len(lines))
+	for _, line := range lines {
 		var ev auditEvent
 		if err := json.Unmarshal([]byte(line), &ev); err != nil {
 			t.Fatalf("audit line is not JSON: %q", line)
@@ -284,27 +290,17 @@ func (b *brokerProc) audit(t *testing.T) []auditEvent {
 // waitAuditWhere waits for n audit events for which match is true, and returns them.
 func (b *brokerProc) waitAuditWhere(t *testing.T, n int, what string, match func(auditEvent) bool) []auditEvent {
 	t.Helper()
-	var evs []auditEvent
-	for _, line := range b.auditLog.waitLines(t, 0, n, what, func(line string) bool {
+	lines := b.auditLog.waitLines(t, 0, n, what, func(line string) bool {
 		var ev auditEvent
 		return json.Unmarshal([]byte(line), &ev) == nil && match(ev)
-	}) {
-		var ev auditEvent
-		_ = json.Unmarshal([]byte(line), &ev)
-		evs = append(evs, ev)
-	}
-	return evs
+	})
+	return decodeAudit(t, lines)
 }
 
 // waitAudit waits for the audit event of a request id.
 func (b *brokerProc) waitAudit(t *testing.T, requestID string) auditEvent {
 	t.Helper()
-	line := b.auditLog.wait(t, `"request_id":"`+requestID+`"`)
-	var ev auditEvent
-	if err := json.Unmarshal([]byte(line), &ev); err != nil {
-		t.Fatal(err)
-	}
-	return ev
+	return decodeAudit(t, []string{b.auditLog.wait(t, `"request_id":"`+requestID+`"`)})[0]
 }
 
 // logTail collects the broker's stderr and lets tests wait for a line.
@@ -369,19 +365,12 @@ func (l *logTail) mark() int {
 // waitFrom returns the first line at or after index from that contains substr.
 func (l *logTail) waitFrom(t *testing.T, from int, substr string) string {
 	t.Helper()
-	return l.waitCount(t, from, substr, 1)[0]
-}
-
-// waitCount returns the first n lines at or after index from that contain substr, waiting
-// for them up to waitTimeout. The count is taken under the lock each time a line arrives,
-// so lines that came in before the call are counted too.
-func (l *logTail) waitCount(t *testing.T, from int, substr string, n int) []string {
-	t.Helper()
-	return l.waitLines(t, from, n, strconv.Quote(substr), func(line string) bool { return strings.Contains(line, substr) })
+	return l.waitLines(t, from, 1, strconv.Quote(substr), func(line string) bool { return strings.Contains(line, substr) })[0]
 }
 
 // waitLines returns the first n lines at or after index from that match, waiting for them
-// up to waitTimeout; what names the lines in a failure.
+// up to waitTimeout; what names the lines in a failure. The lines are counted under the lock
+// each time one arrives, so lines that came in before the call count too.
 func (l *logTail) waitLines(t *testing.T, from, n int, what string, match func(string) bool) []string {
 	t.Helper()
 	deadline := time.AfterFunc(waitTimeout, func() { l.mu.Lock(); l.cond.Broadcast(); l.mu.Unlock() })

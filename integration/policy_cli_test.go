@@ -285,11 +285,8 @@ func TestPolicyReplay(t *testing.T) {
 		}
 	}
 	ids := map[string]string{} // path -> request id
-	for _, line := range e.broker.auditLog.waitCount(t, 0, `"phase":"request"`, 5) {
-		var ev auditEvent
-		if err := json.Unmarshal([]byte(line), &ev); err != nil {
-			t.Fatal(err)
-		}
+	isRequest := func(ev auditEvent) bool { return ev["phase"] == "request" }
+	for _, ev := range e.broker.waitAuditWhere(t, 5, "request events", isRequest) {
 		ids[ev["path"].(string)] = ev["request_id"].(string)
 	}
 	dir := t.TempDir()
