@@ -104,29 +104,44 @@ func (b *Binding) Matches(host string) bool {
 }
 
 // Apply puts the secret into req as the binding says, replacing any value the agent supplied,
-// and returns the strings that reveal the secret, for scrubbing the response.
+// and returns the strings that reveal the secret (Reveals), for scrubbing the response.
 func (b *Binding) Apply(req *http.Request, secret credentials.Secret) []string {
 	v := secret.Reveal()
 	r := b.rule
 	switch {
 	case r.Header != "":
 		req.Header.Set(r.Header, strings.ReplaceAll(r.Value, "{{secret}}", v)) // every value the agent sent goes
-		return []string{v}
 	case r.Query != "":
 		q := req.URL.Query()
 		q.Set(r.Query, v)
 		req.URL.RawQuery = q.Encode()
-		return withEncoded(v, url.QueryEscape(v))
 	case r.BasicAuth != nil:
 		req.Header.Del("Authorization")
 		req.SetBasicAuth(r.BasicAuth.Username, v)
-		return []string{v, base64.StdEncoding.EncodeToString([]byte(r.BasicAuth.Username + ":" + v))}
 	default:
-		return b.replacePlaceholder(req, v)
+		b.replacePlaceholder(req, v)
+	}
+	return b.Reveals(secret)
+}
+
+// Reveals returns the strings that reveal secret as this binding sends it: the value itself
+// and the encoded forms an upstream could reflect. A response from a host the binding is
+// bound to is scrubbed of all of them, whether or not its request was granted the secret.
+func (b *Binding) Reveals(secret credentials.Secret) []string {
+	v := secret.Reveal()
+	switch {
+	case b.rule.Header != "":
+		return []string{v}
+	case b.rule.Query != "":
+		return withEncoded(v, url.QueryEscape(v))
+	case b.rule.BasicAuth != nil:
+		return []string{v, base64.StdEncoding.EncodeToString([]byte(b.rule.BasicAuth.Username + ":" + v))}
+	default:
+		return withEncoded(v, url.QueryEscape(v), url.PathEscape(v))
 	}
 }
 
-func (b *Binding) replacePlaceholder(req *http.Request, v string) []string {
+func (b *Binding) replacePlaceholder(req *http.Request, v string) {
 	ph := b.rule.Placeholder
 	for name, vals := range req.Header {
 		for i, s := range vals {
@@ -148,7 +163,6 @@ func (b *Binding) replacePlaceholder(req *http.Request, v string) []string {
 		req.ContentLength = -1
 		req.Header.Del("Content-Length")
 	}
-	return withEncoded(v, escaped, url.PathEscape(v))
 }
 
 func withEncoded(v string, forms ...string) []string {
