@@ -15,7 +15,6 @@ import (
 
 	"github.com/elazarl/goproxy"
 	"github.com/rs/zerolog"
-	"golang.org/x/net/netutil"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/certs"
@@ -24,7 +23,6 @@ import (
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
-	"github.com/capbroker/capbroker/broker/wire"
 	"github.com/capbroker/capbroker/credentials"
 )
 
@@ -44,9 +42,10 @@ type upstreamClient interface {
 // Secrets returns credential values by name. *credentials.Store implements it.
 type Secrets interface {
 	Get(ctx context.Context, name string) (credentials.Secret, error)
-	// Previous returns values the credential had until recently, so that a response is
-	// scrubbed of the old value too while a rotation settles.
-	Previous(name string) []credentials.Secret
+	// Known returns, without reading the source, every value of the credential that may be
+	// out in the world (the current one and those a rotation replaced recently): a response
+	// from a host the credential is bound to is scrubbed of all of them.
+	Known(name string) []credentials.Secret
 }
 
 var (
@@ -93,8 +92,7 @@ type Broker struct {
 	metrics    *Metrics
 	log        zerolog.Logger
 	proxy      *goproxy.ProxyHttpServer
-	limits     *agentLimiter
-	maxConns   int
+	admission  *admission
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -148,8 +146,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		audit:      deps.Audit,
 		metrics:    m,
 		log:        deps.Log,
-		limits:     newAgentLimiter(cfg.Proxy.MaxConnectionsPerAgent),
-		maxConns:   cfg.Proxy.MaxConnections,
+		admission:  newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
 	b.mitmTLS = b.newMitmTLS()
 	m.watch(b.certs.Len, b.audit.Lost)
@@ -190,9 +187,10 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          nil,
 		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		ConnContext:       withAdmitted,
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(guardedListener{netutil.LimitListener(ln, b.maxConns)}) }()
+	go func() { errc <- srv.Serve(admittingListener{Listener: ln, a: b.admission}) }()
 	select {
 	case err := <-errc:
 		return err
@@ -229,14 +227,3 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 type goproxyLogger struct{ log zerolog.Logger }
 
 func (l goproxyLogger) Printf(format string, v ...any) { l.log.Debug().Msgf(format, v...) }
-
-// guardedListener checks the framing of every agent connection (see package wire).
-type guardedListener struct{ net.Listener }
-
-func (l guardedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return wire.Guard(c, framingRejection), nil
-}

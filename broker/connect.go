@@ -44,15 +44,10 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 		return nil, err
 	}
 	x.identify(agent)
-	if err := b.limits.acquire(agent.ID); err != nil {
+	conn, err := claimConn(r.Context(), agent.ID)
+	if err != nil {
 		return nil, err
 	}
-	held := true // released when the tunnel ends, or now if it never opens
-	defer func() {
-		if held {
-			b.limits.release(agent.ID)
-		}
-	}()
 	host, port, err := splitHost(r.Host, 443)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
@@ -82,19 +77,18 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 		x.ev.Status = http.StatusOK
 		x.finish()
 		tun := &tunnel{agent: agent, target: t}
-		held = false
 		return &goproxy.ConnectAction{
 			Action: goproxy.ConnectHijack,
 			Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
-				b.intercept(client, tun, func() { b.limits.release(agent.ID) })
+				// The tunnel keeps the slot its connection was charged to, until it ends.
+				b.intercept(client, tun, conn.release)
 			},
 		}, nil
 	}
-	held = false
 	return &goproxy.ConnectAction{
 		Action: goproxy.ConnectHijack,
 		Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
-			defer b.limits.release(agent.ID)
+			defer conn.release()
 			b.pipe(x, req, client, t)
 		},
 	}, nil

@@ -22,6 +22,8 @@ var (
 	errBadRequest      = errors.New("bad request")
 	errUpstreamTimeout = errors.New("upstream timeout")
 	errTooMany         = errors.New("too many connections for this agent")
+	errTooManyRequests = errors.New("too many requests in flight for this agent")
+	errOtherAgent      = errors.New("a connection carries one agent's requests")
 	errInternal        = errors.New("internal error")
 )
 
@@ -66,6 +68,12 @@ func classify(err error) agentError {
 	case errors.Is(err, errTooMany):
 		return agentError{http.StatusTooManyRequests, "too_many_connections", "this agent has too many open connections through the broker",
 			"Close idle connections or wait for running requests to finish, then retry."}
+	case errors.Is(err, errTooManyRequests):
+		return agentError{http.StatusTooManyRequests, "too_many_requests", "this agent has too many requests in flight through the broker",
+			"Wait for running requests to finish, then retry."}
+	case errors.Is(err, errOtherAgent):
+		return agentError{http.StatusBadRequest, "bad_request", "this connection already carries another agent's requests",
+			"Open a new connection for each agent identity."}
 	case errors.Is(err, errBadRequest):
 		return agentError{http.StatusBadRequest, "bad_request", "the request could not be processed",
 			"Check the request's host, URL and headers."}
@@ -115,9 +123,18 @@ func errorResponse(req *http.Request, ae agentError, requestID, agent, host stri
 		Body:          io.NopCloser(strings.NewReader(string(b))),
 		ContentLength: int64(len(b)),
 		Request:       req,
-		Close:         ae.status == http.StatusProxyAuthRequired || ae.status == http.StatusBadRequest,
+		// A refusal closes an HTTP/1.x connection: it is not kept (and its slot held) for
+		// the idle timeout on behalf of an agent the broker has just turned away.
+		Close: true,
 	}
 }
+
+// busyRejection answers a connection the broker cannot hold (see admission).
+var busyRejection = func() []byte {
+	body := `{"error":"too_many_connections","reason":"the broker holds as many connections as it may, from this address or in total; the connection is closed","hint":"Close idle connections or wait for running requests to finish, then retry."}` + "\n"
+	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nRetry-After: 1\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
 
 // framingRejection is written by the wire guard when an agent's message framing is ambiguous.
 var framingRejection = func() []byte {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/identity"
+	"github.com/capbroker/capbroker/broker/scrub"
 )
 
 // exchange is the state of one decision, from arrival to the audit event. finish writes the
@@ -23,8 +24,12 @@ type exchange struct {
 	once  sync.Once
 	// bytesIn and bytesOut are updated by the body wrappers, possibly from another goroutine.
 	bytesIn, bytesOut atomic.Int64
-	// release frees the agent's connection slot, when this exchange holds one.
+	// release frees the agent's running-request slot, when this exchange holds one.
 	release func()
+	// scrub is the response scrubber of the request's host, once it is known: the audit
+	// event's text from the upstream or the agent (an error quoting a malformed response
+	// line, a reason, the path) passes through it too.
+	scrub *scrub.Replacer
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
@@ -50,6 +55,11 @@ func (x *exchange) identify(a identity.Agent) {
 func (x *exchange) finish() {
 	x.once.Do(func() {
 		x.ev.BytesIn, x.ev.BytesOut = x.bytesIn.Load(), x.bytesOut.Load()
+		if x.scrub != nil {
+			x.ev.Error = x.scrub.String(x.ev.Error)
+			x.ev.Reason = x.scrub.String(x.ev.Reason)
+			x.ev.Path = x.scrub.String(x.ev.Path)
+		}
 		decision := x.ev.Decision
 		if decision == "" {
 			x.ev.Decision = audit.Deny

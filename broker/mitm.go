@@ -265,6 +265,9 @@ func (b *Broker) switchProtocols(w http.ResponseWriter, resp *http.Response) {
 	if err := head.Write(brw); err != nil || brw.Flush() != nil {
 		return
 	}
+	if s, ok := conn.(switcher); ok {
+		s.Switch() // the tunnel's framing guard: what follows is WebSocket frames
+	}
 	done := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(up, brw) // agent -> upstream, including bytes already buffered

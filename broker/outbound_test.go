@@ -19,15 +19,26 @@ func (u *recordingUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // TestGrantedRequestHeaders: a request granted a credential goes upstream with the credential
-// in place of what the agent sent, and without the headers that would let the upstream encode
-// its response in a way the scrubber cannot read; a request without one keeps them.
+// in place of what the agent sent. A request to a host a credential is bound to, granted or
+// not, goes without the headers that would let the upstream encode its response in a way the
+// scrubber cannot read (the response is scrubbed either way); one to another host keeps them.
 func TestGrantedRequestHeaders(t *testing.T) {
-	for _, full := range []bool{true, false} {
-		br, tun := benchBroker(t, full)
+	cases := map[string]struct {
+		full       bool   // the shipped policies, which grant the openai credential
+		host       string // where the tunnel goes
+		wantOffers bool
+	}{
+		"granted":             {full: true, host: "api.openai.com"},
+		"bound, not granted":  {full: false, host: "api.openai.com"},
+		"no credential bound": {full: false, host: "unbound.test", wantOffers: true},
+	}
+	for name, c := range cases {
+		br, tun := benchBroker(t, c.full)
+		tun.target = newTarget("https", c.host, 443)
 		up := &recordingUpstream{}
 		br.transport = up
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader([]byte(`{"model":"gpt-4.1-mini"}`)))
-		r.Host = "api.openai.com"
+		r.Host = c.host
 		r.Header.Set("Content-Type", "application/json")
 		r.Header.Set("Authorization", "Bearer agent-supplied")
 		r.Header.Add("Authorization", "Bearer another")
@@ -37,17 +48,17 @@ func TestGrantedRequestHeaders(t *testing.T) {
 		w := httptest.NewRecorder()
 		br.serveTunnel(w, r, tun)
 		if w.Code != http.StatusOK || up.got == nil {
-			t.Fatalf("full %v: status %d: %s", full, w.Code, w.Body)
+			t.Fatalf("%s: status %d: %s", name, w.Code, w.Body)
 		}
 		h := up.got.Header
 		offers := len(h.Values("Accept-Encoding")) + len(h.Values("Grpc-Accept-Encoding")) + len(h.Values("Sec-WebSocket-Extensions"))
 		switch {
-		case full && offers != 0:
-			t.Errorf("a request carrying a credential went upstream offering encodings: %v", h)
-		case full && (len(h.Values("Authorization")) != 1 || h.Get("Authorization") != "Bearer "+benchSecret):
-			t.Errorf("Authorization upstream: %q, want the credential alone", h.Values("Authorization"))
-		case !full && offers != 3:
-			t.Errorf("a request without a credential lost its encoding offers: %v", h)
+		case !c.wantOffers && offers != 0:
+			t.Errorf("%s: went upstream offering encodings: %v", name, h)
+		case c.wantOffers && offers != 3:
+			t.Errorf("%s: lost its encoding offers: %v", name, h)
+		case c.full && (len(h.Values("Authorization")) != 1 || h.Get("Authorization") != "Bearer "+benchSecret):
+			t.Errorf("%s: Authorization upstream: %q, want the credential alone", name, h.Values("Authorization"))
 		}
 	}
 }

@@ -101,7 +101,9 @@ func (benchSecrets) Get(context.Context, string) (credentials.Secret, error) {
 	return credentials.NewSecret(benchSecret), nil
 }
 
-func (benchSecrets) Previous(string) []credentials.Secret { return nil }
+func (benchSecrets) Known(string) []credentials.Secret {
+	return []credentials.Secret{credentials.NewSecret(benchSecret)}
+}
 
 // memoryUpstream answers every request with a small JSON body, as the bench's upstream does.
 type memoryUpstream struct{}

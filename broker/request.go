@@ -17,7 +17,6 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
-	"github.com/capbroker/capbroker/broker/scrub"
 )
 
 // redacted replaces every injected secret value found in a response.
@@ -26,7 +25,16 @@ const redacted = "[REDACTED]"
 // handleRequest runs the pipeline for a plain (absolute-form) HTTP request. It always returns
 // a response, so goproxy never forwards on its own.
 func (b *Broker) handleRequest(r *http.Request, _ *goproxy.ProxyCtx) (*http.Request, *http.Response) {
-	return r, b.exchange(r, nil)
+	resp := b.exchange(r, nil)
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		switched(r.Context())
+	}
+	if resp.Close {
+		// goproxy writes the response through its ResponseWriter, which closes the
+		// connection on this header, not on resp.Close.
+		resp.Header.Set("Connection", "close")
+	}
+	return r, resp
 }
 
 // exchange runs the pipeline for one request, plain or inside a tunnel, and returns the
@@ -54,6 +62,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err != nil {
 		return nil, err
 	}
+	if x.release, err = b.admission.request(x.agent.ID); err != nil {
+		return nil, err
+	}
 	x.ev.Scheme, x.ev.Host, x.ev.Port, x.ev.Path = t.scheme, t.host, t.port, r.URL.Path
 	small, err := readSmallBody(r)
 	if err != nil {
@@ -77,20 +88,16 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		// connection, when its kept-alive one turns out closed before any response.
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(small)), nil }
 	}
-	var patterns []string // every form of every secret the request carries, and their predecessors
 	for _, g := range granted {
 		secret, err := b.secrets.Get(r.Context(), g.Name)
 		if err != nil {
 			return nil, err // never forward without a credential the decision granted
 		}
-		patterns = append(patterns, g.Apply(out, secret)...)
-		for _, old := range b.secrets.Previous(g.Name) {
-			patterns = append(patterns, old.Reveal())
-		}
+		g.Apply(out, secret)
 	}
-	s := scrub.New() // no patterns, no allocation: a response without a secret to scrub
-	if len(granted) > 0 {
-		s = b.scrubbers.get(granted[0].Name, patterns)
+	s := b.responseScrubber(t.host)
+	x.scrub = s
+	if !s.Empty() {
 		// Ask for an unencoded body, and WebSocket frames without compression, so the response
 		// can be scrubbed.
 		for _, h := range encodingOffers {
@@ -102,6 +109,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	resp, err := b.transport.RoundTrip(out)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %s: %w", t.hostPort(), err)
+	}
+	if err := checkSwitch(out, resp); err != nil {
+		return nil, err
 	}
 	return x.respond(resp, s)
 }
@@ -144,10 +154,9 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 		return target{}, err
 	}
 	x.identify(agent)
-	if err := b.limits.acquire(agent.ID); err != nil {
+	if _, err := claimConn(r.Context(), agent.ID); err != nil {
 		return target{}, err
 	}
-	x.release = func() { b.limits.release(agent.ID) }
 	if r.URL.Scheme != "http" {
 		return target{}, fmt.Errorf("%w: scheme %q: use CONNECT for https", errBadRequest, r.URL.Scheme)
 	}

@@ -8,10 +8,34 @@ import (
 	"github.com/capbroker/capbroker/broker/scrub"
 )
 
-// scrubbers keeps, for each credential, the Replacer built for the last request granted it, so
-// that requests carrying the same secrets share one instead of each building its own (three
-// allocations and a copy of every secret). It is keyed by the first granted credential and
-// checked against every pattern, so a rotated secret, or another set of grants, builds anew.
+// responseScrubber returns the Replacer for a response from host: it redacts every known
+// value (Secrets.Known) of every credential bound to host, in every form its binding reveals,
+// whether or not the request was granted any. A response is where an agent would read back a
+// secret it had an upstream store or reflect through an earlier request that was granted it;
+// and an upstream connection whose framing went wrong could answer one request with another's
+// response. A host no credential is bound to gets the empty Replacer: nothing to scrub.
+//
+// A bound credential this broker has never read has no value to scrub; it cannot have been
+// sent by this broker either.
+func (b *Broker) responseScrubber(host string) *scrub.Replacer {
+	bound := b.bindings.Bound(host)
+	if len(bound) == 0 {
+		return scrub.New()
+	}
+	var patterns []string
+	for _, bd := range bound {
+		for _, v := range b.secrets.Known(bd.Name) {
+			patterns = append(patterns, bd.Reveals(v)...)
+		}
+	}
+	return b.scrubbers.get(bound[0].Name, patterns)
+}
+
+// scrubbers keeps, for each credential, the Replacer built for the last response from a host
+// it is the first bound credential of, so that responses from hosts with the same secrets
+// share one instead of each building its own (three allocations and a copy of every secret).
+// It is checked against every pattern, so a rotated secret, or another set of bound
+// credentials, builds anew.
 type scrubbers map[string]*atomic.Pointer[scrubber]
 
 type scrubber struct {
@@ -27,8 +51,8 @@ func newScrubbers(creds []config.Credential) scrubbers {
 	return s
 }
 
-// get returns the Replacer that redacts patterns, the forms of the secrets of a request whose
-// first granted credential is first.
+// get returns the Replacer that redacts patterns, the forms of the secrets bound to a host
+// whose first bound credential is first.
 func (s scrubbers) get(first string, patterns []string) *scrub.Replacer {
 	last := s[first]
 	if last == nil {

@@ -209,6 +209,25 @@ func (s *Store) Previous(name string) []Secret {
 	return out
 }
 
+// Known returns every value of the named credential that this store has read and that may
+// still be out in the world: the cached value, however stale, and the values a rotation
+// replaced within the last max(Refresh, 5m), newest first. It never reads the source. A
+// response from a host the credential is bound to is scrubbed of all of them, whether or not
+// its request was granted the credential: an agent could have had the upstream store a value
+// through one request and read it back through another.
+func (s *Store) Known(name string) []Secret {
+	e, ok := s.entries[name]
+	if !ok {
+		return nil
+	}
+	prev := s.Previous(name)
+	c := e.cur.Load()
+	if c == nil {
+		return prev
+	}
+	return append([]Secret{c.val}, prev...)
+}
+
 func sameValue(a, b Secret) bool {
 	return subtle.ConstantTimeCompare([]byte(a.v), []byte(b.v)) == 1
 }

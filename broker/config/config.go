@@ -31,8 +31,12 @@ type Proxy struct {
 	Listen string `yaml:"listen"`
 	// MaxConnections caps agent connections to the proxy in total (default 4096).
 	MaxConnections int `yaml:"max_connections"`
-	// MaxConnectionsPerAgent caps one agent's open tunnels and in-flight requests (default 256).
+	// MaxConnectionsPerAgent caps the connections one agent holds open: tunnels and idle
+	// keep-alive connections alike (default 256).
 	MaxConnectionsPerAgent int `yaml:"max_connections_per_agent"`
+	// MaxRequestsPerAgent caps one agent's requests in flight, HTTP/2 streams included
+	// (default 256).
+	MaxRequestsPerAgent int `yaml:"max_requests_per_agent"`
 }
 
 type Admin struct {
@@ -194,6 +198,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Proxy.MaxConnectionsPerAgent == 0 {
 		c.Proxy.MaxConnectionsPerAgent = 256
+	}
+	if c.Proxy.MaxRequestsPerAgent == 0 {
+		c.Proxy.MaxRequestsPerAgent = 256
 	}
 	if c.Admin.Listen == "" {
 		c.Admin.Listen = "127.0.0.1:9090"

@@ -38,6 +38,9 @@ func (c *Config) Validate() []error {
 	if c.Proxy.MaxConnectionsPerAgent < 0 {
 		e.add("proxy.max_connections_per_agent", "must be positive")
 	}
+	if c.Proxy.MaxRequestsPerAgent < 0 {
+		e.add("proxy.max_requests_per_agent", "must be positive")
+	}
 	if c.CA.CertFile == "" {
 		e.add("ca.cert_file", "required")
 	}

@@ -62,6 +62,17 @@ func (s *Set) Matching(host string) []string {
 	return names
 }
 
+// Bound returns the bindings of the credentials bound to host, in config order.
+func (s *Set) Bound(host string) []*Binding {
+	var out []*Binding
+	for _, b := range s.order {
+		if b.Matches(host) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // Resolve returns the bindings for granted names, checking that each is bound to host.
 func (s *Set) Resolve(names []string, host string) ([]*Binding, error) {
 	out := make([]*Binding, 0, len(names))

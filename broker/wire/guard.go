@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrFraming is returned by Read once the stream held a malformed message.
@@ -23,8 +24,11 @@ var ErrFraming = errors.New("malformed HTTP/1.1 message framing")
 const maxHead = 64 << 10
 
 // Guard returns conn with its incoming HTTP/1.1 requests checked. On a violation it writes
-// rejection (a complete HTTP response) to conn and makes further reads fail. After a request
-// that switches protocols (CONNECT, or an Upgrade) the stream passes through unchecked.
+// rejection (a complete HTTP response) to conn and makes further reads fail. After a CONNECT
+// the stream passes through unchecked (the tunnel is the proxy's, and checked inside). A
+// request that asks for an Upgrade does not change that: the stream is checked until Switch
+// says the protocol was switched (a 101 was received and forwarded). An upgrade the server
+// declined leaves an HTTP/1.1 connection like any other.
 func Guard(conn net.Conn, rejection []byte) *Conn {
 	return &Conn{Conn: conn, rejection: rejection}
 }
@@ -58,7 +62,17 @@ type Conn struct {
 	requests int64 // requests read to their end, body included
 	endedAt  int64 // scanned when the last of them ended
 	ended    bool  // set by onLine when a line ended a request
+	upgrade  bool  // the last request asked for a protocol upgrade (see Switch)
+	switched atomic.Bool
 }
+
+// Switch ends checking when the last request read asked for an upgrade: the server switched
+// protocols (it forwarded a 101), and what follows is no longer HTTP/1.1. It is ignored
+// otherwise, so that a 101 cannot turn checking off for a request that never asked for one.
+//
+// It may be called while another goroutine reads (net/http reads ahead while a handler runs):
+// the reader makes the switch, before it checks its next bytes.
+func (g *Conn) Switch() { g.switched.Store(true) }
 
 // Between reports how many requests have been read whole, and whether every byte read so far
 // belongs to one of them: the stream is between two requests, with nothing of the next one
@@ -80,6 +94,9 @@ func (g *Conn) Read(p []byte) (int, error) {
 		return 0, g.err
 	}
 	n, err := g.Conn.Read(p)
+	if g.switched.Swap(false) && g.upgrade && g.st == stHead {
+		g.st = stPassthrough
+	}
 	if n > 0 && g.st != stPassthrough {
 		if verr := g.scan(p[:n]); verr != nil {
 			g.err = verr
@@ -246,7 +263,8 @@ func (g *Conn) endHead() error {
 			g.st, g.remain = stBody, n
 		}
 	}
-	if string(method) == "CONNECT" || upgrade {
+	g.upgrade = upgrade
+	if string(method) == "CONNECT" {
 		g.st = stPassthrough
 	}
 	g.ended = g.st == stHead // no body: the head was the whole request

@@ -62,7 +62,10 @@ func TestGuard(t *testing.T) {
 		"duplicate CL, cases":   {"POST / HTTP/1.1\r\ncontent-length: 3\r\nCONTENT-LENGTH: 3\r\n\r\nabc", true},
 		"TE in capitals":        {"POST / HTTP/1.1\r\nTRANSFER-ENCODING: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", false},
 		"two Hosts":             {"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", true},
-		"upgrade passes bytes":  {"GET / HTTP/1.1\r\nHost: a\r\nupgrade: websocket\r\n\r\n\x81\x05frame\n\n", false},
+		"upgrade not switched":  {"GET / HTTP/1.1\r\nHost: a\r\nupgrade: websocket\r\n\r\n\x81\x05frame\n\n", true},
+		"CL+TE after upgrade":   {"GET / HTTP/1.1\r\nUpgrade: foo\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", true},
+		"bare LF after upgrade": {"GET / HTTP/1.1\r\nUpgrade: foo\r\n\r\nGET / HTTP/1.1\nHost: a\n\n", true},
+		"CONNECT passes bytes":  {"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n\x16\x03\x01\n\n", false},
 		"head without fields":   {"GET / HTTP/1.1\r\n\r\n", false},
 		"delimiter in a name":   {"GET / HTTP/1.1\r\nX(y): 1\r\n\r\n", true},
 		"non-ASCII in a name":   {"GET / HTTP/1.1\r\nX\xc3\xa9: 1\r\n\r\n", true},
@@ -100,7 +103,7 @@ func TestBetween(t *testing.T) {
 		"chunked with trailers":       {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nT: v\r\n\r\n", 1, true},
 		"chunked before the trailers": {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n", 0, false},
 		"an empty line after":         {get + "\r\n", 1, false},
-		"upgrade":                     {"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n", 0, false},
+		"upgrade":                     {"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n", 1, true},
 	}
 	for name, c := range cases {
 		for _, split := range []int{1, 7, 1 << 16} {
@@ -120,6 +123,40 @@ func TestBetween(t *testing.T) {
 			if n, ok := g.Between(); n != c.requests || ok != c.between {
 				t.Errorf("%s (reads of %d): Between() = %d, %v; want %d, %v", name, split, n, ok, c.requests, c.between)
 			}
+		}
+	}
+}
+
+// TestGuardSwitch: checking ends only after Switch, and only after a request that asked for an
+// upgrade.
+func TestGuardSwitch(t *testing.T) {
+	frame := "\x81\x05frame\n\n" // not HTTP/1.1: a bare LF
+	cases := map[string]struct {
+		head    string
+		refused bool
+	}{
+		"upgrade, switched":        {"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n", false},
+		"no upgrade asked, Switch": {"GET / HTTP/1.1\r\nHost: a\r\n\r\n", true},
+	}
+	for name, c := range cases {
+		client, server := net.Pipe()
+		g := Guard(server, []byte("REJECTED"))
+		go func() {
+			_, _ = client.Write([]byte(c.head))
+			_, _ = client.Write([]byte(frame))
+			client.Close()
+		}()
+		buf := make([]byte, len(c.head))
+		if _, err := io.ReadFull(g, buf); err != nil {
+			t.Fatalf("%s: reading the head: %v", name, err)
+		}
+		g.Switch() // as the broker does once it has forwarded a 101
+		rest, err := io.ReadAll(g)
+		if refused := err != nil; refused != c.refused {
+			t.Errorf("%s: refused=%v (%v), want %v", name, refused, err, c.refused)
+		}
+		if !c.refused && string(rest) != frame {
+			t.Errorf("%s: passed %q, want %q", name, rest, frame)
 		}
 	}
 }
