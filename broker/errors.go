@@ -123,9 +123,9 @@ func errorResponse(req *http.Request, ae agentError, requestID, agent, host stri
 		Body:          io.NopCloser(strings.NewReader(string(b))),
 		ContentLength: int64(len(b)),
 		Request:       req,
-		// A refusal closes an HTTP/1.x connection: it is not kept (and its slot held) for
-		// the idle timeout on behalf of an agent the broker has just turned away.
-		Close: true,
+		// A refusal of the agent's request closes its HTTP/1.x connection: it is not kept (and
+		// its slot held) for the idle timeout on behalf of an agent just turned away.
+		Close: ae.status < 500,
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/sha1"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -506,7 +507,8 @@ func TestWebSocketEcho(t *testing.T) {
 			return
 		}
 		defer conn.Close()
-		fmt.Fprint(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		fmt.Fprintf(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+			wsAccept(r.Header.Get("Sec-WebSocket-Key")))
 		// A careless server echoes the key it was given, split across two fragments.
 		rw.Write(wsFrame(false, 0x1, []byte("your key: "+key[:5]), false))
 		rw.Write(wsFrame(true, 0x0, []byte(key[5:]+"\n"), false))
@@ -556,6 +558,12 @@ func TestWebSocketEcho(t *testing.T) {
 }
 
 // wsFrame is a WebSocket frame; an agent's is masked (with a fixed key: this is a test).
+// wsAccept is the Sec-WebSocket-Accept a server answers a key with (RFC 6455 §4.2.2).
+func wsAccept(key string) string {
+	h := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC11B85"))
+	return base64.StdEncoding.EncodeToString(h[:])
+}
+
 func wsFrame(fin bool, op byte, payload []byte, masked bool) []byte {
 	b0 := op
 	if fin {
