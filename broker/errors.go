@@ -2,8 +2,10 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -85,6 +87,31 @@ func classify(err error) agentError {
 			"The upstream may be down, or its certificate is not trusted. The details are in the broker's audit log."}
 	}
 }
+
+// upstreamFailure is the error recorded for a request the upstream failed: err itself when it
+// is one whose text the broker composed (a dial, TLS or timeout failure, a closed connection),
+// else a fixed text. A parser's error quotes the bytes it choked on, and an upstream can put a
+// secret it was sent into a malformed header line: that text is never stored. The audit
+// event's error is scrubbed as well (exchange.finish); this makes the parser's words go too.
+func upstreamFailure(addr string, err error) error {
+	var (
+		ne  net.Error
+		ve  *tls.CertificateVerificationError
+		rec tls.RecordHeaderError
+		ae  *tls.AlertError
+	)
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, errBadSwitch),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
+		errors.As(err, &ne), errors.As(err, &ve), errors.As(err, &rec), errors.As(err, &ae):
+		return fmt.Errorf("upstream %s: %w", addr, err)
+	}
+	return fmt.Errorf("upstream %s: %w", addr, errMalformedResponse)
+}
+
+// errMalformedResponse stands for a parser's error about an upstream's response (see
+// upstreamFailure).
+var errMalformedResponse = errors.New("malformed or unexpected response (the parser's message is not recorded: it may quote the upstream's bytes)")
 
 func isTimeout(err error) bool {
 	var ne net.Error

@@ -108,7 +108,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 
 	resp, err := b.transport.RoundTrip(out)
 	if err != nil {
-		return nil, fmt.Errorf("upstream %s: %w", t.hostPort(), err)
+		return nil, upstreamFailure(t.hostPort(), err)
 	}
 	if err := checkSwitch(out, resp); err != nil {
 		return nil, err
