@@ -55,21 +55,23 @@ func (a *admission) admit(c net.Conn, src netip.Addr) *admittedConn {
 	return &admittedConn{Conn: c, a: a, src: src}
 }
 
-// request takes a running-request slot for agent; done gives it back.
-func (a *admission) request(agent string) (done func(), err error) {
+// request takes a running-request slot for agent; each success needs one requestDone.
+func (a *admission) request(agent string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.requests[agent] >= a.perAgentRequests {
-		return nil, errTooManyRequests
+		return errTooManyRequests
 	}
 	a.requests[agent]++
-	return func() {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		if a.requests[agent]--; a.requests[agent] <= 0 {
-			delete(a.requests, agent)
-		}
-	}, nil
+	return nil
+}
+
+func (a *admission) requestDone(agent string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.requests[agent]--; a.requests[agent] <= 0 {
+		delete(a.requests, agent)
+	}
 }
 
 // admittedConn is an agent connection holding its slot: its source address's until claim

@@ -60,15 +60,14 @@ func TestAdmission(t *testing.T) {
 		t.Fatalf("after one close: agents %v, open %d", a.agents, a.open)
 	}
 
-	done, err := a.request("a")
-	if err != nil {
+	if err := a.request("a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.request("a"); !errors.Is(err, errTooManyRequests) {
+	if err := a.request("a"); !errors.Is(err, errTooManyRequests) {
 		t.Fatalf("a second request in flight: %v", err)
 	}
-	done()
-	if _, err := a.request("a"); err != nil {
+	a.requestDone("a")
+	if err := a.request("a"); err != nil {
 		t.Fatalf("after the first ended: %v", err)
 	}
 }

@@ -24,8 +24,8 @@ type exchange struct {
 	once  sync.Once
 	// bytesIn and bytesOut are updated by the body wrappers, possibly from another goroutine.
 	bytesIn, bytesOut atomic.Int64
-	// release frees the agent's running-request slot, when this exchange holds one.
-	release func()
+	// running: the exchange holds one of its agent's running-request slots (admission).
+	running bool
 	// scrub is the response scrubber of the request's host, once it is known: the audit
 	// event's text from the upstream or the agent (an error quoting a malformed response
 	// line, a reason, the path) passes through it too.
@@ -68,8 +68,8 @@ func (x *exchange) finish() {
 		x.b.metrics.requests.WithLabelValues(x.ev.Phase, decision).Inc()
 		x.b.metrics.latency.WithLabelValues(x.ev.Phase).Observe(time.Since(x.ev.Start).Seconds())
 		x.b.audit.Write(&x.ev)
-		if x.release != nil {
-			x.release()
+		if x.running {
+			x.b.admission.requestDone(x.agent.ID)
 		}
 		x.b.inflight.Done()
 	})

@@ -62,9 +62,10 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err != nil {
 		return nil, err
 	}
-	if x.release, err = b.admission.request(x.agent.ID); err != nil {
+	if err := b.admission.request(x.agent.ID); err != nil {
 		return nil, err
 	}
+	x.running = true
 	x.ev.Scheme, x.ev.Host, x.ev.Port, x.ev.Path = t.scheme, t.host, t.port, r.URL.Path
 	small, err := readSmallBody(r)
 	if err != nil {
