@@ -136,6 +136,35 @@ func TestStorePreviousKeepsReplacedValuesForAWhile(t *testing.T) {
 	}
 }
 
+// TestStoreKnown: every value that may be out in the world, the current one however stale,
+// without reading the source.
+func TestStoreKnown(t *testing.T) {
+	src := &scripted{val: NewSecret("k0")}
+	s, clk := newTestStore(src, StoreOptions{Refresh: time.Minute, MaxStale: time.Hour})
+	if k := s.Known("c"); len(k) != 0 {
+		t.Fatalf("Known before any read: %v", reveal(k))
+	}
+	mustGet(t, s)
+	src.set(NewSecret("k1"), nil)
+	clk.add(time.Minute)
+	mustGet(t, s)
+	src.set(Secret{}, fmt.Errorf("%w: vault down", ErrUnavailable))
+	clk.add(2 * time.Hour) // past max_stale: Get fails, the value is still known
+	if _, err := s.Get(context.Background(), "c"); err == nil {
+		t.Fatal("Get served a value past max_stale")
+	}
+	reads := src.count()
+	if got := fmt.Sprint(reveal(s.Known("c"))); got != "[k1]" {
+		t.Fatalf("Known = %s", got)
+	}
+	if src.count() != reads {
+		t.Fatal("Known read the source")
+	}
+	if s.Known("nope") != nil {
+		t.Fatal("Known of an unknown credential")
+	}
+}
+
 func TestStoreBacksOffAfterFailures(t *testing.T) {
 	down := fmt.Errorf("%w: vault unreachable", ErrUnavailable)
 	src := &scripted{err: down}
