@@ -111,17 +111,45 @@ func (r *Replacer) replaceAll(b []byte) []byte {
 	return out
 }
 
-// Header replaces patterns inside every value of h, in place.
-// Header names are left unchanged.
+// Header replaces patterns inside every value of h, in place, and removes every field whose
+// name holds a pattern in any letter case. A name cannot take the replacement instead: it must
+// stay a token, which "[REDACTED]" is not, and any token put in its place could collide with a
+// real field. Nor can the match be exact: net/http has already changed the case of every name
+// it parsed (canonical form, or lower case from HTTP/2), so "x-sk-live-ab12" arrives as
+// "X-Sk-Live-Ab12", which reveals the secret as well. No real field is named after a secret.
 func (r *Replacer) Header(h http.Header) {
 	if r.Empty() {
 		return
 	}
-	for _, vs := range h {
+	for k, vs := range h {
+		if r.inName(k) {
+			delete(h, k)
+			continue
+		}
 		for i, v := range vs {
 			vs[i] = r.String(v)
 		}
 	}
+}
+
+// inName reports whether name holds a pattern, compared without regard to letter case.
+func (r *Replacer) inName(name string) bool {
+	for _, p := range r.pairs {
+		if len(p.pattern) <= len(name) && containsFold(name, p.pattern) {
+			return true
+		}
+	}
+	return false
+}
+
+// containsFold reports whether s holds sub under Unicode case folding, as strings.EqualFold.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
 }
 
 // Reader returns a ReadCloser that yields src with all patterns replaced.
