@@ -318,7 +318,7 @@ type reader struct {
 	err  error // sticky error from src; set once all input is consumed
 
 	pooled *buffers // in and out, while they are a pooled pair
-	nexts  [4]int   // next, for up to four patterns
+	nexts  [16]int  // next, for up to 16 patterns: the forms of two keys
 }
 
 // Read implements io.Reader. It reads from src only while it has no output
