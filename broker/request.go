@@ -105,6 +105,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 			delete(out.Header, h)
 		}
 	}
+	if len(in.Credentials) > 0 { // the credentials bound to the host
+		dropRangeHeaders(out) // a secret split across ranges would be scrubbed in neither
+	}
 	b.forwardTrailers(r, out)
 
 	resp, err := b.transport.RoundTrip(out)

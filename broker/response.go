@@ -15,21 +15,15 @@ import (
 // respond scrubs and wraps the upstream response. The audit event is written when goproxy
 // closes the body: after the last byte reached the agent, or when the agent went away.
 func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Response, error) {
+	// The reason phrase is the upstream's own text, which could carry anything, and which a
+	// client must ignore (RFC 9112 §4); HTTP/2 has none. The agent gets the standard one,
+	// scrubbed or not. It matters on a 101, whose status line switchProtocols writes from
+	// resp.Status; other responses are written from their status code alone.
+	resp.Status = statusLine(resp.StatusCode)
 	upgraded := resp.StatusCode == http.StatusSwitchingProtocols
 	if !s.Empty() {
-		s.Header(resp.Header)
-		err := decodeForScrub(resp)
-		if err == nil && upgraded {
-			err = scrubWebSocket(resp, s)
-		}
-		if err != nil {
-			resp.Body.Close()
+		if err := scrubResponse(resp, s, upgraded); err != nil {
 			return nil, err
-		}
-		if resp.Body != http.NoBody && !upgraded {
-			if err := scrubBody(resp, s); err != nil {
-				return nil, err
-			}
 		}
 	}
 	if !upgraded {
@@ -44,6 +38,49 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Respon
 		resp.Body = body
 	}
 	return resp, nil
+}
+
+// statusLine is the status of a response with status code code, as net/http writes it.
+func statusLine(code int) string {
+	if s, ok := statusLines[code]; ok {
+		return s
+	}
+	return strconv.Itoa(code) + " status code " + strconv.Itoa(code)
+}
+
+// statusLines are the standard status lines, made once rather than for every response.
+var statusLines = func() map[int]string {
+	m := map[int]string{}
+	for code := 100; code < 600; code++ {
+		if text := http.StatusText(code); text != "" {
+			m[code] = strconv.Itoa(code) + " " + text
+		}
+	}
+	return m
+}()
+
+// scrubResponse makes everything of resp that reaches the agent scrubbed of s's patterns: the
+// names and values of its header and trailer fields, and its body, decoded first if it must
+// be, or the frames of the connection it upgraded. A response of a shape that cannot be
+// scrubbed whole is refused, its body closed.
+func scrubResponse(resp *http.Response, s *scrub.Replacer, upgraded bool) error {
+	s.Header(resp.Header)
+	s.Header(resp.Trailer) // its names, announced with the header; the values come at the body's end
+	err := refusePartial(resp)
+	if err == nil {
+		err = decodeForScrub(resp)
+	}
+	if err == nil && upgraded {
+		err = scrubWebSocket(resp, s)
+	}
+	if err != nil {
+		resp.Body.Close()
+		return err
+	}
+	if resp.Body == http.NoBody || upgraded {
+		return nil
+	}
+	return scrubBody(resp, s)
 }
 
 // maxWholeScrub is the largest response body that is scrubbed whole (scrubBody).
@@ -104,19 +141,23 @@ func (b *wholeBody) Read(p []byte) (int, error) {
 
 func (*wholeBody) Close() error { return nil }
 
-// decodeForScrub removes a gzip content encoding so the body can be scrubbed. Other
-// encodings cannot be scrubbed, so such a response is refused rather than passed through.
+// decodeForScrub makes resp's body readable for scrubbing. Its content codings are read as a
+// client reads them: from every Content-Encoding field line, every item of each line's list
+// (RFC 9110 §8.4), identity meaning none. One gzip layer is removed; any other coding, or more
+// than one, cannot be scrubbed, and such a response is refused rather than passed through.
+// So are gRPC messages compressed one by one (Grpc-Encoding). A response without a body has
+// nothing to decode.
 func decodeForScrub(resp *http.Response) error {
-	if ge := strings.ToLower(strings.TrimSpace(resp.Header.Get("Grpc-Encoding"))); ge != "" && ge != "identity" {
-		return fmt.Errorf("upstream sent %q-compressed gRPC messages to a request carrying a credential; they cannot be scrubbed", ge)
-	}
-	switch ce := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding"))); ce {
-	case "", "identity":
+	if resp.Body == http.NoBody {
 		return nil
-	case "gzip", "x-gzip":
-		if resp.Body == http.NoBody {
-			return nil
-		}
+	}
+	if ge := codings(resp.Header, "Grpc-Encoding"); len(ge) > 0 {
+		return fmt.Errorf("upstream sent gRPC messages compressed with %s to a host with a credential; they cannot be scrubbed", describeCodings(ge))
+	}
+	switch ce := codings(resp.Header, "Content-Encoding"); {
+	case len(ce) == 0:
+		return nil
+	case len(ce) == 1 && (ce[0] == "gzip" || ce[0] == "x-gzip"):
 		zr, err := gzip.NewReader(resp.Body)
 		if err != nil {
 			return fmt.Errorf("upstream gzip body: %w", err)
@@ -127,6 +168,34 @@ func decodeForScrub(resp *http.Response) error {
 		resp.ContentLength = -1
 		return nil
 	default:
-		return fmt.Errorf("upstream sent a %q-encoded response to a request carrying a credential; it cannot be scrubbed", ce)
+		return fmt.Errorf("upstream sent a response encoded with %s to a host with a credential; only one gzip layer can be removed to scrub it", describeCodings(ce))
 	}
+}
+
+// codings returns the codings a field lists over all its lines, lower case, without identity.
+func codings(h http.Header, name string) []string {
+	var out []string
+	for _, line := range h.Values(name) {
+		for item := range strings.SplitSeq(line, ",") {
+			if c := strings.ToLower(strings.TrimSpace(item)); c != "" && c != "identity" {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// describeCodings names codings for an error, which is audited: the registered names as they
+// are, anything else as "an unknown coding", for the upstream's text could hold a secret.
+func describeCodings(cs []string) string {
+	names := make([]string, len(cs))
+	for i, c := range cs {
+		switch c {
+		case "gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress", "dcz", "dcb", "snappy":
+			names[i] = strconv.Quote(c)
+		default:
+			names[i] = "an unknown coding"
+		}
+	}
+	return strings.Join(names, ", then ")
 }

@@ -2,9 +2,11 @@ package broker
 
 import (
 	"bytes"
+	"compress/gzip"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"testing"
@@ -118,5 +120,243 @@ func TestScrubBody(t *testing.T) {
 				t.Error("the upstream body was not closed")
 			}
 		})
+	}
+}
+
+// upstreamFunc answers each request with what its function builds.
+type upstreamFunc struct {
+	memoryUpstream
+	answer func(*http.Request) *http.Response
+	got    *http.Request
+}
+
+func (u *upstreamFunc) RoundTrip(r *http.Request) (*http.Response, error) {
+	u.got = r
+	return u.answer(r), nil
+}
+
+// answer is an upstream HTTP/1.1 response with header h and body.
+func answer(r *http.Request, code int, h http.Header, body string) *http.Response {
+	if h == nil {
+		h = http.Header{}
+	}
+	return &http.Response{StatusCode: code, Status: strconv.Itoa(code) + " " + http.StatusText(code), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: io.NopCloser(strings.NewReader(body)), ContentLength: -1, Request: r}
+}
+
+func gzipped(t *testing.T, s string) string {
+	t.Helper()
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	if _, err := io.WriteString(zw, s); err != nil || zw.Close() != nil {
+		t.Fatal("gzip")
+	}
+	return b.String()
+}
+
+// chatRequest is the request the shipped policies grant the openai credential for.
+func chatRequest() *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"gpt-4.1-mini"}`))
+	r.Host = "api.openai.com"
+	r.Header.Set("Content-Type", "application/json")
+	return r
+}
+
+// holdsSecretFold reports whether s holds the secret in any letter case, as a header name
+// that net/http has put in canonical form would.
+func holdsSecretFold(s string) bool {
+	return strings.Contains(strings.ToLower(s), strings.ToLower(benchSecret))
+}
+
+// TestScrubbedResponseShapes drives responses of every shape a scrubbed host could send
+// through the pipeline, with the openai credential granted: the agent gets them scrubbed
+// whole, or a 502.
+func TestScrubbedResponseShapes(t *testing.T) {
+	reflect := "auth=Bearer " + benchSecret + " end"
+	scrubbed := "auth=Bearer " + redacted + " end"
+	tests := map[string]struct {
+		header http.Header
+		code   int
+		body   string
+		want   int    // status the agent gets
+		body2  string // the body the agent gets, when 200
+	}{
+		"the secret in header names": {
+			header: http.Header{"X-" + benchSecret: {"1"}, textproto.CanonicalMIMEHeaderKey("X-" + benchSecret + "-b"): {"2"}, "X-Kept": {benchSecret}},
+			code:   200, body: reflect, want: 200, body2: scrubbed,
+		},
+		"identity, then gzip, on two lines":   {header: http.Header{"Content-Encoding": {"identity", "gzip"}}, code: 200, body: "gz:" + reflect, want: 200, body2: scrubbed},
+		"identity, then gzip, on one line":    {header: http.Header{"Content-Encoding": {"identity, gzip"}}, code: 200, body: "gz:" + reflect, want: 200, body2: scrubbed},
+		"x-gzip in capitals":                  {header: http.Header{"Content-Encoding": {" X-GZIP "}}, code: 200, body: "gz:" + reflect, want: 200, body2: scrubbed},
+		"gzip twice, on two lines":            {header: http.Header{"Content-Encoding": {"gzip", "gzip"}}, code: 200, body: "gz:gz:" + reflect, want: 502},
+		"gzip twice, on one line":             {header: http.Header{"Content-Encoding": {"gzip,gzip"}}, code: 200, body: "gz:gz:" + reflect, want: 502},
+		"gzip, then br":                       {header: http.Header{"Content-Encoding": {"gzip", "br"}}, code: 200, body: "gz:" + reflect, want: 502},
+		"an unknown coding":                   {header: http.Header{"Content-Encoding": {"x-custom"}}, code: 200, body: reflect, want: 502},
+		"gzip and per-message gRPC":           {header: http.Header{"Content-Encoding": {"gzip"}, "Grpc-Encoding": {"identity", "gzip"}}, code: 200, body: "gz:" + reflect, want: 502},
+		"a 206":                               {header: http.Header{"Content-Range": {"bytes 0-9/40"}}, code: 206, body: reflect[:10], want: 502},
+		"a 200 that says it is a range":       {header: http.Header{"Content-Range": {"bytes 10-19/40"}}, code: 200, body: reflect[10:20], want: 502},
+		"multipart/byteranges":                {header: http.Header{"Content-Type": {"Multipart/Byteranges; boundary=x"}}, code: 200, body: reflect, want: 502},
+		"a 416 names the length, and is sent": {header: http.Header{"Content-Range": {"bytes */40"}}, code: 416, body: "", want: 416},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			br, tun := benchBroker(t, true)
+			body := tc.body
+			for strings.HasPrefix(body, "gz:") {
+				body = gzipped(t, strings.TrimPrefix(body, "gz:"))
+			}
+			br.transport = &upstreamFunc{answer: func(r *http.Request) *http.Response { return answer(r, tc.code, tc.header, body) }}
+			w := httptest.NewRecorder()
+			br.serveTunnel(w, chatRequest(), tun)
+			if w.Code != tc.want {
+				t.Fatalf("status %d, want %d: %s", w.Code, tc.want, w.Body)
+			}
+			for k, vs := range w.Header() {
+				if holdsSecretFold(k) || holdsSecretFold(strings.Join(vs, ",")) {
+					t.Errorf("the agent got the secret in header %q: %q", k, vs)
+				}
+			}
+			if strings.Contains(w.Body.String(), benchSecret) {
+				t.Errorf("the agent got the secret in the body: %q", w.Body)
+			}
+			if tc.want == 200 {
+				if w.Body.String() != tc.body2 {
+					t.Errorf("body %q, want %q", w.Body, tc.body2)
+				}
+				if w.Header().Get("Content-Encoding") != "" {
+					t.Errorf("a decoded body still says Content-Encoding %q", w.Header().Get("Content-Encoding"))
+				}
+			}
+			if name == "the secret in header names" && w.Header().Get("X-Kept") != redacted {
+				t.Errorf("a header holding the secret in its value only: %q", w.Header().Get("X-Kept"))
+			}
+		})
+	}
+}
+
+// TestTrailerNamesAreScrubbed: a trailer named after the secret is neither announced to the
+// agent nor sent, whether the upstream announced it or not.
+func TestTrailerNamesAreScrubbed(t *testing.T) {
+	br, tun := benchBroker(t, true)
+	announced, late := "X-A-"+benchSecret, "x-l-"+benchSecret
+	br.transport = &upstreamFunc{answer: func(r *http.Request) *http.Response {
+		resp := answer(r, 200, nil, "body")
+		resp.Trailer = http.Header{announced: nil, "X-Ok": nil}
+		resp.Body = &trailerFiller{Reader: strings.NewReader("body"), fill: func() {
+			resp.Trailer[announced] = []string{"v"}
+			resp.Trailer[late] = []string{"v " + benchSecret}
+			resp.Trailer["X-Ok"] = []string{"ok " + benchSecret}
+		}}
+		return resp
+	}}
+	w := httptest.NewRecorder()
+	br.serveTunnel(w, chatRequest(), tun)
+	res := w.Result()
+	if _, err := io.ReadAll(res.Body); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []http.Header{w.Header(), res.Trailer} {
+		for k, vs := range h {
+			if holdsSecretFold(k) || holdsSecretFold(strings.Join(vs, ",")) {
+				t.Errorf("the agent got the secret in %q: %q", k, vs)
+			}
+		}
+	}
+	if got := res.Trailer.Get("X-Ok"); got != "ok "+redacted {
+		t.Errorf("trailer X-Ok = %q", got)
+	}
+}
+
+// trailerFiller is a body whose trailers are filled in at its end, as the transport does.
+type trailerFiller struct {
+	io.Reader
+	fill func()
+}
+
+func (f *trailerFiller) Read(p []byte) (int, error) {
+	n, err := f.Reader.Read(p)
+	if err == io.EOF {
+		f.fill()
+	}
+	return n, err
+}
+
+func (*trailerFiller) Close() error { return nil }
+
+// TestReasonPhraseIsStandard: the agent never gets the upstream's reason phrase, which could
+// carry a secret: a 101's status line is written as respond leaves it.
+func TestReasonPhraseIsStandard(t *testing.T) {
+	br, _ := benchBroker(t, true)
+	for code, want := range map[int]string{101: "101 Switching Protocols", 200: "200 OK", 599: "599 status code 599"} {
+		for _, s := range []*scrub.Replacer{scrub.New(), scrub.New(benchSecret, redacted)} {
+			r := chatRequest()
+			x := br.begin("request", r)
+			up := answer(r, code, nil, "")
+			up.Status = strconv.Itoa(code) + " " + benchSecret
+			up.Body = http.NoBody
+			if code == 101 {
+				up.Body = upstreamConn{strings.NewReader("")}
+			}
+			resp, err := x.respond(up, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Status != want {
+				t.Errorf("status %q, want %q", resp.Status, want)
+			}
+			resp.Body.Close()
+		}
+	}
+}
+
+// TestRangeHeadersDropped: a request to a host with a credential bound goes without Range and
+// If-Range, granted a credential or not; to another host, with them.
+func TestRangeHeadersDropped(t *testing.T) {
+	for name, c := range map[string]struct {
+		full bool
+		host string
+		kept bool
+	}{
+		"granted":                     {true, "api.openai.com", false},
+		"not granted, but bound":      {false, "api.openai.com", false},
+		"a host without a credential": {false, "example.net", true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			br, tun := benchBroker(t, c.full)
+			tun.target = newTarget("https", c.host, 443)
+			up := &recordingUpstream{}
+			br.transport = up
+			r := chatRequest()
+			r.Host = c.host
+			r.Header.Set("Range", "bytes=0-9")
+			r.Header.Set("If-Range", `"etag"`)
+			w := httptest.NewRecorder()
+			br.serveTunnel(w, r, tun)
+			if w.Code != 200 || up.got == nil {
+				t.Fatalf("status %d: %s", w.Code, w.Body)
+			}
+			if kept := up.got.Header.Get("Range") != "" && up.got.Header.Get("If-Range") != ""; kept != c.kept {
+				t.Errorf("Range %q, If-Range %q reached the upstream; want kept %v", up.got.Header.Get("Range"), up.got.Header.Get("If-Range"), c.kept)
+			}
+		})
+	}
+}
+
+// TestDecodeForScrubErrorsHoldNoUpstreamText: the refusal is audited, and a coding's name is
+// the upstream's text, which could be a secret.
+func TestDecodeForScrubErrorsHoldNoUpstreamText(t *testing.T) {
+	for _, h := range []http.Header{
+		{"Content-Encoding": {"gzip", benchSecret}},
+		{"Grpc-Encoding": {benchSecret}},
+	} {
+		resp := &http.Response{Header: h, Body: io.NopCloser(strings.NewReader("x"))}
+		err := decodeForScrub(resp)
+		if err == nil || strings.Contains(err.Error(), benchSecret) {
+			t.Errorf("%v: err = %v, want a refusal without the upstream's text", h, err)
+		}
+	}
+	// Nothing to decode in a response without a body, whatever it says.
+	if err := decodeForScrub(&http.Response{Header: http.Header{"Content-Encoding": {"br"}}, Body: http.NoBody}); err != nil {
+		t.Errorf("a bodiless br response: %v", err)
 	}
 }

@@ -1,6 +1,9 @@
 package inject
 
 import (
+	"bytes"
+	"fmt"
+	"io"
 	"net/http"
 	"testing"
 
@@ -35,5 +38,54 @@ func BenchmarkMatching(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		s.Matching("api.example.com")
+	}
+}
+
+// BenchmarkScrubForms is what scrubbing a response of every form of a header-mode key costs,
+// next to scrubbing the raw value alone: a small API answer, and 1 MiB of streamed text.
+func BenchmarkScrubForms(b *testing.B) {
+	const key = "sk-live-0123456789abcdef0123456789abcdef"
+	all := set().byName["hdr"].Reveals(credentials.NewSecret(key))
+	small := []byte(`{"id":"chatcmpl-bench","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
+	var large []byte
+	for len(large) < 1<<20 {
+		large = append(large, `{"choices":[{"delta":{"content":"some text, 0123456789 abcdef"}}]}`+"\n"...)
+	}
+	for _, c := range []struct {
+		name  string
+		forms []string
+	}{{"raw", all[:1]}, {fmt.Sprintf("forms=%d", len(all)), all}} {
+		r := redactor(c.forms)
+		for _, body := range []struct {
+			name string
+			b    []byte
+		}{{"small", small}, {"1MiB", large}} {
+			b.Run(c.name+"/"+body.name, func(b *testing.B) {
+				p := make([]byte, 32<<10)
+				b.SetBytes(int64(len(body.b)))
+				b.ReportAllocs()
+				for b.Loop() {
+					rd := r.Reader(io.NopCloser(bytes.NewReader(body.b)))
+					for {
+						if _, err := rd.Read(p); err == io.EOF {
+							break
+						} else if err != nil {
+							b.Fatal(err)
+						}
+					}
+					rd.Close()
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkReveals is the per-request cost of asking for a key's forms, once computed.
+func BenchmarkReveals(b *testing.B) {
+	bind := set().byName["hdr"]
+	secret := credentials.NewSecret("sk-live-0123456789abcdef0123456789abcdef")
+	b.ReportAllocs()
+	for b.Loop() {
+		bind.Reveals(secret)
 	}
 }

@@ -3,12 +3,12 @@
 package inject
 
 import (
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/scrub"
@@ -23,6 +23,8 @@ type Binding struct {
 	Name  string
 	hosts []string
 	rule  config.Inject
+	// revealed holds the forms of the values Reveals was last asked about, by value.
+	revealed atomic.Pointer[map[string][]string]
 }
 
 // Set is the configured bindings. Immutable after NewSet.
@@ -135,23 +137,6 @@ func (b *Binding) Apply(req *http.Request, secret credentials.Secret) []string {
 	return b.Reveals(secret)
 }
 
-// Reveals returns the strings that reveal secret as this binding sends it: the value itself
-// and the encoded forms an upstream could reflect. A response from a host the binding is
-// bound to is scrubbed of all of them, whether or not its request was granted the secret.
-func (b *Binding) Reveals(secret credentials.Secret) []string {
-	v := secret.Reveal()
-	switch {
-	case b.rule.Header != "":
-		return []string{v}
-	case b.rule.Query != "":
-		return withEncoded(v, url.QueryEscape(v))
-	case b.rule.BasicAuth != nil:
-		return []string{v, base64.StdEncoding.EncodeToString([]byte(b.rule.BasicAuth.Username + ":" + v))}
-	default:
-		return withEncoded(v, url.QueryEscape(v), url.PathEscape(v))
-	}
-}
-
 func (b *Binding) replacePlaceholder(req *http.Request, v string) {
 	ph := b.rule.Placeholder
 	for name, vals := range req.Header {
@@ -174,14 +159,4 @@ func (b *Binding) replacePlaceholder(req *http.Request, v string) {
 		req.ContentLength = -1
 		req.Header.Del("Content-Length")
 	}
-}
-
-func withEncoded(v string, forms ...string) []string {
-	out := []string{v}
-	for _, f := range forms {
-		if f != v {
-			out = append(out, f)
-		}
-	}
-	return out
 }

@@ -24,14 +24,16 @@ import (
 // Replacer replaces fixed byte strings in streams and strings.
 // It is immutable and safe for concurrent use.
 type Replacer struct {
-	pairs  []pair // in argument order, without empty and repeated patterns
-	maxLen int    // length of the longest pattern
+	pairs  []pair    // in argument order, without empty and repeated patterns
+	maxLen int       // length of the longest pattern
+	starts [256]bool // the first bytes of the patterns
 }
 
 // pair is a pattern and its replacement.
 type pair struct {
 	pattern  string
 	old, new []byte // the pattern as bytes, and its replacement
+	rare     int    // the offset in old of its byte least common in text (rarest)
 }
 
 // none is the Replacer without patterns.
@@ -64,8 +66,9 @@ func New(oldnew ...string) *Replacer {
 		mem = append(mem, old...)
 		mid, end := len(mem), len(mem)+len(repl)
 		mem = append(mem, repl...)
-		r.pairs = append(r.pairs, pair{pattern: old, old: mem[start:mid:mid], new: mem[mid:end:end]})
+		r.pairs = append(r.pairs, pair{pattern: old, old: mem[start:mid:mid], new: mem[mid:end:end], rare: rarest(old)})
 		r.maxLen = max(r.maxLen, len(old))
+		r.starts[old[0]] = true
 	}
 	return r
 }
@@ -111,17 +114,45 @@ func (r *Replacer) replaceAll(b []byte) []byte {
 	return out
 }
 
-// Header replaces patterns inside every value of h, in place.
-// Header names are left unchanged.
+// Header replaces patterns inside every value of h, in place, and removes every field whose
+// name holds a pattern in any letter case. A name cannot take the replacement instead: it must
+// stay a token, which "[REDACTED]" is not, and any token put in its place could collide with a
+// real field. Nor can the match be exact: net/http has already changed the case of every name
+// it parsed (canonical form, or lower case from HTTP/2), so "x-sk-live-ab12" arrives as
+// "X-Sk-Live-Ab12", which reveals the secret as well. No real field is named after a secret.
 func (r *Replacer) Header(h http.Header) {
 	if r.Empty() {
 		return
 	}
-	for _, vs := range h {
+	for k, vs := range h {
+		if r.inName(k) {
+			delete(h, k)
+			continue
+		}
 		for i, v := range vs {
 			vs[i] = r.String(v)
 		}
 	}
+}
+
+// inName reports whether name holds a pattern, compared without regard to letter case.
+func (r *Replacer) inName(name string) bool {
+	for _, p := range r.pairs {
+		if len(p.pattern) <= len(name) && containsFold(name, p.pattern) {
+			return true
+		}
+	}
+	return false
+}
+
+// containsFold reports whether s holds sub under Unicode case folding, as strings.EqualFold.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
 }
 
 // Reader returns a ReadCloser that yields src with all patterns replaced.
@@ -163,7 +194,7 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) 
 				continue
 			}
 			if next[i] < pos {
-				j := bytes.Index(src[pos:], p)
+				j := index(src[pos:], &r.pairs[i])
 				if j < 0 {
 					next[i] = absent
 					continue
@@ -193,6 +224,55 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) 
 	return append(dst, src[pos:hold]...), hold
 }
 
+// index is bytes.Index(s, p.old). A response is searched for every form of every secret
+// of its host, and bytes.Index, which looks for a pattern's first byte and checks what
+// follows, slows down on text full of that byte. Searching for the pattern's rarest byte
+// instead finds far fewer places to check. Text full of that one (as an upstream could send)
+// is left to bytes.Index, whose worst case is linear, after as many misses as it allows.
+func index(s []byte, p *pair) int {
+	n, c := len(p.old), p.old[p.rare]
+	for off, misses := 0, 0; off+n <= len(s); misses++ {
+		if misses > 4+off>>4 {
+			if i := bytes.Index(s[off:], p.old); i >= 0 {
+				return off + i
+			}
+			return -1
+		}
+		i := bytes.IndexByte(s[off+p.rare:len(s)-n+p.rare+1], c)
+		if i < 0 {
+			return -1
+		}
+		if bytes.Equal(s[off+i:off+i+n], p.old) {
+			return off + i
+		}
+		off += i + 1
+	}
+	return -1
+}
+
+// rarest returns the offset of p's byte that is least common in text, by commonness.
+func rarest(p string) int {
+	best := 0
+	for i := 1; i < len(p); i++ {
+		if commonness[p[i]] < commonness[p[best]] {
+			best = i
+		}
+	}
+	return best
+}
+
+// commonness ranks bytes by how often they occur in the text of API responses (JSON,
+// English, code): the higher, the more common. Only the order matters. Space and lower-case
+// letters come first, in English order, then JSON's punctuation and digits, then upper-case
+// letters in English order, then the rest.
+var commonness = func() (rank [256]byte) {
+	order := " etaonisrhldcupmfgwybvkxjqz\"\n,:{}._-/0123456789ETAONISRHLDCUMFPGWYBVKXJQZ=+&%<>()[];'\\*#@!?$|^`~\t\r"
+	for i := range len(order) {
+		rank[order[i]] = byte(len(order) - i)
+	}
+	return rank
+}()
+
 // holdFrom returns the start of the longest suffix of src that begins at or
 // after from and is a proper prefix of some pattern, or len(src) if there is
 // none or eof is set.
@@ -201,6 +281,9 @@ func (r *Replacer) holdFrom(src []byte, from int, eof bool) int {
 		return len(src)
 	}
 	for i := max(from, len(src)-r.maxLen+1); i < len(src); i++ {
+		if !r.starts[src[i]] {
+			continue
+		}
 		tail := src[i:]
 		for _, p := range r.pairs {
 			if len(p.old) > len(tail) && bytes.HasPrefix(p.old, tail) {
@@ -235,7 +318,7 @@ type reader struct {
 	err  error // sticky error from src; set once all input is consumed
 
 	pooled *buffers // in and out, while they are a pooled pair
-	nexts  [4]int   // next, for up to four patterns
+	nexts  [16]int  // next, for up to 16 patterns: the forms of two keys
 }
 
 // Read implements io.Reader. It reads from src only while it has no output
