@@ -26,6 +26,9 @@ var (
 	errTooMany         = errors.New("too many connections for this agent")
 	errTooManyRequests = errors.New("too many requests in flight for this agent")
 	errOtherAgent      = errors.New("a connection carries one agent's requests")
+	// errUnscrubbable is a response in a shape the scrubber cannot read (an unknown encoding, a
+	// byte range, a compressed WebSocket): refused, not passed on unscrubbed.
+	errUnscrubbable = errors.New("response cannot be scrubbed")
 	errInternal        = errors.New("internal error")
 )
 
@@ -76,6 +79,9 @@ func classify(err error) agentError {
 	case errors.Is(err, errOtherAgent):
 		return agentError{http.StatusBadRequest, "bad_request", "this connection already carries another agent's requests",
 			"Open a new connection for each agent identity."}
+	case errors.Is(err, errUnscrubbable):
+		return agentError{http.StatusBadGateway, "upstream_error", "the upstream's response could not be checked for secrets, so it was not passed on",
+			"Ask for the response whole and without compression (no Range, no Accept-Encoding other than gzip); the details are in the broker's audit log."}
 	case errors.Is(err, errBadRequest):
 		return agentError{http.StatusBadRequest, "bad_request", "the request could not be processed",
 			"Check the request's host, URL and headers."}

@@ -1,7 +1,7 @@
 package broker
 
 import (
-	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 )
@@ -37,4 +37,4 @@ func refusePartial(resp *http.Response) error {
 	return nil
 }
 
-var errPartial = errors.New("upstream answered with part of a representation (a byte range) from a host with a credential; a secret split across parts could not be scrubbed")
+var errPartial = fmt.Errorf("%w: upstream answered with part of a representation (a byte range) from a host with a credential; a secret split across parts could not be scrubbed", errUnscrubbable)

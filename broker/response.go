@@ -152,7 +152,7 @@ func decodeForScrub(resp *http.Response) error {
 		return nil
 	}
 	if ge := codings(resp.Header, "Grpc-Encoding"); len(ge) > 0 {
-		return fmt.Errorf("upstream sent gRPC messages compressed with %s to a host with a credential; they cannot be scrubbed", describeCodings(ge))
+		return fmt.Errorf("%w: upstream sent gRPC messages compressed with %s to a host with a credential", errUnscrubbable, describeCodings(ge))
 	}
 	switch ce := codings(resp.Header, "Content-Encoding"); {
 	case len(ce) == 0:
@@ -168,7 +168,7 @@ func decodeForScrub(resp *http.Response) error {
 		resp.ContentLength = -1
 		return nil
 	default:
-		return fmt.Errorf("upstream sent a response encoded with %s to a host with a credential; only one gzip layer can be removed to scrub it", describeCodings(ce))
+		return fmt.Errorf("%w: upstream sent a response encoded with %s to a host with a credential; only one gzip layer can be removed to scrub it", errUnscrubbable, describeCodings(ce))
 	}
 }
 

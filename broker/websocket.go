@@ -35,7 +35,7 @@ const (
 // scrubWebSocket makes the server's frames of an upgraded connection reach the agent scrubbed.
 func scrubWebSocket(resp *http.Response, s *scrub.Replacer) error {
 	if resp.Header.Get("Sec-WebSocket-Extensions") != "" {
-		return errors.New("upstream accepted the WebSocket upgrade with an extension the request did not offer; its frames cannot be scrubbed")
+		return fmt.Errorf("%w: upstream accepted the WebSocket upgrade with an extension the request did not offer", errUnscrubbable)
 	}
 	up, ok := resp.Body.(io.ReadWriteCloser)
 	if !ok {
