@@ -15,6 +15,7 @@ import (
 	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/credentials"
 )
 
@@ -29,7 +30,7 @@ var (
 	// errUnscrubbable is a response in a shape the scrubber cannot read (an unknown encoding, a
 	// byte range, a compressed WebSocket): refused, not passed on unscrubbed.
 	errUnscrubbable = errors.New("response cannot be scrubbed")
-	errInternal        = errors.New("internal error")
+	errInternal     = errors.New("internal error")
 )
 
 // denial is a deny whose reason the agent may read.
@@ -108,6 +109,7 @@ func upstreamFailure(addr string, err error) error {
 	)
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, errBadSwitch),
+		errors.Is(err, upstream.ErrForbiddenDestination),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
 		errors.As(err, &ne), errors.As(err, &ve), errors.As(err, &rec), errors.As(err, &ae):
 		return fmt.Errorf("upstream %s: %w", addr, err)

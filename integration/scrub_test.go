@@ -154,7 +154,8 @@ func TestScrubReasonPhrase(t *testing.T) {
 		}
 		defer conn.Close()
 		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-			fmt.Fprintf(rw, "HTTP/1.1 101 %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-%s: 1\r\n\r\n", key, key)
+			fmt.Fprintf(rw, "HTTP/1.1 101 %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\nX-%s: 1\r\n\r\n",
+				key, wsAccept(r.Header.Get("Sec-WebSocket-Key")), key)
 			rw.Write(wsFrame(true, 0x1, []byte("k="+key), false))
 			rw.Write(wsFrame(true, 0x8, nil, false))
 		} else {
