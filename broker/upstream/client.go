@@ -58,7 +58,8 @@ const maxResponseHeaderBytes = 1 << 20
 const defaultLivenessAge = time.Second
 
 // RoundTrip sends req and returns the response. The caller must close the response body; a
-// connection goes back to the pool when its response body has been read to the end.
+// connection goes back to the pool when its response body has been read to the end, when the
+// exchange left it ready for another (see framingVouched).
 func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	addr := canonicalAddr(req)
 	upgrade := isUpgrade(req)
@@ -407,23 +408,32 @@ func (e noResponse) Unwrap() error { return e.error }
 // (an early 413, say) before it has read the whole body.
 func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
+	vouched := framingVouched(req)
+	sent := req
+	if !vouched && !req.Close {
+		// The upstream is asked to close the connection too, so that it does not read what
+		// follows the request head (a body it ignores, say) as a next request.
+		cp := *req
+		cp.Close = true
+		sent = &cp
+	}
 	stop := context.AfterFunc(ctx, pc.close) // the agent went away: abandon the exchange
 	var wrote chan error
-	if streaming(req) {
+	if streaming(sent) {
 		wrote = make(chan error, 1)
 		go func() {
-			err := pc.write(req)
+			err := pc.write(sent)
 			wrote <- err
 			if err != nil {
 				pc.close() // so the response read below ends too
 			}
 		}()
-	} else if err := pc.write(req); err != nil {
+	} else if err := pc.write(sent); err != nil {
 		stop()
 		pc.close()
 		return nil, noResponse{orContext(ctx, err)}
 	}
-	resp, err := pc.readResponse(req)
+	resp, err := pc.readResponse(sent)
 	if err == nil && ctx.Err() != nil {
 		// The context ended as the response arrived: the exchange is abandoned all the same.
 		// The response may even be the server's answer to the abandoning close (a handler that
@@ -448,7 +458,9 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, orContext(ctx, err)
 	}
 	pc.served = true
-	b := &body{pc: pc, rc: resp.Body, stop: stop, wrote: wrote, keep: !resp.Close && !req.Close}
+	resp.Request = req
+	keep := vouched && !sent.Close && !resp.Close && !isUpgrade(req) && !refusedBody(req, resp)
+	b := &body{pc: pc, rc: resp.Body, stop: stop, wrote: wrote, keep: keep}
 	switch {
 	case resp.StatusCode == http.StatusSwitchingProtocols:
 		resp.Body = &upgraded{body: b}
@@ -498,14 +510,50 @@ func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
 	return nil, errors.New("upstream sent too many informational (1xx) responses")
 }
 
-// body is an HTTP/1.1 response body. Read to its end, it returns the connection to the pool;
-// closed before that, it closes the connection (reading the rest could take forever).
+// framingVouched reports whether the broker can vouch that the upstream reads req as it was
+// written, and so that the connection is ready for another request after the response. It
+// cannot when req has:
+//   - a body, on a method for which a body has no defined meaning (RFC 9110 section 9.3):
+//     GET, HEAD, DELETE, TRACE, CONNECT, OPTIONS. Servers may ignore it and read it as the
+//     next request (Python's http.server does). OPTIONS is in, Content-Type or not: a server
+//     that ignores the body does not look at its type either.
+//   - Expect: the body follows at once (the client does not wait for 100 Continue), and a
+//     server that answers early may not read it.
+//
+// Such a request is sent with Connection: close, and its connection is not reused.
+func framingVouched(req *http.Request) bool {
+	if req.Header.Get("Expect") != "" {
+		return false
+	}
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodDelete, http.MethodTrace, http.MethodConnect, http.MethodOptions:
+		return !hasBody(req)
+	}
+	return true
+}
+
+// refusedBody reports whether resp refuses a request that had a body: a server that refuses
+// a request (an unknown method, a missing route, a rate limit) often answers without reading
+// its body, which would then be read as the next request. Its connection is not reused.
+func refusedBody(req *http.Request, resp *http.Response) bool {
+	return resp.StatusCode >= 400 && hasBody(req)
+}
+
+// hasBody reports whether req may carry a body: a length, or a body of unknown length
+// (Request.Write probes it, and sends it chunked if it is not empty).
+func hasBody(req *http.Request) bool {
+	return req.ContentLength != 0 || (req.Body != nil && req.Body != http.NoBody)
+}
+
+// body is an HTTP/1.1 response body. Read to its end, it returns the connection to the pool
+// (when keep); closed before that, it closes the connection (reading the rest could take
+// forever).
 type body struct {
 	pc    *conn
 	rc    io.ReadCloser
 	stop  func() bool
 	wrote chan error // the request body's writer, when one runs
-	keep  bool       // neither side asked to close the connection
+	keep  bool       // the framing was vouched for, and neither side asked to close
 	once  sync.Once
 }
 
