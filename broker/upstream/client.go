@@ -35,7 +35,6 @@ type Client struct {
 	idleTimeout      time.Duration
 	maxIdlePerHost   int
 	maxIdle          int
-	livenessAge      time.Duration // defaultLivenessAge; a field so that tests can check every take
 
 	// prepared, when set, is called once a Prepare dial has gone into the pool, and
 	// awaitingPrepared when a request starts to wait for one. Tests only.
@@ -52,10 +51,6 @@ type Client struct {
 
 // maxResponseHeaderBytes bounds an upstream response's header block.
 const maxResponseHeaderBytes = 1 << 20
-
-// defaultLivenessAge is how long a connection may sit idle before it is checked for a close
-// from the server (one non-blocking peek) when it is taken from the pool.
-const defaultLivenessAge = time.Second
 
 // RoundTrip sends req and returns the response. The caller must close the response body; a
 // connection goes back to the pool when its response body has been read to the end, when the
@@ -194,11 +189,12 @@ func (c *Client) get(ctx context.Context, key, scheme, addr string, upgrade bool
 }
 
 // takeLive takes the most recently used idle connection for key that the server has not
-// closed, closing those it has.
+// closed, nor written to since, closing those it has. Every take is checked: a connection
+// returned a moment ago may already hold bytes that answer no request.
 func (c *Client) takeLive(key string) *conn {
 	for {
 		pc := c.take(key)
-		if pc == nil || time.Since(pc.idleAt) < c.livenessAge || pc.alive() {
+		if pc == nil || pc.alive() {
 			return pc
 		}
 		pc.close()
@@ -233,7 +229,6 @@ func (c *Client) put(pc *conn) {
 		pc.close()
 		return
 	}
-	pc.idleAt = time.Now()
 	c.idle[pc.key] = append(c.idle[pc.key], pc)
 	c.nidle++
 	if pc.timer == nil {
@@ -289,7 +284,11 @@ func (c *Client) dialConn(ctx context.Context, key, scheme, addr string, upgrade
 		nc = tc
 	}
 	pc := &conn{c: c, key: key, Conn: nc}
-	pc.raw, _ = raw.(syscall.Conn)
+	if sc, ok := raw.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			pc.raw, pc.peekFn = rc, pc.peek
+		}
+	}
 	pc.lr = limitedReader{r: nc, n: -1}
 	pc.br = bufio.NewReader(&pc.lr)
 	pc.bw = bufio.NewWriter(nc)
@@ -355,11 +354,12 @@ type conn struct {
 	c   *Client
 	key string
 	net.Conn
-	raw    syscall.Conn // the TCP connection under TLS, for the liveness peek
+	raw    syscall.RawConn       // the TCP connection under TLS, for the liveness peek; nil: none
+	peekFn func(fd uintptr) bool // pc.peek, bound once: a take allocates nothing for it
+	live   bool                  // peek's answer
 	lr     limitedReader
 	br     *bufio.Reader
 	bw     *bufio.Writer
-	idleAt time.Time
 	timer  *time.Timer
 	served bool // a response has been read on it (see alive)
 }
@@ -373,30 +373,57 @@ func (pc *conn) expire() {
 	}
 }
 
-// alive reports whether the server has not closed pc: a non-blocking peek finds no EOF.
+// alive reports whether pc may carry a request: nothing that answers no request waits on it
+// (see unread), and the server has not closed it (a non-blocking peek at the socket finds no
+// EOF).
 func (pc *conn) alive() bool {
+	if pc.unread() {
+		return false
+	}
 	if pc.raw == nil {
 		return true
 	}
-	rc, err := pc.raw.SyscallConn()
-	if err != nil {
+	pc.live = false
+	_ = pc.raw.Read(pc.peekFn)
+	return pc.live
+}
+
+// peek looks at the socket without reading from it, nor waiting.
+func (pc *conn) peek(fd uintptr) bool {
+	var buf [1]byte
+	n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
+	// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
+	// connection that has not read a response yet (a prepared one), unless the server has
+	// closed it behind them (peerClosed); on one that has served a response, they are a TLS
+	// close_notify alert (a TLS server's close reads as bytes, not as 0) or data that answers
+	// no request: either way the connection cannot be used.
+	pc.live = (n > 0 && !pc.served && !peerClosed(fd)) || errors.Is(err, unix.EAGAIN)
+	return true
+}
+
+// unread reports whether bytes have come in on pc that it has not read: in its bufio.Reader,
+// or in the tls.Conn under it, which may have read whole TLS records past the last response
+// (the socket peek cannot see those). A read with a deadline in the past takes what is
+// buffered and never waits on the socket; its timeout leaves the tls.Conn usable. A server's
+// close (close_notify) reads as an error too, and TLS 1.3 session tickets on a prepared
+// connection are taken without counting as data.
+func (pc *conn) unread() bool {
+	if pc.br.Buffered() > 0 {
+		return true
+	}
+	if _, ok := pc.Conn.(*tls.Conn); !ok {
 		return false
 	}
-	ok := false
-	var buf [1]byte
-	_ = rc.Read(func(fd uintptr) bool {
-		n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
-		// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
-		// connection that has not read a response yet (a prepared one), unless the server
-		// has closed it behind them (peerClosed); on one that has served a response, they
-		// are a TLS close_notify alert (a TLS server's close reads as bytes, not as 0) or data
-		// that answers no request: either way the connection cannot be used.
-		ok = (n > 0 && !pc.served && !peerClosed(fd)) || errors.Is(err, unix.EAGAIN)
-		return true
-	})
-	return ok
+	_ = pc.SetReadDeadline(aLongTimeAgo)
+	_, err := pc.br.Peek(1)
+	_ = pc.SetReadDeadline(time.Time{})
+	ne, ok := err.(net.Error) // as the tls.Conn returns it: not wrapped
+	return !ok || !ne.Timeout()
 }
+
+// aLongTimeAgo is a read deadline that has passed: the read returns at once.
+var aLongTimeAgo = time.Unix(1, 0)
 
 // noResponse wraps an error that ended an exchange before any response header arrived.
 type noResponse struct{ error }

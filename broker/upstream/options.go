@@ -55,7 +55,6 @@ func New(opts Options) (*Client, *Dialer, error) {
 		idleTimeout:      orDefault(opts.IdleConnTimeout, 90*time.Second),
 		maxIdlePerHost:   orDefault(opts.MaxIdleConnsPerHost, 256),
 		maxIdle:          orDefault(opts.MaxIdleConns, 4096),
-		livenessAge:      defaultLivenessAge,
 		idle:             map[string][]*conn{},
 	}
 	var protocols http.Protocols

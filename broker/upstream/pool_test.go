@@ -2,10 +2,12 @@ package upstream
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -126,5 +128,65 @@ func TestClientNeverReusesUnvouchedFraming(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// heldConn sends what is written to it when flushed, while hold is set: TLS records written
+// in a row then leave in one write, and arrive together.
+type heldConn struct {
+	net.Conn
+	hold bool
+	buf  []byte
+}
+
+func (h *heldConn) Write(p []byte) (int, error) {
+	if h.hold {
+		h.buf = append(h.buf, p...)
+		return len(p), nil
+	}
+	return h.Conn.Write(p)
+}
+
+func (h *heldConn) flush() error {
+	h.hold = false
+	_, err := h.Conn.Write(h.buf)
+	h.buf = nil
+	return err
+}
+
+// A response followed at once by bytes that answer no request (here a second response, in a
+// TLS record of its own) leaves those bytes in the tls.Conn's buffer, where neither the
+// bufio.Reader nor a peek at the socket sees them: the connection must not be reused.
+func TestClientStaleTLSRecord(t *testing.T) {
+	hs := httptest.NewUnstartedServer(http.NotFoundHandler()) // for its certificate
+	hs.StartTLS()
+	hs.Close()
+	var conns atomic.Int32
+	srv := newRawServer(t, false, func(conn net.Conn) {
+		conns.Add(1)
+		hc := &heldConn{Conn: conn}
+		tc := tls.Server(hc, &tls.Config{Certificates: hs.TLS.Certificates, NextProtos: []string{"http/1.1"}})
+		br := bufio.NewReader(tc)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			hc.hold = true
+			fmt.Fprintf(tc, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\npath=%s", len("path=")+len(req.URL.Path), req.URL.Path)
+			if req.URL.Path == "/extra" {
+				io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\npath=/stale")
+			}
+			if hc.flush() != nil {
+				return
+			}
+		}
+	})
+	c := newClient(t, hs.Certificate())
+	url := strings.Replace(srv.URL, "http://", "https://", 1)
+	mustGet(t, c, url+"/extra", "path=/extra")
+	mustGet(t, c, url+"/after", "path=/after")
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("server accepted %d connections, want 2", n)
 	}
 }

@@ -346,9 +346,6 @@ func TestTransport(t *testing.T) {
 		if c.maxIdle != 4096 || c.maxIdlePerHost != 256 {
 			t.Errorf("pool: MaxIdleConns=%d MaxIdleConnsPerHost=%d", c.maxIdle, c.maxIdlePerHost)
 		}
-		if c.livenessAge != defaultLivenessAge {
-			t.Errorf("livenessAge = %v, want %v", c.livenessAge, defaultLivenessAge)
-		}
 		if c.handshakeTimeout != 10*time.Second || c.headerTimeout != 60*time.Second || c.idleTimeout != 90*time.Second {
 			t.Errorf("timeouts: handshake=%v header=%v idle=%v", c.handshakeTimeout, c.headerTimeout, c.idleTimeout)
 		}
@@ -373,7 +370,7 @@ func TestTransport(t *testing.T) {
 	}
 }
 
-func newClientOpts(t *testing.T, opts Options) *Client {
+func newClientOpts(t testing.TB, opts Options) *Client {
 	t.Helper()
 	tr, _, err := New(opts)
 	if err != nil {
@@ -406,7 +403,7 @@ func get(t *testing.T, tr *Client, url string) string {
 	return string(b)
 }
 
-func writeFile(t *testing.T, name string, data []byte) {
+func writeFile(t testing.TB, name string, data []byte) {
 	t.Helper()
 	if err := os.WriteFile(name, data, 0o600); err != nil {
 		t.Fatal(err)
