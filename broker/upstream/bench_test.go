@@ -21,7 +21,7 @@ func BenchmarkClient(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				req, _ := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
-				resp, err := c.RoundTrip(req)
+				resp, err := c.RoundTrip(req, testPool)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -39,7 +39,7 @@ func BenchmarkAlive(b *testing.B) {
 	srv, _ := newServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), true, false)
 	c := clientFor(b, srv)
 	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
-	resp, err := c.RoundTrip(req)
+	resp, err := c.RoundTrip(req, testPool)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -155,7 +155,7 @@ func request(t *testing.T, method, url string, body io.Reader) *http.Request {
 // do runs req and returns the status and the whole body, read to its end.
 func do(t *testing.T, c *Client, req *http.Request) (int, string) {
 	t.Helper()
-	resp, err := c.RoundTrip(req)
+	resp, err := c.RoundTrip(req, testPool)
 	if err != nil {
 		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}
@@ -180,23 +180,27 @@ type result struct {
 	err  error
 }
 
-// async runs c.RoundTrip(req) on a goroutine of its own.
+// async runs c.RoundTrip(req, testPool) on a goroutine of its own.
 func async(c *Client, req *http.Request) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
-		resp, err := c.RoundTrip(req)
+		resp, err := c.RoundTrip(req, testPool)
 		ch <- result{resp, err}
 	}()
 	return ch
 }
 
-func keyOf(t testing.TB, rawURL string) string {
+// testPool is the pool of the tests' requests, where a test uses one.
+const testPool Pool = "test-agent"
+
+// keyOf is the key of testPool's connections to rawURL's origin.
+func keyOf(t testing.TB, rawURL string) connKey {
 	t.Helper()
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return u.Scheme + "://" + u.Host
+	return connKey{pool: testPool, origin: u.Scheme + "://" + u.Host}
 }
 
 // rawServer is a loopback listener whose connections are served by a test function, for
@@ -304,7 +308,7 @@ func TestClientBodyNotReadToEnd(t *testing.T) {
 	}), true, false)
 	c := clientFor(t, srv)
 
-	resp, err := c.RoundTrip(request(t, http.MethodGet, srv.URL+"/big", nil))
+	resp, err := c.RoundTrip(request(t, http.MethodGet, srv.URL+"/big", nil), testPool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -684,7 +688,7 @@ func TestClientRefusesLineBreaksInHeaders(t *testing.T) {
 				} else {
 					req.Header.Set("Authorization", value)
 				}
-				resp, err := c.RoundTrip(req)
+				resp, err := c.RoundTrip(req, testPool)
 				if err == nil {
 					resp.Body.Close()
 					t.Fatal("RoundTrip sent a header value with a line break")
@@ -716,7 +720,7 @@ func TestClientInformationalResponses(t *testing.T) {
 	}), true, false)
 	c := clientFor(t, srv)
 	for range 2 {
-		resp, err := c.RoundTrip(request(t, http.MethodGet, srv.URL+"/", nil))
+		resp, err := c.RoundTrip(request(t, http.MethodGet, srv.URL+"/", nil), testPool)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1011,7 +1015,7 @@ func TestClientUpgrade(t *testing.T) {
 	req := request(t, http.MethodGet, srv.URL+"/ws", nil)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", "echo")
-	resp, err := c.RoundTrip(req)
+	resp, err := c.RoundTrip(req, testPool)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,14 +8,16 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
-// The tests below are about which requests may share a connection: never one after an
-// exchange whose framing the client cannot vouch for.
+// The tests below are about which requests may share a connection: never two pools, and never
+// after an exchange whose framing the client cannot vouch for.
 
 // ignoringServer is a raw HTTP/1.1 server that, like Python's http.server, never reads a
 // request body unless the path is /read: a body it ignores is read as the next request. It
@@ -103,7 +105,7 @@ func TestClientNeverReusesUnvouchedFraming(t *testing.T) {
 			for k, v := range tc.header {
 				req.Header[k] = v
 			}
-			resp, err := c.RoundTrip(req)
+			resp, err := c.RoundTrip(req, testPool)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -189,4 +191,134 @@ func TestClientStaleTLSRecord(t *testing.T) {
 	if n := conns.Load(); n != 2 {
 		t.Fatalf("server accepted %d connections, want 2", n)
 	}
+}
+
+// getIn runs a GET for url in pool and returns the response body.
+func getIn(t *testing.T, c *Client, pool Pool, url string) string {
+	t.Helper()
+	resp, err := c.RoundTrip(request(t, http.MethodGet, url, nil), pool)
+	if err != nil {
+		t.Fatalf("GET %s in %q: %v", url, pool, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// Two pools never share a connection, over HTTP/1.1 (plain and TLS) and HTTP/2; each reuses
+// its own.
+func TestClientPoolsNeverShare(t *testing.T) {
+	remote := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.RemoteAddr) // the client's port names the connection
+	})
+	for _, tc := range []struct {
+		name       string
+		useTLS, h2 bool
+	}{{"http", false, false}, {"https", true, false}, {"h2", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, ct := newServer(t, remote, tc.useTLS, tc.h2)
+			c := clientFor(t, srv)
+			a1, b1 := getIn(t, c, "agent-a", srv.URL), getIn(t, c, "agent-b", srv.URL)
+			a2, b2 := getIn(t, c, "agent-a", srv.URL), getIn(t, c, "agent-b", srv.URL)
+			c1 := getIn(t, c, "agent-a\x00github", srv.URL)
+			if a1 == b1 || a1 == c1 || b1 == c1 {
+				t.Fatalf("pools shared a connection: agent-a %s, agent-b %s, agent-a with github %s", a1, b1, c1)
+			}
+			if a1 != a2 || b1 != b2 {
+				t.Fatalf("a pool did not reuse its connection: agent-a %s then %s, agent-b %s then %s", a1, a2, b1, b2)
+			}
+			ct.wantOpened(t, 3)
+		})
+	}
+}
+
+// A connection dialled before any request (Prepare's) belongs to no pool: the first request,
+// of any pool, claims it; it is then that pool's alone.
+func TestClientPreparedClaimedOnce(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			srv, ct := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.WriteString(w, r.RemoteAddr)
+			}), true, h2)
+			c := clientFor(t, srv)
+			addr := srv.Listener.Addr().String()
+			c.Prepare(addr)
+			if done, ok := c.preparing.Load("https://" + addr); ok { // else the dial is over already
+				within(t, done.(chan struct{}), "the prepared dial")
+			}
+			ct.wantOpened(t, 1)
+			b1 := getIn(t, c, "agent-b", srv.URL)
+			ct.wantOpened(t, 1) // agent-b claimed the prepared connection
+			a1 := getIn(t, c, "agent-a", srv.URL)
+			ct.wantOpened(t, 2) // not agent-b's
+			if b2 := getIn(t, c, "agent-b", srv.URL); a1 == b1 || b1 != b2 {
+				t.Fatalf("agent-b %s then %s, agent-a %s", b1, b2, a1)
+			}
+			ct.wantOpened(t, 2)
+		})
+	}
+}
+
+// eventually waits for cond, polling: for state the client changes on a goroutine of its own
+// (an HTTP/2 connection's state hook).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(guard)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+func (c *Client) h2Pools() (pools, idle int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.h2conns), c.nidle
+}
+
+// An HTTP/2 connection that closes (here: its idle timeout) leaves the pool, and the pool's
+// entry goes with its last connection: many agents do not leave entries behind.
+func TestClientH2PoolEntryLeavesWithItsConnection(t *testing.T) {
+	srv, ct := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Proto)
+	}), true, true)
+	c := clientFor(t, srv)
+	c.h2.IdleConnTimeout = 50 * time.Millisecond
+	for i := range 3 {
+		if got := getIn(t, c, Pool(fmt.Sprintf("agent-%d", i)), srv.URL); got != "HTTP/2.0" {
+			t.Fatalf("response %q over HTTP/2", got)
+		}
+	}
+	for range 3 {
+		within(t, ct.closed, "the idle connections to be closed")
+	}
+	eventually(t, "the pools to empty", func() bool {
+		pools, idle := c.h2Pools()
+		return pools == 0 && idle == 0
+	})
+}
+
+// Idle HTTP/2 connections count against maxIdle with the HTTP/1.1 ones: one over it is closed.
+func TestClientH2IdleLimit(t *testing.T) {
+	srv, ct := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.RemoteAddr)
+	}), true, true)
+	c := clientFor(t, srv)
+	c.maxIdle = 1
+	a := getIn(t, c, "agent-a", srv.URL)
+	eventually(t, "agent-a's connection to be idle", func() bool { _, idle := c.h2Pools(); return idle == 1 })
+	getIn(t, c, "agent-b", srv.URL)
+	within(t, ct.closed, "agent-b's connection, over the limit, to be closed")
+	if pools, idle := c.h2Pools(); pools != 1 || idle != 1 {
+		t.Fatalf("%d pools and %d idle connections, want agent-a's one", pools, idle)
+	}
+	if again := getIn(t, c, "agent-a", srv.URL); again != a {
+		t.Fatalf("agent-a's connection was not kept: %s then %s", a, again)
+	}
+	ct.wantOpened(t, 2)
 }

@@ -386,7 +386,7 @@ func roundTrip(t *testing.T, tr *Client, url string) (*http.Response, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tr.RoundTrip(req)
+	return tr.RoundTrip(req, testPool)
 }
 
 func get(t *testing.T, tr *Client, url string) string {
@@ -464,7 +464,7 @@ func TestTransportHTTP2(t *testing.T) {
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, h2.URL+"/ws", nil)
 		req.Header.Set("Connection", "Upgrade")
 		req.Header.Set("Upgrade", "websocket")
-		resp, err := tr.RoundTrip(req)
+		resp, err := tr.RoundTrip(req, testPool)
 		if err != nil {
 			t.Fatal(err)
 		}
