@@ -811,10 +811,11 @@ func refusedBody(req *http.Request, resp *http.Response) bool {
 	return resp.StatusCode >= 400 && hasBody(req)
 }
 
-// hasBody reports whether req may carry a body: a length, or a body of unknown length
-// (Request.Write probes it, and sends it chunked if it is not empty).
+// hasBody reports whether req carries a body: a length, or a body of unknown length (-1). The
+// requests the broker forwards come from net/http's server, where a ContentLength of 0 means
+// no body, whatever Body is: an HTTP/2 request without one has a Body that reads EOF at once.
 func hasBody(req *http.Request) bool {
-	return req.ContentLength != 0 || (req.Body != nil && req.Body != http.NoBody)
+	return req.ContentLength > 0 || (req.ContentLength < 0 && req.Body != nil && req.Body != http.NoBody)
 }
 
 // body is an HTTP/1.1 response body. Read to its end, it returns the connection to the pool

@@ -82,13 +82,15 @@ func TestClientNeverReusesUnvouchedFraming(t *testing.T) {
 		method, path string
 		body         io.Reader
 		header       http.Header
-		reused       bool // the next request goes over the same connection
-		close        bool // the request was sent with Connection: close
+		length       int64 // ContentLength, when not the one NewRequest sets
+		reused       bool  // the next request goes over the same connection
+		close        bool  // the request was sent with Connection: close
 	}{
 		"GET":                          {method: "GET", path: "/x", reused: true},
 		"POST with a body it reads":    {method: "POST", path: "/read", body: strings.NewReader("body"), reused: true},
 		"GET with a body":              {method: "GET", path: "/x", body: strings.NewReader(hidden), close: true},
-		"GET with a chunked body":      {method: "GET", path: "/x", body: io.NopCloser(strings.NewReader(hidden)), close: true},
+		"GET with a chunked body":      {method: "GET", path: "/x", body: io.NopCloser(strings.NewReader(hidden)), length: -1, close: true},
+		"GET with an empty Body":       {method: "GET", path: "/x", body: io.NopCloser(strings.NewReader("")), reused: true}, // as HTTP/2 requests have
 		"HEAD with a body":             {method: "HEAD", path: "/x", body: strings.NewReader(hidden), close: true},
 		"DELETE with a body":           {method: "DELETE", path: "/x", body: strings.NewReader(hidden), close: true},
 		"OPTIONS with a body":          {method: "OPTIONS", path: "/x", body: strings.NewReader(hidden), close: true},
@@ -104,6 +106,9 @@ func TestClientNeverReusesUnvouchedFraming(t *testing.T) {
 			req := request(t, tc.method, srv.URL+tc.path, tc.body)
 			for k, v := range tc.header {
 				req.Header[k] = v
+			}
+			if tc.length != 0 {
+				req.ContentLength = tc.length // as net/http's server sets it for a chunked body
 			}
 			resp, err := c.RoundTrip(req, testPool)
 			if err != nil {
