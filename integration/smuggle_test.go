@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -334,5 +335,33 @@ func TestSmuggledPOSTBodyStaysInItsPool(t *testing.T) {
 	next := a.get(t, "/nocred/a-next", "")
 	if !strings.Contains(next, "\npath=/nocred/a-next\n") {
 		s.answers(t, "a's next request, in its own pool", next, "/nocred/slow-smuggled-a")
+	}
+}
+
+// TestUpstreamConnectionReusedWithinPool: what the pool fix must not cost. Requests without a
+// body keep one upstream connection per pool, also when the agent speaks HTTP/2 (its GETs
+// carry a Body that reads EOF at once): three GETs without a credential share the connection
+// dialled during the agent's handshake, and two granted the credential share a second one.
+func TestUpstreamConnectionReusedWithinPool(t *testing.T) {
+	var opened atomic.Int32
+	e := newEnv(t, envOpts{upstreamConnState: func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}})
+	cc := e.h2Conn(t)
+	for _, path := range []string{"/open/1", "/open/2", "/open/3", "/api/echo", "/api/echo"} {
+		resp, err := cc.RoundTrip(e.h2Request(t, http.MethodGet, path, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.Contains(string(b), "path="+path) {
+			t.Fatalf("GET %s: %d %q %v", path, resp.StatusCode, b, err)
+		}
+	}
+	if n := opened.Load(); n != 2 {
+		t.Fatalf("the upstream saw %d connections, want 2: one per pool", n)
 	}
 }
