@@ -681,14 +681,7 @@ func (e noResponse) Unwrap() error { return e.error }
 func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	vouched := framingVouched(req)
-	sent := req
-	if !vouched && !req.Close {
-		// The upstream is asked to close the connection too, so that it does not read what
-		// follows the request head (a body it ignores, say) as a next request.
-		cp := *req
-		cp.Close = true
-		sent = &cp
-	}
+	sent := onWire(req, vouched)
 	stop := context.AfterFunc(ctx, pc.close) // the agent went away: abandon the exchange
 	var wrote chan error
 	if streaming(sent) {
@@ -782,6 +775,25 @@ func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
 	return nil, errors.New("upstream sent too many informational (1xx) responses")
 }
 
+// onWire is req as it is written: with Connection: close when its framing cannot be vouched
+// for, so that the upstream does not read what follows the request head (a body it ignores,
+// say) as a next request; and without a Body when its ContentLength is 0 (see hasBody), which
+// Request.Write would otherwise probe, and send chunked if it found bytes in it. What is sent
+// is then what was decided on.
+func onWire(req *http.Request, vouched bool) *http.Request {
+	empty := req.ContentLength == 0 && req.Body != nil && req.Body != http.NoBody
+	if !empty && (vouched || req.Close) {
+		return req
+	}
+	cp := *req
+	if empty {
+		_ = req.Body.Close()
+		cp.Body = http.NoBody
+	}
+	cp.Close = cp.Close || !vouched
+	return &cp
+}
+
 // framingVouched reports whether the broker can vouch that the upstream reads req as it was
 // written, and so that the connection is ready for another request after the response. It
 // cannot when req has:
@@ -811,9 +823,10 @@ func refusedBody(req *http.Request, resp *http.Response) bool {
 	return resp.StatusCode >= 400 && hasBody(req)
 }
 
-// hasBody reports whether req carries a body: a length, or a body of unknown length (-1). The
-// requests the broker forwards come from net/http's server, where a ContentLength of 0 means
-// no body, whatever Body is: an HTTP/2 request without one has a Body that reads EOF at once.
+// hasBody reports whether req carries a body: a length, or a body of unknown length (-1), sent
+// chunked. A ContentLength of 0 is no body, whatever Body is (onWire sends none), as net/http's
+// server, where the requests the broker forwards come from, means it: an HTTP/2 request without
+// a body has a Body that reads EOF at once.
 func hasBody(req *http.Request) bool {
 	return req.ContentLength > 0 || (req.ContentLength < 0 && req.Body != nil && req.Body != http.NoBody)
 }
@@ -910,7 +923,7 @@ func isUpgrade(req *http.Request) bool {
 // streaming reports whether req has a body that is not in memory (it can be replayed, through
 // GetBody, when it is).
 func streaming(req *http.Request) bool {
-	return req.Body != nil && req.Body != http.NoBody && req.GetBody == nil
+	return hasBody(req) && req.GetBody == nil
 }
 
 // replayable reports whether req may be sent again after a failure on a kept-alive connection:

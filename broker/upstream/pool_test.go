@@ -90,7 +90,7 @@ func TestClientNeverReusesUnvouchedFraming(t *testing.T) {
 		"POST with a body it reads":    {method: "POST", path: "/read", body: strings.NewReader("body"), reused: true},
 		"GET with a body":              {method: "GET", path: "/x", body: strings.NewReader(hidden), close: true},
 		"GET with a chunked body":      {method: "GET", path: "/x", body: io.NopCloser(strings.NewReader(hidden)), length: -1, close: true},
-		"GET with an empty Body":       {method: "GET", path: "/x", body: io.NopCloser(strings.NewReader("")), reused: true}, // as HTTP/2 requests have
+		"GET with a Body of length 0":  {method: "GET", path: "/x", body: io.NopCloser(strings.NewReader(hidden)), reused: true}, // none is sent
 		"HEAD with a body":             {method: "HEAD", path: "/x", body: strings.NewReader(hidden), close: true},
 		"DELETE with a body":           {method: "DELETE", path: "/x", body: strings.NewReader(hidden), close: true},
 		"OPTIONS with a body":          {method: "OPTIONS", path: "/x", body: strings.NewReader(hidden), close: true},
@@ -129,9 +129,11 @@ func TestClientNeverReusesUnvouchedFraming(t *testing.T) {
 			if reused := after.conn == first.conn; reused != tc.reused {
 				t.Errorf("the next request reused the connection = %v, want %v (server saw %v)", reused, tc.reused, seen)
 			}
+			// Only a refusal, which comes after the body was sent, leaves the server free to
+			// read the body as a request: the connection is closed after it.
 			for _, r := range seen {
-				if r.line == "GET /smuggled" && tc.close {
-					t.Errorf("the server read the body of a request sent with Connection: close as a request: %v", seen)
+				if r.line == "GET /smuggled" && (tc.close || tc.reused) {
+					t.Errorf("the server read a body as a request: %v", seen)
 				}
 			}
 		})
