@@ -34,7 +34,8 @@ func BenchmarkClient(b *testing.B) {
 	}
 }
 
-// BenchmarkAlive times the liveness peek alone, on a quiet kept-alive TLS connection.
+// BenchmarkAlive times the check of a connection taken from the pool alone (the probe of the
+// tls.Conn and the peek at the socket), on a quiet kept-alive TLS connection.
 func BenchmarkAlive(b *testing.B) {
 	srv, _ := newServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), true, false)
 	c := clientFor(b, srv)

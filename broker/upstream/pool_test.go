@@ -288,26 +288,39 @@ func (c *Client) h2Pools() (pools, idle int) {
 	return len(c.h2conns), c.nidle
 }
 
-// An HTTP/2 connection that closes (here: its idle timeout) leaves the pool, and the pool's
-// entry goes with its last connection: many agents do not leave entries behind.
+// An HTTP/2 connection that closes, on its idle timeout or the server's close, leaves the
+// pool, and the pool's entry goes with its last connection: many agents do not leave entries
+// behind.
 func TestClientH2PoolEntryLeavesWithItsConnection(t *testing.T) {
-	srv, ct := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, r.Proto)
-	}), true, true)
-	c := clientFor(t, srv)
-	c.h2.IdleConnTimeout = 50 * time.Millisecond
-	for i := range 3 {
-		if got := getIn(t, c, Pool(fmt.Sprintf("agent-%d", i)), srv.URL); got != "HTTP/2.0" {
-			t.Fatalf("response %q over HTTP/2", got)
-		}
+	for _, serverCloses := range []bool{false, true} {
+		t.Run(fmt.Sprintf("server closes=%v", serverCloses), func(t *testing.T) {
+			srv, ct := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.WriteString(w, r.Proto)
+			}), true, true)
+			c := clientFor(t, srv)
+			if !serverCloses {
+				c.h2.IdleConnTimeout = 50 * time.Millisecond
+			}
+			for i := range 3 {
+				if got := getIn(t, c, Pool(fmt.Sprintf("agent-%d", i)), srv.URL); got != "HTTP/2.0" {
+					t.Fatalf("response %q over HTTP/2", got)
+				}
+			}
+			if pools, idle := c.h2Pools(); pools != 3 {
+				t.Fatalf("%d pools (%d idle connections), want 3", pools, idle)
+			}
+			if serverCloses {
+				srv.CloseClientConnections()
+			}
+			for range 3 {
+				within(t, ct.closed, "the connections to be closed")
+			}
+			eventually(t, "the pools to empty", func() bool {
+				pools, idle := c.h2Pools()
+				return pools == 0 && idle == 0
+			})
+		})
 	}
-	for range 3 {
-		within(t, ct.closed, "the idle connections to be closed")
-	}
-	eventually(t, "the pools to empty", func() bool {
-		pools, idle := c.h2Pools()
-		return pools == 0 && idle == 0
-	})
 }
 
 // Idle HTTP/2 connections count against maxIdle with the HTTP/1.1 ones: one over it is closed.
