@@ -33,8 +33,11 @@ type Decider interface {
 
 // upstreamClient sends requests upstream. *upstream.Client implements it.
 type upstreamClient interface {
-	RoundTrip(*http.Request) (*http.Response, error)
-	// Prepare dials the https address (host:port) ahead of a request, when nothing is pooled.
+	// RoundTrip sends the request over a connection of pool (see poolFor); connections are
+	// never shared between pools.
+	RoundTrip(req *http.Request, pool upstream.Pool) (*http.Response, error)
+	// Prepare dials the https address (host:port) ahead of a request, when no connection that
+	// has carried none is waiting; the first request of any pool claims it.
 	Prepare(addr string)
 	CloseIdleConnections()
 }

@@ -5,17 +5,20 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/capbroker/capbroker/broker/upstream"
 )
 
-// recordingUpstream is memoryUpstream that keeps the last request it was sent.
+// recordingUpstream is memoryUpstream that keeps the last request it was sent, and its pool.
 type recordingUpstream struct {
 	memoryUpstream
-	got *http.Request
+	got  *http.Request
+	pool upstream.Pool
 }
 
-func (u *recordingUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
-	u.got = r
-	return u.memoryUpstream.RoundTrip(r)
+func (u *recordingUpstream) RoundTrip(r *http.Request, pool upstream.Pool) (*http.Response, error) {
+	u.got, u.pool = r, pool
+	return u.memoryUpstream.RoundTrip(r, pool)
 }
 
 // TestGrantedRequestHeaders: a request granted a credential goes upstream with the credential

@@ -18,6 +18,7 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/credentials"
 	"github.com/capbroker/capbroker/policies"
 )
@@ -110,7 +111,7 @@ type memoryUpstream struct{}
 
 var upstreamBody = []byte(`{"id":"chatcmpl-bench","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
 
-func (memoryUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
+func (memoryUpstream) RoundTrip(r *http.Request, _ upstream.Pool) (*http.Response, error) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	r.Body.Close()
 	h := http.Header{}

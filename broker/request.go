@@ -109,7 +109,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	}
 	b.forwardTrailers(r, out)
 
-	resp, err := b.transport.RoundTrip(out)
+	resp, err := b.transport.RoundTrip(out, poolFor(x.agent.ID, granted))
 	if err != nil {
 		return nil, upstreamFailure(t.hostPort(), err)
 	}

@@ -17,67 +17,103 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Pool identifies the requests that may share an upstream connection. The broker makes it
+// from the agent's id and the sorted set of credential names granted to the request.
+//
+// A connection is only as trustworthy as its framing: were the upstream to read a request
+// differently from the broker (a body it ignores, taken for the next request), every later
+// response on that connection would answer the request before it. Connections are therefore
+// never shared across pools: a response that crosses over can only reach the same agent, on a
+// request carrying the same credentials, which its scrubber covers. (Within a pool, the
+// connections whose framing the broker cannot vouch for are not reused either: see
+// framingVouched.)
+type Pool string
+
 // Client sends the broker's requests upstream.
 //
-// HTTP/1.1 exchanges run on the caller's goroutine, over a pool of kept-alive connections: the
+// HTTP/1.1 exchanges run on the caller's goroutine, over pools of kept-alive connections: the
 // request is written, then the response read, with no reader and writer goroutine per
 // connection to hand each request and response through (net/http's Transport does that, and
 // the handoffs cost about a fifth of the broker's CPU per request). A host whose TLS handshake
-// negotiates h2 is served by an http.Transport from then on, beginning with that connection.
+// negotiates h2 is served over HTTP/2 from then on, beginning with that connection.
+//
+// Connections, HTTP/1.1 and HTTP/2 alike, are kept per Pool and origin and never cross from
+// one Pool to another. The one exception is a connection that has never carried a request
+// (Prepare's): it belongs to nobody, and the first request to claim it makes it its pool's.
+//
+// HTTP/2 connections are net/http ClientConns (Transport.NewClientConn), pooled here rather
+// than in an http.Transport, whose single pool per host would multiplex every agent's streams
+// on one connection. One Transport per pool would partition them too, but would leave a
+// Transport (and its idle connections, until they time out) behind for every agent and
+// credential set ever seen; here a pool's entry goes when its last connection closes, and the
+// idle connections of all pools, HTTP/1.1 and HTTP/2, count against one limit (maxIdle).
 //
 // Every connection goes through the checked Dialer, and TLS is always verified (see New).
 type Client struct {
-	h2               *http.Transport // hosts that negotiated h2; it dials through dialH2
+	h2               *http.Transport // makes the HTTP/2 ClientConns; it dials through dialH2
 	dial             func(ctx context.Context, network, addr string) (net.Conn, error)
 	tls              *tls.Config
 	handshakeTimeout time.Duration
 	headerTimeout    time.Duration
 	idleTimeout      time.Duration
-	maxIdlePerHost   int
-	maxIdle          int
-	livenessAge      time.Duration // defaultLivenessAge; a field so that tests can check every take
+	maxIdlePerHost   int // idle HTTP/1.1 connections per pool and origin
+	maxIdle          int // idle connections, HTTP/1.1 and HTTP/2, of all pools together
 
 	// prepared, when set, is called once a Prepare dial has gone into the pool, and
 	// awaitingPrepared when a request starts to wait for one. Tests only.
 	prepared, awaitingPrepared func()
 
-	mu    sync.Mutex
-	idle  map[string][]*conn // by connection key (scheme and address), most recently used last
-	nidle int
+	mu      sync.Mutex
+	idle    map[connKey][]*conn  // idle HTTP/1.1 connections, most recently used last
+	h2conns map[connKey]*h2Conns // HTTP/2 connections, busy or idle
+	nidle   int                  // idle connections in idle and h2conns
 
 	h2hosts   sync.Map // address -> struct{}: its last handshake negotiated h2
-	handoff   sync.Map // address -> handedOff: dialled here, negotiated h2, for the Transport's next dial
-	preparing sync.Map // connection key -> chan struct{}: a Prepare dial in flight, closed when it ends
+	handoff   sync.Map // address -> handedOff: dialled here, negotiated h2, for the next HTTP/2 dial
+	preparing sync.Map // origin -> chan struct{}: a Prepare dial in flight, closed when it ends
+}
+
+// connKey names the connections a request may use: its pool's to its origin
+// ("https://host:port"). A connection dialled before any request (Prepare's) is kept under
+// its origin with fresh set, until a request of some pool claims it.
+type connKey struct {
+	pool   Pool
+	origin string
+	fresh  bool
 }
 
 // maxResponseHeaderBytes bounds an upstream response's header block.
 const maxResponseHeaderBytes = 1 << 20
 
-// defaultLivenessAge is how long a connection may sit idle before it is checked for a close
-// from the server (one non-blocking peek) when it is taken from the pool.
-const defaultLivenessAge = time.Second
+// errNotH2 ends an HTTP/2 dial whose handshake negotiated another protocol (the host no
+// longer offers h2): the request goes over HTTP/1.1 instead.
+var errNotH2 = errors.New("upstream no longer negotiates h2")
 
-// RoundTrip sends req and returns the response. The caller must close the response body; a
-// connection goes back to the pool when its response body has been read to the end.
-func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
+// RoundTrip sends req over a connection of pool and returns the response. The caller must
+// close the response body; a connection goes back to its pool when its response body has
+// been read to the end, when the exchange left it ready for another (see framingVouched).
+func (c *Client) RoundTrip(req *http.Request, pool Pool) (*http.Response, error) {
 	addr := canonicalAddr(req)
 	upgrade := isUpgrade(req)
 	if req.URL.Scheme == "https" && !upgrade && c.isH2(addr) {
-		return c.h2.RoundTrip(req)
+		resp, err := c.roundTripH2(req, pool, addr)
+		if !errors.Is(err, errNotH2) {
+			return resp, err
+		}
 	}
 	if err := validHeaders(req); err != nil {
 		closeBody(req)
 		return nil, err
 	}
-	key := req.URL.Scheme + "://" + addr
+	key := connKey{pool: pool, origin: req.URL.Scheme + "://" + addr}
 	for attempt := 0; ; attempt++ {
 		pc, reused, err := c.get(req.Context(), key, req.URL.Scheme, addr, upgrade)
 		if err != nil {
 			closeBody(req)
 			return nil, err
 		}
-		if pc == nil { // the handshake negotiated h2: the Transport takes it from here
-			return c.h2.RoundTrip(req)
+		if pc == nil { // the handshake negotiated h2: HTTP/2 takes it from here
+			return c.roundTripH2(req, pool, addr)
 		}
 		resp, err := pc.roundTrip(req)
 		if err == nil {
@@ -97,22 +133,23 @@ func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// Prepare dials a connection to the https address addr (host:port) in the background when the
-// pool has none, so that a request arriving soon does not wait for the TCP and TLS handshakes.
-// The broker calls it when it opens an intercepted tunnel, while the agent does its own
-// handshake with the broker.
+// Prepare dials a connection to the https address addr (host:port) in the background when
+// none is waiting unclaimed, so that a request arriving soon does not wait for the TCP and TLS
+// handshakes. The broker calls it when it opens an intercepted tunnel, while the agent does
+// its own handshake with the broker, before any request is decided: the connection belongs
+// to no pool until a request claims it.
 func (c *Client) Prepare(addr string) {
-	key := "https://" + addr
+	key := connKey{origin: "https://" + addr, fresh: true}
 	if c.isH2(addr) || c.hasIdle(key) {
 		return
 	}
 	done := make(chan struct{})
-	if _, busy := c.preparing.LoadOrStore(key, done); busy {
+	if _, busy := c.preparing.LoadOrStore(key.origin, done); busy {
 		return
 	}
 	go func() {
 		defer close(done)
-		defer c.preparing.Delete(key)
+		defer c.preparing.Delete(key.origin)
 		ctx, cancel := context.WithTimeout(context.Background(), c.handshakeTimeout)
 		defer cancel()
 		pc, err := c.dialConn(ctx, key, "https", addr, false)
@@ -126,16 +163,31 @@ func (c *Client) Prepare(addr string) {
 	}()
 }
 
-// CloseIdleConnections closes every pooled connection.
+// CloseIdleConnections closes every pooled connection that carries no request.
 func (c *Client) CloseIdleConnections() {
 	c.mu.Lock()
 	idle := c.idle
-	c.idle, c.nidle = map[string][]*conn{}, 0
+	c.idle = map[connKey][]*conn{}
+	for _, list := range idle {
+		c.nidle -= len(list)
+	}
+	var idleH2 []*http.ClientConn
+	for key, p := range c.h2conns {
+		for _, e := range append([]*h2Conn(nil), p.conns...) {
+			if e.cc.InFlight() == 0 {
+				c.removeH2(key, e)
+				idleH2 = append(idleH2, e.cc)
+			}
+		}
+	}
 	c.mu.Unlock()
 	for _, list := range idle {
 		for _, pc := range list {
 			pc.close()
 		}
+	}
+	for _, cc := range idleH2 {
+		_ = cc.Close()
 	}
 	c.handoff.Range(func(k, v any) bool {
 		c.handoff.Delete(k)
@@ -145,8 +197,8 @@ func (c *Client) CloseIdleConnections() {
 	c.h2.CloseIdleConnections()
 }
 
-// Transport is the http.Transport that serves h2 hosts. It dials through the same checked
-// Dialer and TLS configuration.
+// Transport is the http.Transport that makes the HTTP/2 connections. It dials through the
+// same checked Dialer and TLS configuration; its own pool is never used.
 func (c *Client) Transport() *http.Transport { return c.h2 }
 
 func (c *Client) isH2(addr string) bool {
@@ -154,17 +206,18 @@ func (c *Client) isH2(addr string) bool {
 	return ok
 }
 
-func (c *Client) hasIdle(key string) bool {
+func (c *Client) hasIdle(key connKey) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.idle[key]) > 0
 }
 
-// get returns a pooled connection for key (reused true) or a new one. It returns a nil conn
-// when the host turned out to speak h2: the Transport takes the request (and the connection).
-// A request that finds the pool empty while a Prepare dial for key is under way waits for
-// that dial rather than start a second handshake beside it.
-func (c *Client) get(ctx context.Context, key, scheme, addr string, upgrade bool) (*conn, bool, error) {
+// get returns a pooled connection for key (reused true) or a new one. A connection of key's
+// own pool comes first, then one no request has claimed yet (Prepare's), which becomes key's.
+// It returns a nil conn when the host turned out to speak h2: HTTP/2 takes the request.
+// A request that finds no connection while a Prepare dial for its origin is under way waits
+// for that dial rather than start a second handshake beside it.
+func (c *Client) get(ctx context.Context, key connKey, scheme, addr string, upgrade bool) (*conn, bool, error) {
 	if upgrade { // an upgrade gets a connection of its own, never returned to the pool
 		pc, err := c.dialConn(ctx, key, scheme, addr, upgrade)
 		return pc, false, err
@@ -172,7 +225,10 @@ func (c *Client) get(ctx context.Context, key, scheme, addr string, upgrade bool
 	if pc := c.takeLive(key); pc != nil {
 		return pc, true, nil
 	}
-	if v, ok := c.preparing.Load(key); ok {
+	if pc := c.claim(key); pc != nil {
+		return pc, true, nil
+	}
+	if v, ok := c.preparing.Load(key.origin); ok {
 		if c.awaitingPrepared != nil {
 			c.awaitingPrepared()
 		}
@@ -184,20 +240,31 @@ func (c *Client) get(ctx context.Context, key, scheme, addr string, upgrade bool
 		if c.isH2(addr) {
 			return nil, false, nil
 		}
-		if pc := c.takeLive(key); pc != nil {
-			return pc, pc.served, nil
+		if pc := c.claim(key); pc != nil {
+			return pc, false, nil // just dialled: a failure on it is not a stale keep-alive
 		}
 	}
 	pc, err := c.dialConn(ctx, key, scheme, addr, upgrade)
 	return pc, false, err
 }
 
+// claim takes a live connection that no request has used yet for key's origin, and makes it
+// key's.
+func (c *Client) claim(key connKey) *conn {
+	pc := c.takeLive(connKey{origin: key.origin, fresh: true})
+	if pc != nil {
+		pc.key = key
+	}
+	return pc
+}
+
 // takeLive takes the most recently used idle connection for key that the server has not
-// closed, closing those it has.
-func (c *Client) takeLive(key string) *conn {
+// closed, nor written to since, closing those it has. Every take is checked: a connection
+// returned a moment ago may already hold bytes that answer no request.
+func (c *Client) takeLive(key connKey) *conn {
 	for {
 		pc := c.take(key)
-		if pc == nil || time.Since(pc.idleAt) < c.livenessAge || pc.alive() {
+		if pc == nil || pc.alive() {
 			return pc
 		}
 		pc.close()
@@ -205,7 +272,7 @@ func (c *Client) takeLive(key string) *conn {
 }
 
 // take removes the most recently used idle connection for key from the pool.
-func (c *Client) take(key string) *conn {
+func (c *Client) take(key connKey) *conn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	list := c.idle[key]
@@ -215,7 +282,7 @@ func (c *Client) take(key string) *conn {
 	pc := list[len(list)-1]
 	list[len(list)-1] = nil
 	if len(list) == 1 {
-		delete(c.idle, key) // a host seen once does not keep an entry
+		delete(c.idle, key) // a pool and host seen once do not keep an entry
 	} else {
 		c.idle[key] = list[:len(list)-1]
 	}
@@ -224,7 +291,7 @@ func (c *Client) take(key string) *conn {
 	return pc
 }
 
-// put returns pc to the pool, or closes it when the pool is full.
+// put returns pc to its pool, or closes it when the pool is full.
 func (c *Client) put(pc *conn) {
 	c.mu.Lock()
 	if c.nidle >= c.maxIdle || len(c.idle[pc.key]) >= c.maxIdlePerHost {
@@ -232,7 +299,6 @@ func (c *Client) put(pc *conn) {
 		pc.close()
 		return
 	}
-	pc.idleAt = time.Now()
 	c.idle[pc.key] = append(c.idle[pc.key], pc)
 	c.nidle++
 	if pc.timer == nil {
@@ -261,9 +327,9 @@ func (c *Client) remove(pc *conn) bool {
 	return false
 }
 
-// dialConn dials addr, with TLS for https. A TLS connection that negotiates h2 is handed to
-// the Transport (see dialH2) and dialConn returns nil.
-func (c *Client) dialConn(ctx context.Context, key, scheme, addr string, upgrade bool) (*conn, error) {
+// dialConn dials addr, with TLS for https. A TLS connection that negotiates h2 is handed over
+// to the next HTTP/2 dial (see dialH2) and dialConn returns nil.
+func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string, upgrade bool) (*conn, error) {
 	raw, err := c.dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -288,7 +354,11 @@ func (c *Client) dialConn(ctx context.Context, key, scheme, addr string, upgrade
 		nc = tc
 	}
 	pc := &conn{c: c, key: key, Conn: nc}
-	pc.raw, _ = raw.(syscall.Conn)
+	if sc, ok := raw.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			pc.raw, pc.peekFn = rc, pc.peek
+		}
+	}
 	pc.lr = limitedReader{r: nc, n: -1}
 	pc.br = bufio.NewReader(&pc.lr)
 	pc.bw = bufio.NewWriter(nc)
@@ -315,8 +385,10 @@ func (c *Client) handshake(ctx context.Context, raw net.Conn, addr string, alpn 
 	return tc, nil
 }
 
-// dialH2 is the Transport's TLS dialer: the connection dialConn handed over, if there is one,
-// else a new one. A host that now answers http/1.1 goes back to the pool.
+// dialH2 is the Transport's TLS dialer, for the HTTP/2 connections of every pool: the
+// connection dialConn handed over, if there is one (it has carried no request, so any pool may
+// claim it), else a new one. A host that now answers http/1.1 is marked so, and the dial fails
+// with errNotH2: the request goes over HTTP/1.1.
 func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 	if v, ok := c.handoff.LoadAndDelete(addr); ok {
 		h := v.(handedOff)
@@ -335,30 +407,204 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 	}
 	if tc.ConnectionState().NegotiatedProtocol != "h2" {
 		c.h2hosts.Delete(addr)
+		_ = tc.Close()
+		return nil, errNotH2
 	}
 	return tc, nil
 }
 
-// handedOff is an h2 connection waiting for the Transport's dial, since when.
+// handedOff is an h2 connection waiting for an HTTP/2 dial, since when.
 type handedOff struct {
 	net.Conn
 	at time.Time
 }
 
-// maxHandoffAge is how long a handed-off connection is kept for the Transport. The request
+// maxHandoffAge is how long a handed-off connection is kept for an HTTP/2 dial. The request
 // that dialled it takes it at once; one from a Prepare waits for the agent's first request.
 const maxHandoffAge = 5 * time.Second
+
+// h2Conns are one pool's HTTP/2 connections to one host.
+type h2Conns struct {
+	conns   []*h2Conn
+	dialing chan struct{} // closed when the pool's dial under way ends; nil when there is none
+}
+
+// h2Conn is one of them. Its fields are guarded by Client.mu.
+type h2Conn struct {
+	cc      *http.ClientConn
+	idle    bool // no request in flight: counted in Client.nidle
+	removed bool // out of the pool (closed, or about to be): not to be reserved
+}
+
+// roundTripH2 sends req over HTTP/2, on a connection of pool. It returns errNotH2, with req
+// untouched, when the host turned out to speak HTTP/1.1 only.
+func (c *Client) roundTripH2(req *http.Request, pool Pool, addr string) (*http.Response, error) {
+	cc, err := c.reserveH2(req.Context(), connKey{pool: pool, origin: "https://" + addr}, addr)
+	if err != nil {
+		if !errors.Is(err, errNotH2) {
+			closeBody(req)
+		}
+		return nil, err
+	}
+	return cc.RoundTrip(req) // consumes the reservation
+}
+
+// reserveH2 reserves a stream on one of key's HTTP/2 connections, dialling one when none has
+// room. A request that finds another's dial for key under way waits for it rather than dial a
+// second connection beside it.
+func (c *Client) reserveH2(ctx context.Context, key connKey, addr string) (*http.ClientConn, error) {
+	for {
+		c.mu.Lock()
+		var buf [4]*h2Conn
+		room := buf[:0]
+		p := c.h2conns[key]
+		if p == nil {
+			p = &h2Conns{}
+			c.h2conns[key] = p
+		}
+		for _, e := range p.conns {
+			if e.cc.Available() > 0 {
+				room = append(room, e)
+			}
+		}
+		dialing := p.dialing
+		if len(room) == 0 && dialing == nil {
+			p.dialing = make(chan struct{})
+		}
+		c.mu.Unlock()
+
+		for _, e := range room {
+			if c.reserve(e) {
+				return e.cc, nil
+			}
+		}
+		if len(room) > 0 {
+			continue // each was taken meanwhile: look again
+		}
+		if dialing != nil {
+			select {
+			case <-dialing:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		e, err := c.dialH2Conn(ctx, key, p, addr)
+		if err != nil {
+			return nil, err
+		}
+		if !c.reserve(e) {
+			return nil, errors.New("upstream HTTP/2 connection unusable before its first request")
+		}
+		return e.cc, nil
+	}
+}
+
+// dialH2Conn makes a new HTTP/2 connection for key, whose dial p.dialing announces, and adds
+// it to p.
+func (c *Client) dialH2Conn(ctx context.Context, key connKey, p *h2Conns, addr string) (*h2Conn, error) {
+	cc, err := c.h2.NewClientConn(ctx, "https", addr)
+	c.mu.Lock()
+	close(p.dialing)
+	p.dialing = nil
+	var e *h2Conn
+	if err == nil {
+		e = &h2Conn{cc: cc}
+		p.conns = append(p.conns, e)
+	} else if len(p.conns) == 0 && c.h2conns[key] == p {
+		delete(c.h2conns, key)
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	cc.SetStateHook(func(*http.ClientConn) { c.h2StateChanged(key, e) })
+	return e, nil
+}
+
+// reserve reserves a stream on e, unless e has left the pool meanwhile.
+func (c *Client) reserve(e *h2Conn) bool {
+	if e.cc.Reserve() != nil {
+		return false
+	}
+	c.mu.Lock()
+	removed := e.removed
+	if !removed && e.idle {
+		e.idle = false
+		c.nidle--
+	}
+	c.mu.Unlock()
+	if removed {
+		e.cc.Release()
+		return false
+	}
+	return true
+}
+
+// h2StateChanged is e's state hook: a connection that closed leaves the pool, one that has
+// no request in flight counts as idle, or is closed when the idle connections are at maxIdle.
+// (The ClientConn closes itself after the idle timeout.)
+func (c *Client) h2StateChanged(key connKey, e *h2Conn) {
+	c.mu.Lock()
+	if e.removed {
+		c.mu.Unlock()
+		return
+	}
+	closing := e.cc.Err() != nil
+	idle := !closing && e.cc.InFlight() == 0
+	if idle && !e.idle && c.nidle >= c.maxIdle {
+		closing = true
+	}
+	switch {
+	case closing:
+		c.removeH2(key, e)
+	case idle != e.idle:
+		e.idle = idle
+		if idle {
+			c.nidle++
+		} else {
+			c.nidle--
+		}
+	}
+	c.mu.Unlock()
+	if closing {
+		_ = e.cc.Close()
+	}
+}
+
+// removeH2 takes e out of key's connections; c.mu is held.
+func (c *Client) removeH2(key connKey, e *h2Conn) {
+	e.removed = true
+	if e.idle {
+		e.idle = false
+		c.nidle--
+	}
+	p := c.h2conns[key]
+	if p == nil {
+		return
+	}
+	for i, x := range p.conns {
+		if x == e {
+			p.conns = append(p.conns[:i], p.conns[i+1:]...)
+			break
+		}
+	}
+	if len(p.conns) == 0 && p.dialing == nil {
+		delete(c.h2conns, key)
+	}
+}
 
 // conn is one pooled HTTP/1.1 connection.
 type conn struct {
 	c   *Client
-	key string
+	key connKey // its pool and origin; fresh until a request claims it
 	net.Conn
-	raw    syscall.Conn // the TCP connection under TLS, for the liveness peek
+	raw    syscall.RawConn       // the TCP connection under TLS, for the liveness peek; nil: none
+	peekFn func(fd uintptr) bool // pc.peek, bound once: a take allocates nothing for it
+	live   bool                  // peek's answer
 	lr     limitedReader
 	br     *bufio.Reader
 	bw     *bufio.Writer
-	idleAt time.Time
 	timer  *time.Timer
 	served bool // a response has been read on it (see alive)
 }
@@ -372,30 +618,57 @@ func (pc *conn) expire() {
 	}
 }
 
-// alive reports whether the server has not closed pc: a non-blocking peek finds no EOF.
+// alive reports whether pc may carry a request: nothing that answers no request waits on it
+// (see unread), and the server has not closed it (a non-blocking peek at the socket finds no
+// EOF).
 func (pc *conn) alive() bool {
+	if pc.unread() {
+		return false
+	}
 	if pc.raw == nil {
 		return true
 	}
-	rc, err := pc.raw.SyscallConn()
-	if err != nil {
+	pc.live = false
+	_ = pc.raw.Read(pc.peekFn)
+	return pc.live
+}
+
+// peek looks at the socket without reading from it, nor waiting.
+func (pc *conn) peek(fd uintptr) bool {
+	var buf [1]byte
+	n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
+	// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
+	// connection that has not read a response yet (a prepared one), unless the server has
+	// closed it behind them (peerClosed); on one that has served a response, they are a TLS
+	// close_notify alert (a TLS server's close reads as bytes, not as 0) or data that answers
+	// no request: either way the connection cannot be used.
+	pc.live = (n > 0 && !pc.served && !peerClosed(fd)) || errors.Is(err, unix.EAGAIN)
+	return true
+}
+
+// unread reports whether bytes have come in on pc that it has not read: in its bufio.Reader,
+// or in the tls.Conn under it, which may have read whole TLS records past the last response
+// (the socket peek cannot see those). A read with a deadline in the past takes what is
+// buffered and never waits on the socket; its timeout leaves the tls.Conn usable. A server's
+// close (close_notify) reads as an error too, and TLS 1.3 session tickets on a prepared
+// connection are taken without counting as data.
+func (pc *conn) unread() bool {
+	if pc.br.Buffered() > 0 {
+		return true
+	}
+	if _, ok := pc.Conn.(*tls.Conn); !ok {
 		return false
 	}
-	ok := false
-	var buf [1]byte
-	_ = rc.Read(func(fd uintptr) bool {
-		n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
-		// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
-		// connection that has not read a response yet (a prepared one), unless the server
-		// has closed it behind them (peerClosed); on one that has served a response, they
-		// are a TLS close_notify alert (a TLS server's close reads as bytes, not as 0) or data
-		// that answers no request: either way the connection cannot be used.
-		ok = (n > 0 && !pc.served && !peerClosed(fd)) || errors.Is(err, unix.EAGAIN)
-		return true
-	})
-	return ok
+	_ = pc.SetReadDeadline(aLongTimeAgo)
+	_, err := pc.br.Peek(1)
+	_ = pc.SetReadDeadline(time.Time{})
+	ne, ok := err.(net.Error) // as the tls.Conn returns it: not wrapped
+	return !ok || !ne.Timeout()
 }
+
+// aLongTimeAgo is a read deadline that has passed: the read returns at once.
+var aLongTimeAgo = time.Unix(1, 0)
 
 // noResponse wraps an error that ended an exchange before any response header arrived.
 type noResponse struct{ error }
@@ -407,23 +680,25 @@ func (e noResponse) Unwrap() error { return e.error }
 // (an early 413, say) before it has read the whole body.
 func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
+	vouched := framingVouched(req)
+	sent := onWire(req, vouched)
 	stop := context.AfterFunc(ctx, pc.close) // the agent went away: abandon the exchange
 	var wrote chan error
-	if streaming(req) {
+	if streaming(sent) {
 		wrote = make(chan error, 1)
 		go func() {
-			err := pc.write(req)
+			err := pc.write(sent)
 			wrote <- err
 			if err != nil {
 				pc.close() // so the response read below ends too
 			}
 		}()
-	} else if err := pc.write(req); err != nil {
+	} else if err := pc.write(sent); err != nil {
 		stop()
 		pc.close()
 		return nil, noResponse{orContext(ctx, err)}
 	}
-	resp, err := pc.readResponse(req)
+	resp, err := pc.readResponse(sent)
 	if err == nil && ctx.Err() != nil {
 		// The context ended as the response arrived: the exchange is abandoned all the same.
 		// The response may even be the server's answer to the abandoning close (a handler that
@@ -448,7 +723,9 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, orContext(ctx, err)
 	}
 	pc.served = true
-	b := &body{pc: pc, rc: resp.Body, stop: stop, wrote: wrote, keep: !resp.Close && !req.Close}
+	resp.Request = req
+	keep := vouched && !sent.Close && !resp.Close && !isUpgrade(req) && !refusedBody(req, resp)
+	b := &body{pc: pc, rc: resp.Body, stop: stop, wrote: wrote, keep: keep}
 	switch {
 	case resp.StatusCode == http.StatusSwitchingProtocols:
 		resp.Body = &upgraded{body: b}
@@ -498,14 +775,71 @@ func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
 	return nil, errors.New("upstream sent too many informational (1xx) responses")
 }
 
-// body is an HTTP/1.1 response body. Read to its end, it returns the connection to the pool;
-// closed before that, it closes the connection (reading the rest could take forever).
+// onWire is req as it is written: with Connection: close when its framing cannot be vouched
+// for, so that the upstream does not read what follows the request head (a body it ignores,
+// say) as a next request; and without a Body when its ContentLength is 0 (see hasBody), which
+// Request.Write would otherwise probe, and send chunked if it found bytes in it. What is sent
+// is then what was decided on.
+func onWire(req *http.Request, vouched bool) *http.Request {
+	empty := req.ContentLength == 0 && req.Body != nil && req.Body != http.NoBody
+	if !empty && (vouched || req.Close) {
+		return req
+	}
+	cp := *req
+	if empty {
+		_ = req.Body.Close()
+		cp.Body = http.NoBody
+	}
+	cp.Close = cp.Close || !vouched
+	return &cp
+}
+
+// framingVouched reports whether the broker can vouch that the upstream reads req as it was
+// written, and so that the connection is ready for another request after the response. It
+// cannot when req has:
+//   - a body, on a method for which a body has no defined meaning (RFC 9110 section 9.3):
+//     GET, HEAD, DELETE, TRACE, CONNECT, OPTIONS. Servers may ignore it and read it as the
+//     next request (Python's http.server does). OPTIONS is in, Content-Type or not: a server
+//     that ignores the body does not look at its type either.
+//   - Expect: the body follows at once (the client does not wait for 100 Continue), and a
+//     server that answers early may not read it.
+//
+// Such a request is sent with Connection: close, and its connection is not reused.
+func framingVouched(req *http.Request) bool {
+	if req.Header.Get("Expect") != "" {
+		return false
+	}
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodDelete, http.MethodTrace, http.MethodConnect, http.MethodOptions:
+		return !hasBody(req)
+	}
+	return true
+}
+
+// refusedBody reports whether resp refuses a request that had a body: a server that refuses
+// a request (an unknown method, a missing route, a rate limit) often answers without reading
+// its body, which would then be read as the next request. Its connection is not reused.
+func refusedBody(req *http.Request, resp *http.Response) bool {
+	return resp.StatusCode >= 400 && hasBody(req)
+}
+
+// hasBody reports whether req carries a body: a length, or a body of unknown length (-1), sent
+// chunked. A ContentLength of 0 is no body, whatever Body is (onWire sends none), as net/http's
+// server, where the requests the broker forwards come from, means it: an HTTP/2 request without
+// a body has a Body that reads EOF at once.
+func hasBody(req *http.Request) bool {
+	return req.ContentLength > 0 || (req.ContentLength < 0 && req.Body != nil && req.Body != http.NoBody)
+}
+
+// body is an HTTP/1.1 response body. Read to its end, it returns the connection to the pool
+// (when keep); closed before that, it closes the connection (reading the rest could take
+// forever).
 type body struct {
 	pc    *conn
 	rc    io.ReadCloser
 	stop  func() bool
 	wrote chan error // the request body's writer, when one runs
-	keep  bool       // neither side asked to close the connection
+	keep  bool       // the framing was vouched for, and neither side asked to close
 	once  sync.Once
 }
 
@@ -589,7 +923,7 @@ func isUpgrade(req *http.Request) bool {
 // streaming reports whether req has a body that is not in memory (it can be replayed, through
 // GetBody, when it is).
 func streaming(req *http.Request) bool {
-	return req.Body != nil && req.Body != http.NoBody && req.GetBody == nil
+	return hasBody(req) && req.GetBody == nil
 }
 
 // replayable reports whether req may be sent again after a failure on a kept-alive connection:

@@ -20,11 +20,12 @@ type Options struct {
 	TLSHandshakeTimeout   time.Duration // default 10s
 	ResponseHeaderTimeout time.Duration // default 60s
 	IdleConnTimeout       time.Duration // default 90s
-	// MaxIdleConnsPerHost is the keep-alive pool per upstream host (default 256). Below the
-	// number of requests agents run at once to one host, every request over it pays a new
-	// TCP and TLS handshake upstream: size it to the concurrency.
+	// MaxIdleConnsPerHost is the HTTP/1.1 keep-alive pool per Pool and upstream host (default
+	// 256). Below the number of requests one Pool (an agent and credential set) runs at once
+	// to one host, every request over it pays a new TCP and TLS handshake upstream: size it to
+	// that concurrency.
 	MaxIdleConnsPerHost int // default 256
-	MaxIdleConns        int // all hosts together; default 4096
+	MaxIdleConns        int // idle connections, HTTP/1.1 and HTTP/2, of all pools and hosts; default 4096
 	// Deny lists the broker's own services, never dialled (see NewDialer).
 	Deny []netip.AddrPort
 }
@@ -55,8 +56,8 @@ func New(opts Options) (*Client, *Dialer, error) {
 		idleTimeout:      orDefault(opts.IdleConnTimeout, 90*time.Second),
 		maxIdlePerHost:   orDefault(opts.MaxIdleConnsPerHost, 256),
 		maxIdle:          orDefault(opts.MaxIdleConns, 4096),
-		livenessAge:      defaultLivenessAge,
-		idle:             map[string][]*conn{},
+		idle:             map[connKey][]*conn{},
+		h2conns:          map[connKey]*h2Conns{},
 	}
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)

@@ -346,9 +346,6 @@ func TestTransport(t *testing.T) {
 		if c.maxIdle != 4096 || c.maxIdlePerHost != 256 {
 			t.Errorf("pool: MaxIdleConns=%d MaxIdleConnsPerHost=%d", c.maxIdle, c.maxIdlePerHost)
 		}
-		if c.livenessAge != defaultLivenessAge {
-			t.Errorf("livenessAge = %v, want %v", c.livenessAge, defaultLivenessAge)
-		}
 		if c.handshakeTimeout != 10*time.Second || c.headerTimeout != 60*time.Second || c.idleTimeout != 90*time.Second {
 			t.Errorf("timeouts: handshake=%v header=%v idle=%v", c.handshakeTimeout, c.headerTimeout, c.idleTimeout)
 		}
@@ -373,7 +370,7 @@ func TestTransport(t *testing.T) {
 	}
 }
 
-func newClientOpts(t *testing.T, opts Options) *Client {
+func newClientOpts(t testing.TB, opts Options) *Client {
 	t.Helper()
 	tr, _, err := New(opts)
 	if err != nil {
@@ -389,7 +386,7 @@ func roundTrip(t *testing.T, tr *Client, url string) (*http.Response, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tr.RoundTrip(req)
+	return tr.RoundTrip(req, testPool)
 }
 
 func get(t *testing.T, tr *Client, url string) string {
@@ -406,7 +403,7 @@ func get(t *testing.T, tr *Client, url string) string {
 	return string(b)
 }
 
-func writeFile(t *testing.T, name string, data []byte) {
+func writeFile(t testing.TB, name string, data []byte) {
 	t.Helper()
 	if err := os.WriteFile(name, data, 0o600); err != nil {
 		t.Fatal(err)
@@ -467,7 +464,7 @@ func TestTransportHTTP2(t *testing.T) {
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, h2.URL+"/ws", nil)
 		req.Header.Set("Connection", "Upgrade")
 		req.Header.Set("Upgrade", "websocket")
-		resp, err := tr.RoundTrip(req)
+		resp, err := tr.RoundTrip(req, testPool)
 		if err != nil {
 			t.Fatal(err)
 		}
