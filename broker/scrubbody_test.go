@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/capbroker/capbroker/broker/scrub"
+	"github.com/capbroker/capbroker/broker/upstream"
 )
 
 // closeRecorder is an upstream body that records whether it was read to its end and closed.
@@ -130,7 +131,7 @@ type upstreamFunc struct {
 	got    *http.Request
 }
 
-func (u *upstreamFunc) RoundTrip(r *http.Request) (*http.Response, error) {
+func (u *upstreamFunc) RoundTrip(r *http.Request, _ upstream.Pool) (*http.Response, error) {
 	u.got = r
 	return u.answer(r), nil
 }
