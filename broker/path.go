@@ -284,9 +284,12 @@ var methodOverrideHeaders = [...]string{"X-Http-Method-Override", "X-Http-Method
 // Refusing, rather than showing the override to the policy, keeps every policy right without
 // its author having to know about overrides.
 //
-// A POST form body (also one without a Content-Type, which Rack reads as a form) is read, up to
-// 64 KiB with a Content-Length, to be checked; a larger one, or one of unknown length, could
-// carry _method unseen and is refused. small is the body if readSmallBody has read it.
+// A POST form body (URL-encoded or multipart, the types Rack parses) is read, up to 64 KiB with
+// a Content-Length, to be checked; a larger one, or one of unknown length, could carry _method
+// unseen and is refused. A POST body without a Content-Type, which Rack also reads as a form,
+// is labelled application/octet-stream, as RFC 9110 §8.3 lets a recipient assume: the policy
+// and the upstream see that label, and no server reads a form in it. small is the body if
+// readSmallBody has read it.
 func methodOverride(r *http.Request, q url.Values, small []byte) error {
 	for _, h := range methodOverrideHeaders {
 		if !sameMethod(r.Method, r.Header[h]) {
@@ -307,13 +310,17 @@ func methodOverride(r *http.Request, q url.Values, small []byte) error {
 	mt, _, _ := strings.Cut(ct, ";")
 	mt, _, _ = strings.Cut(mt, ",")
 	mt = strings.ToLower(strings.TrimSpace(mt))
-	if mt != "" && mt != "application/x-www-form-urlencoded" && mt != "multipart/form-data" {
+	if mt == "" {
+		r.Header.Set("Content-Type", "application/octet-stream")
+		return nil
+	}
+	if !formTypes[mt] {
 		return nil // frameworks read _method only from a form body
 	}
 	body := small
 	if body == nil {
 		if r.ContentLength <= 0 || r.ContentLength > maxPolicyBody {
-			return badRequest{"a POST form body is checked for a _method field, and this one is over 64 KiB or has no Content-Length; send at most 64 KiB with a Content-Length, or another content type"}
+			return badRequest{"a POST form body may carry a _method field that some servers obey, and this one cannot be checked (over 64 KiB or no Content-Length); send at most 64 KiB with a Content-Length"}
 		}
 		body = make([]byte, r.ContentLength)
 		if _, err := io.ReadFull(r.Body, body); err != nil {
@@ -331,6 +338,11 @@ func methodOverride(r *http.Request, q url.Values, small []byte) error {
 	return nil
 }
 
+// formTypes are the media types of POST bodies in which Rack, Symfony or Laravel look for
+// _method.
+var formTypes = map[string]bool{"application/x-www-form-urlencoded": true, "multipart/form-data": true,
+	"multipart/mixed": true, "multipart/related": true}
+
 // sameMethod reports whether every override in vs names method (frameworks upper-case them).
 func sameMethod(method string, vs []string) bool {
 	for _, v := range vs {
@@ -341,12 +353,12 @@ func sameMethod(method string, vs []string) bool {
 	return true
 }
 
-// formMethods returns the values of the _method fields of a form body of media type mt (""
-// is read as URL-encoded) and Content-Type ct. A URL-encoded body is split on ';' as well as
-// '&', as older servers do, so a pair cannot hide behind one.
+// formMethods returns the values of the _method fields of a form body of media type mt, one
+// of formTypes, and Content-Type ct. A URL-encoded body is split on ';' as well as '&', as
+// older servers do, so a pair cannot hide behind one.
 func formMethods(mt, ct string, body []byte) ([]string, error) {
 	var vs []string
-	if mt != "multipart/form-data" {
+	if !strings.HasPrefix(mt, "multipart/") {
 		for _, pair := range strings.FieldsFunc(string(body), func(r rune) bool { return r == '&' || r == ';' }) {
 			k, v, _ := strings.Cut(pair, "=")
 			if k, err := url.QueryUnescape(k); err != nil || k != "_method" {

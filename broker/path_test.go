@@ -175,7 +175,9 @@ func TestMethodOverride(t *testing.T) {
 		"_method GET in a GET query":      {req{method: "GET", target: "/x?_method=get"}, false},
 		"_method in a form":               {req{method: "POST", target: "/x", contentType: form, body: "a=1&_method=DELETE"}, true},
 		"_method after ';' in a form":     {req{method: "POST", target: "/x", contentType: form, body: "a=1;_method=DELETE"}, true},
-		"_method in a form, no type":      {req{method: "POST", target: "/x", body: "_method=PATCH"}, true},
+		"no type: labelled, not a form":   {req{method: "POST", target: "/x", body: "_method=PATCH"}, false},
+		"no type, unknown length":         {req{method: "POST", target: "/x", body: "_method=PATCH", chunked: true}, false},
+		"_method in multipart/mixed":      {req{method: "POST", target: "/x", contentType: "multipart/mixed; boundary=XX", body: part(`form-data; name="_method"`, "DELETE")}, true},
 		"_method in a form, odd type":     {req{method: "POST", target: "/x", contentType: "Application/X-WWW-Form-Urlencoded;;", body: "_method=PATCH"}, true},
 		"_method POST in a form":          {req{method: "POST", target: "/x", contentType: form, body: "_method=POST&a=1"}, false},
 		"form without _method":            {req{method: "POST", target: "/x", contentType: form, body: "a=1&method=DELETE"}, false},
@@ -216,6 +218,9 @@ func TestMethodOverride(t *testing.T) {
 		err = methodOverride(r, q, small)
 		if refused := err != nil; refused != c.refuse || (refused && !errors.Is(err, errBadRequest)) {
 			t.Errorf("%s: %v, want refused %v", name, err, c.refuse)
+		}
+		if ct := r.Header.Get("Content-Type"); c.method == "POST" && c.body != "" && c.contentType == "" && ct != "application/octet-stream" {
+			t.Errorf("%s: a POST body without a type goes on as %q, not application/octet-stream", name, ct)
 		}
 	}
 }
