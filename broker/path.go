@@ -30,12 +30,13 @@ import (
 //   - ".." above the root;
 //   - a backslash, which some servers (IIS, some Node and Python stacks) read as '/';
 //   - ';' in the path, where Tomcat, Jetty and Spring start path parameters (/a/..;/b is
-//     /a/../b to them); %3B is data to every server and is kept;
+//     /a/../b to them); %3B is data to them and is kept, unless it hides a dot-segment;
 //   - '#', a control character raw or escaped, a malformed escape;
 //   - a segment that becomes a dot-segment when read by a server more lenient than RFC 3986:
 //     one that decodes %2F or %5C into a separator, decodes twice (%252e), or drops ';'
 //     parameters (..%2F, %2e%2e%5C, %252e%252e, ..%3B); or that is not UTF-8 once decoded
-//     (%C0%AE, an overlong '.').
+//     (%C0%AE, an overlong '.'); escapes of escapes more than three deep, whose decoding
+//     would cost a pass over the path each.
 //
 // An escaped slash that hides no dot-segment (%2F, as npm sends @scope%2Fname and GitLab
 // group%2Fproject) is kept, escaped: the policy sees it inside its segment. The shipped
