@@ -53,10 +53,13 @@ const hintDenied = "This request is not allowed by the broker's policy. Do not r
 // classify maps an error to what the agent sees. It is the only place that does.
 func classify(err error) agentError {
 	var d denial
+	var br badRequest // path.go: a bad request whose reason the agent may read
 	switch {
 	case errors.As(err, &d):
 		return agentError{http.StatusForbidden, "denied", d.reason,
 			hintDenied}
+	case errors.As(err, &br):
+		return agentError{http.StatusBadRequest, "bad_request", br.reason, "Check the request's URL and headers."}
 	case errors.Is(err, inject.ErrNotBound):
 		return agentError{http.StatusForbidden, "denied", "the policy granted a credential that may not be sent to this host", hintDenied}
 	case errors.Is(err, identity.ErrUnauthenticated):

@@ -8,7 +8,6 @@ import (
 	"mime"
 	"net/http"
 	"net/textproto"
-	"net/url"
 	"strings"
 
 	"github.com/elazarl/goproxy"
@@ -76,14 +75,17 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		r.Body = &countingBody{ReadCloser: r.Body, n: &x.bytesIn}
 	}
 
-	in := b.requestInput(x, r, t, small)
+	in, err := b.requestInput(x, r, t, small)
+	if err != nil {
+		return nil, err
+	}
 	d, err := b.policy.Decide(r.Context(), in)
 	granted, err := b.authorize(x, in, d, err)
 	if err != nil {
 		return nil, err
 	}
 
-	out := outbound(r, t)
+	out := outbound(r, t, in.Path)
 	if small != nil {
 		// So that the upstream client can send an idempotent request again, on a fresh
 		// connection, when its kept-alive one turns out closed before any response.
@@ -230,8 +232,22 @@ func readSmallBody(r *http.Request) ([]byte, error) {
 
 // requestInput builds the policy input. Its headers are gathered, and a JSON body up to
 // maxPolicyBody is read (readPolicyBody), only when the policy can see them; small is the body
-// if readSmallBody has read it.
-func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte) *policy.Input {
+// if readSmallBody has read it. A path, query or method override that the upstream could read
+// differently from the policy is refused here (path.go); the path the policy sees is the one
+// outbound sends, and the one the audit event records.
+func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte) (*policy.Input, error) {
+	raw, path, err := requestPath(r.URL)
+	if err != nil {
+		return nil, err
+	}
+	x.ev.Path = path
+	q, err := requestQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, err
+	}
+	if err := methodOverride(r, q, small); err != nil {
+		return nil, err
+	}
 	in := &policy.Input{
 		Phase:       policy.PhaseRequest,
 		AgentID:     x.agent.ID,
@@ -241,26 +257,19 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		Scheme:      t.scheme,
 		Host:        t.host,
 		Port:        t.port,
-		Path:        r.URL.Path,
-		Query:       query(r.URL),
+		Path:        path,
+		RawPath:     raw,
+		Query:       q,
 		ReadHeaders: func() map[string]string { return b.policyHeaders(r.Header) },
 		BodySize:    r.ContentLength,
 		Credentials: b.bindings.Matching(t.host),
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		in.BodySize = 0
-		return in
+		return in, nil
 	}
 	in.ReadBody = func() ([]byte, int64) { return readPolicyBody(r, small) }
-	return in
-}
-
-// query is u's query parameters: nil, with nothing to allocate, for the usual empty query.
-func query(u *url.URL) map[string][]string {
-	if u.RawQuery == "" {
-		return nil
-	}
-	return u.Query()
+	return in, nil
 }
 
 // policyHeaders are the request's headers as the policy sees them: lower-case names, values
@@ -324,13 +333,15 @@ func (e errReader) Read([]byte) (int, error) {
 	return 0, io.EOF
 }
 
-// outbound is the request as sent upstream: to the checked target, without hop-by-hop headers
-// or proxy credentials. WebSocket upgrades keep their Upgrade handshake.
-func outbound(r *http.Request, t target) *http.Request {
+// outbound is the request as sent upstream: to the checked target, with exactly the path the
+// policy decided on (requestInput), without hop-by-hop headers or proxy credentials. WebSocket
+// upgrades keep their Upgrade handshake.
+func outbound(r *http.Request, t target, path string) *http.Request {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.URL.Scheme = t.scheme
 	out.URL.Host = t.hostPort()
+	sendPath(out.URL, path)
 	out.Host = t.hostHeader()
 	out.Close = false
 	out.GetBody = nil

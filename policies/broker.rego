@@ -6,6 +6,7 @@
 #   github.rego      the GitHub API with the github credential, scoped to repositories
 #   llm.rego         LLM APIs with their credentials, for listed models only
 #   agents.rego      per-agent profiles (label `profile`): which of those an agent may use
+#   paths.rego       reading paths by segments, and refusing every spelling of "." and ".."
 #
 # The CONNECT phase opens (and intercepts) a tunnel on port 443 to a host some concern
 # governs, if the agent's profile may use that concern; the request phase then decides every

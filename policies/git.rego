@@ -2,9 +2,12 @@
 #
 # The hosts are data.settings.git (policies/data.yaml). Git's smart HTTP protocol reads with
 # GET .../info/refs?service=git-upload-pack and POST .../git-upload-pack; it pushes with
-# git-receive-pack, which is refused. No credential: public repositories only.
+# git-receive-pack, which is refused. No credential: public repositories only. A path that
+# is not canonical (any spelling of "." or "..", ";", a backslash; policies/paths.rego) is
+# refused, so that no server's way of reading it turns a fetch into a push.
 package git
 
+import data.paths
 import data.settings
 
 hosts := {h | some h in settings.git}
@@ -12,7 +15,9 @@ hosts := {h | some h in settings.git}
 # governs(host): the host is git hosting (a lookup in the list, no set built per decision).
 governs(host) if host in settings.git
 
-decision := {"allow": false, "reason": sprintf("pushing to %s is not allowed: git hosting is read-only (clone and fetch)", [input.request.host])} if {
+decision := {"allow": false, "reason": sprintf("the path %s is not in canonical form (. or .. segments, ; or backslash, in any encoding)", [input.request.path])} if {
+	not paths.canonical(input.request.path)
+} else := {"allow": false, "reason": sprintf("pushing to %s is not allowed: git hosting is read-only (clone and fetch)", [input.request.host])} if {
 	pushing
 } else := {"allow": true, "reason": "git clone or fetch"} if {
 	input.request.method in {"GET", "HEAD"}

@@ -5,6 +5,7 @@
 # allowed, nor GraphQL (a GraphQL query cannot be limited to repositories by its path).
 package github
 
+import data.paths
 import data.settings
 
 hosts := {"api.github.com"}
@@ -22,19 +23,24 @@ path := input.request.path
 
 segments := split(trim_prefix(path, "/"), "/")
 
-# A canonical path starts with / and has no empty, "." or ".." segments, so the repository
-# named in it is the one GitHub serves.
+# A canonical path starts with / and has no empty, "." or ".." segments, in any spelling a
+# server may resolve (paths.canonical: %2e%2e, ..%2F, ..;, backslashes), so the repository
+# named in it is the one GitHub serves. An escaped "/" after the repository stays in it
+# (Octokit sends branch names so); in the owner or name, see repo.
 canonical if {
-	startswith(path, "/")
+	paths.canonical(path)
 	every s in segments {
 		not s in {"", ".", ".."}
 	}
 }
 
-# The repository a /repos/OWNER/NAME/... path names, lower-case.
+# The repository a /repos/OWNER/NAME/... path names, lower-case. Owners and names are made
+# of letters, digits, "-", "_" and "."; anything else (an escaped "/", say) names none.
 repo := lower(concat("/", [segments[1], segments[2]])) if {
 	segments[0] == "repos"
 	count(segments) >= 3
+	regex.match(`^[A-Za-z0-9_.-]+$`, segments[1])
+	regex.match(`^[A-Za-z0-9_.-]+$`, segments[2])
 }
 
 # listed(patterns): the repository matches "owner/name" or "owner/*" in patterns.
@@ -61,7 +67,7 @@ deny(reason) := {"allow": false, "reason": reason}
 
 decision := deny(sprintf("%s is not allowed on api.github.com", [method])) if {
 	not method in (read_methods | write_methods)
-} else := deny(sprintf("the path %s is not in canonical form (empty, . or .. segments); send /repos/OWNER/NAME/...", [path])) if {
+} else := deny(sprintf("the path %s is not in canonical form (empty, . or .. segments, ; or backslash, in any encoding); send /repos/OWNER/NAME/...", [path])) if {
 	not canonical
 } else := deny("the GitHub GraphQL API (/graphql) is not allowed: it cannot be limited to repositories; use the REST API") if {
 	segments[0] == "graphql"

@@ -4,8 +4,13 @@
 # endpoints, the models allowed on them and the paths that may be read. A model endpoint
 # takes a POST whose JSON body names the model (input.request.body.model); the broker parses
 # JSON bodies up to 64 KiB, so a larger or non-JSON body cannot name one and is refused.
+#
+# Paths are matched segment by segment, and only in plain form: a path with any spelling of
+# "." or "..", "//", an escaped "/", ";" or a backslash is refused before any grant, so no
+# upstream's way of reading it can turn an allowed path into another (policies/paths.rego).
 package llm
 
+import data.paths
 import data.settings
 
 hosts := {h | some h, _ in settings.llm}
@@ -34,20 +39,26 @@ allowed(m) if {
 	startswith(m, trim_suffix(p, "*"))
 }
 
-readable if {
-	some p in provider.read_paths
-	path == p
+# plain: the path is canonical, without "//" or an escaped "/": its segments are the ones
+# every upstream reads.
+plain if {
+	paths.canonical(path)
+	not paths.empty_segment(path)
+	not paths.encoded_slash(path)
 }
 
+# readable: the path is a read path or below one, segment by segment.
 readable if {
 	some p in provider.read_paths
-	startswith(path, concat("", [p, "/"]))
+	paths.under(path, p)
 }
 
 endpoint if path in provider.endpoints
 
 # Every grant is an explicit branch; whatever matches none of them ends in the last deny.
-decision := grant if {
+decision := deny(sprintf("the path %s is not in plain form (no . or .. segments, //, %%2F, ; or backslash, in any encoding); send the documented path", [path])) if {
+	not plain
+} else := grant if {
 	method in {"GET", "HEAD"}
 	readable
 } else := grant if {

@@ -26,6 +26,36 @@ cases := {
 	"read one model": {"input": req("GET", "api.openai.com", "/v1/models/gpt-4.1", null), "allow": true, "credentials": ["openai"]},
 	"read files": {"input": req("GET", "api.openai.com", "/v1/files", null), "allow": false, "reason": "GET /v1/files is not allowed on api.openai.com: only POST to the model endpoints /v1/chat/completions, /v1/embeddings, and reading /v1/models"},
 	"DELETE": {"input": req("DELETE", "api.openai.com", "/v1/models/ft-x", null), "allow": false},
+	"read path is a segment, not a prefix": {"input": req("GET", "api.openai.com", "/v1/modelsx", null), "allow": false},
+	"read path with a trailing slash": {"input": req("GET", "api.openai.com", "/v1/models/", null), "allow": true, "credentials": ["openai"]},
+}
+
+# The review's finding and its variants: a read path or an endpoint with a way out of it, in
+# every spelling an upstream may resolve. The broker sends the normalised path, but the
+# policy refuses them even when it is given the raw one.
+escapes := {
+	"dot-dot": "/v1/models/../files",
+	"encoded dot-dot": "/v1/models/%2e%2e/files",
+	"encoded dot-dot, upper-case": "/v1/models/%2E%2E/files",
+	"dot": "/v1/models/./x",
+	"dot-dot behind an encoded slash": "/v1/models/..%2Ffiles",
+	"encoded slash": "/v1/models/x%2fy",
+	"double-encoded dot-dot": "/v1/models/%252e%252e/files",
+	"double slash": "/v1/models//x",
+	"leading double slash": "//v1/models",
+	"path parameter": "/v1/models/..;/files",
+	"semicolon": "/v1/models;x/files",
+	"backslash": "/v1/models\\..\\files",
+	"encoded backslash": "/v1/models/..%5Cfiles",
+}
+
+test_escapes_refused[name] if {
+	some name, p in escapes
+	some r in [req("GET", "api.openai.com", p, null), req("POST", "api.openai.com", concat("", ["/v1/chat/completions", trim_prefix(p, "/v1/models")]), {"model": "gpt-4.1"})]
+	d := llm.decision with input as r with data.settings.llm as settings
+	not d.allow
+	object.get(d, "credentials", []) == []
+	startswith(d.reason, sprintf("the path %s is not in plain form", [r.request.path]))
 }
 
 test_decisions[name] if {

@@ -2,8 +2,12 @@
 #
 # The hosts are data.settings.registries (policies/data.yaml). Requests to them may read
 # (GET, HEAD) and nothing else; the broker's package decides only requests to these hosts.
+# A path that is not canonical (any spelling of "." or "..", ";", a backslash;
+# policies/paths.rego) is refused: no registry needs one. An escaped "/" is kept: npm asks
+# for scoped packages as /@scope%2Fname.
 package registries
 
+import data.paths
 import data.settings
 
 hosts := {h | some h in settings.registries}
@@ -13,6 +17,8 @@ governs(host) if host in settings.registries
 
 read_methods := {"GET", "HEAD"}
 
-decision := {"allow": true, "reason": "read-only package registry"} if {
+decision := {"allow": false, "reason": sprintf("the path %s is not in canonical form (. or .. segments, ; or backslash, in any encoding)", [input.request.path])} if {
+	not paths.canonical(input.request.path)
+} else := {"allow": true, "reason": "read-only package registry"} if {
 	input.request.method in read_methods
 } else := {"allow": false, "reason": sprintf("%s is not allowed on %s: package registries are read-only (GET, HEAD)", [input.request.method, input.request.host])}

@@ -2,7 +2,9 @@ package registries_test
 
 import data.registries
 
-req(method, host) := {"phase": "request", "agent": {"id": "a", "labels": {}}, "request": {"method": method, "scheme": "https", "host": host, "port": 443, "path": "/simple/requests/"}}
+req(method, host) := at(method, host, "/simple/requests/")
+
+at(method, host, path) := {"phase": "request", "agent": {"id": "a", "labels": {}}, "request": {"method": method, "scheme": "https", "host": host, "port": 443, "path": path}}
 
 cases := {
 	"GET pypi.org": {"input": req("GET", "pypi.org"), "allow": true},
@@ -19,6 +21,22 @@ test_decisions[name] if {
 	d.allow == c.allow
 	object.get(d, "credentials", []) == []
 	object.get(c, "reason", d.reason) == d.reason
+}
+
+path_cases := {
+	"npm scoped package": {"path": "/@types%2Fnode", "allow": true},
+	"double slash": {"path": "//simple/requests/", "allow": true},
+	"dot-dot": {"path": "/simple/../admin", "allow": false},
+	"encoded dot-dot": {"path": "/simple/%2e%2e/admin", "allow": false},
+	"dot-dot behind an encoded slash": {"path": "/simple/..%2fadmin", "allow": false},
+	"path parameter": {"path": "/simple/..;/admin", "allow": false},
+	"backslash": {"path": "/simple\\..\\admin", "allow": false},
+}
+
+test_paths[name] if {
+	some name, c in path_cases
+	d := registries.decision with input as at("GET", "registry.npmjs.org", c.path)
+	d.allow == c.allow
 }
 
 test_hosts_come_from_data if {

@@ -68,7 +68,7 @@ decision := {"allow": true} if {
 func TestFindMatchesTheDocument(t *testing.T) {
 	inputs := []*Input{
 		{Phase: PhaseConnect, AgentID: "a", Labels: map[string]string{"profile": "p"}, SourceIP: "10.0.0.1", Method: "CONNECT", Host: "h", Port: 443, Credentials: []string{"c"}},
-		{Phase: PhaseRequest, AgentID: "a", Labels: map[string]string{}, SourceIP: "10.0.0.1", Method: "POST", Scheme: "https", Host: "h", Port: 8443, Path: "/p",
+		{Phase: PhaseRequest, AgentID: "a", Labels: map[string]string{}, SourceIP: "10.0.0.1", Method: "POST", Scheme: "https", Host: "h", Port: 8443, Path: "/p", RawPath: "/x/../p",
 			Query: map[string][]string{"q": {"1", "2"}}, Headers: map[string]string{"x": "y"}, BodySize: 12,
 			Body: map[string]any{"model": "m", "n": float64(1.5), "list": []any{"a", map[string]any{"k": nil}}, "null": nil}},
 		{Phase: PhaseRequest, Method: "GET", Scheme: "http", Host: "h", Port: 80, Path: "/", Body: []any{"x"}},
@@ -78,7 +78,7 @@ func TestFindMatchesTheDocument(t *testing.T) {
 		"input", "input.phase", "input.phase.x", "input.agent", "input.agent.id", "input.agent.labels", "input.agent.labels.profile",
 		"input.agent.labels.none", "input.source", "input.source.ip", "input.credentials", "input.credentials[0]", "input.none",
 		"input.request", "input.request.method", "input.request.host", "input.request.port", "input.request.scheme",
-		"input.request.path", "input.request.path.x", "input.request.query", "input.request.query.q", "input.request.query.q[1]",
+		"input.request.path", "input.request.path.x", "input.request.raw_path", "input.request.query", "input.request.query.q", "input.request.query.q[1]",
 		"input.request.query.none", "input.request.headers", "input.request.headers.x", "input.request.headers.none",
 		"input.request.body", "input.request.body.model", "input.request.body.n", "input.request.body.list[1].k",
 		"input.request.body.list[0]", "input.request.body.null", "input.request.body.null.x", "input.request.body.none",

@@ -27,9 +27,13 @@ type Input struct {
 	Scheme   string
 	Host     string
 	Port     int
-	Path     string
-	Query    map[string][]string
-	Headers  map[string]string // lower-case names, credential-bearing headers already removed
+	// Path is the normalised path, which the broker sends upstream: dot-segments removed,
+	// escapes of unreserved characters decoded, other escapes' hex upper-case (RFC 3986
+	// §6.2.2). RawPath is the path as the agent sent it.
+	Path    string
+	RawPath string
+	Query   map[string][]string
+	Headers map[string]string // lower-case names, credential-bearing headers already removed
 	// ReadHeaders, when set, supplies Headers. Like ReadBody, the Engine calls it only when
 	// the policy deciding can see them: no shipped policy reads a header, and building the map
 	// was a good part of building the input.
@@ -105,6 +109,7 @@ func (in *Input) value() map[string]any {
 		}
 		req["scheme"] = in.Scheme
 		req["path"] = in.Path
+		req["raw_path"] = in.RawPath
 		req["query"] = query
 		req["headers"] = headers
 		req["body"] = in.Body
@@ -167,6 +172,7 @@ func (in *Input) astValue() (ast.Value, error) {
 		req = append(req,
 			ast.Item(ast.StringTerm("scheme"), ast.StringTerm(in.Scheme)),
 			ast.Item(ast.StringTerm("path"), ast.StringTerm(in.Path)),
+			ast.Item(ast.StringTerm("raw_path"), ast.StringTerm(in.RawPath)),
 			ast.Item(ast.StringTerm("query"), ast.ObjectTerm(query...)),
 			ast.Item(ast.StringTerm("headers"), ast.ObjectTerm(headers...)),
 			ast.Item(ast.StringTerm("body"), ast.NewTerm(body)),
@@ -255,6 +261,8 @@ func (in *Input) find(path ast.Ref) (found, error) {
 			return findString(in.Scheme, path[3:])
 		case k == "path":
 			return findString(in.Path, path[3:])
+		case k == "raw_path":
+			return findString(in.RawPath, path[3:])
 		case k == "headers" && len(path) > 3:
 			v, ok := in.Headers[key(3)]
 			if !ok {
@@ -424,7 +432,7 @@ func skipValue(b []byte, i int) int {
 }
 
 // requestOnly are the members of input.request in the request phase only.
-var requestOnly = map[string]bool{"scheme": true, "path": true, "query": true, "headers": true, "body": true, "body_size": true}
+var requestOnly = map[string]bool{"scheme": true, "path": true, "raw_path": true, "query": true, "headers": true, "body": true, "body_size": true}
 
 // findIn is v.Find(rest), and v itself for an empty rest.
 func findIn(v ast.Value, rest ast.Ref) (found, error) {

@@ -5,6 +5,21 @@ package broker
 
 host := input.request.host
 
+# under_v1: the path is below /v1/, segment by segment, and plain: the demo API needs no
+# escape, ";" or backslash, and no "." or ".." segment. The broker sends the normalised path,
+# but a policy granting a credential should not depend on it: given the raw path, this still
+# refuses /v1/../admin, /v1/%2e%2e/admin and /v1/..;/admin.
+under_v1 if {
+	segments := split(input.request.path, "/")
+	segments[0] == ""
+	segments[1] == "v1"
+	count(segments) > 2
+	every s in segments {
+		not s in {".", ".."}
+	}
+	not regex.match(`[%\\;#]`, input.request.path)
+}
+
 default decision := {"allow": false, "reason": "the policy does not know this kind of request (phase must be connect or request)"}
 
 decision := {"allow": false, "reason": sprintf("host %s is not on the demo allow-list (deploy/broker/policies/data.yaml)", [host])} if {
@@ -21,7 +36,7 @@ decision := {"allow": false, "reason": sprintf("host %s is not on the demo allow
 } else := {"allow": true, "reason": "demo API, read only", "credentials": ["demo-api"]} if {
 	input.phase == "request"
 	input.request.method in {"GET", "HEAD"}
-	startswith(input.request.path, "/v1/")
-} else := {"allow": false, "reason": sprintf("%s %s is not allowed on %s: the demo agent may only read (GET, HEAD) under /v1/", [input.request.method, input.request.path, host])} if {
+	under_v1
+} else := {"allow": false, "reason": sprintf("%s %s is not allowed on %s: the demo agent may only read (GET, HEAD) under /v1/, by a plain path", [input.request.method, input.request.path, host])} if {
 	input.phase == "request"
 }
