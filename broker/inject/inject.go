@@ -150,8 +150,11 @@ func (b *Binding) replacePlaceholder(req *http.Request, v string) {
 		req.URL.RawQuery = strings.ReplaceAll(req.URL.RawQuery, ph, escaped)
 	}
 	if strings.Contains(req.URL.Path, ph) {
+		// The path is sent as written (RawPath: the one the policy decided on), with only the
+		// placeholder replaced: re-escaping the whole path would change the rest of it.
+		raw := req.URL.EscapedPath()
 		req.URL.Path = strings.ReplaceAll(req.URL.Path, ph, v)
-		req.URL.RawPath = ""
+		req.URL.RawPath = strings.ReplaceAll(raw, ph, url.PathEscape(v))
 	}
 	if b.rule.Body && req.Body != nil && req.Body != http.NoBody {
 		req.Body = scrub.New(ph, v).Reader(req.Body)

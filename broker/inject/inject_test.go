@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -84,6 +85,13 @@ func TestInjectModes(t *testing.T) {
 		}
 		if r.ContentLength != -1 {
 			t.Fatal("content length not reset")
+		}
+	})
+	t.Run("placeholder in a path keeps the rest of it as written", func(t *testing.T) {
+		r := httptest.NewRequest("GET", "https://llm.example.com/v1/@scope%2Fname/PLACEHOLDER_llm/!", nil)
+		apply(t, "ph", r)
+		if got, want := r.URL.EscapedPath(), "/v1/@scope%2Fname/"+url.PathEscape(secret)+"/!"; got != want {
+			t.Fatalf("path sent as %q, want %q", got, want)
 		}
 	})
 	t.Run("placeholder leaves the body alone without body: true", func(t *testing.T) {
