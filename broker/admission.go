@@ -18,7 +18,11 @@ import (
 //     as it stays open: tunnels and idle keep-alive connections alike. One agent holds at most
 //     perAgent of them; beyond that its connection is answered 429 and closed.
 //   - Before its first request a connection is charged to its source address: at most
-//     perAgent such connections per address, each for at most readHeaderTimeout.
+//     perAgent such connections per address, each for at most readHeaderTimeout. A new
+//     connection from an address at that bound, or arriving when the broker is full, takes
+//     the place of the address's oldest such connection, which is closed: connections that
+//     never send a request cannot keep the address's next client out, which sends its
+//     request at once.
 //   - Every request, an HTTP/2 stream among them, is charged to its agent while it runs: at
 //     most perAgentRequests at once (429 beyond), so that one agent's tunnels times the
 //     streams each allows do not become thousands of upstream requests.
@@ -28,31 +32,42 @@ type admission struct {
 	max, perAgent, perAgentRequests int
 
 	mu       sync.Mutex
-	open     int                // connections held
-	pending  map[netip.Addr]int // connections not yet claimed, by source address
-	agents   map[string]int     // connections claimed, by agent
-	requests map[string]int     // requests running, by agent
+	open     int                            // connections held
+	pending  map[netip.Addr][]*admittedConn // connections not yet claimed, by source address, oldest first
+	agents   map[string]int                 // connections claimed, by agent
+	requests map[string]int                 // requests running, by agent
 }
 
 func newAdmission(max, perAgent, perAgentRequests int) *admission {
 	return &admission{
 		max: max, perAgent: perAgent, perAgentRequests: perAgentRequests,
-		pending: map[netip.Addr]int{}, agents: map[string]int{}, requests: map[string]int{},
+		pending: map[netip.Addr][]*admittedConn{}, agents: map[string]int{}, requests: map[string]int{},
 	}
 }
 
-// admit takes a connection slot for a new connection from src. It returns nil when the broker
-// is full, or src already has as many connections waiting for their first request as an agent
-// may hold.
+// admit takes a connection slot for a new connection from src, in place of src's oldest
+// connection still waiting for its first request when there is no other room (that one is
+// closed). It returns nil when the broker is full and src has no such connection.
 func (a *admission) admit(c net.Conn, src netip.Addr) *admittedConn {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.open >= a.max || a.pending[src] >= a.perAgent {
-		return nil
+	waiting := a.pending[src]
+	var evicted *admittedConn
+	if a.open >= a.max || len(waiting) >= a.perAgent {
+		if len(waiting) == 0 {
+			a.mu.Unlock()
+			return nil
+		}
+		evicted = waiting[0]
+		a.drop(evicted)
 	}
+	ac := &admittedConn{Conn: c, a: a, src: src}
 	a.open++
-	a.pending[src]++
-	return &admittedConn{Conn: c, a: a, src: src}
+	a.pending[src] = append(a.pending[src], ac)
+	a.mu.Unlock()
+	if evicted != nil {
+		_ = evicted.Conn.Close() // its slot is already ac's
+	}
+	return ac
 }
 
 // request takes a running-request slot for agent; each success needs one requestDone.
@@ -76,37 +91,34 @@ func (a *admission) requestDone(agent string) {
 
 // admittedConn is an agent connection holding its slot: its source address's until claim
 // charges it to an agent, that agent's after. Closing it, or release, gives the slot back.
+// Its state is guarded by its admission's mutex.
 type admittedConn struct {
 	net.Conn
 	a   *admission
 	src netip.Addr
 
-	mu       sync.Mutex
-	agent    string // "" until claimed
-	released bool
+	agent string // "" until claimed
+	gone  bool   // its slot was given back (released, or taken by a newer connection)
 }
 
 // claim charges c to agent. A connection carries one agent's requests: a later request on it
 // from another agent is refused (the connection is then closed with the refusal).
 func (c *admittedConn) claim(agent string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	a := c.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	switch {
-	case c.released:
+	case c.gone:
 		return errTooMany
 	case c.agent == agent:
 		return nil
 	case c.agent != "":
 		return errOtherAgent
-	}
-	a := c.a
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.agents[agent] >= a.perAgent {
+	case a.agents[agent] >= a.perAgent:
 		return errTooMany
 	}
+	a.unpend(c)
 	a.agents[agent]++
-	a.unpend(c.src)
 	c.agent = agent
 	return nil
 }
@@ -114,26 +126,38 @@ func (c *admittedConn) claim(agent string) error {
 // release gives c's slot back; later calls do nothing. The tunnel served on c calls it when it
 // ends, so that the slot is free before the connection's last bytes are flushed.
 func (c *admittedConn) release() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.released {
+	c.a.mu.Lock()
+	defer c.a.mu.Unlock()
+	c.a.drop(c)
+}
+
+// drop gives c's slot back, once. a.mu must be held.
+func (a *admission) drop(c *admittedConn) {
+	if c.gone {
 		return
 	}
-	c.released = true
-	a := c.a
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	c.gone = true
 	a.open--
 	if c.agent == "" {
-		a.unpend(c.src)
+		a.unpend(c)
 	} else if a.agents[c.agent]--; a.agents[c.agent] <= 0 {
 		delete(a.agents, c.agent)
 	}
 }
 
-func (a *admission) unpend(src netip.Addr) {
-	if a.pending[src]--; a.pending[src] <= 0 {
-		delete(a.pending, src)
+// unpend removes c from its address's waiting connections. a.mu must be held.
+func (a *admission) unpend(c *admittedConn) {
+	list := a.pending[c.src]
+	for i, w := range list {
+		if w == c {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(a.pending, c.src)
+	} else {
+		a.pending[c.src] = list
 	}
 }
 

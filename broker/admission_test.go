@@ -18,12 +18,16 @@ func TestAdmission(t *testing.T) {
 		t.Cleanup(func() { c1.Close(); c2.Close() })
 		return a.admit(c1, from)
 	}
-	p1, p2 := conn(src), conn(src)
-	if p1 == nil || p2 == nil {
+	p0, p1 := conn(src), conn(src)
+	if p0 == nil || p1 == nil {
 		t.Fatal("two connections from one address were refused")
 	}
-	if conn(src) != nil {
-		t.Fatal("a third unclaimed connection from one address was admitted")
+	p2 := conn(src) // takes the place of p0, the oldest still waiting for a request
+	if p2 == nil || !p0.gone || len(a.pending[src]) != 2 || a.open != 2 {
+		t.Fatalf("a third waiting connection: admitted %v, oldest gone %v, waiting %d, open %d", p2 != nil, p0.gone, len(a.pending[src]), a.open)
+	}
+	if err := p0.claim("a"); !errors.Is(err, errTooMany) {
+		t.Fatalf("a connection whose slot was taken was claimed: %v", err)
 	}
 	if err := p1.claim("a"); err != nil {
 		t.Fatal(err)
@@ -50,6 +54,9 @@ func TestAdmission(t *testing.T) {
 	}
 	if conn(netip.MustParseAddr("10.0.0.3")) != nil {
 		t.Fatal("a sixth connection was admitted")
+	}
+	if conn(other) == nil || a.open != 5 {
+		t.Fatal("a full broker did not take a waiting connection's place for one from its address")
 	}
 	p1.Close()
 	p1.release() // twice: gives back once
