@@ -153,6 +153,30 @@ type brokerOpts struct {
 	netns  string // run the broker in this network namespace (ip netns exec); "" is the test's own
 }
 
+// canaryConfig is the config of a broker in front of loopback upstreams (trusted through
+// caFile) with one token agent per id (token in the environment variable ID_TOKEN, upper-case,
+// '-' as '_') and the canary credential, bound to 127.0.0.1 and injected as a bearer token
+// from CANARY_SECRET. extra is appended.
+func canaryConfig(caFile string, agents []string, extra string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "upstream:\n  ca_file: %q\n  allow_private: [\"127.0.0.1/32\"]\nagents:\n", caFile)
+	for _, id := range agents {
+		fmt.Fprintf(&b, "  - {id: %s, token_env: %s}\n", id, tokenEnv(id))
+	}
+	b.WriteString(`credentials:
+  - name: canary
+    hosts: ["127.0.0.1"]
+    source: {env: CANARY_SECRET}
+    inject: {header: Authorization, value: "Bearer {{secret}}"}
+`)
+	return b.String() + extra
+}
+
+// tokenEnv is the environment variable canaryConfig reads agent id's token from.
+func tokenEnv(id string) string {
+	return strings.ToUpper(strings.ReplaceAll(id, "-", "_")) + "_TOKEN"
+}
+
 // startBroker writes a config, a CA and a policy dir, runs `broker run`, and waits until it listens.
 func startBroker(t *testing.T, o brokerOpts) *brokerProc {
 	t.Helper()

@@ -58,19 +58,8 @@ func twoAgents(t *testing.T, e *env, proxy, policy string) (*brokerProc, string)
 		policy: policy,
 		mode:   "enforce",
 		proxy:  proxy,
-		config: fmt.Sprintf(`upstream:
-  ca_file: %q
-  allow_private: ["127.0.0.1/32"]
-agents:
-  - {id: coder-1, token_env: CODER1_TOKEN}
-  - {id: coder-2, token_env: CODER2_TOKEN}
-credentials:
-  - name: canary
-    hosts: ["127.0.0.1"]
-    source: {env: CANARY_SECRET}
-    inject: {header: Authorization, value: "Bearer {{secret}}"}
-`, e.pki.caFile),
-		env: []string{"CODER1_TOKEN=" + e.token, "CODER2_TOKEN=" + token2, "CANARY_SECRET=" + e.canary},
+		config: canaryConfig(e.pki.caFile, []string{"coder-1", "coder-2"}, ""),
+		env:    []string{tokenEnv("coder-1") + "=" + e.token, tokenEnv("coder-2") + "=" + token2, "CANARY_SECRET=" + e.canary},
 	})
 	return b, token2
 }

@@ -302,19 +302,8 @@ func TestNetnsBrokerIsTheOnlyWayOut(t *testing.T) {
 		listen: brokerSideIP + ":0",
 		policy: netnsPolicy,
 		mode:   "enforce",
-		config: fmt.Sprintf(`upstream:
-  ca_file: %q
-  allow_private: ["127.0.0.1/32"]
-agents:
-  - id: %s
-    token_env: CODER1_TOKEN
-credentials:
-  - name: canary
-    hosts: ["127.0.0.1"]
-    source: {env: CANARY_SECRET}
-    inject: {header: Authorization, value: "Bearer {{secret}}"}
-`, pki.caFile, agentID),
-		env: []string{"CODER1_TOKEN=" + token, "CANARY_SECRET=" + canary},
+		config: canaryConfig(pki.caFile, []string{agentID}, ""),
+		env:    []string{tokenEnv(agentID) + "=" + token, "CANARY_SECRET=" + canary},
 	})
 	brokerHost, brokerPort, _ := net.SplitHostPort(b.proxyAddr)
 	_, adminPort, _ := net.SplitHostPort(b.adminAddr)

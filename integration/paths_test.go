@@ -101,20 +101,8 @@ func newPathsEnv(t *testing.T, policy string) *env {
 	e.broker = startBroker(t, brokerOpts{
 		policy: policy,
 		mode:   "enforce",
-		config: fmt.Sprintf(`upstream:
-  ca_file: %q
-  allow_private: ["127.0.0.1/32"]
-agents:
-  - id: %s
-    token_env: CODER1_TOKEN
-credentials:
-  - name: canary
-    hosts: ["127.0.0.1"]
-    source: {env: CANARY_SECRET}
-    inject: {header: Authorization, value: "Bearer {{secret}}"}
-audit: {include_input: true}
-`, e.pki.caFile, agentID),
-		env: []string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary},
+		config: canaryConfig(e.pki.caFile, []string{agentID}, "audit: {include_input: true}\n"),
+		env:    []string{tokenEnv(agentID) + "=" + e.token, "CANARY_SECRET=" + e.canary},
 	})
 	t.Cleanup(e.assertNoCanaryLeaked)
 	return e

@@ -140,21 +140,8 @@ func newSmuggleEnv(t *testing.T) *smuggleEnv {
 	s.broker = startBroker(t, brokerOpts{
 		policy: smugglePolicy,
 		mode:   "enforce",
-		config: fmt.Sprintf(`upstream:
-  ca_file: %q
-  allow_private: ["127.0.0.1/32"]
-agents:
-  - id: agent-a
-    token_env: AGENT_A_TOKEN
-  - id: agent-b
-    token_env: AGENT_B_TOKEN
-credentials:
-  - name: canary
-    hosts: ["127.0.0.1"]
-    source: {env: CANARY_SECRET}
-    inject: {header: Authorization, value: "Bearer {{secret}}"}
-`, pki.caFile),
-		env: []string{"AGENT_A_TOKEN=" + s.tokens["agent-a"], "AGENT_B_TOKEN=" + s.tokens["agent-b"], "CANARY_SECRET=" + s.canary},
+		config: canaryConfig(pki.caFile, []string{"agent-a", "agent-b"}, ""),
+		env:    []string{"AGENT_A_TOKEN=" + s.tokens["agent-a"], "AGENT_B_TOKEN=" + s.tokens["agent-b"], "CANARY_SECRET=" + s.canary},
 	})
 	t.Cleanup(func() {
 		_ = s.broker.stop(t)
