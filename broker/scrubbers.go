@@ -9,26 +9,27 @@ import (
 )
 
 // responseScrubber returns the Replacer for a response from host: it redacts every known
-// value (Secrets.Known) of every credential bound to host, in every form its binding reveals,
-// whether or not the request was granted any. A response is where an agent would read back a
-// secret it had an upstream store or reflect through an earlier request that was granted it;
-// and an upstream connection whose framing went wrong could answer one request with another's
-// response. A host no credential is bound to gets the empty Replacer: nothing to scrub.
+// value (Secrets.Known) of every credential bound to host, and of every placeholder
+// credential (inject.Set.Exposed), in every form its binding reveals, whether or not the
+// request was granted any. A response is where an agent would read back a secret it had an
+// upstream store or reflect through an earlier request that was granted it; and an upstream
+// connection whose framing went wrong could answer one request with another's response. A
+// host no such credential is bound to gets the empty Replacer: nothing to scrub.
 //
 // A bound credential this broker has never read has no value to scrub; it cannot have been
 // sent by this broker either.
 func (b *Broker) responseScrubber(host string) *scrub.Replacer {
-	bound := b.bindings.Bound(host)
-	if len(bound) == 0 {
+	exposed := b.bindings.Exposed(host)
+	if len(exposed) == 0 {
 		return scrub.New()
 	}
 	var patterns []string
-	for _, bd := range bound {
+	for _, bd := range exposed {
 		for _, v := range b.secrets.Known(bd.Name) {
 			patterns = append(patterns, bd.Reveals(v)...)
 		}
 	}
-	return b.scrubbers.get(bound[0].Name, patterns)
+	return b.scrubbers.get(exposed[0].Name, patterns)
 }
 
 // scrubbers keeps, for each credential, the Replacer built for the last response from a host

@@ -318,6 +318,19 @@ decision := {"allow": true} if {
 	if creds, _ := ev["credentials"].([]any); ev["decision"] != "allow" || len(creds) != 0 {
 		t.Fatalf("the read was not an allowed request without credentials: %v", ev)
 	}
+
+	// The same service under another name, to which no credential is bound: the placeholder's
+	// value, which the agent put where it liked, is scrubbed there too.
+	other := strings.Replace(e.url("/api/custom/read/k1"), "127.0.0.1", "localhost", 1)
+	resp, err = c.Get(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.Contains(string(body), e.canary) {
+		t.Fatalf("read back through another name: %d %q", resp.StatusCode, body)
+	}
 }
 
 // TestAttackKeyInMalformedResponseLine: an upstream that reflects the key into a malformed

@@ -64,11 +64,15 @@ func (s *Set) Matching(host string) []string {
 	return names
 }
 
-// Bound returns the bindings of the credentials bound to host, in config order.
-func (s *Set) Bound(host string) []*Binding {
+// Exposed returns, in config order, the bindings whose values may come back in a response
+// from host: those bound to host, and every placeholder binding. An agent chooses where a
+// placeholder's value goes (any header, the query, the path, the body), so it can have an
+// upstream store it, and the service may serve what it stored under another name (an API
+// host and its raw-content host, say).
+func (s *Set) Exposed(host string) []*Binding {
 	var out []*Binding
 	for _, b := range s.order {
-		if b.Matches(host) {
+		if b.Matches(host) || b.rule.Placeholder != "" {
 			out = append(out, b)
 		}
 	}

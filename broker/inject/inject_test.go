@@ -149,3 +149,26 @@ func TestBindingHosts(t *testing.T) {
 		}
 	}
 }
+
+// TestExposed: a response from a host is scrubbed of the credentials bound to it and of every
+// placeholder credential, wherever it comes from.
+func TestExposed(t *testing.T) {
+	s := set()
+	cases := map[string]string{
+		"api.example.com":  "hdr q ph phnobody",
+		"a.example.org":    "key ph phnobody",
+		"unrelated.test":   "ph phnobody",
+		"git.example.com":  "basic ph phnobody",
+		"llm.example.com":  "ph phnobody",
+		"api.example.com.": "ph phnobody", // not normalised: no exact match
+	}
+	for host, want := range cases {
+		var names []string
+		for _, b := range s.Exposed(host) {
+			names = append(names, b.Name)
+		}
+		if got := strings.Join(names, " "); got != want {
+			t.Errorf("Exposed(%q) = %q, want %q", host, got, want)
+		}
+	}
+}
