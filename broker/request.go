@@ -97,6 +97,12 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 			return nil, err // never forward without a credential the decision granted
 		}
 		g.Apply(out, secret)
+		if g.InBody() && out.Body != nil && out.Body != http.NoBody {
+			// The secret is now in a body the agent wrote. An upstream that does not read the
+			// body of this request would read it as the next request on the connection, one
+			// the policy never saw: the connection ends with this request instead.
+			out.Close = true
+		}
 	}
 	s := b.responseScrubber(t.host)
 	x.scrub = s

@@ -305,6 +305,13 @@ decision := {"allow": true} if {
 	if strings.Count(planted, e.canary) != 2 {
 		t.Fatalf("the upstream did not get the key in the header and the body: %q", planted)
 	}
+	// A body carrying a substituted secret ends its connection: an upstream that ignored the
+	// body could otherwise read it as a next request, one the policy never saw.
+	for _, r := range e.received() {
+		if strings.HasPrefix(r.URL.Path, "/api/custom/store/") && !r.Close {
+			t.Fatal("the request whose body carried the key did not end its upstream connection")
+		}
+	}
 	resp, err = c.Get(e.url("/api/custom/read/k1"))
 	if err != nil {
 		t.Fatal(err)

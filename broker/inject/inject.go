@@ -141,6 +141,10 @@ func (b *Binding) Apply(req *http.Request, secret credentials.Secret) []string {
 	return b.Reveals(secret)
 }
 
+// InBody reports whether Apply substitutes the secret into request bodies (a placeholder
+// with body: true).
+func (b *Binding) InBody() bool { return b.rule.Placeholder != "" && b.rule.Body }
+
 func (b *Binding) replacePlaceholder(req *http.Request, v string) {
 	ph := b.rule.Placeholder
 	for name, vals := range req.Header {
