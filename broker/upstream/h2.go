@@ -1,0 +1,222 @@
+package upstream
+
+// HTTP/2: a host whose TLS handshake negotiates h2 is served over http.ClientConns, pooled by
+// pool and origin like HTTP/1.1 connections (never shared across pools), and dialled through
+// the same checked Dialer and TLS configuration.
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+)
+
+// dialH2 is the Transport's TLS dialer, for the HTTP/2 connections of every pool: the
+// connection dialConn handed over, if there is one (it has carried no request, so any pool may
+// claim it), else a new one. A host that now answers http/1.1 is marked so, and the dial fails
+// with errNotH2: the request goes over HTTP/1.1.
+func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
+	if v, ok := c.handoff.LoadAndDelete(addr); ok {
+		h := v.(handedOff)
+		if time.Since(h.at) < maxHandoffAge {
+			return h.Conn, nil
+		}
+		_ = h.Close() // left over from a Prepare no request followed; the server may have closed it
+	}
+	raw, err := c.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := c.handshake(ctx, raw, addr, []string{"h2", "http/1.1"})
+	if err != nil {
+		return nil, err
+	}
+	if tc.ConnectionState().NegotiatedProtocol != "h2" {
+		c.h2hosts.Delete(addr)
+		_ = tc.Close()
+		return nil, errNotH2
+	}
+	return tc, nil
+}
+
+// handedOff is an h2 connection waiting for an HTTP/2 dial, since when.
+type handedOff struct {
+	net.Conn
+	at time.Time
+}
+
+// maxHandoffAge is how long a handed-off connection is kept for an HTTP/2 dial. The request
+// that dialled it takes it at once; one from a Prepare waits for the agent's first request.
+const maxHandoffAge = 5 * time.Second
+
+// h2Conns are one pool's HTTP/2 connections to one host.
+type h2Conns struct {
+	conns   []*h2Conn
+	dialing chan struct{} // closed when the pool's dial under way ends; nil when there is none
+}
+
+// h2Conn is one of them. Its fields are guarded by Client.mu.
+type h2Conn struct {
+	cc      *http.ClientConn
+	idle    bool // no request in flight: counted in Client.nidle
+	removed bool // out of the pool (closed, or about to be): not to be reserved
+}
+
+// roundTripH2 sends req over HTTP/2, on a connection of pool. It returns errNotH2, with req
+// untouched, when the host turned out to speak HTTP/1.1 only.
+func (c *Client) roundTripH2(req *http.Request, pool Pool, addr string) (*http.Response, error) {
+	cc, err := c.reserveH2(req.Context(), connKey{pool: pool, origin: "https://" + addr}, addr)
+	if err != nil {
+		if !errors.Is(err, errNotH2) {
+			closeBody(req)
+		}
+		return nil, err
+	}
+	return cc.RoundTrip(req) // consumes the reservation
+}
+
+// reserveH2 reserves a stream on one of key's HTTP/2 connections, dialling one when none has
+// room. A request that finds another's dial for key under way waits for it rather than dial a
+// second connection beside it.
+func (c *Client) reserveH2(ctx context.Context, key connKey, addr string) (*http.ClientConn, error) {
+	for {
+		c.mu.Lock()
+		var buf [4]*h2Conn
+		room := buf[:0]
+		p := c.h2conns[key]
+		if p == nil {
+			p = &h2Conns{}
+			c.h2conns[key] = p
+		}
+		for _, e := range p.conns {
+			if e.cc.Available() > 0 {
+				room = append(room, e)
+			}
+		}
+		dialing := p.dialing
+		if len(room) == 0 && dialing == nil {
+			p.dialing = make(chan struct{})
+		}
+		c.mu.Unlock()
+
+		for _, e := range room {
+			if c.reserve(e) {
+				return e.cc, nil
+			}
+		}
+		if len(room) > 0 {
+			continue // each was taken meanwhile: look again
+		}
+		if dialing != nil {
+			select {
+			case <-dialing:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		e, err := c.dialH2Conn(ctx, key, p, addr)
+		if err != nil {
+			return nil, err
+		}
+		if !c.reserve(e) {
+			return nil, errors.New("upstream HTTP/2 connection unusable before its first request")
+		}
+		return e.cc, nil
+	}
+}
+
+// dialH2Conn makes a new HTTP/2 connection for key, whose dial p.dialing announces, and adds
+// it to p.
+func (c *Client) dialH2Conn(ctx context.Context, key connKey, p *h2Conns, addr string) (*h2Conn, error) {
+	cc, err := c.h2.NewClientConn(ctx, "https", addr)
+	c.mu.Lock()
+	close(p.dialing)
+	p.dialing = nil
+	var e *h2Conn
+	if err == nil {
+		e = &h2Conn{cc: cc}
+		p.conns = append(p.conns, e)
+	} else if len(p.conns) == 0 && c.h2conns[key] == p {
+		delete(c.h2conns, key)
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	cc.SetStateHook(func(*http.ClientConn) { c.h2StateChanged(key, e) })
+	return e, nil
+}
+
+// reserve reserves a stream on e, unless e has left the pool meanwhile.
+func (c *Client) reserve(e *h2Conn) bool {
+	if e.cc.Reserve() != nil {
+		return false
+	}
+	c.mu.Lock()
+	removed := e.removed
+	if !removed && e.idle {
+		e.idle = false
+		c.nidle--
+	}
+	c.mu.Unlock()
+	if removed {
+		e.cc.Release()
+		return false
+	}
+	return true
+}
+
+// h2StateChanged is e's state hook: a connection that closed leaves the pool, one that has
+// no request in flight counts as idle, or is closed when the idle connections are at maxIdle.
+// (The ClientConn closes itself after the idle timeout.)
+func (c *Client) h2StateChanged(key connKey, e *h2Conn) {
+	c.mu.Lock()
+	if e.removed {
+		c.mu.Unlock()
+		return
+	}
+	closing := e.cc.Err() != nil
+	idle := !closing && e.cc.InFlight() == 0
+	if idle && !e.idle && c.nidle >= c.maxIdle {
+		closing = true
+	}
+	switch {
+	case closing:
+		c.removeH2(key, e)
+	case idle != e.idle:
+		e.idle = idle
+		if idle {
+			c.nidle++
+		} else {
+			c.nidle--
+		}
+	}
+	c.mu.Unlock()
+	if closing {
+		_ = e.cc.Close()
+	}
+}
+
+// removeH2 takes e out of key's connections; c.mu is held.
+func (c *Client) removeH2(key connKey, e *h2Conn) {
+	e.removed = true
+	if e.idle {
+		e.idle = false
+		c.nidle--
+	}
+	p := c.h2conns[key]
+	if p == nil {
+		return
+	}
+	for i, x := range p.conns {
+		if x == e {
+			p.conns = append(p.conns[:i], p.conns[i+1:]...)
+			break
+		}
+	}
+	if len(p.conns) == 0 && p.dialing == nil {
+		delete(c.h2conns, key)
+	}
+}
