@@ -228,6 +228,7 @@ func TestClientsSeeWhyTheyWereRefused(t *testing.T) {
 	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) {
 			out := c.out()
+			t.Logf("printed:\n%s", out)
 			for _, w := range c.want {
 				if !strings.Contains(out, w) {
 					t.Errorf("output lacks %q:\n%s", w, out)
@@ -339,6 +340,7 @@ func TestGitSeesWhyAndItsChallengeIsNoDeny(t *testing.T) {
 	git(repo, "add", "x")
 	git(repo, "commit", "-q", "-m", "x")
 	out = e.run(repo, env, "git", "push", "origin", "main")
+	t.Logf("git push printed:\n%s", out)
 	if !strings.Contains(out, "remote: capbroker denied: pushing is not allowed from this sandbox") {
 		t.Fatalf("git push output lacks the reason:\n%s", out)
 	}
