@@ -24,6 +24,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}"
 fi
+# undici 7 (the proxy agent Node's fetch needs) wants Node 20.18 or later.
+node_major="$(node -p 'process.versions.node.split(".")[0]')"
+if [ "$node_major" -lt 20 ]; then
+  echo "node $(node --version) is too old for the client tests (integration/clients_test.go): install Node 20 or later" >&2
+fi
 # The Node packages, exactly as locked; again only when the lock changed.
 node_dir=integration/testdata/node
 stamp="$node_dir/node_modules/.installed-package-lock.json"
