@@ -191,6 +191,10 @@ func TestClientsSeeWhyTheyWereRefused(t *testing.T) {
 		{"curl connect", func() string {
 			return e.run("", env, "sh", "-c", strings.ReplaceAll(snips["curl-connect"], "https://"+deniedHost+"/", deniedURL))
 		}, []string{"< HTTP/1.1 403 " + connectReason}},
+		{"curl anthropic-style", func() string {
+			return e.run("", env, "curl", "-sS", "-H", "content-type: application/json", "-d", `{"model":"m"}`, e.url("/anthropic/v1/messages"))
+		}, []string{`{"type":"error","error":{"type":"permission_error","message":"capbroker denied: not allowed by the clients test policy. `,
+			`"code":"denied"`, `"reason":"not allowed by the clients test policy"`, `"agent":"coder-1"`}},
 		{"urllib request", func() string { return e.run("", env, "python3", "-c", snips["python-urllib"], e.url("/admin/x")) },
 			[]string{"403 " + adminReason}},
 		{"urllib connect", func() string { return e.run("", env, "python3", "-c", snips["python-urllib"], deniedURL) },
