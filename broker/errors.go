@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -139,26 +140,184 @@ type errorBody struct {
 	Hint      string `json:"hint"`
 }
 
-// errorResponse builds the response for a refused request.
+// apiError is the object an API SDK reads its error message from: OpenAI's {"error": {...}}
+// and Anthropic's {"type": "error", "error": {...}}. code is the broker's error code.
+type apiError struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+	Code    string `json:"code"`
+}
+
+// openAIBody is a refusal of an OpenAI-style API call: the SDK prints error.message. The
+// broker's other fields stay at the top level, where the SDK does not look.
+type openAIBody struct {
+	Error     apiError `json:"error"`
+	Reason    string   `json:"reason"`
+	RequestID string   `json:"request_id"`
+	Agent     string   `json:"agent"`
+	Host      string   `json:"host"`
+	Hint      string   `json:"hint"`
+}
+
+// anthropicBody is a refusal of an Anthropic-style API call.
+type anthropicBody struct {
+	Type string `json:"type"` // always "error"
+	openAIBody
+}
+
+// errorShape is the form of a refusal's body: the one the agent's client reads.
+type errorShape int
+
+const (
+	shapeBroker    errorShape = iota // CONTRACT §5 JSON
+	shapeOpenAI                      // OpenAI-compatible API paths and hosts
+	shapeAnthropic                   // Anthropic's API
+	shapeGit                         // git's smart HTTP: text/plain, printed as "remote: ..."
+)
+
+// openAIResources are the first path segments after /v1/ of OpenAI's API (and of the many
+// servers that copy it: vLLM, Ollama, LiteLLM, OpenRouter...).
+var openAIResources = map[string]bool{
+	"chat": true, "completions": true, "responses": true, "embeddings": true, "models": true,
+	"moderations": true, "images": true, "audio": true, "files": true, "uploads": true,
+	"batches": true, "assistants": true, "threads": true, "vector_stores": true,
+	"fine_tuning": true, "realtime": true, "conversations": true,
+}
+
+// shapeFor picks the body shape for a refusal of req, whose destination host is host ("" when
+// not known yet). A CONNECT's body is read by no client: it keeps the broker's JSON.
+func shapeFor(req *http.Request, host string) errorShape {
+	if req == nil || req.Method == http.MethodConnect || req.URL == nil {
+		return shapeBroker
+	}
+	if host == "" {
+		host = req.URL.Hostname()
+	}
+	if host == "" {
+		host, _, _ = strings.Cut(req.Host, ":")
+	}
+	host = strings.ToLower(host)
+	p := strings.ToLower(req.URL.Path)
+	switch {
+	case strings.HasSuffix(p, "/info/refs"), strings.HasSuffix(p, "/git-upload-pack"), strings.HasSuffix(p, "/git-receive-pack"):
+		return shapeGit
+	case host == "api.anthropic.com":
+		return shapeAnthropic
+	case host == "api.openai.com", strings.HasSuffix(host, ".openai.azure.com"):
+		return shapeOpenAI
+	case strings.HasSuffix(p, "/v1/messages"), strings.Contains(p, "/v1/messages/"), strings.HasSuffix(p, "/v1/complete"),
+		strings.Contains(p, "/anthropic/"):
+		return shapeAnthropic
+	case strings.Contains(p, "/chat/completions"):
+		return shapeOpenAI
+	}
+	if _, rest, ok := strings.Cut(p, "/v1/"); ok {
+		seg, _, _ := strings.Cut(rest, "/")
+		if openAIResources[seg] {
+			return shapeOpenAI
+		}
+	}
+	return shapeBroker
+}
+
+// apiErrorType is the error type an API SDK is given for a refusal with this status, in the
+// vocabulary Anthropic's API uses (OpenAI's SDK does not read it).
+func apiErrorType(status int) string {
+	switch {
+	case status == http.StatusForbidden:
+		return "permission_error"
+	case status == http.StatusProxyAuthRequired:
+		return "authentication_error"
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status < 500:
+		return "invalid_request_error"
+	default:
+		return "api_error"
+	}
+}
+
+// apiMessage is the one line an SDK prints for a refusal: who refused, why, what to do.
+func apiMessage(ae agentError) string {
+	return "capbroker " + ae.code + ": " + strings.TrimSuffix(ae.reason, ".") + ". " + ae.hint
+}
+
+// errorContent renders a refusal's body in shape.
+func errorContent(shape errorShape, ae agentError, eb errorBody) (contentType string, body []byte) {
+	switch shape {
+	case shapeGit:
+		// git prints each line of a text/plain error body as "remote: <line>".
+		text := "capbroker " + ae.code + ": " + ae.reason + "\n" + ae.hint + "\n" +
+			"request_id: " + eb.RequestID + " agent: " + eb.Agent + " host: " + eb.Host + "\n"
+		return "text/plain; charset=utf-8", []byte(text)
+	case shapeOpenAI, shapeAnthropic:
+		ob := openAIBody{apiError{apiErrorType(ae.status), apiMessage(ae), ae.code}, eb.Reason, eb.RequestID, eb.Agent, eb.Host, eb.Hint}
+		if shape == shapeOpenAI {
+			body, _ = json.Marshal(ob)
+		} else {
+			body, _ = json.Marshal(anthropicBody{"error", ob})
+		}
+	default:
+		body, _ = json.Marshal(eb)
+	}
+	return "application/json", append(body, '\n')
+}
+
+// maxStatusReason bounds the reason put in a CONNECT refusal's status line.
+const maxStatusReason = 160
+
+// statusReason makes text a safe HTTP reason-phrase: printable ASCII only (anything else, a
+// CR or LF included, becomes '?'), spaces collapsed, at most maxStatusReason bytes.
+func statusReason(text string) string {
+	var b strings.Builder
+	space := false
+	for _, r := range text {
+		switch {
+		case r == ' ' || r == '\t':
+			space = true
+			continue
+		case r < 0x21 || r > 0x7e:
+			r = '?'
+		}
+		if space && b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		space = false
+		b.WriteRune(r)
+	}
+	s := b.String()
+	if len(s) > maxStatusReason {
+		s = s[:maxStatusReason-3] + "..."
+	}
+	return s
+}
+
+// errorResponse builds the response for a refused request, its body in the shape the agent's
+// client reads (shapeFor). A refused CONNECT carries "<code>: <reason>" in its status line:
+// the body of a CONNECT response is shown by no client, the status line by several (Python,
+// Go, curl -v). The 407 challenge keeps the standard words.
 func errorResponse(req *http.Request, ae agentError, requestID, agent, host string) *http.Response {
-	b, _ := json.Marshal(errorBody{ae.code, ae.reason, requestID, agent, host, ae.hint})
-	b = append(b, '\n')
+	eb := errorBody{ae.code, ae.reason, requestID, agent, host, ae.hint}
+	ctype, b := errorContent(shapeFor(req, host), ae, eb)
 	h := http.Header{}
-	h.Set("Content-Type", "application/json")
+	h.Set("Content-Type", ctype)
 	h.Set("Content-Length", strconv.Itoa(len(b)))
 	h.Set("X-Broker-Request-Id", requestID)
 	h.Set("Cache-Control", "no-store")
+	status := strconv.Itoa(ae.status) + " " + http.StatusText(ae.status)
 	if ae.status == http.StatusProxyAuthRequired {
 		h.Set("Proxy-Authenticate", `Basic realm="broker"`)
+	} else if req != nil && req.Method == http.MethodConnect {
+		status = strconv.Itoa(ae.status) + " " + statusReason(ae.code+": "+ae.reason)
 	}
 	return &http.Response{
-		Status:        strconv.Itoa(ae.status) + " " + http.StatusText(ae.status),
+		Status:        status,
 		StatusCode:    ae.status,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,
 		Header:        h,
-		Body:          io.NopCloser(strings.NewReader(string(b))),
+		Body:          io.NopCloser(bytes.NewReader(b)),
 		ContentLength: int64(len(b)),
 		Request:       req,
 		// A refusal of the agent's request closes its HTTP/1.x connection: it is not kept (and

@@ -3,6 +3,7 @@ package broker
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"io"
 	"net/http"
 	"net/netip"
@@ -60,6 +61,8 @@ func (x *exchange) finish() {
 			x.ev.Reason = x.scrub.String(x.ev.Reason)
 			x.ev.Path = x.scrub.String(x.ev.Path)
 		}
+		// decision is allow, deny, challenge (counted as neither a deny nor an error: see
+		// fail), or, for an exchange that failed, error.
 		decision := x.ev.Decision
 		if decision == "" {
 			x.ev.Decision = audit.Deny
@@ -78,10 +81,14 @@ func (x *exchange) finish() {
 // fail turns an error into the agent's response, records it, and finishes the exchange.
 func (x *exchange) fail(r *http.Request, err error) *http.Response {
 	ae := classify(err)
-	if ae.code == "denied" {
+	switch {
+	case ae.code == "denied":
 		x.ev.Decision = audit.Deny
 		x.ev.Reason = ae.reason
-	} else {
+	case isChallenge(r, err):
+		x.ev.Decision = audit.Challenge
+		x.ev.Reason = "proxy credentials requested: the request carried none"
+	default:
 		x.ev.Error = err.Error()
 		if x.ev.Reason == "" {
 			x.ev.Reason = ae.reason
@@ -92,6 +99,14 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 	x.bytesOut.Add(resp.ContentLength)
 	x.finish()
 	return resp
+}
+
+// isChallenge reports whether err is the broker asking for proxy credentials that r did not
+// send at all. Clients such as git (libcurl with any proxy auth) send a CONNECT without them
+// first and again with them after the 407: that first answer is a challenge, not a refusal.
+// A 407 for credentials that were sent and are wrong stays an error (decision deny).
+func isChallenge(r *http.Request, err error) bool {
+	return errors.Is(err, identity.ErrUnauthenticated) && r != nil && r.Header.Get("Proxy-Authorization") == ""
 }
 
 func newRequestID() string {

@@ -281,8 +281,8 @@ func TestUpstreamGetsThePolicysPath(t *testing.T) {
 		r.Host = "api.openai.com"
 		w := httptest.NewRecorder()
 		br.serveTunnel(w, r, tun)
-		var body errorBody
-		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || w.Code != http.StatusBadRequest || body.Error != "bad_request" || body.Reason != reason {
+		var body openAIBody // api.openai.com: the refusal is in OpenAI's shape (errors.go)
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || w.Code != http.StatusBadRequest || body.Error.Code != "bad_request" || body.Reason != reason {
 			t.Errorf("%s: status %d %s, want 400 %q", target, w.Code, w.Body, reason)
 		}
 		if up.got != nil || dec.in != nil {

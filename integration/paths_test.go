@@ -271,8 +271,10 @@ func (e *env) checkPath(t *testing.T, host string, c pathCase, want int) {
 			t.Fatalf("audit: %v", ev)
 		}
 	case 400:
-		// Refused before the policy: no input recorded, the reason in the answer.
-		if len(got) != 0 || in != nil || !strings.Contains(body, `"error":"bad_request"`) || strings.Contains(body, "could not be processed") {
+		// Refused before the policy: no input recorded, the reason in the answer (in OpenAI's
+		// error shape where the path is OpenAI's: errors.go shapeFor).
+		coded := strings.Contains(body, `"error":"bad_request"`) || strings.Contains(body, `"code":"bad_request"`)
+		if len(got) != 0 || in != nil || !coded || strings.Contains(body, "could not be processed") {
 			t.Fatalf("upstream received %d requests; input %v; answer %s", len(got), in, body)
 		}
 	default:

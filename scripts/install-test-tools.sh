@@ -1,14 +1,38 @@
 #!/usr/bin/env bash
-# Installs the clients the end-to-end tests use as an agent would, if they are missing.
+# Installs the clients the end-to-end tests use as an agent would, if they are missing: curl,
+# git, python3 and node from the system's packages, and the Node packages the client tests
+# drive (openai, undici; integration/testdata/node/package-lock.json) into
+# integration/testdata/node/node_modules.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 missing=()
-for tool in curl git python3; do
+for tool in curl git python3 node npm; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "missing test tools: ${missing[*]} (install them, or run as root on Debian to install automatically)" >&2
-  exit 1
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "missing test tools: ${missing[*]} (install them, or run as root on Debian to install automatically)" >&2
+    exit 1
+  fi
+  pkgs=()
+  for tool in "${missing[@]}"; do
+    case "$tool" in
+      node) pkgs+=(nodejs) ;;
+      *) pkgs+=("$tool") ;;
+    esac
+  done
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}"
 fi
-apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+# undici 7 (the proxy agent Node's fetch needs) wants Node 20.18 or later.
+node_major="$(node -p 'process.versions.node.split(".")[0]')"
+if [ "$node_major" -lt 20 ]; then
+  echo "node $(node --version) is too old for the client tests (integration/clients_test.go): install Node 20 or later" >&2
+fi
+# The Node packages, exactly as locked; again only when the lock changed.
+node_dir=integration/testdata/node
+stamp="$node_dir/node_modules/.installed-package-lock.json"
+if ! cmp -s "$node_dir/package-lock.json" "$stamp"; then
+  npm ci --prefix "$node_dir" --no-audit --no-fund --ignore-scripts --loglevel=error
+  cp "$node_dir/package-lock.json" "$stamp"
+fi

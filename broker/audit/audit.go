@@ -14,6 +14,9 @@ import (
 const (
 	Allow = "allow"
 	Deny  = "deny"
+	// Challenge is the 407 asking for proxy credentials a request did not send: the client
+	// is expected to repeat the request with them. Neither an allow nor a deny.
+	Challenge = "challenge"
 )
 
 // Event is one audit record.

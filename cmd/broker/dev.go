@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -90,13 +91,36 @@ func ensureDevToken(path string) (string, error) {
 	return t, nil
 }
 
-// printExports prints what an agent shell needs to use the broker.
+// printExports prints what an agent shell needs to use the broker. NO_PROXY names the admin
+// address's host (and the loopback names), so that `curl http://ADMIN/readyz` in that shell
+// reaches the admin listener rather than the proxy, which refuses loopback destinations. Hosts,
+// not host:port: curl ignores a port in NO_PROXY.
 func printExports(w io.Writer, agent, token string, proxy, admin net.Addr, caPath, policyDir string) {
 	url := fmt.Sprintf("http://%s:%s@%s", agent, token, proxy)
+	noProxy := strings.Join(noProxyHosts(admin), ",")
 	fmt.Fprintf(w, `# capbroker dev: proxy %s, admin http://%s, policies %s
 # In the agent's shell:
 export HTTPS_PROXY=%s HTTP_PROXY=%s https_proxy=%s http_proxy=%s
+export NO_PROXY=%s no_proxy=%s
 export SSL_CERT_FILE=%s CURL_CA_BUNDLE=%s REQUESTS_CA_BUNDLE=%s NODE_EXTRA_CA_CERTS=%s GIT_SSL_CAINFO=%s
 # Audit events follow, one JSON line per decision.
-`, proxy, admin, policyDir, url, url, url, url, caPath, caPath, caPath, caPath, caPath)
+`, proxy, admin, policyDir, url, url, url, url, noProxy, noProxy, caPath, caPath, caPath, caPath, caPath)
+}
+
+// noProxyHosts are the hosts an agent shell reaches directly: the admin listener's (127.0.0.1
+// when it listens on every address), 127.0.0.1 and localhost.
+func noProxyHosts(admin net.Addr) []string {
+	hosts := []string{}
+	if host, _, err := net.SplitHostPort(admin.String()); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+		hosts = append(hosts, host)
+	}
+	for _, h := range []string{"127.0.0.1", "localhost"} {
+		if !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
 }
