@@ -73,29 +73,32 @@ const (
 	maxHeaderBytes    = 64 << 10
 	readHeaderTimeout = 10 * time.Second
 	idleTimeout       = 90 * time.Second
-	// maxPolicyBody is the largest JSON request body parsed into the policy input.
-	maxPolicyBody = 64 << 10
+	// maxSmallBody is the largest request body of known length read whole with its headers
+	// (readSmallBody) and the largest POST form body checked for a method override.
+	maxSmallBody  = 64 << 10
 	certCacheSize = 10000
 )
 
 // Broker is the proxy. Create with New, serve with Serve.
 type Broker struct {
 	mode       string
-	auditInput bool
-	agents     *identity.Identifier
-	bindings   *inject.Set
-	scrubbers  scrubbers
-	policy     Decider
-	secrets    Secrets
-	transport  upstreamClient
-	dialer     *upstream.Dialer
-	certs      *certs.Cache
-	mitmTLS    *tls.Config // the agent-facing TLS config of every intercepted tunnel
-	audit      *audit.Logger
-	metrics    *Metrics
-	log        zerolog.Logger
-	proxy      *goproxy.ProxyHttpServer
-	admission  *admission
+	auditInput audit.Level
+	// maxPolicyBody is the largest JSON request body the policy sees (policy.max_body_bytes).
+	maxPolicyBody int64
+	agents        *identity.Identifier
+	bindings      *inject.Set
+	scrubbers     scrubbers
+	policy        Decider
+	secrets       Secrets
+	transport     upstreamClient
+	dialer        *upstream.Dialer
+	certs         *certs.Cache
+	mitmTLS       *tls.Config // the agent-facing TLS config of every intercepted tunnel
+	audit         *audit.Logger
+	metrics       *Metrics
+	log           zerolog.Logger
+	proxy         *goproxy.ProxyHttpServer
+	admission     *admission
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -136,20 +139,21 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		m = NewMetrics(nil)
 	}
 	b := &Broker{
-		mode:       cfg.Policy.Mode,
-		auditInput: cfg.Audit.IncludeInput,
-		agents:     agents,
-		bindings:   inject.NewSet(cfg.Credentials),
-		scrubbers:  newScrubbers(cfg.Credentials),
-		policy:     deps.Policy,
-		secrets:    deps.Secrets,
-		transport:  tr,
-		dialer:     dialer,
-		certs:      certs.NewCache(deps.CA, certCacheSize),
-		audit:      deps.Audit,
-		metrics:    m,
-		log:        deps.Log,
-		admission:  newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
+		mode:          cfg.Policy.Mode,
+		auditInput:    cfg.Audit.IncludeInput,
+		maxPolicyBody: cfg.Policy.MaxBodyBytes,
+		agents:        agents,
+		bindings:      inject.NewSet(cfg.Credentials),
+		scrubbers:     newScrubbers(cfg.Credentials),
+		policy:        deps.Policy,
+		secrets:       deps.Secrets,
+		transport:     tr,
+		dialer:        dialer,
+		certs:         certs.NewCache(deps.CA, certCacheSize),
+		audit:         deps.Audit,
+		metrics:       m,
+		log:           deps.Log,
+		admission:     newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
 	b.mitmTLS = b.newMitmTLS()
 	m.watch(b.certs.Len, b.audit.Lost)

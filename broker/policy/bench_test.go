@@ -91,7 +91,7 @@ func TestInputValueMatchesDocument(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, err := ast.InterfaceToValue(logged.Document())
+			want, err := ast.InterfaceToValue(logged.Document(true))
 			if err != nil {
 				t.Fatal(err)
 			}

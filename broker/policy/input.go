@@ -125,9 +125,12 @@ func (in *Input) value() map[string]any {
 }
 
 // Document returns the input as the policy sees it, for the audit log (audit.include_input),
-// with the body and headers read.
-func (in *Input) Document() map[string]any {
-	in.loadBody()
+// with the headers read, and the body when withBody is set: otherwise a body the policy did
+// not read stays unread (and null here), so it goes on streaming.
+func (in *Input) Document(withBody bool) map[string]any {
+	if withBody {
+		in.loadBody()
+	}
 	in.loadHeaders()
 	return in.value()
 }
