@@ -85,6 +85,7 @@ type Broker struct {
 	auditInput audit.Level
 	// maxPolicyBody is the largest JSON request body the policy sees (policy.max_body_bytes).
 	maxPolicyBody int64
+	bodies        *bodyBudget // the bytes of bodies held for the policy, per agent
 	agents        *identity.Identifier
 	bindings      *inject.Set
 	scrubbers     scrubbers
@@ -142,6 +143,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		mode:          cfg.Policy.Mode,
 		auditInput:    cfg.Audit.IncludeInput,
 		maxPolicyBody: cfg.Policy.MaxBodyBytes,
+		bodies:        newBodyBudget(cfg.Policy.MaxBodyBytes),
 		agents:        agents,
 		bindings:      inject.NewSet(cfg.Credentials),
 		scrubbers:     newScrubbers(cfg.Credentials),

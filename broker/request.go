@@ -75,14 +75,15 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		r.Body = &countingBody{ReadCloser: r.Body, n: &x.bytesIn}
 	}
 
-	var bodyErr error // a JSON body the policy reads is over policy.max_body_bytes
-	in, err := b.requestInput(x, r, t, small, &bodyErr)
+	var body policyBody // the body as read for the policy, if it is
+	defer func() { body.hold.release() }()
+	in, err := b.requestInput(x, r, t, small, &body)
 	if err != nil {
 		return nil, err
 	}
 	d, err := b.policy.Decide(r.Context(), in)
-	if bodyErr != nil {
-		return nil, bodyErr
+	if body.err != nil {
+		return nil, body.err
 	}
 	granted, err := b.authorize(x, in, d, err)
 	if err != nil {
@@ -244,10 +245,10 @@ func readSmallBody(r *http.Request) ([]byte, error) {
 // requestInput builds the policy input. Its headers are gathered, and a JSON body up to
 // b.maxPolicyBody is read (readPolicyBody), only when the policy can see them; small is the
 // body if readSmallBody has read it. A JSON body over the limit that the policy would read
-// sets *bodyErr: the request is refused, whatever the policy decides without the body. A path, query or method override that the upstream could read
+// sets body.err: the request is refused, whatever the policy decides without the body. A path, query or method override that the upstream could read
 // differently from the policy is refused here (path.go); the path the policy sees is the one
 // outbound sends, and the one the audit event records.
-func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte, bodyErr *error) (*policy.Input, error) {
+func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte, body *policyBody) (*policy.Input, error) {
 	raw, path, err := requestPath(r.URL)
 	if err != nil {
 		return nil, err
@@ -281,11 +282,35 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		return in, nil
 	}
 	in.ReadBody = func() ([]byte, int64) {
+		if small == nil && isJSON(r.Header.Get("Content-Type")) && r.ContentLength <= b.maxPolicyBody {
+			// The bytes about to be held count against the agent's budget until the
+			// request has been sent (bodyBudget); unknown length counts as the limit.
+			n := r.ContentLength
+			if n < 0 {
+				n = b.maxPolicyBody + 1
+			}
+			if body.hold, body.err = b.bodies.hold(r.Context(), x.agent.ID, n); body.err != nil {
+				body.err = fmt.Errorf("%w: waiting to read the request body: %v", errBadRequest, body.err)
+				return nil, r.ContentLength
+			}
+		}
 		text, size, err := readPolicyBody(r, small, b.maxPolicyBody)
-		*bodyErr = err
+		body.err = err
+		if err != nil || text == nil {
+			body.hold.release()
+		} else if small == nil {
+			body.hold.keep(int64(len(text)))
+		}
 		return text, size
 	}
 	return in, nil
+}
+
+// policyBody is what reading the body for the policy left: the bytes held against the
+// agent's budget, and the error that refuses the request (bodyTooLarge), if any.
+type policyBody struct {
+	hold *bodyHold
+	err  error
 }
 
 // policyHeaders are the request's headers as the policy sees them: lower-case names, values
