@@ -122,3 +122,22 @@ decision := {"allow": true, "reason": sprintf("%v|%v|%v", [model, ab, ac])}
 		}
 	}
 }
+
+// TestDocumentWithoutBody: the audit's document without the body neither reads nor parses it.
+func TestDocumentWithoutBody(t *testing.T) {
+	in := req()
+	read := 0
+	in.ReadBody = func() ([]byte, int64) { read++; return []byte(`{"model":"m"}`), 13 }
+	doc := in.Document(false)
+	if read != 0 || doc["request"].(map[string]any)["body"] != nil {
+		t.Fatalf("read %d times: %v", read, doc)
+	}
+	in.loadBody() // as Decide does for a policy that reads the body
+	if doc = in.Document(false); doc["request"].(map[string]any)["body"] != nil || in.bodyText == nil || in.Body != nil {
+		t.Fatalf("the body was parsed for a document without it: %v", doc)
+	}
+	body, _ := in.Document(true)["request"].(map[string]any)["body"].(map[string]any)
+	if read != 1 || body["model"] != "m" {
+		t.Fatalf("with the body: read %d times, body %v", read, body)
+	}
+}

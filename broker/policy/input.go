@@ -141,13 +141,17 @@ func (in *Input) value() map[string]any {
 }
 
 // Document returns the input as the policy sees it, for the audit log (audit.include_input),
-// with the headers read, and the body when withBody is set: otherwise a body the policy did
-// not read stays unread (and null here), so it goes on streaming.
+// with the headers read, and the body when withBody is set. Without it the body is null here,
+// neither parsed nor, when the policy did not read it, read: it goes on streaming.
 func (in *Input) Document(withBody bool) map[string]any {
-	if withBody {
-		in.loadBody()
-	}
 	in.loadHeaders()
+	if !withBody {
+		text, body := in.bodyText, in.Body
+		in.bodyText, in.Body = nil, nil
+		defer func() { in.bodyText, in.Body = text, body }()
+		return in.value()
+	}
+	in.loadBody()
 	return in.value()
 }
 
