@@ -245,9 +245,10 @@ func readSmallBody(r *http.Request) ([]byte, error) {
 // requestInput builds the policy input. Its headers are gathered, and a JSON body up to
 // b.maxPolicyBody is read (readPolicyBody), only when the policy can see them; small is the
 // body if readSmallBody has read it. A JSON body over the limit that the policy would read
-// sets body.err: the request is refused, whatever the policy decides without the body. A path, query or method override that the upstream could read
-// differently from the policy is refused here (path.go); the path the policy sees is the one
-// outbound sends, and the one the audit event records.
+// sets body.err: the request is refused, whatever the policy decides without the body. A
+// path, query or method override that the upstream could read differently from the policy is
+// refused here (path.go); the path the policy sees is the one outbound sends, and the one the
+// audit event records.
 func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte, body *policyBody) (*policy.Input, error) {
 	raw, path, err := requestPath(r.URL)
 	if err != nil {
@@ -331,7 +332,7 @@ func (b *Broker) policyHeaders(h http.Header) map[string]string {
 // that is known, and puts the bytes back in front of the rest of r's body, so the upstream is
 // sent them from that same buffer. It returns the body's text (nil if it is not JSON or
 // unreadable), which the policy parses as far as it needs, and the body's size (-1 when
-// unknown). A JSON body over limit is an error (errBodyTooLarge): the policy would see null
+// unknown). A JSON body over limit is an error (bodyTooLarge): the policy would see null
 // where the body is, and a policy that allows what it cannot see would let it through.
 func readPolicyBody(r *http.Request, small []byte, limit int64) ([]byte, int64, error) {
 	size := r.ContentLength
@@ -348,6 +349,9 @@ func readPolicyBody(r *http.Request, small []byte, limit int64) ([]byte, int64, 
 			buf = make([]byte, size)
 			var n int
 			n, err = io.ReadFull(r.Body, buf)
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF // a declared body that never came is cut short, not empty
+			}
 			buf = buf[:n]
 		} else {
 			buf, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
