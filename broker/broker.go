@@ -83,23 +83,25 @@ const (
 type Broker struct {
 	mode       string
 	auditInput audit.Level
-	// maxPolicyBody is the largest JSON request body the policy sees (policy.max_body_bytes).
+	agents     *identity.Identifier
+	bindings   *inject.Set
+	scrubbers  scrubbers
+	policy     Decider
+	secrets    Secrets
+	transport  upstreamClient
+	dialer     *upstream.Dialer
+	certs      *certs.Cache
+	mitmTLS    *tls.Config // the agent-facing TLS config of every intercepted tunnel
+	audit      *audit.Logger
+	metrics    *Metrics
+	log        zerolog.Logger
+	proxy      *goproxy.ProxyHttpServer
+	admission  *admission
+
+	// maxPolicyBody is the largest JSON request body the policy sees (policy.max_body_bytes);
+	// bodies bounds the bytes of bodies each agent holds for it.
 	maxPolicyBody int64
-	bodies        *bodyBudget // the bytes of bodies held for the policy, per agent
-	agents        *identity.Identifier
-	bindings      *inject.Set
-	scrubbers     scrubbers
-	policy        Decider
-	secrets       Secrets
-	transport     upstreamClient
-	dialer        *upstream.Dialer
-	certs         *certs.Cache
-	mitmTLS       *tls.Config // the agent-facing TLS config of every intercepted tunnel
-	audit         *audit.Logger
-	metrics       *Metrics
-	log           zerolog.Logger
-	proxy         *goproxy.ProxyHttpServer
-	admission     *admission
+	bodies        *bodyBudget
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -140,23 +142,22 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		m = NewMetrics(nil)
 	}
 	b := &Broker{
-		mode:          cfg.Policy.Mode,
-		auditInput:    cfg.Audit.IncludeInput,
-		maxPolicyBody: cfg.Policy.MaxBodyBytes,
-		bodies:        newBodyBudget(cfg.Policy.MaxBodyBytes),
-		agents:        agents,
-		bindings:      inject.NewSet(cfg.Credentials),
-		scrubbers:     newScrubbers(cfg.Credentials),
-		policy:        deps.Policy,
-		secrets:       deps.Secrets,
-		transport:     tr,
-		dialer:        dialer,
-		certs:         certs.NewCache(deps.CA, certCacheSize),
-		audit:         deps.Audit,
-		metrics:       m,
-		log:           deps.Log,
-		admission:     newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
+		mode:       cfg.Policy.Mode,
+		auditInput: cfg.Audit.IncludeInput,
+		agents:     agents,
+		bindings:   inject.NewSet(cfg.Credentials),
+		scrubbers:  newScrubbers(cfg.Credentials),
+		policy:     deps.Policy,
+		secrets:    deps.Secrets,
+		transport:  tr,
+		dialer:     dialer,
+		certs:      certs.NewCache(deps.CA, certCacheSize),
+		audit:      deps.Audit,
+		metrics:    m,
+		log:        deps.Log,
+		admission:  newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
+	b.maxPolicyBody, b.bodies = cfg.Policy.MaxBodyBytes, newBodyBudget(cfg.Policy.MaxBodyBytes)
 	b.mitmTLS = b.newMitmTLS()
 	m.watch(b.certs.Len, b.audit.Lost)
 	b.proxy = b.newProxy(tr.Transport())
