@@ -73,15 +73,16 @@ const (
 	maxHeaderBytes    = 64 << 10
 	readHeaderTimeout = 10 * time.Second
 	idleTimeout       = 90 * time.Second
-	// maxPolicyBody is the largest JSON request body parsed into the policy input.
-	maxPolicyBody = 64 << 10
+	// maxSmallBody is the largest request body of known length read whole with its headers
+	// (readSmallBody) and the largest POST form body checked for a method override.
+	maxSmallBody  = 64 << 10
 	certCacheSize = 10000
 )
 
 // Broker is the proxy. Create with New, serve with Serve.
 type Broker struct {
 	mode       string
-	auditInput bool
+	auditInput audit.Level
 	agents     *identity.Identifier
 	bindings   *inject.Set
 	scrubbers  scrubbers
@@ -96,6 +97,11 @@ type Broker struct {
 	log        zerolog.Logger
 	proxy      *goproxy.ProxyHttpServer
 	admission  *admission
+
+	// maxPolicyBody is the largest JSON request body the policy sees (policy.max_body_bytes);
+	// bodies bounds the bytes of bodies each agent holds for it.
+	maxPolicyBody int64
+	bodies        *bodyBudget
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -151,6 +157,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		log:        deps.Log,
 		admission:  newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
+	b.maxPolicyBody, b.bodies = cfg.Policy.MaxBodyBytes, newBodyBudget(cfg.Policy.MaxBodyBytes)
 	b.mitmTLS = b.newMitmTLS()
 	m.watch(b.certs.Len, b.audit.Lost)
 	b.proxy = b.newProxy(tr.Transport())

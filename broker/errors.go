@@ -55,7 +55,11 @@ const hintDenied = "This request is not allowed by the broker's policy. Do not r
 func classify(err error) agentError {
 	var d denial
 	var br badRequest // path.go: a bad request whose reason the agent may read
+	var big bodyTooLarge
 	switch {
+	case errors.As(err, &big):
+		return agentError{http.StatusRequestEntityTooLarge, "body_too_large", big.Error(),
+			"Send a smaller body, or ask the operator to raise policy.max_body_bytes."}
 	case errors.As(err, &d):
 		return agentError{http.StatusForbidden, "denied", d.reason,
 			hintDenied}

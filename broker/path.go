@@ -320,7 +320,7 @@ func methodOverride(r *http.Request, q url.Values, small []byte) error {
 	}
 	body := small
 	if body == nil {
-		if r.ContentLength <= 0 || r.ContentLength > maxPolicyBody {
+		if r.ContentLength <= 0 || r.ContentLength > maxSmallBody {
 			return badRequest{"a POST form body may carry a _method field that some servers obey, and this one cannot be checked (over 64 KiB or no Content-Length); send at most 64 KiB with a Content-Length"}
 		}
 		body = make([]byte, r.ContentLength)

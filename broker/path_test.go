@@ -189,9 +189,9 @@ func TestMethodOverride(t *testing.T) {
 		"multipart that does not parse":   {req{method: "POST", target: "/x", contentType: multi, body: "garbage"}, true},
 		"multipart without a boundary":    {req{method: "POST", target: "/x", contentType: "multipart/form-data", body: part(`form-data; name="a"`, "1")}, true},
 		"a form of unknown length":        {req{method: "POST", target: "/x", contentType: form, body: "a=1", chunked: true}, true},
-		"a form over 64 KiB":              {req{method: "POST", target: "/x", contentType: form, body: "a=" + strings.Repeat("x", maxPolicyBody)}, true},
+		"a form over 64 KiB":              {req{method: "POST", target: "/x", contentType: form, body: "a=" + strings.Repeat("x", maxSmallBody)}, true},
 		"a JSON body of unknown length":   {req{method: "POST", target: "/x", contentType: "application/json", body: "{}", chunked: true}, false},
-		"a large octet-stream":            {req{method: "POST", target: "/x", contentType: "application/octet-stream", body: strings.Repeat("x", maxPolicyBody+1)}, false},
+		"a large octet-stream":            {req{method: "POST", target: "/x", contentType: "application/octet-stream", body: strings.Repeat("x", maxSmallBody+1)}, false},
 		"_method in a form read for this": {req{method: "POST", target: "/x", contentType: form, body: "_method=DELETE", header: [2]string{"Expect", "100-continue"}}, true},
 	} {
 		r := httptest.NewRequest(c.method, c.target, strings.NewReader(c.body))

@@ -77,7 +77,7 @@ func benchBroker(b testing.TB, full bool) (*Broker, *tunnel) {
 		}
 		dec = e
 	}
-	lg := audit.New(io.Discard, false)
+	lg := audit.New(io.Discard, audit.InputNone)
 	b.Cleanup(lg.Close)
 	br, err := New(cfg, Deps{Policy: dec, Secrets: benchSecrets{}, CA: ca, Audit: lg, Log: zerolog.Nop()})
 	if err != nil {

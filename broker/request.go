@@ -75,11 +75,16 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		r.Body = &countingBody{ReadCloser: r.Body, n: &x.bytesIn}
 	}
 
-	in, err := b.requestInput(x, r, t, small)
+	var body policyBody // the body as read for the policy, if it is
+	defer func() { body.hold.release() }()
+	in, err := b.requestInput(x, r, t, small, &body)
 	if err != nil {
 		return nil, err
 	}
 	d, err := b.policy.Decide(r.Context(), in)
+	if body.err != nil {
+		return nil, body.err
+	}
 	granted, err := b.authorize(x, in, d, err)
 	if err != nil {
 		return nil, err
@@ -183,8 +188,9 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, evalErr error) ([]*inject.Binding, error) {
 	x.ev.PolicyRevision = d.Revision
 	x.ev.DecisionID = d.ID
-	if b.auditInput {
-		x.ev.Input = in.Document()
+	if b.auditInput.Logs() {
+		// The body is read for the event only at the level that writes it.
+		x.ev.Input = in.Document(b.auditInput.Body())
 	}
 	err := evalErr
 	var granted []*inject.Binding
@@ -218,14 +224,14 @@ func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, eva
 	return nil, err
 }
 
-// readSmallBody reads a request body of known length up to maxPolicyBody whole, and puts it
+// readSmallBody reads a request body of known length up to maxSmallBody whole, and puts it
 // back in r as an in-memory body, which it also returns (nil when the body was left to
 // stream). Such a body has usually arrived with the headers. In memory, it goes upstream in the
 // same write as the headers: net/http sends the headers on their own, first, before a body it
 // cannot see whole. A body the agent will send only after "100 Continue" is left alone, so that
 // the agent is not asked for it before the policy has decided.
 func readSmallBody(r *http.Request) ([]byte, error) {
-	if r.ContentLength <= 0 || r.ContentLength > maxPolicyBody || r.Header.Get("Expect") != "" {
+	if r.ContentLength <= 0 || r.ContentLength > maxSmallBody || r.Header.Get("Expect") != "" {
 		return nil, nil
 	}
 	buf := make([]byte, r.ContentLength)
@@ -237,11 +243,13 @@ func readSmallBody(r *http.Request) ([]byte, error) {
 }
 
 // requestInput builds the policy input. Its headers are gathered, and a JSON body up to
-// maxPolicyBody is read (readPolicyBody), only when the policy can see them; small is the body
-// if readSmallBody has read it. A path, query or method override that the upstream could read
-// differently from the policy is refused here (path.go); the path the policy sees is the one
-// outbound sends, and the one the audit event records.
-func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte) (*policy.Input, error) {
+// b.maxPolicyBody is read (readPolicyBody), only when the policy can see them; small is the
+// body if readSmallBody has read it. A JSON body over the limit that the policy would read
+// sets body.err: the request is refused, whatever the policy decides without the body. A
+// path, query or method override that the upstream could read differently from the policy is
+// refused here (path.go); the path the policy sees is the one outbound sends, and the one the
+// audit event records.
+func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte, body *policyBody) (*policy.Input, error) {
 	raw, path, err := requestPath(r.URL)
 	if err != nil {
 		return nil, err
@@ -274,8 +282,36 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		in.BodySize = 0
 		return in, nil
 	}
-	in.ReadBody = func() ([]byte, int64) { return readPolicyBody(r, small) }
+	in.ReadBody = func() ([]byte, int64) {
+		if small == nil && isJSON(r.Header.Get("Content-Type")) && r.ContentLength <= b.maxPolicyBody {
+			// The bytes about to be held count against the agent's budget until the
+			// request has been sent (bodyBudget); unknown length counts as the limit.
+			n := r.ContentLength
+			if n < 0 {
+				n = b.maxPolicyBody + 1
+			}
+			if body.hold, body.err = b.bodies.hold(r.Context(), x.agent.ID, n); body.err != nil {
+				body.err = fmt.Errorf("%w: waiting to read the request body: %v", errBadRequest, body.err)
+				return nil, r.ContentLength
+			}
+		}
+		text, size, err := readPolicyBody(r, small, b.maxPolicyBody)
+		body.err = err
+		if err != nil || text == nil {
+			body.hold.release()
+		} else if small == nil {
+			body.hold.keep(int64(len(text)))
+		}
+		return text, size
+	}
 	return in, nil
+}
+
+// policyBody is what reading the body for the policy left: the bytes held against the
+// agent's budget, and the error that refuses the request (bodyTooLarge), if any.
+type policyBody struct {
+	hold *bodyHold
+	err  error
 }
 
 // policyHeaders are the request's headers as the policy sees them: lower-case names, values
@@ -291,29 +327,54 @@ func (b *Broker) policyHeaders(h http.Header) map[string]string {
 	return headers
 }
 
-// readPolicyBody reads a JSON body up to maxPolicyBody for the policy: small, when
-// readSmallBody has read it; otherwise it reads the body here and puts the bytes back in front
-// of the rest of r's body. It returns the body's text (nil if it is not JSON, too large or
+// readPolicyBody reads a JSON body up to limit bytes for the policy: small, when readSmallBody
+// has read it; otherwise it reads the body here, into one buffer of the body's length when
+// that is known, and puts the bytes back in front of the rest of r's body, so the upstream is
+// sent them from that same buffer. It returns the body's text (nil if it is not JSON or
 // unreadable), which the policy parses as far as it needs, and the body's size (-1 when
-// unknown).
-func readPolicyBody(r *http.Request, small []byte) ([]byte, int64) {
+// unknown). A JSON body over limit is an error (bodyTooLarge): the policy would see null
+// where the body is, and a policy that allows what it cannot see would let it through.
+func readPolicyBody(r *http.Request, small []byte, limit int64) ([]byte, int64, error) {
 	size := r.ContentLength
-	if !isJSON(r.Header.Get("Content-Type")) || size > maxPolicyBody {
-		return nil, size
+	if !isJSON(r.Header.Get("Content-Type")) {
+		return nil, size, nil
+	}
+	if size > limit {
+		return nil, size, bodyTooLarge{limit}
 	}
 	buf := small
 	if buf == nil {
 		var err error
-		buf, err = io.ReadAll(io.LimitReader(r.Body, maxPolicyBody+1))
+		if size >= 0 {
+			buf = make([]byte, size)
+			var n int
+			n, err = io.ReadFull(r.Body, buf)
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF // a declared body that never came is cut short, not empty
+			}
+			buf = buf[:n]
+		} else {
+			buf, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
+		}
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), errReader{err}, r.Body), r.Body}
-		if err != nil || len(buf) > maxPolicyBody {
-			return nil, size
+		if err != nil {
+			return nil, size, nil // the upstream is sent the same failure
+		}
+		if int64(len(buf)) > limit {
+			return nil, size, bodyTooLarge{limit}
 		}
 	}
 	if size < 0 {
 		size = int64(len(buf))
 	}
-	return buf, size
+	return buf, size, nil
+}
+
+// bodyTooLarge refuses a JSON body over policy.max_body_bytes that the policy would read.
+type bodyTooLarge struct{ limit int64 }
+
+func (e bodyTooLarge) Error() string {
+	return fmt.Sprintf("the JSON request body is over policy.max_body_bytes (%d bytes), the most the policy reads", e.limit)
 }
 
 func isJSON(contentType string) bool {

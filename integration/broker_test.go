@@ -102,6 +102,7 @@ type envOpts struct {
 	handler      http.Handler // extra routes on the upstream, tried before the default echo
 	policy       string
 	includeInput bool
+	inputLevel   string // audit.include_input when set, over includeInput (bodies_test.go)
 	proxy        string // extra proxy config keys
 	// extraCredentials are appended to the credentials list; extraConfig to the file; env to
 	// the broker's environment.
@@ -159,7 +160,7 @@ credentials:
     inject: {header: X-Api-Key, value: "{{secret}}"}
 %s
 audit: {include_input: %v}
-%s`, e.pki.caFile, agentID, o.extraCredentials, o.includeInput, o.extraConfig),
+%s`, e.pki.caFile, agentID, o.extraCredentials, o.auditLevel(), o.extraConfig),
 		mode:  o.mode,
 		proxy: o.proxy,
 		env:   append([]string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary}, o.env...),
@@ -874,7 +875,7 @@ func TestAuditWrittenWhenClientDisconnects(t *testing.T) {
 }
 
 func TestAuditInputAndMetrics(t *testing.T) {
-	e := newEnv(t, envOpts{includeInput: true})
+	e := newEnv(t, envOpts{inputLevel: "full"})
 	out, err := e.curl("-i", "-H", "Content-Type: application/json", "-H", "Authorization: Bearer agent-guess", "-H", "X-Trace: t1",
 		"--data", `{"model":"m-1","n":2}`, e.url("/api/echo?state=open"))
 	if err != nil || !hasStatus(out, 200) {

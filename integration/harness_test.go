@@ -144,10 +144,11 @@ type brokerProc struct {
 }
 
 type brokerOpts struct {
-	config string // YAML after the generated proxy/admin/ca/policy/audit sections
-	policy string // broker.rego content
-	mode   string // policy.mode
-	proxy  string // extra proxy keys, e.g. "max_connections_per_agent: 2"
+	config string            // YAML after the generated proxy/admin/ca/policy/audit sections
+	policy string            // broker.rego content
+	files  map[string]string // more files for the policy dir, by name
+	mode   string            // policy.mode
+	proxy  string            // extra proxy keys, e.g. "max_connections_per_agent: 2"
 	env    []string
 	listen string // proxy.listen; "" is 127.0.0.1:0
 	netns  string // run the broker in this network namespace (ip netns exec); "" is the test's own
@@ -190,6 +191,9 @@ func startBroker(t *testing.T, o brokerOpts) *brokerProc {
 		t.Fatal(err)
 	}
 	b.writePolicy(t, "broker.rego", o.policy)
+	for name, content := range o.files {
+		b.writePolicy(t, name, content)
+	}
 	if o.proxy != "" {
 		o.proxy = ", " + o.proxy
 	}

@@ -272,7 +272,7 @@ decision := {"allow": true, "credentials": ["unbound"]} if {
 // replays it against the recorded policy (nothing changes) and a candidate (exactly the
 // expected decisions flip).
 func TestPolicyReplay(t *testing.T) {
-	e := newEnv(t, envOpts{includeInput: true})
+	e := newEnv(t, envOpts{inputLevel: "full"})
 	for _, args := range [][]string{
 		{e.url("/api/a")},
 		{e.url("/open/b")},
@@ -394,7 +394,7 @@ func TestPolicyReplayMonitorModeAndErrors(t *testing.T) {
 	}
 	// A log recorded without include_input: nothing to compare, and a hint on stderr.
 	writeFiles(t, dir, map[string]string{"plain.jsonl": strings.ReplaceAll(`{"msg":"decision","request_id":"r9","decision":"allow"}`, "\n", "") + "\n"})
-	if out, code := run(t, dir, "policy", "replay", "--policies", "deny-z", "--log", "plain.jsonl"); code != 0 || !strings.Contains(out, "0 re-decided, 0 changed, 0 unchanged, 1 skipped without input") || !strings.Contains(out, "audit.include_input: true") {
+	if out, code := run(t, dir, "policy", "replay", "--policies", "deny-z", "--log", "plain.jsonl"); code != 0 || !strings.Contains(out, "0 re-decided, 0 changed, 0 unchanged, 1 skipped without input") || !strings.Contains(out, "audit.include_input: full") {
 		t.Fatalf("no input: exit %d:\n%s", code, out)
 	}
 }

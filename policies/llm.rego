@@ -2,8 +2,10 @@
 #
 # data.settings.llm (policies/data.yaml) maps each host to its credential, its model
 # endpoints, the models allowed on them and the paths that may be read. A model endpoint
-# takes a POST whose JSON body names the model (input.request.body.model); the broker parses
-# JSON bodies up to 64 KiB, so a larger or non-JSON body cannot name one and is refused.
+# takes a POST whose JSON body names the model (input.request.body.model). The policy sees
+# JSON bodies up to policy.max_body_bytes (8 MiB by default, a long conversation included);
+# the broker refuses a larger one (413) before this policy's decision counts, and a non-JSON
+# body is null here: it cannot name a model and is refused.
 #
 # Paths are matched segment by segment, and only in plain form: a path with any spelling of
 # "." or "..", "//", an escaped "/", ";" or a backslash is refused before any grant, so no
@@ -72,4 +74,4 @@ decision := deny(sprintf("the path %s is not in plain form (no . or .. segments,
 	not endpoint
 } else := deny(sprintf("model %s is not allowed on %s; allowed: %s", [model, input.request.host, concat(", ", provider.models)])) if {
 	is_string(model)
-} else := deny(sprintf("POST %s on %s needs a JSON body (at most 64 KiB, content-type application/json) with a \"model\" string", [path, input.request.host]))
+} else := deny(sprintf("POST %s on %s needs a JSON body (content-type application/json) with a \"model\" string", [path, input.request.host]))

@@ -16,8 +16,8 @@ cases := {
 	"listed model exactly": {"input": chat("o4-mini"), "allow": true, "credentials": ["openai"]},
 	"exact entry is not a prefix": {"input": chat("o4-mini-high"), "allow": false, "reason": "model o4-mini-high is not allowed on api.openai.com; allowed: gpt-4.1*, o4-mini"},
 	"unlisted model": {"input": chat("gpt-3.5-turbo"), "allow": false, "reason": "model gpt-3.5-turbo is not allowed on api.openai.com; allowed: gpt-4.1*, o4-mini"},
-	"model is not a string": {"input": chat(4), "allow": false, "reason": "POST /v1/chat/completions on api.openai.com needs a JSON body (at most 64 KiB, content-type application/json) with a \"model\" string"},
-	"no JSON body": {"input": req("POST", "api.openai.com", "/v1/chat/completions", null), "allow": false, "reason": "POST /v1/chat/completions on api.openai.com needs a JSON body (at most 64 KiB, content-type application/json) with a \"model\" string"},
+	"model is not a string": {"input": chat(4), "allow": false, "reason": "POST /v1/chat/completions on api.openai.com needs a JSON body (content-type application/json) with a \"model\" string"},
+	"no JSON body": {"input": req("POST", "api.openai.com", "/v1/chat/completions", null), "allow": false, "reason": "POST /v1/chat/completions on api.openai.com needs a JSON body (content-type application/json) with a \"model\" string"},
 	"anthropic messages": {"input": req("POST", "api.anthropic.com", "/v1/messages", {"model": "claude-sonnet-4-5", "max_tokens": 10}), "allow": true, "credentials": ["anthropic"]},
 	"anthropic other model": {"input": req("POST", "api.anthropic.com", "/v1/messages", {"model": "claude-opus-4-1"}), "allow": false},
 	"other endpoint": {"input": req("POST", "api.openai.com", "/v1/files", {"model": "gpt-4.1"}), "allow": false, "reason": "POST /v1/files is not allowed on api.openai.com: only the model endpoints /v1/chat/completions, /v1/embeddings"},
@@ -70,4 +70,17 @@ test_shipped_settings if {
 	d := llm.decision with input as req("POST", "api.anthropic.com", "/v1/messages", {"model": "claude-sonnet-4-5"})
 	d.allow
 	d.credentials == ["anthropic"]
+}
+
+# A coding agent's conversation runs to several MiB: 4 MiB of messages to a listed model is
+# allowed, as the broker gives the policy every JSON body up to policy.max_body_bytes.
+test_long_conversation_allowed if {
+	kib := concat("", [s | some _ in numbers.range(1, 64); s := "0123456789abcdef"])
+	content := concat("", [kib | some _ in numbers.range(1, 4096)])
+	count(content) == 4194304
+	body := {"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": content}, {"role": "assistant", "content": "ok"}]}
+	d := llm.decision with input as object.union(req("POST", "api.openai.com", "/v1/chat/completions", body), {"request": {"body_size": 4194400}})
+		with data.settings.llm as settings
+	d.allow
+	d.credentials == ["openai"]
 }

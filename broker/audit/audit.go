@@ -1,6 +1,6 @@
 // Package audit writes one JSON line per decision (CONTRACT §6). An Event carries names,
-// never values: no secret, token, credential-bearing header, query value or body reaches it
-// (except the policy input, which has credential-bearing headers removed, when enabled).
+// never values: no secret, token, credential-bearing header, query value or body reaches it,
+// except in the policy input at the level audit.include_input names (Level).
 package audit
 
 import (
@@ -50,13 +50,14 @@ type Event struct {
 type Logger struct {
 	zl           zerolog.Logger
 	out          *batchWriter
-	includeInput bool
+	includeInput Level
 	now          func() time.Time
 }
 
 // New writes events to w, one JSON object per line. The lines are written by a goroutine of
-// the Logger's, in batches under load (see batchWriter); Close writes what is pending.
-func New(w io.Writer, includeInput bool) *Logger {
+// the Logger's, in batches under load (see batchWriter); Close writes what is pending. Events
+// carry as much of their policy input as includeInput says.
+func New(w io.Writer, includeInput Level) *Logger {
 	out := newBatchWriter(w)
 	return &Logger{
 		zl:           zerolog.New(out).With().Timestamp().Logger(),
@@ -68,6 +69,9 @@ func New(w io.Writer, includeInput bool) *Logger {
 
 // Close writes every event not yet written. Events written after Close are written at once.
 func (l *Logger) Close() { l.out.Close() }
+
+// InputLevel is how much of the policy input events carry.
+func (l *Logger) InputLevel() Level { return l.includeInput }
 
 // Lost is the number of events whose write failed (each was also reported on stderr).
 func (l *Logger) Lost() int64 { return l.out.lost.Load() }
@@ -100,8 +104,8 @@ func (l *Logger) Write(e *Event) {
 	if e.Error != "" {
 		ev = ev.Str("error", e.Error)
 	}
-	if l.includeInput && e.Input != nil {
-		ev = ev.Interface("input", e.Input)
+	if l.includeInput.Logs() && e.Input != nil {
+		ev = ev.Str("input_level", string(l.includeInput)).Interface("input", l.includeInput.reduce(e.Input))
 	}
 	ev.Str("msg", "decision").Send()
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/capbroker/capbroker/broker/audit"
 )
 
 // Config is the whole configuration file (CONTRACT §3).
@@ -58,7 +60,13 @@ type Policy struct {
 	Dir    string  `yaml:"dir"`
 	Mode   string  `yaml:"mode"`
 	Bundle *Bundle `yaml:"bundle"`
+	// MaxBodyBytes is the largest JSON request body the policy sees; a larger one is refused
+	// (413) when the policy reads bodies (default 8 MiB).
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 }
+
+// DefaultMaxBodyBytes is policy.max_body_bytes when it is not set.
+const DefaultMaxBodyBytes = 8 << 20
 
 // Bundle is an OPA bundle (tar.gz, as `opa build` writes it) polled over HTTP(S).
 type Bundle struct {
@@ -83,8 +91,9 @@ const (
 )
 
 type Audit struct {
-	File         string `yaml:"file"`
-	IncludeInput bool   `yaml:"include_input"`
+	File string `yaml:"file"`
+	// IncludeInput is how much of the policy input events carry (audit.Level).
+	IncludeInput audit.Level `yaml:"include_input"`
 }
 
 // Agent is one identity that may use the proxy: by proxy password, or by source address.
@@ -207,6 +216,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
+	}
+	if c.Policy.MaxBodyBytes == 0 {
+		c.Policy.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if b := c.Policy.Bundle; b != nil && b.PollInterval == 0 {
 		b.PollInterval = DefaultBundlePollInterval

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,6 +83,35 @@ func TestParsePrefix(t *testing.T) {
 	for _, bad := range []string{"", "10.0.0.0/33", "host.example", "1.2.3"} {
 		if _, err := ParsePrefix(bad); err == nil {
 			t.Errorf("ParsePrefix(%q) accepted", bad)
+		}
+	}
+}
+
+// TestBodyLimitAndInputLevel: policy.max_body_bytes defaults to 8 MiB; audit.include_input
+// takes a level or a boolean (true is the headers level, which writes no body or query value).
+func TestBodyLimitAndInputLevel(t *testing.T) {
+	const base = "ca: {cert_file: c, key_file: k}\n"
+	for src, want := range map[string]string{
+		"policy: {dir: p}\n": "8388608 ",
+		"policy: {dir: p, max_body_bytes: 1024}\naudit: {include_input: false}\n": "1024 none",
+		"policy: {dir: p}\naudit: {include_input: true}\n":                        "8388608 headers",
+		"policy: {dir: p}\naudit: {include_input: metadata}\n":                    "8388608 metadata",
+		"policy: {dir: p}\naudit: {include_input: full}\n":                        "8388608 full",
+	} {
+		c, err := Parse([]byte(base + src))
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		if got := fmt.Sprintf("%d %s", c.Policy.MaxBodyBytes, c.Audit.IncludeInput); got != want {
+			t.Errorf("%s: got %q, want %q", src, got, want)
+		}
+	}
+	for src, want := range map[string]string{
+		"policy: {dir: p, max_body_bytes: -1}\n":          "policy.max_body_bytes: must be positive",
+		"policy: {dir: p}\naudit: {include_input: all}\n": `audit.include_input: must be false, true, metadata, headers or full, not "all"`,
+	} {
+		if _, err := Parse([]byte(base + src)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want %q", src, err, want)
 		}
 	}
 }

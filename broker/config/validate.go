@@ -64,6 +64,12 @@ func (c *Config) Validate() []error {
 	if c.Policy.Mode != ModeEnforce && c.Policy.Mode != ModeMonitor {
 		e.add("policy.mode", "must be %q or %q, not %q", ModeEnforce, ModeMonitor, c.Policy.Mode)
 	}
+	if c.Policy.MaxBodyBytes < 0 {
+		e.add("policy.max_body_bytes", "must be positive")
+	}
+	if !c.Audit.IncludeInput.Valid() {
+		e.add("audit.include_input", "must be false, true, metadata, headers or full, not %q", c.Audit.IncludeInput)
+	}
 	c.validateAgents(&e)
 	usesVault := c.validateCredentials(&e)
 	if usesVault && c.Vault == nil {

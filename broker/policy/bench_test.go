@@ -91,7 +91,7 @@ func TestInputValueMatchesDocument(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, err := ast.InterfaceToValue(logged.Document())
+			want, err := ast.InterfaceToValue(logged.Document(true))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,5 +99,90 @@ func TestInputValueMatchesDocument(t *testing.T) {
 				t.Errorf("astValue:\n%v\ndocument:\n%v", got, want)
 			}
 		})
+	}
+}
+
+// bodySizes are the request body sizes BenchmarkDecideBodySize measures (docs/policy-input.md).
+var bodySizes = []struct {
+	name string
+	size int
+}{{"64KiB", 64 << 10}, {"256KiB", 256 << 10}, {"1MiB", 1 << 20}, {"4MiB", 4 << 20}, {"8MiB", 8 << 20}}
+
+// chatOfSize is an LLM chat request body of exactly size bytes, its prompt with escapes.
+func chatOfSize(size int) []byte {
+	head := `{"model":"gpt-4.1-mini","max_tokens":64,"messages":[{"role":"user","content":"`
+	tail := `"}]}`
+	line := `lorem ipsum dolor sit amet, \"quoted\" \u00e9\n `
+	b := make([]byte, 0, size)
+	b = append(b, head...)
+	for len(b)+len(line)+len(tail) <= size {
+		b = append(b, line...)
+	}
+	for len(b)+len(tail) < size {
+		b = append(b, 'x')
+	}
+	return append(b, tail...)
+}
+
+// BenchmarkDecideBodySize decides an allowed LLM request with the shipped policy for bodies
+// of growing size: "cached" as a request like one decided before (the body is validated and
+// scanned for its model), "evaluated" as a cache miss (the same, and the policy evaluated with
+// a body of the members it reads), "whole" as for a policy that reads the body whole (parsed
+// whole for the evaluator). Each must grow no faster than the body.
+func BenchmarkDecideBodySize(b *testing.B) {
+	e, err := New(context.Background(), policies.FS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	members := e.cur.Load().cache.bodyMembers
+	if members == nil {
+		b.Fatal("the shipped policy reads a body whole")
+	}
+	for _, s := range bodySizes {
+		body := chatOfSize(s.size)
+		if len(body) != s.size {
+			b.Fatalf("body of %d bytes, want %d", len(body), s.size)
+		}
+		in := *benchInputs["llm_allow"]
+		in.ReadBody = func() ([]byte, int64) { return body, int64(len(body)) }
+		check := func(b *testing.B, d Decision) {
+			if !d.Allow {
+				b.Fatalf("%s: denied: %s", s.name, d.Reason)
+			}
+		}
+		b.Run("cached/"+s.name, func(b *testing.B) {
+			b.SetBytes(int64(s.size))
+			b.ReportAllocs()
+			for b.Loop() {
+				in := in
+				d, err := e.Decide(ctx, &in)
+				if err != nil {
+					b.Fatal(err)
+				}
+				check(b, d)
+			}
+		})
+		for _, mode := range []string{"evaluated", "whole"} {
+			b.Run(mode+"/"+s.name, func(b *testing.B) {
+				b.SetBytes(int64(s.size))
+				b.ReportAllocs()
+				for b.Loop() {
+					in := in
+					in.loadBody()
+					if mode == "evaluated" {
+						in.bodyMembers = members
+						if _, ok := cacheOf(e).key(in.find); !ok {
+							b.Fatal("no key")
+						}
+					}
+					d, err := evaluateInput(ctx, e.cur.Load(), &in)
+					if err != nil {
+						b.Fatal(err)
+					}
+					check(b, d)
+				}
+			})
+		}
 	}
 }

@@ -35,8 +35,13 @@ type decisionCache struct {
 	paths        []ast.Ref // input paths the policy reads: ground prefixes, none covering another
 	readsBody    bool      // one of them leads to or into input.request.body or body_size
 	readsHeaders bool      // one of them leads to or into input.request.headers
-	mu           sync.Mutex
-	cur, old     map[string]Decision
+	// bodyMembers are the paths into input.request.body the policy reads, below the body
+	// (model, for input.request.body.model), when each is a chain of object member names and
+	// none is the body itself or above it; else nil. A cache miss then evaluates the input
+	// with a body holding only these (Input.prunedBody), not the whole body parsed.
+	bodyMembers []ast.Ref
+	mu          sync.Mutex
+	cur, old    map[string]Decision
 }
 
 // newDecisionCache returns the cache for a compiled policy, or nil when its decisions cannot
@@ -62,6 +67,7 @@ func newDecisionCache(c *ast.Compiler) *decisionCache {
 	dc := &decisionCache{paths: paths, cur: map[string]Decision{}}
 	dc.readsBody = dc.reads(bodyPaths...)
 	dc.readsHeaders = dc.reads(headersPath)
+	dc.bodyMembers = bodyMembers(paths)
 	return dc
 }
 
@@ -82,6 +88,28 @@ var (
 	bodyPaths   = []ast.Ref{ast.MustParseRef("input.request.body"), ast.MustParseRef("input.request.body_size")}
 	headersPath = ast.MustParseRef("input.request.headers")
 )
+
+// bodyMembers returns the parts below input.request.body of the paths into it, or nil when
+// one path reads the body whole (it, input.request or input) or is not a chain of names.
+func bodyMembers(paths []ast.Ref) []ast.Ref {
+	body := bodyPaths[0]
+	members := []ast.Ref{}
+	for _, p := range paths {
+		switch {
+		case body.HasPrefix(p):
+			return nil // the body itself, or a document holding it
+		case !p.HasPrefix(body):
+			continue
+		}
+		for _, t := range p[len(body):] {
+			if _, ok := t.Value.(ast.String); !ok {
+				return nil
+			}
+		}
+		members = append(members, p[len(body):])
+	}
+	return members
+}
 
 // minimalPrefixes sorts paths shortest first and drops each path another one covers.
 func minimalPrefixes(paths []ast.Ref) []ast.Ref {

@@ -49,6 +49,22 @@ type Input struct {
 	ReadBody func() (text []byte, size int64)
 
 	bodyText []byte // from ReadBody, not yet parsed into Body
+	// bodyMembers, when set, are the only paths into the body the policy deciding reads
+	// (decisionCache.bodyMembers): astValue builds a body of these alone from bodyText.
+	bodyMembers []ast.Ref
+	bodyValid   int8 // whether bodyText is JSON: 0 not yet known, 1 it is, -1 it is not
+}
+
+// textValid reports whether bodyText is valid JSON, validating it once per request: the
+// decision cache's key and a cache miss's evaluation both look into it.
+func (in *Input) textValid() bool {
+	if in.bodyValid == 0 {
+		in.bodyValid = -1
+		if validJSON(in.bodyText) {
+			in.bodyValid = 1
+		}
+	}
+	return in.bodyValid == 1
 }
 
 // loadBody reads the body's text and size from ReadBody, if that has not been done.
@@ -125,17 +141,27 @@ func (in *Input) value() map[string]any {
 }
 
 // Document returns the input as the policy sees it, for the audit log (audit.include_input),
-// with the body and headers read.
-func (in *Input) Document() map[string]any {
-	in.loadBody()
+// with the headers read, and the body when withBody is set. Without it the body is null here,
+// neither parsed nor, when the policy did not read it, read: it goes on streaming.
+func (in *Input) Document(withBody bool) map[string]any {
 	in.loadHeaders()
+	if !withBody {
+		text, body := in.bodyText, in.Body
+		in.bodyText, in.Body = nil, nil
+		defer func() { in.bodyText, in.Body = text, body }()
+		return in.value()
+	}
+	in.loadBody()
 	return in.value()
 }
 
 // astValue builds the same document as value, directly as the evaluator's value: converting a
 // map[string]any by reflection was the largest single cost of a decision.
 func (in *Input) astValue() (ast.Value, error) {
-	in.parseBody()
+	pruned, isPruned := in.prunedBody()
+	if !isPruned {
+		in.parseBody()
+	}
 	labels := make([][2]*ast.Term, 0, len(in.Labels))
 	for k, v := range in.Labels {
 		labels = append(labels, [2]*ast.Term{ast.StringTerm(k), ast.StringTerm(v)})
@@ -163,7 +189,9 @@ func (in *Input) astValue() (ast.Value, error) {
 			headers = append(headers, ast.Item(ast.StringTerm(k), ast.StringTerm(v)))
 		}
 		body := ast.Value(ast.Null{})
-		if in.Body != nil {
+		if isPruned {
+			body = pruned
+		} else if in.Body != nil {
 			var err error
 			if body, err = ast.InterfaceToValue(in.Body); err != nil {
 				return nil, err
@@ -189,6 +217,49 @@ func (in *Input) astValue() (ast.Value, error) {
 		ast.Item(ast.StringTerm("request"), ast.ObjectTerm(req...)),
 		ast.Item(ast.StringTerm("credentials"), ast.ArrayTerm(creds...)),
 	), nil
+}
+
+// prunedBody returns the body as the evaluator needs it when the policy reads only
+// bodyMembers of it: an object of those members, each found in bodyText without decoding the
+// rest (an LLM request's model, not its prompt). The body's text stays as it is, for Document.
+// It reports false when the body must be parsed whole: no bodyMembers, or a body that is not
+// a JSON object.
+func (in *Input) prunedBody() (ast.Value, bool) {
+	if in.bodyMembers == nil || in.bodyText == nil {
+		return nil, false
+	}
+	if !in.textValid() {
+		return ast.Null{}, true
+	}
+	if t := bytes.TrimLeft(in.bodyText, " \t\r\n"); t[0] != '{' {
+		return nil, false
+	}
+	obj := ast.NewObject()
+	for _, m := range in.bodyMembers {
+		f, err := findInValidText(in.bodyText, m)
+		if err != nil {
+			continue // no such member: undefined, as in the whole body
+		}
+		setMember(obj, m, f.value())
+	}
+	return obj, true
+}
+
+// setMember sets the member at path (object member names) in obj to v, making the objects on
+// the way. Paths from minimalPrefixes never lead through one another's values.
+func setMember(obj ast.Object, path ast.Ref, v ast.Value) {
+	for _, k := range path[:len(path)-1] {
+		if t := obj.Get(k); t != nil {
+			if next, ok := t.Value.(ast.Object); ok {
+				obj = next
+				continue
+			}
+		}
+		o := ast.NewObject()
+		obj.Insert(k, ast.NewTerm(o))
+		obj = o
+	}
+	obj.Insert(path[len(path)-1], ast.NewTerm(v))
 }
 
 // errNoValue is find's answer for a path the input has no value at.
@@ -280,7 +351,10 @@ func (in *Input) find(path ast.Ref) (found, error) {
 			}
 			return findIn(ast.NewArray(l...), path[4:])
 		case k == "body" && in.bodyText != nil:
-			return findInText(in.bodyText, path[3:])
+			if !in.textValid() {
+				return findIn(ast.Null{}, path[3:])
+			}
+			return findInValidText(in.bodyText, path[3:])
 		case k == "body":
 			body, rest := in.Body, path[3:]
 			for len(rest) > 0 { // walk the parsed JSON while the path names object members
@@ -312,6 +386,11 @@ func findInText(text []byte, rest ast.Ref) (found, error) {
 	if !validJSON(text) {
 		return findIn(ast.Null{}, rest)
 	}
+	return findInValidText(text, rest)
+}
+
+// findInValidText is findInText for text validJSON has accepted.
+func findInValidText(text []byte, rest ast.Ref) (found, error) {
 	text = bytes.Trim(text, " \t\r\n") // the whitespace around a value is no part of it
 	for len(rest) > 0 && text[0] == '{' {
 		key, isKey := rest[0].Value.(ast.String)

@@ -42,12 +42,12 @@ decision := {"allow": false, "reason": sprintf("%s became %s", [input.request.ra
 
 	in := req()
 	in.Path, in.RawPath = "/a", "/b/../a"
-	doc := in.Document()["request"].(map[string]any)
+	doc := in.Document(true)["request"].(map[string]any)
 	if doc["path"] != "/a" || doc["raw_path"] != "/b/../a" {
 		t.Errorf("document: %v", doc)
 	}
 	in.Phase = PhaseConnect
-	if _, ok := in.Document()["request"].(map[string]any)["raw_path"]; ok {
+	if _, ok := in.Document(true)["request"].(map[string]any)["raw_path"]; ok {
 		t.Error("a connect-phase input has raw_path")
 	}
 }

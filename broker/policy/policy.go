@@ -197,6 +197,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	if c == nil {
 		return evaluateInput(ctx, p, in)
 	}
+	in.bodyMembers = c.bodyMembers
 	key, ok := c.key(in.find)
 	if !ok {
 		return evaluateInput(ctx, p, in)

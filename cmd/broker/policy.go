@@ -285,7 +285,7 @@ func (ev *auditLine) recorded() outcome {
 func cmdPolicyReplay(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("policy replay", "policy replay [--policies DIR] --log FILE [--reasons]", stderr)
 	dir := fs.String("policies", "policies", "candidate policy directory (Rego and data files)")
-	logFile := fs.String("log", "", "audit log written with audit.include_input: true (- for standard input)")
+	logFile := fs.String("log", "", "audit log written with audit.include_input: full (- for standard input)")
 	reasons := fs.Bool("reasons", false, "also count a deny whose reason changed as a change")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -355,7 +355,7 @@ func cmdPolicyReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s (policy revision %s)\n", summary, engine.Revision())
 	if decided == 0 && noInput > 0 {
-		fmt.Fprintln(stderr, "no event carries its input: set audit.include_input: true to record inputs for replay")
+		fmt.Fprintln(stderr, "no event carries its input: set audit.include_input: full to record inputs for replay")
 	}
 	if nChanged > 0 {
 		return fmt.Errorf("policy replay: %d of %d decisions changed", nChanged, decided)
