@@ -152,7 +152,8 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		admission:  newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
 	b.mitmTLS = b.newMitmTLS()
-	m.watch(b.certs.Len, b.audit.Lost)
+	m.configure(cfg)
+	m.watch(b.certs.Len, b.audit.Lost, b.openTunnels, deps.Secrets)
 	b.proxy = b.newProxy(tr.Transport())
 	return b, nil
 }

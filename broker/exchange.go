@@ -34,6 +34,7 @@ type exchange struct {
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
 	b.inflight.Add(1)
+	b.metrics.started()
 	x := &exchange{b: b}
 	x.ev = audit.Event{
 		RequestID: newRequestID(),
@@ -67,6 +68,7 @@ func (x *exchange) finish() {
 		}
 		x.b.metrics.requests.WithLabelValues(x.ev.Phase, decision).Inc()
 		x.b.metrics.latency.WithLabelValues(x.ev.Phase).Observe(time.Since(x.ev.Start).Seconds())
+		x.b.metrics.finished(x.ev.Agent, x.ev.Host, decision, x.ev.Credentials)
 		x.b.audit.Write(&x.ev)
 		if x.running {
 			x.b.admission.requestDone(x.agent.ID)
@@ -82,6 +84,9 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 		x.ev.Decision = audit.Deny
 		x.ev.Reason = ae.reason
 	} else {
+		if ae.code == "upstream_error" {
+			x.b.metrics.upstreamError(err)
+		}
 		x.ev.Error = err.Error()
 		if x.ev.Reason == "" {
 			x.ev.Reason = ae.reason
