@@ -30,6 +30,8 @@ type exchange struct {
 	// event's text from the upstream or the agent (an error quoting a malformed response
 	// line, a reason, the path) passes through it too.
 	scrub *scrub.Replacer
+	// code is the agent-facing error code of a failed exchange (metrics outcome).
+	code string
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
@@ -68,7 +70,7 @@ func (x *exchange) finish() {
 		}
 		x.b.metrics.requests.WithLabelValues(x.ev.Phase, decision).Inc()
 		x.b.metrics.latency.WithLabelValues(x.ev.Phase).Observe(time.Since(x.ev.Start).Seconds())
-		x.b.metrics.finished(x.ev.Agent, x.ev.Host, decision, x.ev.Credentials)
+		x.b.metrics.finished(x.ev.Agent, x.ev.Host, outcome(decision, x.code), x.ev.Credentials)
 		x.b.audit.Write(&x.ev)
 		if x.running {
 			x.b.admission.requestDone(x.agent.ID)
@@ -80,6 +82,7 @@ func (x *exchange) finish() {
 // fail turns an error into the agent's response, records it, and finishes the exchange.
 func (x *exchange) fail(r *http.Request, err error) *http.Response {
 	ae := classify(err)
+	x.code = ae.code
 	if ae.code == "denied" {
 		x.ev.Decision = audit.Deny
 		x.ev.Reason = ae.reason

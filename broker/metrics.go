@@ -85,7 +85,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		egress: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "capbroker_agent_requests_total",
 			Help: `Finished exchanges (connect and request phase) by agent (configured ids; "" before identification), ` +
-				`host (hosts credentials are bound to, as configured, else "other"), outcome (as capbroker_requests_total's decision) ` +
+				`host (hosts credentials are bound to, as configured, else "other"), outcome (allow, deny, error, or the error code ` +
+				`of an exchange that failed: credential_unavailable, upstream_error, policy_error, ...) ` +
 				`and credential (the one granted, "" for none, "multiple").`,
 		}, []string{"agent", "host", "outcome", "credential"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -190,6 +191,17 @@ func (ls *labelSet) agent(a string) string {
 		return a
 	}
 	return labelOther
+}
+
+// outcome is the outcome label of capbroker_agent_requests_total: the decision label of
+// capbroker_requests_total, except that an exchange the policy allowed (or that failed
+// before a decision) and that then failed is counted by its agent-facing error code
+// (credential_unavailable, upstream_error, policy_error, ...): those are what a team alerts on.
+func outcome(decision, code string) string {
+	if code != "" && (decision == "allow" || decision == "error") {
+		return code
+	}
+	return decision
 }
 
 // started counts an exchange in flight.
