@@ -297,3 +297,81 @@ func TestVersionFlag(t *testing.T) {
 		t.Fatalf("--version: %d %q (version: %q)", code, a, b)
 	}
 }
+
+// TestPolicyReplayNeedsDecisionEvents: a file with no decision events (the operational log,
+// an empty file) fails the gate with a message saying so, instead of "0 re-decided" and 0.
+func TestPolicyReplayNeedsDecisionEvents(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"policies/broker.rego": testPolicy,
+		"broker.log":           `{"level":"info","proxy":"127.0.0.1:8080","time":"2026-01-01T00:00:00Z","message":"listening"}` + "\n",
+		"empty.jsonl":          "",
+	})
+	for _, f := range []string{"broker.log", "empty.jsonl"} {
+		out, code := run(t, dir, "policy", "replay", "--policies", "policies", "--log", f)
+		if code != 1 || !strings.Contains(out, "holds no decision events") || !strings.Contains(out, "0 re-decided") {
+			t.Fatalf("%s: exit %d:\n%s", f, code, out)
+		}
+	}
+}
+
+// TestPolicyEvalConfigAndOneLine: with --config a granted credential bound to the host is
+// granted (without, the input names no credential and the grant is refused as unbound); the
+// one-line form builds the input the broker would.
+func TestPolicyEvalConfigAndOneLine(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"policies/broker.rego": testPolicy + `
+decision := {"allow": true, "credentials": ["canary"]} if {
+	input.request.path == "/labelled"
+	input.agent.labels.team == "platform"
+}
+`,
+		"broker.yaml": `ca: {cert_file: ca.crt, key_file: ca.key}
+policy: {dir: policies}
+agents:
+  - {id: coder-1, token_env: CODER1_TOKEN, labels: {team: platform}}
+credentials:
+  - name: canary
+    hosts: ["127.0.0.1"]
+    source: {env: CANARY_SECRET}
+    inject: {header: Authorization, value: "Bearer {{secret}}"}
+`,
+		"in.json": `{"phase":"request","agent":{"id":"coder-1","labels":{}},"source":{"ip":"127.0.0.1"},
+"request":{"method":"GET","scheme":"https","host":"127.0.0.1","port":443,"path":"/api/x","query":{},"headers":{},"body":null,"body_size":0}}`,
+	})
+	decision := func(args ...string) (string, int) {
+		t.Helper()
+		return run(t, dir, append([]string{"policy", "eval", "--policies", "policies"}, args...)...)
+	}
+	granted := `"allow": true,
+  "reason": "",
+  "credentials": [
+    "canary"
+  ]`
+	if out, code := decision("--input", "in.json"); code != 0 || !strings.Contains(out, "may not be sent to this host") {
+		t.Fatalf("without --config: exit %d:\n%s", code, out)
+	}
+	for name, args := range map[string][]string{
+		"--input with --config": {"--config", "broker.yaml", "--input", "in.json"},
+		"one line":              {"--config", "broker.yaml", "--agent", "coder-1", "GET", "https://127.0.0.1/api/x"},
+		"flags after":           {"GET", "https://127.0.0.1/api/../api/x?q=1", "--agent", "coder-1", "--config", "broker.yaml"},
+		"labels from config":    {"--config", "broker.yaml", "--agent", "coder-1", "GET", "https://127.0.0.1/labelled"},
+	} {
+		if out, code := decision(args...); code != 0 || !strings.Contains(out, granted) {
+			t.Errorf("%s: exit %d:\n%s", name, code, out)
+		}
+	}
+	if out, code := decision("--agent", "coder-1", "GET", "https://127.0.0.1/admin/x"); code != 0 || !strings.Contains(out, `"reason": "the /admin area is off limits"`) {
+		t.Fatalf("one-line deny: exit %d:\n%s", code, out)
+	}
+	if out, code := decision("--agent", "coder-1", "CONNECT", "127.0.0.1:443"); code != 0 || !strings.Contains(out, `"allow": true`) {
+		t.Fatalf("one-line CONNECT: exit %d:\n%s", code, out)
+	}
+	if out, code := decision("GET", "https://127.0.0.1/x"); code != 2 || !strings.Contains(out, "--agent is required") {
+		t.Fatalf("without --agent: exit %d:\n%s", code, out)
+	}
+	if out, code := decision("--agent", "coder-1", "GET", "/relative"); code != 1 || !strings.Contains(out, "absolute") {
+		t.Fatalf("relative URL: exit %d:\n%s", code, out)
+	}
+}
