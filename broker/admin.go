@@ -44,16 +44,25 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 		if msg := m.PolicyReloadError(); msg != "" {
 			degraded, body["policy_reload_error"] = true, msg
 		}
-		unavailable, readyNames := map[string]string{}, []string{}
+		unavailable, stale, readyNames := map[string]string{}, map[string]string{}, []string{}
 		for name, st := range ready.Status() {
-			if st.Ready {
-				readyNames = append(readyNames, name)
-			} else {
+			switch {
+			case !st.Ready:
 				unavailable[name] = st.Error
+			case st.Error != "":
+				stale[name] = st.Error
+				fallthrough
+			default:
+				readyNames = append(readyNames, name)
 			}
 		}
 		sort.Strings(readyNames)
 		body["credentials_ready"] = readyNames
+		if len(stale) > 0 {
+			// Served from the cache (within vault.max_stale) while the source fails: ready,
+			// and worth knowing before max_stale runs out.
+			body["credentials_stale"] = stale
+		}
 		if len(unavailable) > 0 {
 			degraded, body["credentials"] = true, unavailable
 		}

@@ -11,12 +11,15 @@ import (
 	"github.com/capbroker/capbroker/credentials"
 )
 
-type credentialState map[string]string // name -> error, "" for ready
+// credentialState maps a name to its error: "" for ready, "stale: ..." for ready from the
+// cache while the source fails, else unavailable.
+type credentialState map[string]string
 
 func (c credentialState) Status() map[string]credentials.CredentialStatus {
 	out := map[string]credentials.CredentialStatus{}
 	for name, e := range c {
-		out[name] = credentials.CredentialStatus{Ready: e == "", Error: e}
+		msg, stale := strings.CutPrefix(e, "stale: ")
+		out[name] = credentials.CredentialStatus{Ready: e == "" || stale, Error: msg}
 	}
 	return out
 }
@@ -48,6 +51,8 @@ func TestReadyz(t *testing.T) {
 			"credentials_ready": []string{"github"}, "credentials": map[string]any{"openai": "OPENAI_KEY is not set"}}},
 		"reload failed": {nil, "r1", errors.New("broker.rego:3: rego_parse_error"), "", 200, map[string]any{"status": "degraded", "policy_revision": "r1",
 			"policy_reload_error": "broker.rego:3: rego_parse_error", "credentials_ready": []string{}}},
+		"stale": {credentialState{"github": "stale: connection refused"}, "r1", nil, "?strict", 200, map[string]any{"status": "ready", "policy_revision": "r1",
+			"credentials_ready": []string{"github"}, "credentials_stale": map[string]any{"github": "connection refused"}}},
 		"neither": {some, "", nil, "", 503, map[string]any{"status": "not ready", "policy": "no policy loaded yet",
 			"credentials_ready": []string{"github"}, "credentials": map[string]any{"openai": "OPENAI_KEY is not set"}}},
 	}
