@@ -2,7 +2,9 @@
 # capbroker: the broker as a static binary on a minimal image, running as a non-root user.
 #
 #   docker build -t capbroker .                      the broker (the last stage is the default)
-#   docker run --rm capbroker version
+#   docker build --build-arg VERSION=$(git describe --tags --always) \
+#     --build-arg COMMIT=$(git rev-parse HEAD) -t capbroker .     with the build's version
+#   docker run --rm capbroker version                 capbroker <version> (commit ..., go ...)
 #   docker run -v $PWD/broker.yaml:/etc/broker/broker.yaml:ro ... capbroker   runs `broker run`
 #
 # docker-compose.yml also builds the demo stages: ca-init, demo-upstream and demo-agent.
@@ -16,7 +18,8 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
+ARG COMMIT=""
+RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
       -o /out/broker ./cmd/broker
 
 # --- demo: the compose demo's API (not part of the broker image) ----------------------------
@@ -55,5 +58,9 @@ COPY --from=build /out/broker /broker
 COPY policies /etc/broker/policies
 USER 65532:65532
 EXPOSE 8080
+# No shell in the image: the broker checks itself. `broker healthcheck` GETs the admin
+# /readyz (default 127.0.0.1:9090; pass --admin when admin.listen is elsewhere) and exits 0/1.
+# /readyz is 503 only while no policy is loaded (docs/operations.md).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 CMD ["/broker", "healthcheck"]
 ENTRYPOINT ["/broker"]
 CMD ["run", "--config", "/etc/broker/broker.yaml"]

@@ -9,8 +9,11 @@ GO ?= go
 test: tools fmt-check vet
 	$(GO) test -race -count=1 ./...
 
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+
 build:
-	$(GO) build -o bin/broker ./cmd/broker
+	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/broker ./cmd/broker
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -3,15 +3,14 @@ package broker
 import (
 	"encoding/json"
 	"net/http"
+	"sort"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Readiness reports what keeps the broker from serving every request: credentials that
-// cannot be read, by name, with the reason (never the value).
-type Readiness interface {
-	NotReady() map[string]string
-}
+// Readiness reports the state of every configured credential, by name, with the reason
+// when it cannot be read (never the value). *credentials.Store implements it.
+type Readiness = CredentialStatus
 
 // PolicyRevision names the policy deciding, "" while none is loaded (policy.bundle before its
 // first download): every request is then refused.
@@ -19,25 +18,62 @@ type PolicyRevision interface {
 	Revision() string
 }
 
-// AdminHandler serves /healthz (the process is up), /readyz (a policy is loaded and every
-// credential is readable) and /metrics (Prometheus).
+// AdminHandler serves /healthz (the process is up), /readyz and /metrics (Prometheus).
+//
+// /readyz answers 503 only while no policy is loaded: then every request is refused, and
+// the pod is better out of its Service. Anything less is reported with 200 and status
+// "degraded": credentials that cannot be read (requests granted them get 503
+// credential_unavailable, every other request is served) and a policy on disk that failed
+// to reload (the last good one keeps deciding). Taking a broker out of its Service for those
+// would stop the requests it can still serve, on every replica at once when the cause is
+// shared (Vault down, a bad policy pushed everywhere); alert on the metrics instead.
+// /readyz?strict answers 503 on any degradation too, for deploy gates and tests.
 func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		status, body := http.StatusOK, map[string]any{"status": "ready"}
+		degraded := false
 		if rev := policy.Revision(); rev != "" {
 			body["policy_revision"] = rev
 		} else {
 			status, body["policy"] = http.StatusServiceUnavailable, "no policy loaded yet"
 		}
-		if notReady := ready.NotReady(); len(notReady) > 0 {
-			status, body["credentials"] = http.StatusServiceUnavailable, notReady
+		if msg := m.PolicyReloadError(); msg != "" {
+			degraded, body["policy_reload_error"] = true, msg
 		}
-		if status != http.StatusOK {
+		unavailable, stale, readyNames := map[string]string{}, map[string]string{}, []string{}
+		for name, st := range ready.Status() {
+			switch {
+			case !st.Ready:
+				unavailable[name] = st.Error
+			case st.Error != "":
+				stale[name] = st.Error
+				fallthrough
+			default:
+				readyNames = append(readyNames, name)
+			}
+		}
+		sort.Strings(readyNames)
+		body["credentials_ready"] = readyNames
+		if len(stale) > 0 {
+			// Served from the cache (within vault.max_stale) while the source fails: ready,
+			// and worth knowing before max_stale runs out.
+			body["credentials_stale"] = stale
+		}
+		if len(unavailable) > 0 {
+			degraded, body["credentials"] = true, unavailable
+		}
+		_, strict := r.URL.Query()["strict"]
+		switch {
+		case status != http.StatusOK:
 			body["status"] = "not ready"
+		case degraded && strict:
+			status, body["status"] = http.StatusServiceUnavailable, "not ready"
+		case degraded:
+			body["status"] = "degraded"
 		}
 		writeJSON(w, status, body)
 	})

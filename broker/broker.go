@@ -159,7 +159,8 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 	}
 	b.maxPolicyBody, b.bodies = cfg.Policy.MaxBodyBytes, newBodyBudget(cfg.Policy.MaxBodyBytes)
 	b.mitmTLS = b.newMitmTLS()
-	m.watch(b.certs.Len, b.audit.Lost)
+	m.configure(cfg)
+	m.watch(b.certs.Len, b.audit.Lost, b.openTunnels, deps.Secrets)
 	b.proxy = b.newProxy(tr.Transport())
 	return b, nil
 }

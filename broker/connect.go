@@ -105,6 +105,8 @@ func (b *Broker) pipe(x *exchange, req *http.Request, client net.Conn, t target)
 		return
 	}
 	defer up.Close()
+	b.metrics.tunnelOpened()
+	defer b.metrics.tunnelClosed()
 	x.ev.Status = http.StatusOK
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		x.finish()

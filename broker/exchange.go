@@ -31,10 +31,13 @@ type exchange struct {
 	// event's text from the upstream or the agent (an error quoting a malformed response
 	// line, a reason, the path) passes through it too.
 	scrub *scrub.Replacer
+	// code is the agent-facing error code of a failed exchange (metrics outcome).
+	code string
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
 	b.inflight.Add(1)
+	b.metrics.started()
 	x := &exchange{b: b}
 	x.ev = audit.Event{
 		RequestID: newRequestID(),
@@ -70,6 +73,7 @@ func (x *exchange) finish() {
 		}
 		x.b.metrics.requests.WithLabelValues(x.ev.Phase, decision).Inc()
 		x.b.metrics.latency.WithLabelValues(x.ev.Phase).Observe(time.Since(x.ev.Start).Seconds())
+		x.b.metrics.finished(x.ev.Agent, x.ev.Host, outcome(decision, x.code), x.ev.Credentials)
 		x.b.audit.Write(&x.ev)
 		if x.running {
 			x.b.admission.requestDone(x.agent.ID)
@@ -81,6 +85,7 @@ func (x *exchange) finish() {
 // fail turns an error into the agent's response, records it, and finishes the exchange.
 func (x *exchange) fail(r *http.Request, err error) *http.Response {
 	ae := classify(err)
+	x.code = ae.code
 	switch {
 	case ae.code == "denied":
 		x.ev.Decision = audit.Deny
@@ -89,6 +94,9 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 		x.ev.Decision = audit.Challenge
 		x.ev.Reason = "proxy credentials requested: the request carried none"
 	default:
+		if ae.code == "upstream_error" {
+			x.b.metrics.upstreamError(err)
+		}
 		x.ev.Error = err.Error()
 		if x.ev.Reason == "" {
 			x.ev.Reason = ae.reason

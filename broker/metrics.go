@@ -1,21 +1,66 @@
 package broker
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/credentials"
 )
 
-// Metrics are the broker's Prometheus metrics. Labels carry only fixed vocabularies (phase,
-// decision, result), never hosts, agents' tokens or values.
+// Metrics are the broker's Prometheus metrics. Every label has a bounded set of values: fixed
+// vocabularies (phase, decision, class), and names from the config (agent ids, credential
+// names, the hosts credentials are bound to). Any other host is "other"; tokens, paths and
+// values never become labels.
 type Metrics struct {
 	reg      *prometheus.Registry
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	reloads  *prometheus.CounterVec
-	watched  sync.Once
+
+	// egress counts finished exchanges by agent, host, outcome and credential.
+	egress         *prometheus.CounterVec
+	upstreamErrors *prometheus.CounterVec
+	reloadFailures prometheus.Counter
+	inflight       prometheus.Gauge
+	build          *prometheus.GaugeVec
+	opaque         atomic.Int64 // opaque tunnels open
+
+	// lastReloadErr is the error of the last policy reload, nil after a good one: /readyz
+	// reports it while the policy on disk does not load.
+	lastReloadErr atomic.Pointer[string]
+
+	labels atomic.Pointer[labelSet]
+	// children caches the egress counter of each label combination seen, so that the hot
+	// path does one map lookup and no allocation.
+	mu       sync.RWMutex
+	children map[egressKey]prometheus.Counter
+
+	watched sync.Once
 }
+
+// Label values for what is outside the configured sets.
+const (
+	labelOther = "other" // a host no credential is bound to; an agent not in the config
+	labelNone  = ""      // no agent identified (proxy-auth challenge); no credential granted
+	// labelMultiple is the credential label of a request granted more than one credential.
+	labelMultiple = "multiple"
+)
+
+type egressKey struct{ agent, host, outcome, credential string }
 
 // NewMetrics registers the broker's metrics in reg (a new registry when nil).
 func NewMetrics(reg *prometheus.Registry) *Metrics {
@@ -37,8 +82,34 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Name: "capbroker_policy_reloads_total",
 			Help: "Policy reloads, by result (ok, error).",
 		}, []string{"result"}),
+		egress: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capbroker_agent_requests_total",
+			Help: `Finished exchanges (connect and request phase) by agent (configured ids; "" before identification), ` +
+				`host (hosts credentials are bound to, as configured, else "other"), outcome (allow, deny, error, or the error code ` +
+				`of an exchange that failed: credential_unavailable, upstream_error, policy_error, ...) ` +
+				`and credential (the one granted, "" for none, "multiple").`,
+		}, []string{"agent", "host", "outcome", "credential"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capbroker_upstream_errors_total",
+			Help: "Requests and tunnels the upstream failed, by class: refused, timeout, dns, tls, reset, forbidden_destination, protocol, unscrubbable, other.",
+		}, []string{"class"}),
+		reloadFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "capbroker_policy_reload_failures_total",
+			Help: "Policy reloads (directory watch or bundle) that failed; the last good policy kept deciding.",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "capbroker_requests_in_flight",
+			Help: "Exchanges between arrival and their audit event (an opaque tunnel counts until it closes).",
+		}),
+		build: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "capbroker_build_info",
+			Help: "Always 1; the labels say which build is running.",
+		}, []string{"version", "commit", "goversion"}),
+		children: map[egressKey]prometheus.Counter{},
 	}
-	reg.MustRegister(m.requests, m.latency, m.reloads,
+	m.labels.Store(&labelSet{agents: map[string]bool{}, hosts: map[string]bool{}})
+	m.build.WithLabelValues("dev", "unknown", runtime.Version()).Set(1)
+	reg.MustRegister(m.requests, m.latency, m.reloads, m.egress, m.upstreamErrors, m.reloadFailures, m.inflight, m.build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -46,19 +117,172 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 // Registry is where the metrics live, for the admin /metrics handler.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// PolicyReload counts one reload attempt.
+// SetBuild sets the labels of capbroker_build_info.
+func (m *Metrics) SetBuild(version, commit string) {
+	m.build.Reset()
+	m.build.WithLabelValues(version, commit, runtime.Version()).Set(1)
+}
+
+// PolicyReload counts one reload attempt and remembers its error for /readyz.
 func (m *Metrics) PolicyReload(err error) {
 	if err != nil {
 		m.reloads.WithLabelValues("error").Inc()
+		m.reloadFailures.Inc()
+		msg := err.Error()
+		m.lastReloadErr.Store(&msg)
 		return
 	}
 	m.reloads.WithLabelValues("ok").Inc()
+	m.lastReloadErr.Store(nil)
+}
+
+// PolicyReloadError is the error of the last policy reload, "" when it succeeded (or none
+// was tried).
+func (m *Metrics) PolicyReloadError() string {
+	if p := m.lastReloadErr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// labelSet is the configured vocabulary of the agent and host labels.
+type labelSet struct {
+	agents map[string]bool
+	hosts  map[string]bool // exact names and "*.suffix" patterns, as configured
+	wild   []string        // the patterns' suffixes (".example.com")
+}
+
+// configure sets the agent and host label sets from a config. Counters already created keep
+// their labels.
+func (m *Metrics) configure(cfg *config.Config) {
+	ls := &labelSet{agents: map[string]bool{}, hosts: map[string]bool{}}
+	for _, a := range cfg.Agents {
+		ls.agents[a.ID] = true
+	}
+	for _, c := range cfg.Credentials {
+		for _, h := range c.Hosts {
+			h = strings.ToLower(h)
+			ls.hosts[h] = true
+			if suffix, ok := strings.CutPrefix(h, "*"); ok {
+				ls.wild = append(ls.wild, suffix)
+			}
+		}
+	}
+	m.labels.Store(ls)
+}
+
+func (ls *labelSet) host(h string) string {
+	if h == "" {
+		return labelNone
+	}
+	if ls.hosts[h] {
+		return h
+	}
+	for _, suffix := range ls.wild {
+		if len(h) > len(suffix) && strings.HasSuffix(h, suffix) {
+			return "*" + suffix
+		}
+	}
+	return labelOther
+}
+
+func (ls *labelSet) agent(a string) string {
+	if a == "" || ls.agents[a] {
+		return a
+	}
+	return labelOther
+}
+
+// outcome is the outcome label of capbroker_agent_requests_total: the decision label of
+// capbroker_requests_total, except that an exchange the policy allowed (or that failed
+// before a decision) and that then failed is counted by its agent-facing error code
+// (credential_unavailable, upstream_error, policy_error, ...): those are what a team alerts on.
+func outcome(decision, code string) string {
+	if code != "" && (decision == "allow" || decision == "error") {
+		return code
+	}
+	return decision
+}
+
+// started counts an exchange in flight.
+func (m *Metrics) started() { m.inflight.Inc() }
+
+// finished counts an exchange that ended with outcome (the decision label of
+// capbroker_requests_total).
+func (m *Metrics) finished(agent, host, outcome string, granted []string) {
+	m.inflight.Dec()
+	ls := m.labels.Load()
+	k := egressKey{agent: ls.agent(agent), host: ls.host(host), outcome: outcome}
+	switch len(granted) {
+	case 0:
+	case 1:
+		k.credential = granted[0]
+	default:
+		k.credential = labelMultiple
+	}
+	m.mu.RLock()
+	c, ok := m.children[k]
+	m.mu.RUnlock()
+	if !ok {
+		c = m.egress.WithLabelValues(k.agent, k.host, k.outcome, k.credential)
+		m.mu.Lock()
+		m.children[k] = c
+		m.mu.Unlock()
+	}
+	c.Inc()
+}
+
+// upstreamError counts a failure of the upstream by its class.
+func (m *Metrics) upstreamError(err error) {
+	m.upstreamErrors.WithLabelValues(upstreamErrorClass(err)).Inc()
+}
+
+// upstreamErrorClass names the kind of an upstream failure, from a fixed vocabulary.
+func upstreamErrorClass(err error) string {
+	var (
+		dns *net.DNSError
+		ve  *tls.CertificateVerificationError
+		rec tls.RecordHeaderError
+		alt *tls.AlertError
+		ua  x509.UnknownAuthorityError
+		hn  x509.HostnameError
+		inv x509.CertificateInvalidError
+	)
+	switch {
+	case errors.Is(err, upstream.ErrForbiddenDestination):
+		return "forbidden_destination"
+	case errors.Is(err, errUnscrubbable):
+		return "unscrubbable"
+	case errors.As(err, &dns):
+		return "dns"
+	case errors.Is(err, errUpstreamTimeout), errors.Is(err, context.DeadlineExceeded), isTimeout(err):
+		return "timeout"
+	case errors.As(err, &ve), errors.As(err, &rec), errors.As(err, &alt), errors.As(err, &ua), errors.As(err, &hn), errors.As(err, &inv):
+		return "tls"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return "reset"
+	case errors.Is(err, errMalformedResponse):
+		return "protocol"
+	}
+	return "other"
+}
+
+// tunnelOpened and tunnelClosed count opaque tunnels (intercepted ones are counted from the
+// broker's tunnel set when metrics are gathered).
+func (m *Metrics) tunnelOpened() { m.opaque.Add(1) }
+func (m *Metrics) tunnelClosed() { m.opaque.Add(-1) }
+
+// CredentialStatus reports the state of every configured credential (never its value).
+type CredentialStatus interface {
+	Status() map[string]credentials.CredentialStatus
 }
 
 // watch exports what is read from a broker's parts when metrics are gathered: the size of its
-// certificate cache, and the audit events whose write failed. Only the first broker given a
-// Metrics is watched.
-func (m *Metrics) watch(certs func() int, auditLost func() int64) {
+// certificate cache, the audit events whose write failed, the intercepted tunnels open, and
+// each credential's readiness. Only the first broker given a Metrics is watched.
+func (m *Metrics) watch(certs func() int, auditLost func() int64, tunnels func() int, creds any) {
 	m.watched.Do(func() {
 		m.reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -69,6 +293,40 @@ func (m *Metrics) watch(certs func() int, auditLost func() int64) {
 				Name: "capbroker_audit_events_lost_total",
 				Help: "Audit events that could not be written (the write to the audit file or stdout failed).",
 			}, func() float64 { return float64(auditLost()) }),
+			&funcCollector{
+				desc: prometheus.NewDesc("capbroker_tunnels_open",
+					"CONNECT tunnels open, by kind: intercepted (TLS terminated, every request decided) or opaque (intercept: false).",
+					[]string{"kind"}, nil),
+				collect: func(d *prometheus.Desc, ch chan<- prometheus.Metric) {
+					ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(tunnels()), "intercepted")
+					ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(m.opaque.Load()), "opaque")
+				},
+			},
 		)
+		if cs, ok := creds.(CredentialStatus); ok {
+			m.reg.MustRegister(&funcCollector{
+				desc: prometheus.NewDesc("capbroker_credential_ready",
+					"1 when the credential has a usable value (fresh, or cached within vault.max_stale), else 0: requests granted it get 503 credential_unavailable.",
+					[]string{"credential"}, nil),
+				collect: func(d *prometheus.Desc, ch chan<- prometheus.Metric) {
+					for name, st := range cs.Status() {
+						v := 0.0
+						if st.Ready {
+							v = 1
+						}
+						ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name)
+					}
+				},
+			})
+		}
 	})
 }
+
+// funcCollector is a collector of one family whose samples are read when gathered.
+type funcCollector struct {
+	desc    *prometheus.Desc
+	collect func(*prometheus.Desc, chan<- prometheus.Metric)
+}
+
+func (c *funcCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *funcCollector) Collect(ch chan<- prometheus.Metric) { c.collect(c.desc, ch) }

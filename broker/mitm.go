@@ -114,6 +114,12 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	pc.serve()
 }
 
+// openTunnels counts the intercepted tunnels open, for the metrics.
+func (b *Broker) openTunnels() (n int) {
+	b.tunnels.Range(func(_, _ any) bool { n++; return true })
+	return n
+}
+
 // shutdowner is a tunnel's server, which a drain shuts down.
 type shutdowner interface {
 	Shutdown(context.Context) error

@@ -72,6 +72,10 @@ var (
 	errPathOverride = badRequest{"X-Original-URL and X-Rewrite-URL are not forwarded: they let a server serve another path than the one requested"}
 )
 
+// RequestPath is requestPath for tools (broker policy eval): the path of u as sent, and as
+// the policy sees it, or an error whose text says why the broker would refuse it.
+func RequestPath(u *url.URL) (raw, clean string, err error) { return requestPath(u) }
+
 // requestPath returns the path of u, a request's parsed target, as the agent sent it (raw) and
 // as the policy sees it and the upstream gets it (clean).
 func requestPath(u *url.URL) (raw, clean string, err error) {

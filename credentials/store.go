@@ -21,6 +21,10 @@ const (
 	maxPrevious = 8
 	// retryMin is the first delay before a failed fetch is tried again (capped by Refresh).
 	retryMin = time.Second
+	// fetchTimeout bounds one background fetch, so a source that hangs is retried.
+	fetchTimeout = 30 * time.Second
+	// minWake is the shortest pause of the background loop between two looks at a credential.
+	minWake = 10 * time.Millisecond
 )
 
 // Store holds the sources of the configured credentials and caches their values.
@@ -246,6 +250,92 @@ func (s *Store) Warm(ctx context.Context) []error {
 		}
 	}
 	return errs
+}
+
+// Run keeps every credential fresh in the background until ctx ends, whether or not
+// requests come: each one is re-read when its refresh interval (or its lease) says so, and
+// after a failure again on the backoff schedule (1s doubling up to Refresh, with jitter). A
+// credential that was unavailable at start (Vault down) becomes ready on its own once its
+// source answers, so /readyz follows the source rather than the traffic. Get still reads the
+// source itself when it finds no usable value, as before.
+func (s *Store) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for name, e := range s.entries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.keep(ctx, name, e)
+		}()
+	}
+	wg.Wait()
+}
+
+// keep is Run for one credential.
+func (s *Store) keep(ctx context.Context, name string, e *entry) {
+	for {
+		e.mu.Lock()
+		d := s.dueIn(e, s.now())
+		if d <= 0 {
+			fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+			_, _ = s.fetchLocked(fctx, name, e)
+			if fctx.Err() != nil && ctx.Err() == nil {
+				// The source hung: fetchLocked does not count a cancelled caller as a failure
+				// of the source, but here the caller is the store itself.
+				err := fmt.Errorf("%w: credential %q: no answer within %s", ErrUnavailable, name, fetchTimeout)
+				e.last.Store(&err)
+				e.retryAt = s.now().Add(e.retry.next())
+			}
+			cancel()
+			d = s.dueIn(e, s.now())
+		}
+		e.mu.Unlock()
+		if !sleep(ctx, max(d, minWake)) {
+			return
+		}
+	}
+}
+
+// dueIn is how long until the credential should be read again: when its value stops being
+// fresh, or, after a failure, when the backoff allows. e.mu must be held.
+func (s *Store) dueIn(e *entry, now time.Time) time.Duration {
+	if now.Before(e.retryAt) {
+		return e.retryAt.Sub(now)
+	}
+	c := e.cur.Load()
+	if !s.fresh(c, now) {
+		return 0
+	}
+	due := c.fetched.Add(s.refresh)
+	if !c.val.refreshBy.IsZero() && c.val.refreshBy.Before(due) {
+		due = c.val.refreshBy
+	}
+	return due.Sub(now)
+}
+
+// CredentialStatus is the state of one credential, for /readyz and the metrics. It never
+// holds the value.
+type CredentialStatus struct {
+	// Ready: the credential has a usable value (fresh, or stale within max_stale).
+	Ready bool
+	// Error is the last failure to read it ("" when the last read succeeded); a ready
+	// credential can carry one while it serves a cached value.
+	Error string
+}
+
+// Status reports every credential by name.
+func (s *Store) Status() map[string]CredentialStatus {
+	out := make(map[string]CredentialStatus, len(s.entries))
+	now := s.now()
+	for name, e := range s.entries {
+		st := CredentialStatus{Ready: s.usable(e.cur.Load(), now)}
+		if p := e.last.Load(); p != nil {
+			st.Error = (*p).Error()
+		} else if !st.Ready {
+			st.Error = "not fetched yet"
+		}
+		out[name] = st
+	}
+	return out
 }
 
 // NotReady lists the credentials whose last fetch failed and that have no usable value,

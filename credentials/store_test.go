@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -291,5 +292,70 @@ func TestStoreHonoursValueLifetimes(t *testing.T) {
 	clk.add(5 * time.Second)
 	if _, err := s.Get(context.Background(), "c"); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("after expiry: %v", err)
+	}
+}
+
+// TestStoreRunRetriesWithoutTraffic: a credential unavailable at start becomes ready on its
+// own once its source answers, and a ready one is re-read every refresh interval, with no
+// Get at all.
+func TestStoreRunRetriesWithoutTraffic(t *testing.T) {
+	src := &scripted{err: fmt.Errorf("%w: connection refused", ErrUnavailable)}
+	ok := &scripted{val: NewSecret("fine")}
+	s := NewStore(map[string]Source{"c": src, "ok": ok}, StoreOptions{Refresh: 100 * time.Millisecond, MaxStale: time.Hour})
+	if errs := s.Warm(context.Background()); len(errs) != 1 {
+		t.Fatalf("Warm: %v", errs)
+	}
+	if st := s.Status(); st["c"].Ready || !strings.Contains(st["c"].Error, "connection refused") || !st["ok"].Ready || st["ok"].Error != "" {
+		t.Fatalf("Status after Warm: %+v", st)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	// Failures are retried on the backoff schedule: a few calls, not a hot loop.
+	waitFor(t, 5*time.Second, "retries after a failure", func() error {
+		if n := src.count(); n < 3 {
+			return fmt.Errorf("%d calls", n)
+		}
+		return nil
+	})
+	src.set(NewSecret("back"), nil)
+	waitFor(t, 5*time.Second, "ready without traffic", func() error {
+		if st := s.Status()["c"]; !st.Ready || st.Error != "" {
+			return fmt.Errorf("%+v", st)
+		}
+		return nil
+	})
+	if len(s.NotReady()) != 0 {
+		t.Fatalf("NotReady: %v", s.NotReady())
+	}
+	// A ready credential is re-read on its refresh schedule: a rotation arrives unasked.
+	ok.set(NewSecret("rotated"), nil)
+	waitFor(t, 5*time.Second, "rotation without traffic", func() error {
+		if k := s.Known("ok"); len(k) == 0 || k[0].Reveal() != "rotated" {
+			return errors.New("old value")
+		}
+		return nil
+	})
+	calls := src.count()
+	cancel()
+	<-done
+	if n := src.count(); n > calls+1 {
+		t.Fatalf("fetches after Run returned: %d -> %d", calls, n)
+	}
+}
+
+// TestStoreRunBacksOff: while the source fails, Run asks it far less often than its minimum
+// wake-up would allow: the delay doubles from 1s (capped by Refresh).
+func TestStoreRunBacksOff(t *testing.T) {
+	src := &scripted{err: fmt.Errorf("%w: down", ErrUnavailable)}
+	s := NewStore(map[string]Source{"c": src}, StoreOptions{Refresh: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+	defer cancel()
+	s.Run(ctx)
+	// t=0 fails, next in [0.5s,1s], then [1s,2s]: at most 3 calls within 1.2s.
+	if n := src.count(); n < 2 || n > 3 {
+		t.Fatalf("%d fetches in 1.2s of failures", n)
 	}
 }

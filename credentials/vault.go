@@ -431,7 +431,7 @@ func (v *Vault) run(auth *api.Secret) {
 				v.lastErr = err
 				v.mu.Unlock()
 				d := retry.next()
-				v.log.Warn().Err(err).Dur("retry_in", d).Msg("vault login failed")
+				v.log.Warn().Err(err).Str("retry_in", d.Round(time.Millisecond).String()).Msg("vault login failed")
 				sleep(ctx, d)
 				continue
 			}

@@ -123,7 +123,7 @@ credentials:
 
 func TestVersionAndUsage(t *testing.T) {
 	out, code := run(t, t.TempDir(), "version")
-	if code != 0 || !regexp.MustCompile(`^broker \S+ \(commit \S+, go1\.\d+`).MatchString(out) {
+	if code != 0 || !regexp.MustCompile(`^capbroker \S+ \(commit \S+, go \d+\.\d+`).MatchString(out) {
 		t.Fatalf("version: %d %q", code, out)
 	}
 	if out, code := run(t, t.TempDir(), "frobnicate"); code != 2 || !strings.Contains(out, "unknown command") {

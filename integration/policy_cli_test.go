@@ -392,9 +392,9 @@ func TestPolicyReplayMonitorModeAndErrors(t *testing.T) {
 	if out, code := run(t, dir, "policy", "replay", "--help"); code != 0 || !strings.Contains(out, "-reasons") {
 		t.Fatalf("--help: exit %d:\n%s", code, out)
 	}
-	// A log recorded without include_input: nothing to compare, and a hint on stderr.
+	// A log recorded without include_input: nothing to compare, exit 1 with a hint.
 	writeFiles(t, dir, map[string]string{"plain.jsonl": strings.ReplaceAll(`{"msg":"decision","request_id":"r9","decision":"allow"}`, "\n", "") + "\n"})
-	if out, code := run(t, dir, "policy", "replay", "--policies", "deny-z", "--log", "plain.jsonl"); code != 0 || !strings.Contains(out, "0 re-decided, 0 changed, 0 unchanged, 1 skipped without input") || !strings.Contains(out, "audit.include_input: full") {
+	if out, code := run(t, dir, "policy", "replay", "--policies", "deny-z", "--log", "plain.jsonl"); code != 1 || !strings.Contains(out, "0 re-decided, 0 changed, 0 unchanged, 1 skipped without input") || !strings.Contains(out, "audit.include_input: full") {
 		t.Fatalf("no input: exit %d:\n%s", code, out)
 	}
 }

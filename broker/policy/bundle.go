@@ -209,17 +209,20 @@ func (p *BundlePoller) download(ctx context.Context) (body []byte, etag string, 
 
 // Run polls until ctx ends: at once, then every poll interval; while no policy has loaded
 // yet, sooner (from half a second, doubling up to the interval). Each change and each failure
-// is reported to onReload with the revision in use afterwards.
+// is reported to onReload with the revision in use afterwards, and so is the first good poll
+// after failures (the bundle may be unchanged): a failure is not reported as current forever.
 func (p *BundlePoller) Run(ctx context.Context, onReload func(revision string, err error)) {
 	retry := minRetry
+	failing := false
 	for {
 		changed, err := p.Poll(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil || changed {
+		if err != nil || changed || failing {
 			onReload(p.e.Revision(), err)
 		}
+		failing = err != nil
 		wait := p.o.PollInterval
 		if p.e.cur.Load() == nil {
 			wait, retry = min(retry, p.o.PollInterval), min(retry*2, p.o.PollInterval)

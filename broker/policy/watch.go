@@ -34,7 +34,9 @@ func (e *Engine) LoadDir(ctx context.Context, dir string) error {
 // and returns the loop that reloads, for the caller to run (typically in a goroutine): it
 // reloads the policy from dir whenever a policy or data file in it, or in a directory below
 // it, changes, until ctx ends. Each reload is reported to onReload with its error (nil on
-// success); a failed reload leaves the last good policy in place.
+// success); a failed reload leaves the last good policy in place. A reload that finds the
+// files as they were (a touch, a chmod, the second event burst of a ConfigMap update) is not
+// reported, unless it ends a run of failures.
 func (e *Engine) WatchDir(dir string) (run func(ctx context.Context, onReload func(revision string, err error)) error, err error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -54,6 +56,7 @@ func (e *Engine) WatchDir(dir string) (run func(ctx context.Context, onReload fu
 func (e *Engine) watch(ctx context.Context, w *fsnotify.Watcher, dir string, onReload func(revision string, err error)) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	failing := false // the last report was an error
 	for {
 		select {
 		case <-ctx.Done():
@@ -79,9 +82,15 @@ func (e *Engine) watch(ctx context.Context, w *fsnotify.Watcher, dir string, onR
 			if !ok {
 				return nil
 			}
+			failing = true
 			onReload(e.Revision(), err)
 		case <-timer.C:
+			before := e.Revision()
 			err := e.LoadDir(ctx, dir)
+			if err == nil && !failing && e.Revision() == before {
+				continue // nothing changed
+			}
+			failing = err != nil
 			onReload(e.Revision(), err)
 		}
 	}

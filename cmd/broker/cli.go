@@ -12,8 +12,9 @@ import (
 	"github.com/capbroker/capbroker/broker/certs"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are set at build time with
+// -ldflags "-X main.version=v1.2.3 -X main.commit=abc1234" (the Dockerfile's build args).
+var version, commit = "dev", ""
 
 const usage = `broker: an egress broker for AI agents (see README.md)
 
@@ -25,7 +26,8 @@ Usage:
   broker policy test [DIR]                            run the *_test.rego tests (default ./policies)
   broker policy eval --policies DIR --input FILE      print the decision for one policy input
   broker policy replay --policies DIR --log FILE      re-decide audit events; exit 1 if any changed
-  broker version
+  broker healthcheck [--admin ADDR] [--path /readyz] exit 0 when the broker's admin endpoint answers 200
+  broker version | --version
 `
 
 // runCLI dispatches a command line and returns the exit code.
@@ -46,7 +48,9 @@ func runCLI(args []string, stdout, stderr io.Writer) int {
 		err = cmdCheckConfig(rest, stdout, stderr)
 	case "policy":
 		err = cmdPolicy(rest, stdout, stderr)
-	case "version":
+	case "healthcheck":
+		err = cmdHealthcheck(rest, stdout, stderr)
+	case "version", "--version", "-version":
 		cmdVersion(stdout)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
@@ -127,14 +131,22 @@ func cmdCA(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// cmdVersion prints "capbroker v1.2.3 (commit abc1234, go 1.26.1)".
 func cmdVersion(stdout io.Writer) {
-	commit := "unknown"
+	fmt.Fprintf(stdout, "capbroker %s (commit %s, go %s)\n", version, buildCommit(), strings.TrimPrefix(runtime.Version(), "go"))
+}
+
+// buildCommit is the commit set at build time, else the one Go recorded from the checkout.
+func buildCommit() string {
+	if commit != "" {
+		return commit
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			if s.Key == "vcs.revision" {
-				commit = s.Value
+				return s.Value
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "broker %s (commit %s, %s)\n", version, commit, runtime.Version())
+	return "unknown"
 }

@@ -64,9 +64,10 @@ func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, e
 	return set, nil
 }
 
-// start logs in to Vault (retrying in the background if it is unreachable) and reads every
-// credential once. Problems with the credentials are logged; the broker starts anyway and
-// /readyz names what is missing.
+// start logs in to Vault (retrying in the background if it is unreachable), reads every
+// credential once, and keeps them fresh in the background until ctx ends (retrying the
+// unavailable ones with backoff). Problems with the credentials are logged; the broker
+// starts anyway and /readyz names what is missing.
 func (s *credentialSet) start(ctx context.Context, log zerolog.Logger) error {
 	if s.vault != nil {
 		if err := s.vault.Start(ctx); err != nil {
@@ -76,6 +77,7 @@ func (s *credentialSet) start(ctx context.Context, log zerolog.Logger) error {
 	for _, err := range s.store.Warm(ctx) {
 		log.Warn().Err(err).Msg("credential not ready; requests granted it get 503 until it is")
 	}
+	go s.store.Run(ctx)
 	return nil
 }
 

@@ -11,22 +11,31 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/tester"
 
+	"github.com/capbroker/capbroker/broker"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 )
 
 const policyUsage = `Usage:
   broker policy test [-v] [--run REGEX] [DIR]              run the *_test.rego tests in DIR (default ./policies)
-  broker policy eval [--policies DIR] --input FILE         print the decision for one policy input
+  broker policy eval [--policies DIR] [--config FILE] --input FILE
+                                                          print the decision for one policy input
+  broker policy eval [--policies DIR] [--config FILE] --agent ID METHOD URL
+                                                          the same for a request given on the command line
+                                                          (CONNECT host:port for the connect phase)
   broker policy replay [--policies DIR] --log FILE [--reasons]
                                                           re-decide audit events; exit 1 if any changed
 FILE may be - for standard input.
@@ -151,25 +160,57 @@ type evalOutput struct {
 }
 
 func cmdPolicyEval(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("policy eval", "policy eval [--policies DIR] --input FILE", stderr)
+	fs := newFlags("policy eval", "policy eval [--policies DIR] [--config FILE] (--input FILE | --agent ID METHOD URL)", stderr)
 	dir := fs.String("policies", "policies", "policy directory (Rego and data files)")
 	inputFile := fs.String("input", "", "the policy input, a JSON file (- for standard input)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := requireFlag(fs, "input", *inputFile); err != nil {
-		return err
-	}
-	b, err := readInput(*inputFile)
+	cfgFile := fs.String("config", "", "broker config: input.credentials and the agent's labels come from it, as the broker would set them")
+	agent := fs.String("agent", "", "agent id, for a request given as METHOD URL")
+	pos, err := parseWithArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	input, err := decodeJSON(b)
-	if err != nil {
-		return fmt.Errorf("--input %s: %w", *inputFile, err)
+	var cfg *config.Config
+	if *cfgFile != "" {
+		if cfg, err = config.Load(*cfgFile); err == nil {
+			err = errors.Join(cfg.Validate()...)
+		}
+		if err != nil {
+			return configError(*cfgFile, err)
+		}
 	}
-	if _, ok := input.(map[string]any); !ok {
-		return fmt.Errorf("--input %s: the policy input must be a JSON object (see README, Writing and testing policies)", *inputFile)
+	var input any
+	switch {
+	case *inputFile != "" && len(pos) > 0:
+		fmt.Fprintln(stderr, "give either --input FILE or METHOD URL, not both")
+		fs.Usage()
+		return errUsage
+	case *inputFile != "":
+		b, err := readInput(*inputFile)
+		if err != nil {
+			return err
+		}
+		if input, err = decodeJSON(b); err != nil {
+			return fmt.Errorf("--input %s: %w", *inputFile, err)
+		}
+		if _, ok := input.(map[string]any); !ok {
+			return fmt.Errorf("--input %s: the policy input must be a JSON object (see README, Writing and testing policies)", *inputFile)
+		}
+	case len(pos) == 2:
+		if *agent == "" {
+			fmt.Fprintln(stderr, "--agent is required with METHOD URL")
+			fs.Usage()
+			return errUsage
+		}
+		if input, err = requestInput(*agent, pos[0], pos[1]); err != nil {
+			return err
+		}
+	default:
+		fmt.Fprintln(stderr, "--input is required (or --agent ID METHOD URL)")
+		fs.Usage()
+		return errUsage
+	}
+	if cfg != nil {
+		bindConfig(input.(map[string]any), cfg)
 	}
 	ctx := context.Background()
 	engine, err := policy.NewDir(ctx, *dir)
@@ -189,6 +230,70 @@ func cmdPolicyEval(args []string, stdout, stderr io.Writer) error {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	return enc.Encode(out)
+}
+
+// requestInput builds the policy input of a request given on the command line, as the broker
+// builds it: "GET https://host/path?q=1" (request phase, no headers, no body) or
+// "CONNECT host:port" (connect phase).
+func requestInput(agent, method, target string) (map[string]any, error) {
+	method = strings.ToUpper(method)
+	in := policy.Input{AgentID: agent, SourceIP: "127.0.0.1", Method: method, Headers: map[string]string{}}
+	if method == http.MethodConnect {
+		host, port, err := net.SplitHostPort(target)
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || host == "" {
+			return nil, fmt.Errorf("CONNECT %s: want host:port", target)
+		}
+		in.Phase, in.Host, in.Port = policy.PhaseConnect, strings.ToLower(host), n
+		return in.Document(true), nil
+	}
+	u, err := url.Parse(target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
+		return nil, fmt.Errorf("%s: want an absolute http:// or https:// URL", target)
+	}
+	in.Phase, in.Scheme, in.Host = policy.PhaseRequest, u.Scheme, strings.ToLower(u.Hostname())
+	in.Port = map[string]int{"http": 80, "https": 443}[u.Scheme]
+	if p := u.Port(); p != "" {
+		if in.Port, err = strconv.Atoi(p); err != nil {
+			return nil, fmt.Errorf("%s: bad port", target)
+		}
+	}
+	if in.RawPath, in.Path, err = broker.RequestPath(u); err != nil {
+		return nil, fmt.Errorf("%s: the broker refuses this path: %w", target, err)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("%s: bad query: %w", target, err)
+	}
+	in.Query = q
+	return in.Document(true), nil
+}
+
+// bindConfig sets what the broker takes from its config: input.credentials (the configured
+// credentials bound to the request's host) and the agent's labels. Without it a granted
+// credential is reported as not bound to the host, as the input names none.
+func bindConfig(input map[string]any, cfg *config.Config) {
+	req, _ := input["request"].(map[string]any)
+	host, _ := req["host"].(string)
+	names := []any{}
+	for _, n := range inject.NewSet(cfg.Credentials).Matching(strings.ToLower(host)) {
+		names = append(names, n)
+	}
+	input["credentials"] = names
+	ag, _ := input["agent"].(map[string]any)
+	if ag == nil {
+		return
+	}
+	id, _ := ag["id"].(string)
+	for _, a := range cfg.Agents {
+		if a.ID == id {
+			labels := map[string]any{}
+			for k, v := range a.Labels {
+				labels[k] = v
+			}
+			ag["labels"] = labels
+		}
+	}
 }
 
 func readInput(name string) ([]byte, error) {
@@ -255,6 +360,7 @@ func changed(old, cur outcome, phase string, reasons bool) bool {
 // auditLine is what replay reads from an audit event (CONTRACT §6).
 type auditLine struct {
 	Msg         string   `json:"msg"`
+	Message     string   `json:"message"` // the name operational log lines use`
 	RequestID   string   `json:"request_id"`
 	Agent       string   `json:"agent"`
 	Phase       string   `json:"phase"`
@@ -316,7 +422,7 @@ func cmdPolicyReplay(args []string, stdout, stderr io.Writer) error {
 			dec := json.NewDecoder(bytes.NewReader(line))
 			dec.UseNumber()
 			switch {
-			case dec.Decode(&ev) != nil || ev.Msg != "decision":
+			case dec.Decode(&ev) != nil || (ev.Msg != "decision" && ev.Message != "decision"):
 				ignored++
 			case ev.Input == nil:
 				noInput++
@@ -354,10 +460,15 @@ func cmdPolicyReplay(args []string, stdout, stderr io.Writer) error {
 		summary += fmt.Sprintf(", %d lines not decision events", ignored)
 	}
 	fmt.Fprintf(stdout, "%s (policy revision %s)\n", summary, engine.Revision())
-	if decided == 0 && noInput > 0 {
-		fmt.Fprintln(stderr, "no event carries its input: set audit.include_input: full to record inputs for replay")
-	}
-	if nChanged > 0 {
+	switch {
+	case decided == 0 && noInput > 0:
+		// A gate that re-decided nothing has checked nothing: it must not pass.
+		return fmt.Errorf("policy replay: no event in %s carries its input, nothing was re-decided: "+
+			"record inputs with audit.include_input: full", *logFile)
+	case decided == 0:
+		return fmt.Errorf("policy replay: %s holds no decision events (audit lines with \"msg\":\"decision\"), nothing was re-decided: "+
+			"is it the audit log (audit.file, or the broker's stdout)?", *logFile)
+	case nChanged > 0:
 		return fmt.Errorf("policy replay: %d of %d decisions changed", nChanged, decided)
 	}
 	return nil

@@ -151,6 +151,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return fmt.Errorf("admin.listen: %w", err)
 	}
 	metrics := broker.NewMetrics(nil)
+	metrics.SetBuild(version, buildCommit())
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: store, CA: ca, Metrics: metrics, Log: log,
 		Audit: auditLog,

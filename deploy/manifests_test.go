@@ -1,0 +1,513 @@
+// Package deploy_test checks the Kubernetes examples: every manifest decodes strictly into the
+// Kubernetes API type of its kind, and the set-up steps in docs/operations.md create every
+// Namespace, ConfigMap, Secret and key that the manifests (and the broker config they carry)
+// refer to, so that the examples start as written on a plain cluster.
+package deploy_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/capbroker/capbroker/broker/config"
+)
+
+const manifestsDir = "kubernetes"
+
+// object is one decoded manifest document.
+type object struct {
+	file string
+	kind string
+	name string
+	ns   string // "" for cluster-scoped kinds and when the file does not say
+	obj  any
+}
+
+var kinds = map[string]struct {
+	apiVersion string
+	new        func() any
+}{
+	"Namespace":      {"v1", func() any { return new(corev1.Namespace) }},
+	"ServiceAccount": {"v1", func() any { return new(corev1.ServiceAccount) }},
+	"ConfigMap":      {"v1", func() any { return new(corev1.ConfigMap) }},
+	"Secret":         {"v1", func() any { return new(corev1.Secret) }},
+	"Service":        {"v1", func() any { return new(corev1.Service) }},
+	"Pod":            {"v1", func() any { return new(corev1.Pod) }},
+	"Deployment":     {"apps/v1", func() any { return new(appsv1.Deployment) }},
+	"NetworkPolicy":  {"networking.k8s.io/v1", func() any { return new(networkingv1.NetworkPolicy) }},
+}
+
+// decodeFile decodes every document of a manifest file strictly (unknown fields are errors).
+func decodeFile(t *testing.T, file string) []object {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []object
+	for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		var meta struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Metadata   struct{ Name, Namespace string }
+		}
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("%s document %d: %v", file, i, err)
+		}
+		k, ok := kinds[meta.Kind]
+		if !ok {
+			t.Fatalf("%s document %d: kind %q is not one this test knows; add its API type", file, i, meta.Kind)
+		}
+		if meta.APIVersion != k.apiVersion {
+			t.Errorf("%s: %s %s: apiVersion %q, want %q", file, meta.Kind, meta.Metadata.Name, meta.APIVersion, k.apiVersion)
+		}
+		obj := k.new()
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Errorf("%s: %s %s: %v", file, meta.Kind, meta.Metadata.Name, err)
+			continue
+		}
+		if meta.Metadata.Name == "" {
+			t.Errorf("%s document %d: no metadata.name", file, i)
+		}
+		out = append(out, object{file: file, kind: meta.Kind, name: meta.Metadata.Name, ns: meta.Metadata.Namespace, obj: obj})
+	}
+	return out
+}
+
+func stripComments(s string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+type kustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Namespace  string   `json:"namespace"`
+	Resources  []string `json:"resources"`
+}
+
+// kustomize is `kubectl apply -k dir` as far as these examples use it: the resources, in the
+// kustomization's namespace.
+func kustomize(t *testing.T, dir string) []object {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k kustomization
+	if err := yaml.UnmarshalStrict(b, &k); err != nil {
+		t.Fatalf("%s/kustomization.yaml: %v", dir, err)
+	}
+	if k.APIVersion != "kustomize.config.k8s.io/v1beta1" || k.Kind != "Kustomization" || k.Namespace == "" {
+		t.Fatalf("%s/kustomization.yaml: %+v", dir, k)
+	}
+	var out []object
+	for _, r := range k.Resources {
+		for _, o := range decodeFile(t, filepath.Join(dir, r)) {
+			if o.kind != "Namespace" {
+				if o.ns != "" && o.ns != k.Namespace {
+					t.Errorf("%s: %s %s in namespace %s, the kustomization sets %s", o.file, o.kind, o.name, o.ns, k.Namespace)
+				}
+				o.ns = k.Namespace
+			}
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// manifestDirs are the folders holding a kustomization.
+func manifestDirs(t *testing.T) []string {
+	t.Helper()
+	var dirs []string
+	err := filepath.WalkDir(manifestsDir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == "kustomization.yaml" {
+			dirs = append(dirs, filepath.Dir(p))
+		}
+		return err
+	})
+	if err != nil || len(dirs) == 0 {
+		t.Fatalf("no kustomization under %s: %v", manifestsDir, err)
+	}
+	sort.Strings(dirs)
+	return dirs
+}
+
+// TestManifestsDecodeAsAPITypes: every manifest is a valid object of its kind, every file is
+// part of a kustomization, and each workload mounts only volumes it declares.
+func TestManifestsDecodeAsAPITypes(t *testing.T) {
+	listed := map[string]bool{}
+	for _, dir := range manifestDirs(t) {
+		for _, o := range kustomize(t, dir) {
+			listed[o.file] = true
+			checkWorkload(t, o)
+		}
+	}
+	_ = filepath.WalkDir(manifestsDir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && filepath.Ext(p) == ".yaml" && d.Name() != "kustomization.yaml" && !listed[p] {
+			t.Errorf("%s is in no kustomization's resources", p)
+		}
+		return nil
+	})
+}
+
+// podSpec returns the pod spec of a workload, nil for other kinds.
+func podSpec(o object) *corev1.PodSpec {
+	switch v := o.obj.(type) {
+	case *corev1.Pod:
+		return &v.Spec
+	case *appsv1.Deployment:
+		return &v.Spec.Template.Spec
+	}
+	return nil
+}
+
+func checkWorkload(t *testing.T, o object) {
+	t.Helper()
+	if d, ok := o.obj.(*appsv1.Deployment); ok {
+		if d.Spec.Selector == nil {
+			t.Errorf("%s: Deployment %s has no selector", o.file, o.name)
+		} else {
+			for k, v := range d.Spec.Selector.MatchLabels {
+				if d.Spec.Template.Labels[k] != v {
+					t.Errorf("%s: Deployment %s: selector %s=%s does not match its pod template", o.file, o.name, k, v)
+				}
+			}
+		}
+	}
+	spec := podSpec(o)
+	if spec == nil {
+		return
+	}
+	volumes := map[string]bool{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = true
+	}
+	used := map[string]bool{}
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		for _, m := range c.VolumeMounts {
+			used[m.Name] = true
+			if !volumes[m.Name] {
+				t.Errorf("%s: %s/%s mounts volume %q, which the pod does not declare", o.file, o.name, c.Name, m.Name)
+			}
+		}
+		if c.Image == "" {
+			t.Errorf("%s: %s/%s has no image", o.file, o.name, c.Name)
+		}
+	}
+	for v := range volumes {
+		if !used[v] {
+			t.Errorf("%s: %s: volume %q is mounted by no container", o.file, o.name, v)
+		}
+	}
+}
+
+// cluster is what the set-up steps and the manifests create: namespaces, and the keys of every
+// ConfigMap and Secret by namespace/kind/name.
+type cluster struct {
+	namespaces map[string]bool
+	keys       map[string]map[string]bool // "ns/Kind/name" -> keys
+	workloads  []object
+}
+
+func (c *cluster) add(t *testing.T, step string, o object) {
+	t.Helper()
+	switch o.kind {
+	case "Namespace":
+		c.namespaces[o.name] = true
+		return
+	case "ConfigMap", "Secret":
+		keys := map[string]bool{}
+		switch v := o.obj.(type) {
+		case *corev1.ConfigMap:
+			for k := range v.Data {
+				keys[k] = true
+			}
+		case *corev1.Secret:
+			for k := range v.StringData {
+				keys[k] = true
+			}
+			for k := range v.Data {
+				keys[k] = true
+			}
+		}
+		c.create(t, step, o.ns, o.kind, o.name, keys)
+		return
+	}
+	if !c.namespaces[o.ns] {
+		t.Errorf("%s: %s %s in namespace %q, which no step has created", step, o.kind, o.name, o.ns)
+	}
+	if podSpec(o) != nil {
+		c.workloads = append(c.workloads, o)
+	}
+}
+
+func (c *cluster) create(t *testing.T, step, ns, kind, name string, keys map[string]bool) {
+	t.Helper()
+	if !c.namespaces[ns] {
+		t.Errorf("%s: namespace %q does not exist yet", step, ns)
+	}
+	id := ns + "/" + kind + "/" + name
+	if c.keys[id] != nil {
+		t.Errorf("%s: %s exists already", step, id)
+	}
+	c.keys[id] = keys
+}
+
+// setupBlocks returns the shell blocks of docs/operations.md marked "# set-up: DIR", by DIR.
+func setupBlocks(t *testing.T) map[string][]string {
+	t.Helper()
+	b, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := map[string][]string{}
+	var dir string
+	in := false
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case !in && strings.HasPrefix(line, "```sh"):
+			in, dir = true, ""
+		case in && line == "```":
+			in = false
+		case in && strings.HasPrefix(line, "# set-up: "):
+			dir = strings.TrimPrefix(line, "# set-up: ")
+		case in && dir != "":
+			blocks[dir] = append(blocks[dir], line)
+		}
+	}
+	return blocks
+}
+
+var fromFile = regexp.MustCompile(`--from-file=(\S+)`)
+
+// TestSetupStepsCreateWhatManifestsUse walks through each documented set-up: every command
+// that creates something is applied to a model of the cluster, then every workload's
+// ConfigMaps, Secrets and keys, and every file its broker config names, must be there.
+func TestSetupStepsCreateWhatManifestsUse(t *testing.T) {
+	blocks := setupBlocks(t)
+	for _, dir := range manifestDirs(t) {
+		rel := path.Join("deploy", filepath.ToSlash(dir))
+		steps, ok := blocks[rel]
+		if !ok {
+			t.Errorf("docs/operations.md has no set-up block for %s (a ```sh block starting \"# set-up: %s\")", rel, rel)
+			continue
+		}
+		t.Run(rel, func(t *testing.T) {
+			c := &cluster{namespaces: map[string]bool{}, keys: map[string]map[string]bool{}}
+			applied := false
+			for _, step := range steps {
+				cmd, _, _ := strings.Cut(step, " #")
+				f := strings.Fields(cmd)
+				if len(f) == 0 || f[0] != "kubectl" {
+					continue
+				}
+				ns := ""
+				if len(f) > 2 && f[1] == "-n" {
+					ns, f = f[2], append(f[:1:1], f[3:]...)
+				}
+				switch {
+				case len(f) == 4 && f[1] == "apply" && f[2] == "-f":
+					for _, o := range decodeFile(t, strings.TrimPrefix(f[3], "deploy/")) {
+						c.add(t, step, o)
+					}
+				case len(f) == 4 && f[1] == "apply" && f[2] == "-k":
+					if strings.TrimSuffix(f[3], "/") != rel {
+						t.Errorf("%s: applies %s in the set-up of %s", step, f[3], rel)
+					}
+					for _, o := range kustomize(t, dir) {
+						c.add(t, step, o)
+					}
+					applied = true
+				case len(f) >= 5 && f[1] == "create" && (f[2] == "secret" && f[3] == "generic" || f[2] == "configmap"):
+					kind, name := "ConfigMap", f[3]
+					if f[2] == "secret" {
+						kind, name = "Secret", f[4]
+					}
+					keys := map[string]bool{}
+					for _, m := range fromFile.FindAllStringSubmatch(cmd, -1) {
+						key, file, ok := strings.Cut(m[1], "=")
+						if !ok {
+							key = path.Base(file)
+						}
+						keys[key] = true
+					}
+					if len(keys) == 0 {
+						t.Errorf("%s: no --from-file", step)
+					}
+					c.create(t, step, ns, kind, name, keys)
+				default:
+					t.Errorf("%s: a kubectl command this walk-through does not know", step)
+				}
+			}
+			if !applied {
+				t.Fatalf("the set-up of %s never runs kubectl apply -k", rel)
+			}
+			for _, w := range c.workloads {
+				checkReferences(t, c, w)
+			}
+		})
+	}
+}
+
+// checkReferences: every ConfigMap, Secret and key a workload uses exists, and every file the
+// broker's config names is on a volume that holds it.
+func checkReferences(t *testing.T, c *cluster, w object) {
+	t.Helper()
+	spec := podSpec(w)
+	need := func(kind, name, key, why string) {
+		keys, ok := c.keys[w.ns+"/"+kind+"/"+name]
+		switch {
+		case !ok:
+			t.Errorf("%s %s: %s: %s %s/%s is created by no step", w.kind, w.name, why, kind, w.ns, name)
+		case key != "" && !keys[key]:
+			t.Errorf("%s %s: %s: %s %s has no key %q (has %v)", w.kind, w.name, why, kind, name, key, keys)
+		}
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+		switch {
+		case v.ConfigMap != nil:
+			need("ConfigMap", v.ConfigMap.Name, "", "volume "+v.Name)
+			for _, it := range v.ConfigMap.Items {
+				need("ConfigMap", v.ConfigMap.Name, it.Key, "volume "+v.Name)
+			}
+		case v.Secret != nil:
+			need("Secret", v.Secret.SecretName, "", "volume "+v.Name)
+			for _, it := range v.Secret.Items {
+				need("Secret", v.Secret.SecretName, it.Key, "volume "+v.Name)
+			}
+		}
+	}
+	for _, ctr := range slices.Concat(spec.InitContainers, spec.Containers) {
+		for _, e := range ctr.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				need("Secret", e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key, "env "+e.Name)
+			}
+			if e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil {
+				need("ConfigMap", e.ValueFrom.ConfigMapKeyRef.Name, e.ValueFrom.ConfigMapKeyRef.Key, "env "+e.Name)
+			}
+		}
+		cfgPath := ""
+		for i, a := range ctr.Args {
+			if a == "--config" && i+1 < len(ctr.Args) {
+				cfgPath = ctr.Args[i+1]
+			}
+		}
+		if cfgPath == "" {
+			continue
+		}
+		// The broker: its config comes from a ConfigMap key through a subPath mount.
+		where := func(file string) (corev1.Volume, corev1.VolumeMount, bool) {
+			var best corev1.VolumeMount
+			for _, m := range ctr.VolumeMounts {
+				if (file == m.MountPath || strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/")) && len(m.MountPath) > len(best.MountPath) {
+					best = m
+				}
+			}
+			v, ok := volumes[best.Name]
+			return v, best, ok && best.Name != ""
+		}
+		v, m, ok := where(cfgPath)
+		if !ok || v.ConfigMap == nil || m.SubPath == "" {
+			t.Errorf("%s %s/%s: --config %s is not a ConfigMap key mounted with subPath", w.kind, w.name, ctr.Name, cfgPath)
+			continue
+		}
+		raw := configMapData(t, c, w.ns, v.ConfigMap.Name, m.SubPath)
+		cfg, err := config.Parse([]byte(raw))
+		if err != nil {
+			t.Errorf("%s %s: %s: %v", w.kind, w.name, cfgPath, err)
+			continue
+		}
+		cfg.SetDefaults()
+		if errs := cfg.Validate(); len(errs) > 0 {
+			t.Errorf("%s %s: %s does not validate: %v", w.kind, w.name, cfgPath, errs)
+		}
+		for key, file := range configFiles(cfg) {
+			if file == "" || (key == "policy.dir" && file == "/etc/broker/policies") { // in the image (Dockerfile)
+				continue
+			}
+			v, m, ok := where(file)
+			switch {
+			case !ok:
+				t.Errorf("%s %s/%s: %s %s is on no volume the container mounts", w.kind, w.name, ctr.Name, key, file)
+			case v.ConfigMap != nil && m.SubPath == "":
+				need("ConfigMap", v.ConfigMap.Name, strings.TrimPrefix(file, m.MountPath+"/"), key)
+			case v.Secret != nil && m.SubPath == "":
+				need("Secret", v.Secret.SecretName, strings.TrimPrefix(file, m.MountPath+"/"), key)
+			case v.EmptyDir != nil:
+				// Written by an init container that mounts the same volume.
+				if !slices.ContainsFunc(spec.InitContainers, func(ic corev1.Container) bool {
+					return slices.ContainsFunc(ic.VolumeMounts, func(im corev1.VolumeMount) bool { return im.Name == v.Name })
+				}) {
+					t.Errorf("%s %s: %s %s: emptyDir %s is filled by no init container", w.kind, w.name, key, file, v.Name)
+				}
+			default:
+				t.Errorf("%s %s: %s %s: volume %s is of a kind this walk-through does not check", w.kind, w.name, key, file, v.Name)
+			}
+		}
+	}
+}
+
+// configMapData is the text under a key of a ConfigMap in the manifests (not one made by a
+// step: those hold files the user brings).
+func configMapData(t *testing.T, c *cluster, ns, name, key string) string {
+	t.Helper()
+	for _, dir := range manifestDirs(t) {
+		for _, o := range kustomize(t, dir) {
+			if cm, ok := o.obj.(*corev1.ConfigMap); ok && o.ns == ns && o.name == name {
+				return cm.Data[key]
+			}
+		}
+	}
+	t.Fatalf("ConfigMap %s/%s is not in the manifests", ns, name)
+	return ""
+}
+
+// configFiles lists every file a broker config names, by key path.
+func configFiles(cfg *config.Config) map[string]string {
+	files := map[string]string{
+		"ca.cert_file":     cfg.CA.CertFile,
+		"ca.key_file":      cfg.CA.KeyFile,
+		"upstream.ca_file": cfg.Upstream.CAFile,
+		"policy.dir":       cfg.Policy.Dir,
+		"audit.file":       cfg.Audit.File,
+	}
+	if v := cfg.Vault; v != nil {
+		files["vault.ca_file"] = v.CAFile
+		files["vault.auth.token_file"] = v.Auth.TokenFile
+		files["vault.auth.role_id_file"] = v.Auth.RoleIDFile
+		files["vault.auth.secret_id_file"] = v.Auth.SecretIDFile
+	}
+	for i, a := range cfg.Agents {
+		files[fmt.Sprintf("agents[%d].token_file", i)] = a.TokenFile
+	}
+	for i, c := range cfg.Credentials {
+		files[fmt.Sprintf("credentials[%d].source.file", i)] = c.Source.File
+	}
+	return files
+}
