@@ -132,6 +132,12 @@ type Credential struct {
 	Hosts  []string `yaml:"hosts"`
 	Source Source   `yaml:"source"`
 	Inject Inject   `yaml:"inject"`
+
+	// Derived credentials (derived.go): at most one.
+	AWSSigV4             *AWSSigV4             `yaml:"aws_sigv4"`
+	GitHubApp            *GitHubApp            `yaml:"github_app"`
+	OAuth2               *OAuth2               `yaml:"oauth2"`
+	GoogleServiceAccount *GoogleServiceAccount `yaml:"google_service_account"`
 }
 
 type Source struct {
