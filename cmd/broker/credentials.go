@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/rs/zerolog"
 
@@ -20,11 +21,12 @@ type credentialSet struct {
 	store  *credentials.Store
 	vault  *credentials.Vault
 	checks map[string]func(context.Context) error // one read of each credential, for check-config
+	paths  map[string]string                      // the key path of each credential's source
 }
 
 // buildCredentials builds the sources named in the config. Nothing is fetched yet.
 func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, error) {
-	set := &credentialSet{checks: map[string]func(context.Context) error{}}
+	set := &credentialSet{checks: map[string]func(context.Context) error{}, paths: map[string]string{}}
 	opts := credentials.StoreOptions{}
 	if v := cfg.Vault; v != nil {
 		opts.Refresh, opts.MaxStale = v.RefreshInterval, v.MaxStale
@@ -42,7 +44,8 @@ func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, e
 		set.vault = vault
 	}
 	sources := map[string]credentials.Source{}
-	for _, c := range cfg.Credentials {
+	for i, c := range cfg.Credentials {
+		set.paths[c.Name] = fmt.Sprintf("credentials[%d].source", i)
 		var src credentials.Source
 		switch s := c.Source; {
 		case s.Env != "":
@@ -98,7 +101,9 @@ func (s *credentialSet) check(ctx context.Context) []error {
 	var errs []error
 	for _, name := range s.store.Names() {
 		if err := s.checks[name](ctx); err != nil {
-			errs = append(errs, fmt.Errorf("credential %q: %w", name, err))
+			// One mention of the credential, whether or not the source's error names it.
+			msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("credential %q: ", name))
+			errs = append(errs, fmt.Errorf("%s: credential %q: %s", s.paths[name], name, msg))
 		}
 	}
 	return errs
