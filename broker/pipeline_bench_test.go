@@ -83,9 +83,9 @@ func benchBroker(b testing.TB, full bool) (*Broker, *tunnel) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	br.transport = memoryUpstream{}
+	br.setTransport(memoryUpstream{})
 	agent := identity.Agent{ID: "dev-agent", Labels: map[string]string{"env": "dev"}}
-	return br, &tunnel{agent: agent, target: newTarget("https", "api.openai.com", 443)}
+	return br, &tunnel{agent: agent, target: newTarget("https", "api.openai.com", 443), gen: br.gen.Load()}
 }
 
 type allowAll struct{}

@@ -92,7 +92,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(small)), nil }
 	}
 	for _, g := range granted {
-		secret, err := b.secrets.Get(r.Context(), g.Name)
+		secret, err := x.g.secrets.Get(r.Context(), g.Name)
 		if err != nil {
 			return nil, err // never forward without a credential the decision granted
 		}
@@ -104,7 +104,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 			out.Close = true
 		}
 	}
-	s := b.responseScrubber(t.host)
+	s := x.g.responseScrubber(t.host)
 	x.scrub = s
 	if !s.Empty() {
 		// Ask for an unencoded body, and WebSocket frames without compression, so the response
@@ -115,9 +115,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		}
 		dropRangeHeaders(out)
 	}
-	b.forwardTrailers(r, out)
+	x.g.forwardTrailers(r, out)
 
-	resp, err := b.transport.RoundTrip(out, poolFor(x.agent.ID, granted))
+	resp, err := x.g.transport.RoundTrip(out, poolFor(x.agent.ID, granted))
 	if err != nil {
 		return nil, upstreamFailure(t.hostPort(), err)
 	}
@@ -136,7 +136,12 @@ var encodingOffers = [...]string{"Accept-Encoding", "Grpc-Accept-Encoding", "Sec
 // must be the CONNECT host, and the request is always sent to the CONNECT target.
 func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (target, error) {
 	if tun != nil {
-		x.identify(tun.agent)
+		agent, err := tun.reidentify(x.g)
+		if err != nil {
+			x.identify(tun.agent)
+			return target{}, err
+		}
+		x.identify(agent)
 		x.ev.Host, x.ev.Port = tun.target.host, tun.target.port
 		if r.ProtoMajor == 2 && r.Method == http.MethodConnect {
 			// Extended CONNECT (WebSockets over HTTP/2) is not advertised; a tunnel in a tunnel is not offered.
@@ -160,7 +165,7 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 		}
 		return tun.target, nil
 	}
-	agent, err := b.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
+	agent, err := x.g.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
 	if err != nil {
 		return target{}, err
 	}
@@ -183,7 +188,7 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, evalErr error) ([]*inject.Binding, error) {
 	x.ev.PolicyRevision = d.Revision
 	x.ev.DecisionID = d.ID
-	if b.auditInput {
+	if x.g.auditInput {
 		x.ev.Input = in.Document()
 	}
 	err := evalErr
@@ -193,7 +198,7 @@ func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, eva
 	}
 	// Credentials matter in the request phase only: nothing is injected at connect time.
 	if err == nil && in.Phase == policy.PhaseRequest {
-		granted, err = b.bindings.Resolve(d.Credentials, in.Host)
+		granted, err = x.g.bindings.Resolve(d.Credentials, in.Host)
 		if err == nil && len(granted) > 0 && in.Scheme != "https" {
 			err = denial{policy.ReasonCredentialsNeedHTTPS}
 		}
@@ -206,7 +211,7 @@ func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, eva
 		}
 		return granted, nil
 	}
-	if b.mode == config.ModeMonitor {
+	if x.g.mode == config.ModeMonitor {
 		x.ev.Decision = audit.Allow
 		x.ev.WouldDeny = true
 		x.ev.Reason = classify(err).reason
@@ -266,9 +271,9 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		Path:        path,
 		RawPath:     raw,
 		Query:       q,
-		ReadHeaders: func() map[string]string { return b.policyHeaders(r.Header) },
+		ReadHeaders: func() map[string]string { return x.g.policyHeaders(r.Header) },
 		BodySize:    r.ContentLength,
-		Credentials: b.bindings.Matching(t.host),
+		Credentials: x.g.bindings.Matching(t.host),
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		in.BodySize = 0
@@ -280,11 +285,11 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 
 // policyHeaders are the request's headers as the policy sees them: lower-case names, values
 // joined, without hop-by-hop and credential-bearing ones.
-func (b *Broker) policyHeaders(h http.Header) map[string]string {
+func (g *generation) policyHeaders(h http.Header) map[string]string {
 	headers := make(map[string]string, len(h))
 	for k, vs := range h {
 		lk := strings.ToLower(k)
-		if !b.bindings.CredentialHeader(lk) && !isHopByHop(k) {
+		if !g.bindings.CredentialHeader(lk) && !isHopByHop(k) {
 			headers[lk] = strings.Join(vs, ", ")
 		}
 	}
