@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/credentials"
 )
@@ -22,19 +24,27 @@ func (b *Broker) setTransport(t upstreamClient) {
 	b.gen.Load().transport = t
 }
 
-// fixedSecrets gives every credential one value; Get waits for release when it is set.
-type fixedSecrets struct {
-	val     string
-	entered chan struct{}
-	release chan struct{}
-}
+// fixedSecrets gives every credential one value.
+type fixedSecrets struct{ val string }
 
 func (s *fixedSecrets) Get(context.Context, string) (credentials.Secret, error) {
-	if s.release != nil {
-		s.entered <- struct{}{}
-		<-s.release
-	}
 	return credentials.NewSecret(s.val), nil
+}
+
+// gatedDecider holds the first request-phase decision until release is closed: the exchange
+// has begun, and has not yet read a credential.
+type gatedDecider struct {
+	Decider
+	first            atomic.Bool
+	entered, release chan struct{}
+}
+
+func (d *gatedDecider) Decide(ctx context.Context, in *policy.Input) (policy.Decision, error) {
+	if d.first.CompareAndSwap(false, true) {
+		close(d.entered)
+		<-d.release
+	}
+	return d.Decider.Decide(ctx, in)
 }
 
 func (s *fixedSecrets) Known(string) []credentials.Secret {
@@ -73,7 +83,9 @@ func reloadConfig(t *testing.T, token, mode string) *config.Config {
 func TestReloadGenerations(t *testing.T) {
 	br, tun := benchBroker(t, true)
 	tun.proxyAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte("dev-agent:bench-token"))
-	oldSecrets := &fixedSecrets{val: "sk-old-0123456789", entered: make(chan struct{}), release: make(chan struct{})}
+	oldSecrets := &fixedSecrets{val: "sk-old-0123456789"}
+	gate := &gatedDecider{Decider: br.policy, entered: make(chan struct{}), release: make(chan struct{})}
+	br.policy = gate
 	if err := br.Reload(reloadConfig(t, "bench-token", config.ModeEnforce), oldSecrets); err != nil {
 		t.Fatal(err)
 	}
@@ -81,14 +93,14 @@ func TestReloadGenerations(t *testing.T) {
 	up := &authRecorder{}
 	br.setTransport(up)
 
-	// A request in flight: it has begun and waits for its credential.
+	// A request in flight: it has begun, and is being decided.
 	inflight := make(chan int)
 	go func() {
 		w := httptest.NewRecorder()
 		br.serveTunnel(w, chatRequest(), tun)
 		inflight <- w.Code
 	}()
-	<-oldSecrets.entered
+	<-gate.entered
 
 	newSecrets := &fixedSecrets{val: "sk-new-0123456789"}
 	if err := br.Reload(reloadConfig(t, "bench-token", config.ModeMonitor), newSecrets); err != nil {
@@ -102,7 +114,7 @@ func TestReloadGenerations(t *testing.T) {
 	if w.Code != http.StatusOK {
 		t.Fatalf("request after reload: %d %s", w.Code, w.Body)
 	}
-	close(oldSecrets.release)
+	close(gate.release)
 	if code := <-inflight; code != http.StatusOK {
 		t.Fatalf("request in flight: %d", code)
 	}

@@ -26,10 +26,20 @@ type credentialSet struct {
 
 // buildCredentials builds the sources named in the config. Nothing is fetched yet.
 func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, error) {
-	set := &credentialSet{checks: map[string]func(context.Context) error{}, paths: map[string]string{}}
+	return buildCredentialsWith(cfg, log, nil, nil, nil)
+}
+
+// buildCredentialsWith is buildCredentials for a reload: vault, when not nil, is the running
+// Vault client, used rather than a new one (and kept, for Close, even if cfg has no vault
+// section); the store takes over from old the credentials unchanged reports true for
+// (credentials.NewStoreFrom).
+func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, vault *credentials.Vault, old *credentials.Store, unchanged func(string) bool) (*credentialSet, error) {
+	set := &credentialSet{checks: map[string]func(context.Context) error{}, paths: map[string]string{}, vault: vault}
 	opts := credentials.StoreOptions{}
 	if v := cfg.Vault; v != nil {
 		opts.Refresh, opts.MaxStale = v.RefreshInterval, v.MaxStale
+	}
+	if v := cfg.Vault; v != nil && set.vault == nil {
 		vault, err := credentials.NewVault(credentials.VaultOptions{
 			Address: v.Address, CAFile: v.CAFile, Namespace: v.Namespace, Log: log,
 			Auth: credentials.VaultAuth{
@@ -63,7 +73,11 @@ func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, e
 			set.checks[c.Name] = func(ctx context.Context) error { _, err := src.Fetch(ctx); return err }
 		}
 	}
-	set.store = credentials.NewStore(sources, opts)
+	if old != nil && unchanged != nil {
+		set.store = credentials.NewStoreFrom(old, sources, unchanged, opts)
+	} else {
+		set.store = credentials.NewStore(sources, opts)
+	}
 	return set, nil
 }
 
