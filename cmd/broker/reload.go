@@ -107,6 +107,9 @@ func (r *reloader) reload(ctx context.Context, trigger string, force bool) {
 		return
 	}
 	if err := r.b.Reload(cfg, creds.store); err != nil {
+		if creds.vault != r.creds.vault {
+			_ = creds.close(ctx) // the Vault client this config would have added
+		}
 		refused(log, err)
 		return
 	}
