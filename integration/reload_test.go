@@ -11,12 +11,12 @@ import (
 	"testing"
 )
 
-// TestConfigReload drives the binary through reloads of its whole config: on SIGHUP, a new
-// agent token, a new secret source and a lower request limit take effect at once, while a
-// request in flight finishes with the credential it started with; a rewritten file reloads
-// without a signal; a broken file is refused with its problems logged and the running config
-// keeps serving; a changed listener address is reported as needing a restart; the process
-// never exits.
+// TestConfigReload drives the binary through reloads of its whole config: a new agent token, a
+// new secret source and a lower request limit take effect at once, while a request in flight
+// finishes with the credential it started with; a broken file is refused with its problems
+// logged and the running config keeps serving; a rewritten file reloads without a signal, and
+// a changed listener address is reported as needing a restart; SIGHUP alone, with the file
+// untouched, reads the agents' token files again; the process never exits.
 func TestConfigReload(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -140,11 +140,17 @@ func TestConfigReload(t *testing.T) {
 		t.Fatalf("after a refused reload: %d %v", code, err)
 	}
 
-	// The file fixed, with another token and a new admin address: reloaded without a signal;
-	// the address needs a restart and says so.
+	// The file fixed, with the token now in a file and a new admin address: reloaded without
+	// a signal; the address needs a restart and says so.
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(thirdToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	mark = b.logs.mark()
-	write(replace(reloaded, "CODER1_NEW_TOKEN", "CODER1_THIRD_TOKEN", `admin: {listen: "127.0.0.1:0"}`, `admin: {listen: "127.0.0.1:1"}`))
-	b.logs.waitFrom(t, mark, `"message":"config reloaded"`)
+	write(replace(reloaded, "token_env: CODER1_NEW_TOKEN", fmt.Sprintf("token_file: %q", tokenFile), `admin: {listen: "127.0.0.1:0"}`, `admin: {listen: "127.0.0.1:1"}`))
+	if line := b.logs.waitFrom(t, mark, `"message":"config reloaded"`); !strings.Contains(line, `"trigger":"file changed"`) {
+		t.Errorf("reload line: %s", line)
+	}
 	if !strings.Contains(strings.Join(b.logs.snapshot()[mark:], "\n"), "admin.listen changed: it needs a restart") {
 		t.Errorf("no restart warning for admin.listen:\n%s", b.logs.String())
 	}
@@ -153,6 +159,25 @@ func TestConfigReload(t *testing.T) {
 	}
 	if _, err := get(newToken, "/api/second"); err == nil {
 		t.Error("the replaced token still works")
+	}
+
+	// SIGHUP alone, the config file untouched: the token file is read again.
+	fourthToken := randHex(16)
+	if err := os.WriteFile(tokenFile, []byte(fourthToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mark = b.logs.mark()
+	if err := b.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if line := b.logs.waitFrom(t, mark, `"message":"config reloaded"`); !strings.Contains(line, `"trigger":"SIGHUP"`) {
+		t.Errorf("reload line: %s", line)
+	}
+	if code, err := get(fourthToken, "/api/fourth"); err != nil || code != http.StatusOK {
+		t.Fatalf("token read again on SIGHUP: %d %v", code, err)
+	}
+	if _, err := get(thirdToken, "/api/third-again"); err == nil {
+		t.Error("the token replaced in its file still works")
 	}
 
 	select {
