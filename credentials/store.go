@@ -312,3 +312,16 @@ func NewStoreFrom(old *Store, sources map[string]Source, unchanged func(name str
 	}
 	return s
 }
+
+// Release tells the sources of the named credentials that they are no longer used (a config
+// reload removed them, or replaced their source): a Vault lease stops being renewed. The
+// store still serves the values it has cached, to the requests that began before the reload.
+func (s *Store) Release(names ...string) {
+	for _, name := range names {
+		if e, ok := s.entries[name]; ok {
+			if r, ok := e.src.(interface{ Release() }); ok {
+				r.Release()
+			}
+		}
+	}
+}

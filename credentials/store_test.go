@@ -341,3 +341,20 @@ func (c *countingSource) Fetch(context.Context) (Secret, error) {
 	c.n++
 	return NewSecret(c.val), nil
 }
+
+// releasingSource records Release.
+type releasingSource struct {
+	countingSource
+	released bool
+}
+
+func (r *releasingSource) Release() { r.released = true }
+
+func TestStoreRelease(t *testing.T) {
+	gone, kept := &releasingSource{countingSource: countingSource{val: "a"}}, &releasingSource{countingSource: countingSource{val: "b"}}
+	s := NewStore(map[string]Source{"gone": gone, "kept": kept, "env": Env{Name: "X"}}, StoreOptions{})
+	s.Release("gone", "env", "unknown")
+	if !gone.released || kept.released {
+		t.Fatalf("released: gone %v, kept %v", gone.released, kept.released)
+	}
+}

@@ -114,6 +114,8 @@ func (r *reloader) reload(ctx context.Context, trigger string, force bool) {
 		return
 	}
 	r.ready.p.Store(creds.store)
+	// Dynamic secrets of removed and replaced credentials are no longer renewed.
+	r.creds.store.Release(append(stats.removed, stats.changed...)...)
 	r.cur, r.creds, r.last = cfg, creds, raw
 	log.Info().Int("agents", len(cfg.Agents)).Int("credentials", len(cfg.Credentials)).
 		Strs("credentials_added", stats.added).Strs("credentials_changed", stats.changed).
