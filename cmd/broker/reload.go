@@ -49,6 +49,7 @@ type reloader struct {
 	last  []byte         // the file as last loaded, to ignore events that changed nothing
 
 	changed <-chan struct{} // file changes (watch)
+	done    chan struct{}   // closed when run has returned
 }
 
 // watch starts watching the config file; a change made after it returns is seen by run.
@@ -65,6 +66,7 @@ func (r *reloader) watch(ctx context.Context) {
 
 // run handles SIGHUP (hup) and file changes until ctx ends.
 func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
+	defer close(r.done)
 	for {
 		select {
 		case <-ctx.Done():

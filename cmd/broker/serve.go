@@ -134,14 +134,18 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if err := creds.start(ctx, log); err != nil {
 		return err
 	}
-	rl := &reloader{path: o.configPath, flags: o.flags, log: log, cur: cfg, creds: creds, ready: new(readyStore)}
+	reloading := false // rl.run is running
+	rl := &reloader{path: o.configPath, flags: o.flags, log: log, cur: cfg, creds: creds, ready: new(readyStore), done: make(chan struct{})}
 	rl.ready.p.Store(creds.store)
 	if o.configPath != "" {
 		rl.last, _ = os.ReadFile(o.configPath)
 	}
 	defer func() {
 		// Revoke leases on the way out, with a bound: shutdown must not hang on Vault. The
-		// Vault client is the same across reloads.
+		// Vault client is the same across reloads; a reload still running finishes first.
+		if reloading {
+			<-rl.done
+		}
 		closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := rl.creds.close(closeCtx); err != nil {
@@ -212,6 +216,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		go bundlePoller.Run(ctx, reported("policy bundle not loaded; keeping the last good policy", "policy bundle loaded"))
 	}
 	rl.watch(ctx)
+	reloading = true
 	go rl.run(ctx, hup)
 	log.Info().Str("proxy", proxyLn.Addr().String()).Str("admin", adminLn.Addr().String()).
 		Str("policy_revision", engine.Revision()).Str("mode", cfg.Policy.Mode).Msg("listening")
