@@ -94,3 +94,25 @@ func TestParsePrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestAnchorsAndMerge: YAML anchors, aliases and merge keys work as yaml.v3 decodes them, and
+// an unknown key brought in by a merge is reported at its own line.
+func TestAnchorsAndMerge(t *testing.T) {
+	c, err := Parse([]byte(`ca: {cert_file: ca.crt, key_file: ca.key}
+policy: {dir: p}
+agents:
+  - &base {id: a, token_sha256: "` + strings.Repeat("ab", 32) + `", labels: {team: x}}
+  - <<: *base
+    id: b
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Agents) != 2 || c.Agents[1].ID != "b" || c.Agents[1].Labels["team"] != "x" {
+		t.Fatalf("agents: %+v", c.Agents)
+	}
+	_, err = Parse([]byte("x: &bad {colour: blue}\nproxy:\n  <<: *bad\n"))
+	if err == nil || !strings.Contains(err.Error(), "proxy.colour: unknown key (line 1)") || !strings.Contains(err.Error(), "x: unknown key (line 1)") {
+		t.Fatalf("merged unknown key: %v", err)
+	}
+}

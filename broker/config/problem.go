@@ -186,8 +186,9 @@ func (s *shape) mapping(n *yaml.Node, path string, field func(string) (reflect.T
 			continue
 		}
 		p := join(path, k.Value)
-		if k.Value == "<<" {
-			s.add(p, k.Line, "merge keys are not supported")
+		if k.ShortTag() == "!!merge" {
+			// <<: *anchor (or a list of them): the anchored mappings' keys are this mapping's.
+			s.merge(v, path, field)
 			continue
 		}
 		if first, dup := seen[k.Value]; dup {
@@ -206,6 +207,23 @@ func (s *shape) mapping(n *yaml.Node, path string, field func(string) (reflect.T
 		}
 		s.lines[p] = k.Line
 		s.walk(v, ft, p)
+	}
+}
+
+// merge checks the mappings a merge key brings in, as keys of the mapping at path.
+func (s *shape) merge(v *yaml.Node, path string, field func(string) (reflect.Type, bool)) {
+	for v.Kind == yaml.AliasNode && v.Alias != nil {
+		v = v.Alias
+	}
+	switch v.Kind {
+	case yaml.MappingNode:
+		s.mapping(v, path, field)
+	case yaml.SequenceNode:
+		for _, m := range v.Content {
+			s.merge(m, path, field)
+		}
+	default:
+		s.add(join(path, "<<"), v.Line, "must merge a mapping, not %s", describe(v))
 	}
 }
 
