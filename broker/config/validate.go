@@ -23,11 +23,12 @@ var (
 type errs []error
 
 func (e *errs) add(path, format string, args ...any) {
-	*e = append(*e, fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...)))
+	*e = append(*e, &Problem{Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
-// Validate returns every problem in the config, each naming its key path. It never includes a
-// secret value: the config holds only references to secrets.
+// Validate returns every problem in the config, each a *Problem naming its key path (without a
+// line: Parse adds the lines). It never includes a secret value: the config holds only
+// references to secrets.
 func (c *Config) Validate() []error {
 	var e errs
 	checkListen(&e, "proxy.listen", c.Proxy.Listen)
