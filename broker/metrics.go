@@ -321,6 +321,22 @@ func (m *Metrics) watch(certs func() int, auditLost func() int64, tunnels func()
 				}
 			},
 		})
+		m.reg.MustRegister(&funcCollector{
+			desc: prometheus.NewDesc("capbroker_credential_valid_until_seconds",
+				"For a derived credential (minted tokens): when the newest token it holds expires, as a Unix time.",
+				[]string{"credential"}, nil),
+			collect: func(d *prometheus.Desc, ch chan<- prometheus.Metric) {
+				cs, ok := creds().(CredentialStatus)
+				if !ok {
+					return
+				}
+				for name, st := range cs.Status() {
+					if !st.ValidUntil.IsZero() {
+						ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(st.ValidUntil.Unix()), name)
+					}
+				}
+			},
+		})
 	})
 }
 

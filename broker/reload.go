@@ -37,6 +37,7 @@ type generation struct {
 	bindings      *inject.Set
 	scrubbers     scrubbers
 	secrets       Secrets
+	derived       Derivers // the minters and signers among secrets
 	transport     upstreamClient
 	dialer        *upstream.Dialer
 
@@ -90,9 +91,13 @@ func newGeneration(cfg *config.Config, secrets Secrets, self []netip.AddrPort, p
 		scrubbers:  newScrubbers(cfg.Credentials),
 		secrets:    secrets,
 		upstream:   key,
+		derived:    staticOnly{},
 
 		maxPolicyBody: cfg.Policy.MaxBodyBytes,
 		bodies:        newBodyBudget(cfg.Policy.MaxBodyBytes),
+	}
+	if d, ok := secrets.(Derivers); ok {
+		g.derived = d
 	}
 	if prev != nil && prev.upstream.equal(key) {
 		g.transport, g.dialer = prev.transport, prev.dialer

@@ -96,18 +96,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		// connection, when its kept-alive one turns out closed before any response.
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(small)), nil }
 	}
-	for _, g := range granted {
-		secret, err := x.g.secrets.Get(r.Context(), g.Name)
-		if err != nil {
-			return nil, err // never forward without a credential the decision granted
-		}
-		g.Apply(out, secret)
-		if g.InBody() && out.Body != nil && out.Body != http.NoBody {
-			// The secret is now in a body the agent wrote. An upstream that does not read the
-			// body of this request would read it as the next request on the connection, one
-			// the policy never saw: the connection ends with this request instead.
-			out.Close = true
-		}
+	toks, err := x.g.inject(r.Context(), out, granted, d.Scopes)
+	if err != nil {
+		return nil, err
 	}
 	s := x.g.responseScrubber(t.host)
 	x.scrub = s
@@ -121,10 +112,28 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		dropRangeHeaders(out)
 	}
 	x.g.forwardTrailers(r, out)
+	if err := x.g.sign(r.Context(), out, granted); err != nil {
+		return nil, err
+	}
 
-	resp, err := x.g.transport.RoundTrip(out, poolFor(x.agent.ID, granted))
+	send := func() (*http.Response, error) {
+		resp, err := x.g.transport.RoundTrip(out, poolFor(x.agent.ID, granted))
+		if err != nil {
+			return nil, upstreamFailure(t.hostPort(), err)
+		}
+		return resp, nil
+	}
+	resp, err := send()
+	if err == nil {
+		resp, err = retryRejected(resp, out, toks, func() (*http.Response, error) {
+			// The fresh tokens are scrubbed as well as the retired ones.
+			s = x.g.responseScrubber(t.host)
+			x.scrub = s
+			return send()
+		})
+	}
 	if err != nil {
-		return nil, upstreamFailure(t.hostPort(), err)
+		return nil, err
 	}
 	if err := checkSwitch(out, resp); err != nil {
 		return nil, err
@@ -205,6 +214,9 @@ func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, eva
 	// Credentials matter in the request phase only: nothing is injected at connect time.
 	if err == nil && in.Phase == policy.PhaseRequest {
 		granted, err = x.g.bindings.Resolve(d.Credentials, in.Host)
+		if err == nil {
+			err = x.g.checkScopes(granted, d.Scopes)
+		}
 		if err == nil && len(granted) > 0 && in.Scheme != "https" {
 			err = denial{policy.ReasonCredentialsNeedHTTPS}
 		}

@@ -320,6 +320,9 @@ type CredentialStatus struct {
 	// Error is the last failure to read it ("" when the last read succeeded); a ready
 	// credential can carry one while it serves a cached value.
 	Error string
+	// For a derived credential (Minter): when the newest token it holds expires, and when it
+	// last minted one; zero when it has none.
+	ValidUntil, LastRefresh time.Time
 }
 
 // Status reports every credential by name.

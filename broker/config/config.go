@@ -256,8 +256,13 @@ func (c *Config) SetDefaults() {
 		}
 	}
 	for i := range c.Credentials {
-		if v := c.Credentials[i].Source.Vault; v != nil && v.KVVersion == 0 && !v.Lease {
+		cr := &c.Credentials[i]
+		if v := cr.Source.Vault; v != nil && v.KVVersion == 0 && !v.Lease {
 			v.KVVersion = 2
+		}
+		if cr.Derived() && cr.AWSSigV4 == nil && cr.Inject == (Inject{}) {
+			// A minted token is a bearer token unless the file says otherwise.
+			cr.Inject = Inject{Header: "Authorization", Value: "Bearer {{secret}}"}
 		}
 	}
 }

@@ -206,7 +206,16 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 				e.add(p+".source.vault.kv_version", "must be 1 or 2")
 			}
 		}
-		validateInject(e, p+".inject", cr.Inject)
+		switch {
+		case count(cr.AWSSigV4 != nil, cr.GitHubApp != nil, cr.OAuth2 != nil, cr.GoogleServiceAccount != nil) > 1:
+			e.add(p, "set at most one of aws_sigv4, github_app, oauth2, google_service_account")
+		case cr.AWSSigV4 != nil:
+			if cr.Inject != (Inject{}) {
+				e.add(p+".inject", "not used with aws_sigv4: the request is signed, not given a value")
+			}
+		default:
+			validateInject(e, p+".inject", cr.Inject)
+		}
 	}
 	return usesVault
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -24,6 +25,12 @@ type credentialSet struct {
 	paths  map[string]string                      // the key path of each credential's source
 	// stopFresh ends keepFresh's background refreshing (a reload replaced this set).
 	stopFresh context.CancelFunc
+	// The derived credentials' minters and signers, by name (derived.go).
+	minters map[string]credentials.Minter
+	signers map[string]credentials.Signer
+	// retired holds, by name, the minters of the sets a reload replaced: their tokens stay
+	// valid until they expire, so they are still scrubbed, and revoked when the broker stops.
+	retired map[string][]credentials.Minter
 }
 
 // buildCredentials builds the sources named in the config. Nothing is fetched yet.
@@ -57,6 +64,9 @@ func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, vault *credent
 	}
 	sources := map[string]credentials.Source{}
 	for i, c := range cfg.Credentials {
+		if c.Source == (config.Source{}) {
+			continue // a derived credential whose root secret never leaves Vault
+		}
 		set.paths[c.Name] = fmt.Sprintf("credentials[%d].source", i)
 		var src credentials.Source
 		switch s := c.Source; {
@@ -79,6 +89,9 @@ func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, vault *credent
 		set.store = credentials.NewStoreFrom(old, sources, unchanged, opts)
 	} else {
 		set.store = credentials.NewStore(sources, opts)
+	}
+	if err := set.derive(cfg, log); err != nil {
+		return nil, err
 	}
 	return set, nil
 }
@@ -107,12 +120,13 @@ func (s *credentialSet) keepFresh(ctx context.Context) {
 	go s.store.Run(ctx)
 }
 
-// close revokes Vault leases and stops renewals.
+// close revokes the minted tokens that can be revoked, then Vault leases, and stops renewals.
 func (s *credentialSet) close(ctx context.Context) error {
+	err := s.closeDerived(ctx)
 	if s.vault == nil {
-		return nil
+		return err
 	}
-	return s.vault.Close(ctx)
+	return errors.Join(err, s.vault.Close(ctx))
 }
 
 // check reads every credential once, as check-config does, and returns one error per

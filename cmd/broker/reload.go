@@ -26,9 +26,9 @@ const reloadSettle = 200 * time.Millisecond
 // warmTimeout bounds the first read of the credentials a reload adds or changes.
 const warmTimeout = 10 * time.Second
 
-// readyStore is the credential store /readyz reports on: the one of the running config.
+// readyStore is the credentials /readyz reports on: those of the running config.
 type readyStore struct {
-	p atomic.Pointer[credentials.Store]
+	p atomic.Pointer[credentialSet]
 }
 
 func (r *readyStore) Status() map[string]credentials.CredentialStatus { return r.p.Load().Status() }
@@ -108,14 +108,15 @@ func (r *reloader) reload(ctx context.Context, trigger string, force bool) {
 		refused(log, err)
 		return
 	}
-	if err := r.b.Reload(cfg, creds.store); err != nil {
+	creds.retire(r.creds)
+	if err := r.b.Reload(cfg, creds); err != nil {
 		if creds.vault != r.creds.vault {
 			_ = creds.close(ctx) // the Vault client this config would have added
 		}
 		refused(log, err)
 		return
 	}
-	r.ready.p.Store(creds.store)
+	r.ready.p.Store(creds)
 	r.creds.stopFresh()
 	creds.keepFresh(ctx)
 	// Dynamic secrets of removed and replaced credentials are no longer renewed.

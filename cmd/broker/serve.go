@@ -136,7 +136,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	reloading := false // rl.run is running
 	rl := &reloader{path: o.configPath, flags: o.flags, log: log, cur: cfg, creds: creds, ready: new(readyStore), done: make(chan struct{})}
-	rl.ready.p.Store(creds.store)
+	rl.ready.p.Store(creds)
 	if o.configPath != "" {
 		rl.last, _ = os.ReadFile(o.configPath)
 	}
@@ -152,7 +152,6 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 			log.Warn().Err(err).Msg("closing the Vault client")
 		}
 	}()
-	store := creds.store
 	auditW, closeAudit, err := openAudit(cfg.Audit.File, o.stdout)
 	if err != nil {
 		return err
@@ -173,7 +172,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	metrics := broker.NewMetrics(nil)
 	metrics.SetBuild(version, buildCommit())
 	b, err := broker.New(cfg, broker.Deps{
-		Policy: engine, Secrets: store, CA: ca, Metrics: metrics, Log: log,
+		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit: auditLog,
 		Self:  append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...),
 	})
