@@ -127,6 +127,9 @@ type Credential struct {
 	Hosts  []string `yaml:"hosts"`
 	Source Source   `yaml:"source"`
 	Inject Inject   `yaml:"inject"`
+	// AgentEnv names the variables `broker agent-env` sets to a placeholder for this
+	// credential (default: those the usual SDKs read for its hosts).
+	AgentEnv []string `yaml:"agent_env"`
 
 	// Derived credentials (derived.go): at most one.
 	AWSSigV4             *AWSSigV4             `yaml:"aws_sigv4"`

@@ -13,6 +13,7 @@ import (
 )
 
 var (
+	envNameRe    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	agentIDRe    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 	credNameRe   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
 	headerNameRe = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -204,6 +205,11 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 			}
 			if !s.Vault.Lease && s.Vault.KVVersion != 1 && s.Vault.KVVersion != 2 {
 				e.add(p+".source.vault.kv_version", "must be 1 or 2")
+			}
+		}
+		for j, n := range cr.AgentEnv {
+			if !envNameRe.MatchString(n) {
+				e.add(fmt.Sprintf("%s.agent_env[%d]", p, j), "%q is not an environment variable name", n)
 			}
 		}
 		switch {
