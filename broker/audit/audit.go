@@ -47,6 +47,13 @@ type Event struct {
 	// the config the exchange was served with: it can change on reload).
 	Input      map[string]any
 	InputLevel Level
+	// AWS names the AWS service and operation of a request to AWS (CONTRACT §8), when known.
+	AWS *AWSCall
+}
+
+// AWSCall is the audit event's "aws" object.
+type AWSCall struct {
+	Service, Operation string
 }
 
 // Logger writes events. Safe for concurrent use.
@@ -96,6 +103,9 @@ func (l *Logger) Write(e *Event) {
 	}
 	if e.Error != "" {
 		ev = ev.Str("error", e.Error)
+	}
+	if a := e.AWS; a != nil {
+		ev = ev.Dict("aws", zerolog.Dict().Str("service", a.Service).Str("operation", a.Operation))
 	}
 	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
 		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))
