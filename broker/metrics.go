@@ -303,40 +303,41 @@ func (m *Metrics) watch(certs func() int, auditLost func() int64, tunnels func()
 				},
 			},
 		)
-		m.reg.MustRegister(&funcCollector{
-			desc: prometheus.NewDesc("capbroker_credential_ready",
-				"1 when the credential has a usable value (fresh, or cached within vault.max_stale), else 0: requests granted it get 503 credential_unavailable.",
-				[]string{"credential"}, nil),
-			collect: func(d *prometheus.Desc, ch chan<- prometheus.Metric) {
-				cs, ok := creds().(CredentialStatus)
-				if !ok {
-					return
-				}
-				for name, st := range cs.Status() {
-					v := 0.0
-					if st.Ready {
-						v = 1
+		// Per credential, read from the running config's credentials when gathered.
+		perCredential := func(name, help string, value func(credentials.CredentialStatus) (float64, bool)) {
+			m.reg.MustRegister(&funcCollector{
+				desc: prometheus.NewDesc(name, help, []string{"credential"}, nil),
+				collect: func(d *prometheus.Desc, ch chan<- prometheus.Metric) {
+					cs, ok := creds().(CredentialStatus)
+					if !ok {
+						return
 					}
-					ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name)
-				}
-			},
-		})
-		m.reg.MustRegister(&funcCollector{
-			desc: prometheus.NewDesc("capbroker_credential_valid_until_seconds",
-				"For a derived credential (minted tokens): when the newest token it holds expires, as a Unix time.",
-				[]string{"credential"}, nil),
-			collect: func(d *prometheus.Desc, ch chan<- prometheus.Metric) {
-				cs, ok := creds().(CredentialStatus)
-				if !ok {
-					return
-				}
-				for name, st := range cs.Status() {
-					if !st.ValidUntil.IsZero() {
-						ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(st.ValidUntil.Unix()), name)
+					for cred, st := range cs.Status() {
+						if v, ok := value(st); ok {
+							ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, cred)
+						}
 					}
+				},
+			})
+		}
+		perCredential("capbroker_credential_ready",
+			"1 when the credential has a usable value (fresh, or cached within vault.max_stale), else 0: requests granted it get 503 credential_unavailable.",
+			func(st credentials.CredentialStatus) (float64, bool) {
+				if st.Ready {
+					return 1, true
 				}
-			},
-		})
+				return 0, true
+			})
+		perCredential("capbroker_credential_valid_until_seconds",
+			"For a derived credential (minted tokens): when the newest token it holds expires, as a Unix time.",
+			func(st credentials.CredentialStatus) (float64, bool) {
+				return float64(st.ValidUntil.Unix()), !st.ValidUntil.IsZero()
+			})
+		perCredential("capbroker_credential_last_refresh_seconds",
+			"For a derived credential (minted tokens): when it last minted a token, as a Unix time.",
+			func(st credentials.CredentialStatus) (float64, bool) {
+				return float64(st.LastRefresh.Unix()), !st.LastRefresh.IsZero()
+			})
 	})
 }
 
