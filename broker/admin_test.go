@@ -1,12 +1,15 @@
 package broker
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capbroker/capbroker/credentials"
 )
@@ -92,3 +95,50 @@ func jsonEqual(a, b map[string]any) bool {
 	y, _ := json.Marshal(b)
 	return string(x) == string(y)
 }
+
+type mintedState map[string]credentials.CredentialStatus
+
+func (m mintedState) Status() map[string]credentials.CredentialStatus { return m }
+
+// TestReadyzMinted: a derived credential's token expiry and last refresh are in /readyz and
+// the metrics.
+func TestReadyzMinted(t *testing.T) {
+	until, at := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC), time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)
+	ready := mintedState{"gh_app": {Ready: true, ValidUntil: until, LastRefresh: at}, "openai": {Ready: true}}
+	m := NewMetrics(nil)
+	m.watch(func() int { return 0 }, func() int64 { return 0 }, func() int { return 0 }, func() Secrets { return readySecrets{ready} })
+	h := AdminHandler(m, ready, policyState("r1"))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	var body struct {
+		Minted map[string]map[string]string `json:"credentials_minted"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if got := body.Minted["gh_app"]; len(body.Minted) != 1 || got["valid_until"] != "2026-12-04T10:00:00Z" || got["last_refresh"] != "2026-12-04T09:00:00Z" {
+		t.Fatalf("credentials_minted: %v", body.Minted)
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{
+		`capbroker_credential_valid_until_seconds{credential="gh_app"} ` + strconv.FormatFloat(float64(until.Unix()), 'g', -1, 64),
+		`capbroker_credential_last_refresh_seconds{credential="gh_app"} ` + strconv.FormatFloat(float64(at.Unix()), 'g', -1, 64),
+		`capbroker_credential_ready{credential="openai"} 1`,
+	} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if strings.Contains(rec.Body.String(), `valid_until_seconds{credential="openai"}`) {
+		t.Error("a static credential has a token expiry")
+	}
+}
+
+// readySecrets is a Secrets whose Status is the test's.
+type readySecrets struct{ mintedState }
+
+func (readySecrets) Get(context.Context, string) (credentials.Secret, error) {
+	return credentials.Secret{}, nil
+}
+func (readySecrets) Known(string) []credentials.Secret { return nil }
