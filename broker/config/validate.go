@@ -183,10 +183,16 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 			}
 		}
 		s := cr.Source
+		transit := cr.GitHubApp != nil && cr.GitHubApp.Transit != nil
 		switch count(s.Vault != nil, s.Env != "", s.File != "") {
 		case 0:
-			e.add(p+".source", "required: one of vault, env, file")
+			if !transit {
+				e.add(p+".source", "required: one of vault, env, file")
+			}
 		case 1:
+			if transit {
+				e.add(p+".source", "not used with github_app.transit: the key stays in Vault")
+			}
 		default:
 			e.add(p+".source", "set only one of vault, env, file")
 		}
@@ -205,7 +211,11 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 				e.add(p+".source.vault.kv_version", "must be 1 or 2")
 			}
 		}
-		validateInject(e, p+".inject", cr.Inject)
+		if cr.GitHubApp != nil {
+			usesVault = cr.GitHubApp.validate(e, p, cr.Inject) || usesVault
+		} else {
+			validateInject(e, p+".inject", cr.Inject)
+		}
 	}
 	return usesVault
 }
