@@ -54,10 +54,3 @@ type DerivedStatus struct {
 	LastRefresh time.Time // when a token was last minted
 	LastError   string    // class of the last failure ("" after a success): no secret, no body
 }
-
-// A TokenInjector is a Minter that puts its token on a request itself, because where it goes
-// depends on the request (a GitHub App token is a Bearer token for the API and Basic auth for
-// git over HTTPS). The request path calls Inject instead of the credential's inject rule.
-type TokenInjector interface {
-	Inject(req *http.Request, tok Secret)
-}

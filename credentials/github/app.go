@@ -110,8 +110,11 @@ type known struct {
 }
 
 var (
-	_ credentials.Minter        = (*App)(nil)
-	_ credentials.TokenInjector = (*App)(nil)
+	_ credentials.Minter = (*App)(nil)
+	// The broker calls Inject instead of an inject rule (broker.TokenInjector).
+	_ interface {
+		Inject(*http.Request, credentials.Secret)
+	} = (*App)(nil)
 )
 
 // New checks the options. It contacts nothing: the first token is minted on first use.

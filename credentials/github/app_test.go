@@ -92,7 +92,7 @@ type fixture struct {
 
 // setup starts a stand-in for repositories r1, r2, r3 and an App that reads the key as a PEM.
 // Every test ends by checking that no token, key or answer body reached a log.
-func setup(t *testing.T, mod func(*githubtest.Options, *Options)) *fixture {
+func setup(t testing.TB, mod func(*githubtest.Options, *Options)) *fixture {
 	t.Helper()
 	keys(t)
 	f := &fixture{clk: newClock(), logs: &syncBuf{}}
