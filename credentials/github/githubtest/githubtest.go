@@ -2,7 +2,8 @@
 // own CA, that plays one GitHub App installation. It verifies app JWTs with the App's public
 // key, issues scoped installation tokens that expire, enforces their scope on a few API
 // endpoints and on git's smart-HTTP protocol (real repositories served by git http-backend),
-// and revokes them on DELETE /installation/token. It is imported by tests only.
+// and revokes them on DELETE /installation/token. GET /echo/authorization answers the
+// Authorization header it received, as a careless upstream would. It is imported by tests only.
 package githubtest
 
 import (
@@ -242,13 +243,16 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	case len(parts) >= 3 && strings.HasSuffix(parts[1], ".git"):
 		s.gitRequest(w, r, parts[0], strings.TrimSuffix(parts[1], ".git"))
 	case r.Method == http.MethodGet && len(parts) == 3 && parts[0] == "repos":
-		if _, ok := s.authorize(w, r, parts[1], parts[2], "metadata", "read"); ok {
+		if _, ok := s.authorize(w, r, false, parts[1], parts[2], "metadata", "read"); ok {
 			writeJSON(w, http.StatusOK, map[string]any{"name": parts[2], "full_name": parts[1] + "/" + parts[2]})
 		}
 	case r.Method == http.MethodPost && len(parts) == 4 && parts[0] == "repos" && parts[3] == "issues":
-		if _, ok := s.authorize(w, r, parts[1], parts[2], "issues", "write"); ok {
+		if _, ok := s.authorize(w, r, false, parts[1], parts[2], "issues", "write"); ok {
 			writeJSON(w, http.StatusCreated, map[string]any{"number": 1, "state": "open"})
 		}
+	case r.Method == http.MethodGet && r.URL.Path == "/echo/authorization":
+		// A careless upstream that echoes the credential: the broker must scrub it.
+		writeJSON(w, http.StatusOK, map[string]any{"authorization": r.Header.Get("Authorization")})
 	default:
 		writeJSON(w, http.StatusNotFound, map[string]any{"message": "Not Found"})
 	}
@@ -271,8 +275,14 @@ func bearer(r *http.Request) string {
 
 // authorize answers the refusal itself and reports false when the request's token may not
 // use perm at level on owner/repo.
-func (s *Server) authorize(w http.ResponseWriter, r *http.Request, owner, repo, perm, level string) (*issued, bool) {
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, git bool, owner, repo, perm, level string) (*issued, bool) {
 	tok := bearer(r)
+	if _, p, ok := r.BasicAuth(); git {
+		tok = p // git over HTTPS authenticates with Basic only, as at GitHub
+		if !ok {
+			tok = ""
+		}
+	}
 	s.mu.Lock()
 	it := s.tokens[tok]
 	s.mu.Unlock()
@@ -307,7 +317,7 @@ func (s *Server) gitRequest(w http.ResponseWriter, r *http.Request, owner, repo 
 	if service == "git-receive-pack" || strings.HasSuffix(r.URL.Path, "/git-receive-pack") {
 		level = "write"
 	}
-	if _, ok := s.authorize(w, r, owner, repo, "contents", level); !ok {
+	if _, ok := s.authorize(w, r, true, owner, repo, "contents", level); !ok {
 		return
 	}
 	s.git.ServeHTTP(w, r)
