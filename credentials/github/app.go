@@ -169,11 +169,24 @@ func New(opts Options) (*App, error) {
 // replacement, it keeps serving while the new one is minted; when the endpoint is down,
 // cached tokens serve until shortly before they expire.
 func (a *App) Token(ctx context.Context, s credentials.Scope) (credentials.Secret, error) {
+	now := a.now()
+	var buf [128]byte
+	if key, ok := appendKey(buf[:0], s); ok {
+		// The common case, a token cached for this scope, without building the scope.
+		var tok *token
+		a.mu.Lock()
+		if e := a.cache[string(key)]; e != nil && !a.closed {
+			tok = e.tok
+		}
+		a.mu.Unlock()
+		if tok != nil && now.Before(tok.refreshAt) {
+			return tok.val, nil
+		}
+	}
 	sc, err := parseScope(s)
 	if err != nil {
 		return credentials.Secret{}, err
 	}
-	now := a.now()
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()

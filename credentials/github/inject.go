@@ -27,8 +27,14 @@ func IsGitRequest(req *http.Request) bool {
 	case strings.HasSuffix(p, "/git-upload-pack"), strings.HasSuffix(p, "/git-receive-pack"):
 		return true
 	case strings.HasSuffix(p, "/info/refs"):
-		s := req.URL.Query().Get("service")
-		return s == "git-upload-pack" || s == "git-receive-pack"
+		// As url.Values would read it, without building them on every request.
+		for rest := req.URL.RawQuery; rest != ""; {
+			var kv string
+			kv, rest, _ = strings.Cut(rest, "&")
+			if k, v, _ := strings.Cut(kv, "="); k == "service" {
+				return v == "git-upload-pack" || v == "git-receive-pack"
+			}
+		}
 	}
 	return false
 }

@@ -61,6 +61,72 @@ func parseScope(s credentials.Scope) (scope, error) {
 	return out, nil
 }
 
+// appendKey appends to dst the canonical key of a decision's scope, as parseScope computes
+// it, without building the scope or allocating: the per-request path looks cached tokens up
+// by it. ok is false when the scope is not one appendKey reads quickly (then parseScope
+// decides, and says what is wrong).
+func appendKey(dst []byte, s credentials.Scope) (key []byte, ok bool) {
+	var repoBuf, permBuf [8]string
+	repos, perms := repoBuf[:0], permBuf[:0]
+	var pm map[string]any
+	hasRepos := false
+	for k, v := range s {
+		switch k {
+		case "repositories":
+			hasRepos = true
+			l, isList := v.([]any)
+			if !isList || len(l) == 0 {
+				return dst, false
+			}
+			for _, x := range l {
+				n, isStr := x.(string)
+				if !isStr || n == "" || strings.ContainsAny(n, "/ \t\r\n") {
+					return dst, false
+				}
+				repos = append(repos, strings.ToLower(n))
+			}
+		case "permissions":
+			m, isMap := v.(map[string]any)
+			if !isMap || len(m) == 0 {
+				return dst, false
+			}
+			for name, x := range m {
+				l, isStr := x.(string)
+				if !isStr || levels[l] == 0 || name == "" || strings.ContainsAny(name, " \t\r\n\"") {
+					return dst, false
+				}
+				perms = append(perms, name)
+			}
+			pm = m
+		default:
+			return dst, false
+		}
+	}
+	b := dst
+	if hasRepos {
+		slices.Sort(repos)
+		repos = slices.Compact(repos)
+		b = append(b, "r="...)
+		for i, r := range repos {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, r...)
+		}
+	}
+	b = append(b, ';')
+	slices.Sort(perms)
+	for i, name := range perms {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, name...)
+		b = append(b, ':')
+		b = append(b, pm[name].(string)...)
+	}
+	return b, true
+}
+
 func parseRepos(v any) ([]string, error) {
 	var names []string
 	switch l := v.(type) {

@@ -52,3 +52,32 @@ func TestCanonical(t *testing.T) {
 		t.Fatal("different scopes share a key")
 	}
 }
+
+// appendKey, the per-request lookup, agrees with parseScope on every scope it reads.
+func TestKeyOfAgreesWithParseScope(t *testing.T) {
+	for _, s := range []credentials.Scope{
+		nil,
+		{},
+		{"repositories": []any{"R1", "r1", "b"}},
+		{"permissions": map[string]any{"contents": "write", "actions": "read"}},
+		{"repositories": []any{"x"}, "permissions": map[string]any{"issues": "admin"}},
+	} {
+		kb, ok := appendKey(nil, s)
+		key := string(kb)
+		sc, err := parseScope(s)
+		if !ok || err != nil || key != sc.key {
+			t.Errorf("%v: appendKey %q %v, parseScope %q %v", s, key, ok, sc.key, err)
+		}
+	}
+	for _, s := range []credentials.Scope{
+		{"repos": []any{"r1"}},
+		{"repositories": []any{}},
+		{"repositories": []any{"o/r"}},
+		{"permissions": map[string]any{"contents": "all"}},
+		{"permissions": map[string]any{}},
+	} {
+		if _, ok := appendKey(nil, s); ok {
+			t.Errorf("%v: appendKey read a scope parseScope refuses", s)
+		}
+	}
+}
