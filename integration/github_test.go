@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	vaultapi "github.com/hashicorp/vault/api"
 
@@ -163,6 +164,25 @@ credentials:
 			t.Fatalf("curl %v: %v\n%s", args, err, out)
 		}
 		return string(out)
+	}
+
+	// The token endpoint down and nothing cached: 503 credential_unavailable, nothing sent.
+	gh.SetFault(githubtest.Down)
+	if out := curl(gh.URL + "/repos/o/r1"); !hasStatus(out, 503) || !strings.Contains(out, "credential_unavailable") {
+		t.Fatalf("with the token endpoint down: %s", out)
+	}
+	if slices.Contains(gh.Seen(), "GET /repos/o/r1 none") {
+		t.Fatal("the request was sent without its credential")
+	}
+	gh.SetFault(githubtest.None)
+	// Once the broker's backoff (1 s) has passed, it mints again.
+	for deadline := time.Now().Add(waitTimeout); ; {
+		if out := curl(gh.URL + "/repos/o/r1"); hasStatus(out, 200) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no recovery after the token endpoint came back: %s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 
 	// Clone and push r1: the token is minted for r1 with contents:write.
