@@ -280,3 +280,66 @@ credentials:
 		t.Error("the App's key appears in the broker log")
 	}
 }
+
+// TestCheckConfigSignsGitHubAppJWT: check-config signs an app JWT for each github_app
+// credential, so a transit key that is missing or a KV value that is not a key shows before
+// the broker runs, by key path, without the value.
+func TestCheckConfigSignsGitHubAppJWT(t *testing.T) {
+	vault := vaulttest.Start(t)
+	vc := vault.Client()
+	if err := vc.Sys().Mount("transit", &vaultapi.MountInput{Type: "transit"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vc.Logical().Write("transit/keys/gh-app", map[string]any{"type": "rsa-2048"}); err != nil {
+		t.Fatal(err)
+	}
+	notAKey := "not-a-pem-" + randHex(8)
+	if _, err := vc.KVv2("secret").Put(t.Context(), "github-app", map[string]any{"private_key": notAKey}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if out, code := run(t, dir, "ca", "init", "--out", "ca"); code != 0 {
+		t.Fatal(out)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "policies"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "policies", "broker.rego"), []byte(githubPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "vault-token"), []byte(vault.RootToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "broker.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`ca: {cert_file: ca/ca.crt, key_file: ca/ca.key}
+policy: {dir: policies}
+vault:
+  address: %s
+  auth: {method: token, token_file: vault-token}
+credentials:
+  - name: gh_app
+    hosts: ["127.0.0.1"]
+    github_app: {app_id: "1", installation_id: 2, transit: {key: gh-app}}
+  - name: gh_missing
+    hosts: ["127.0.0.1"]
+    github_app: {app_id: "1", installation_id: 2, transit: {key: no-such-key}}
+  - name: gh_badpem
+    hosts: ["127.0.0.1"]
+    source: {vault: {mount: secret, path: github-app, field: private_key}}
+    github_app: {app_id: "1", installation_id: 2}
+`, vault.Addr)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code := run(t, dir, "check-config", "--config", cfg)
+	if code != 1 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	for _, want := range []string{`credentials[1].github_app: credential "gh_missing"`, `credentials[2].source: credential "gh_badpem"`, "not an RSA private key"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check-config output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `"gh_app"`) || strings.Contains(out, notAKey) {
+		t.Errorf("check-config output names the good credential or shows a value:\n%s", out)
+	}
+}

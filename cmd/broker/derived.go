@@ -25,7 +25,7 @@ func (s *credentialSet) derive(cfg *config.Config, log zerolog.Logger) error {
 		root := func(ctx context.Context) (credentials.Secret, error) { return s.store.Get(ctx, name) }
 		switch {
 		case c.GitHubApp != nil:
-			m, err := s.githubApp(cfg, c, root, log)
+			m, err := s.githubApp(cfg, path+".github_app", c, root, log)
 			if err != nil {
 				return fmt.Errorf("%s.github_app: %w", path, err)
 			}

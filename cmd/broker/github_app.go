@@ -20,8 +20,8 @@ import (
 
 // githubApp builds the minter of a github_app credential: the App's key is read through the
 // store (root), or with transit never leaves Vault. It talks to the API with verified TLS
-// (system roots plus upstream.ca_file) and no proxy.
-func (s *credentialSet) githubApp(cfg *config.Config, c config.Credential, root func(context.Context) (credentials.Secret, error), log zerolog.Logger) (credentials.Minter, error) {
+// (system roots plus upstream.ca_file) and no proxy. path is the credential's key path.
+func (s *credentialSet) githubApp(cfg *config.Config, path string, c config.Credential, root func(context.Context) (credentials.Secret, error), log zerolog.Logger) (credentials.Minter, error) {
 	g := c.GitHubApp
 	client, err := apiClient(cfg.Upstream.CAFile)
 	if err != nil {
@@ -45,7 +45,16 @@ func (s *credentialSet) githubApp(cfg *config.Config, c config.Credential, root 
 	} else {
 		opts.PrivateKey = root
 	}
-	return github.New(opts)
+	app, err := github.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	// check-config signs a JWT: the key can be read, or Vault signs with it.
+	s.checks[c.Name] = app.Check
+	if _, ok := s.paths[c.Name]; !ok {
+		s.paths[c.Name] = path
+	}
+	return app, nil
 }
 
 // apiClient is an HTTP client for an API the broker itself calls (a token endpoint): TLS

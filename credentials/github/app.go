@@ -287,6 +287,15 @@ func (a *App) mint(sc scope) (credentials.Secret, error) {
 	return val, nil
 }
 
+// Check signs an app JWT as a mint would, without asking GitHub for anything: the key can be
+// read and is an RSA key, or Vault's transit engine signs with it (for check-config).
+func (a *App) Check(ctx context.Context) error {
+	if _, err := a.appJWT(ctx, 0); err != nil {
+		return fmt.Errorf("signing the app JWT: %w", err)
+	}
+	return nil
+}
+
 // answer is the part of GitHub's answer the broker reads.
 type answer struct {
 	Token               string            `json:"token"`
