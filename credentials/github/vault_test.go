@@ -129,3 +129,36 @@ func TestKVPrivateKeyThroughStore(t *testing.T) {
 		t.Fatal("the JWT signed with the KV key did not verify")
 	}
 }
+
+// Vault down with transit: cached tokens serve until shortly before they expire, then the
+// credential is unavailable; no mint reaches GitHub without a signed JWT.
+func TestVaultDownServesCachedTokens(t *testing.T) {
+	srv, v := startVault(t)
+	pub := transitKey(t, srv.Client(), "gh-app")
+	f := setup(t, func(so *githubtest.Options, ao *Options) {
+		so.PublicKey = pub
+		ao.PrivateKey = nil
+		ao.SignRS256 = func(ctx context.Context, in []byte) ([]byte, error) {
+			return v.TransitSignRS256(ctx, "transit", "gh-app", in)
+		}
+	})
+	t1 := f.token(t, r1write)
+	srv.Stop()
+	f.clk.Advance(56 * time.Minute)
+	if got := f.token(t, r1write); got != t1 {
+		t.Fatal("the cached token did not serve while Vault is down")
+	}
+	waitFor(t, "the background mint to fail", func() bool { return f.app.Status().LastError != "" })
+	if st := f.app.Status(); st.LastError != "signing the app JWT failed" || !st.Ready {
+		t.Fatalf("status %+v", st)
+	}
+	f.clk.Advance(4 * time.Minute)
+	_, err := f.app.Token(ctxT(t), r1write)
+	if !errors.Is(err, credentials.ErrUnavailable) {
+		t.Fatalf("expired token with Vault down: %v", err)
+	}
+	f.assertClean(t, err)
+	if f.srv.Mints() != 1 {
+		t.Fatalf("mints = %d: the endpoint was asked without a signed JWT", f.srv.Mints())
+	}
+}
