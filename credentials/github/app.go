@@ -405,7 +405,8 @@ func (a *App) Reject(tok credentials.Secret) {
 	}
 }
 
-// Known returns every token handed out that has not expired, for scrubbing.
+// Known returns every token handed out that has not expired, for scrubbing. (The broker
+// calls it for every response, so it also forgets expired scopes.)
 func (a *App) Known() []credentials.Secret {
 	now := a.now()
 	a.mu.Lock()
@@ -420,6 +421,13 @@ func (a *App) Known() []credentials.Secret {
 	}
 	clear(a.known[len(live):])
 	a.known = live
+	// Scopes whose token has expired and that are not backing off are forgotten, so a
+	// policy that grants many scopes over time does not grow the cache without bound.
+	for key, e := range a.cache {
+		if (e.tok == nil || !now.Before(e.tok.expires)) && !now.Before(e.retryAt) {
+			delete(a.cache, key)
+		}
+	}
 	return out
 }
 

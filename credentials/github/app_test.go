@@ -527,3 +527,23 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+func TestExpiredScopesAreForgotten(t *testing.T) {
+	f := setup(t, nil)
+	f.token(t, r1write)
+	f.token(t, nil)
+	f.clk.Advance(2 * time.Hour)
+	if k := f.app.Known(); len(k) != 0 {
+		t.Fatalf("Known() has %d expired tokens", len(k))
+	}
+	f.app.mu.Lock()
+	n := len(f.app.cache)
+	f.app.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d expired scopes still cached", n)
+	}
+	f.token(t, r1write) // and minted again when asked
+	if f.srv.Mints() != 3 {
+		t.Fatalf("mints = %d", f.srv.Mints())
+	}
+}
