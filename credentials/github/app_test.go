@@ -484,6 +484,7 @@ func TestInject(t *testing.T) {
 		"https://github.com/o/r.git/info/refs":                          false,
 		"https://api.github.com/repos/o/r":                              false,
 		"https://api.github.com/repos/o/r/contents/info/refs":           false,
+		"https://github.com/o/r.git/info/lfs/objects/batch":             true,
 	}
 	for u, git := range cases {
 		req, _ := http.NewRequest("GET", u, nil)
