@@ -57,3 +57,13 @@ func BenchmarkInject(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAppendKey is the per-request part of a cached token: the scope's cache key.
+func BenchmarkAppendKey(b *testing.B) {
+	s := credentials.Scope{"repositories": []any{"r1"}, "permissions": map[string]any{"contents": "write"}}
+	b.ReportAllocs()
+	for b.Loop() {
+		var buf [128]byte
+		appendKey(buf[:0], s)
+	}
+}
