@@ -263,8 +263,9 @@ func (c *Config) SetDefaults() {
 		if v := cr.Source.Vault; v != nil && v.KVVersion == 0 && !v.Lease {
 			v.KVVersion = 2
 		}
-		if cr.Derived() && cr.AWSSigV4 == nil && cr.Inject == (Inject{}) {
-			// A minted token is a bearer token unless the file says otherwise.
+		if cr.Derived() && cr.AWSSigV4 == nil && cr.GitHubApp == nil && cr.Inject == (Inject{}) {
+			// A minted token is a bearer token unless the file says otherwise. A GitHub App
+			// token is put on by its kind (Bearer for the API, Basic for git).
 			cr.Inject = Inject{Header: "Authorization", Value: "Bearer {{secret}}"}
 		}
 	}

@@ -7,8 +7,20 @@ package config
 // AWSSigV4 re-signs AWS requests with the root access key (see credentials/aws).
 type AWSSigV4 struct{}
 
-// GitHubApp mints GitHub App installation tokens (see credentials/github).
-type GitHubApp struct{}
+// GitHubApp mints GitHub App installation tokens (see credentials/github). The App's private
+// key is the credential's source (a PEM), or with Transit a key that never leaves Vault.
+type GitHubApp struct {
+	AppID          string            `yaml:"app_id"`          // numeric app ID, or the App's client ID
+	InstallationID int64             `yaml:"installation_id"` // the installation tokens are minted for
+	APIURL         string            `yaml:"api_url"`         // "" is https://api.github.com
+	Transit        *GitHubAppTransit `yaml:"transit"`
+}
+
+// GitHubAppTransit names the Vault transit key (rsa-2048) that signs the app JWT.
+type GitHubAppTransit struct {
+	Mount string `yaml:"mount"` // "" is "transit"
+	Key   string `yaml:"key"`
+}
 
 // OAuth2 obtains OAuth2 access tokens (see credentials/oauth2).
 type OAuth2 struct{}

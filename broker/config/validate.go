@@ -185,10 +185,16 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 			}
 		}
 		s := cr.Source
+		transit := cr.GitHubApp != nil && cr.GitHubApp.Transit != nil
 		switch count(s.Vault != nil, s.Env != "", s.File != "") {
 		case 0:
-			e.add(p+".source", "required: one of vault, env, file")
+			if !transit {
+				e.add(p+".source", "required: one of vault, env, file")
+			}
 		case 1:
+			if transit {
+				e.add(p+".source", "not used with github_app.transit: the key stays in Vault")
+			}
 		default:
 			e.add(p+".source", "set only one of vault, env, file")
 		}
@@ -219,6 +225,8 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 			if cr.Inject != (Inject{}) {
 				e.add(p+".inject", "not used with aws_sigv4: the request is signed, not given a value")
 			}
+		case cr.GitHubApp != nil:
+			usesVault = cr.GitHubApp.validate(e, p, cr.Inject) || usesVault
 		default:
 			validateInject(e, p+".inject", cr.Inject)
 		}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -138,7 +140,7 @@ func (s *credentialSet) check(ctx context.Context) []error {
 		}
 	}
 	var errs []error
-	for _, name := range s.store.Names() {
+	for _, name := range slices.Sorted(maps.Keys(s.checks)) { // sources, and keys that never leave Vault
 		if err := s.checks[name](ctx); err != nil {
 			// One mention of the credential, whether or not the source's error names it.
 			msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("credential %q: ", name))

@@ -23,9 +23,13 @@ func (s *credentialSet) derive(cfg *config.Config, log zerolog.Logger) error {
 		path := fmt.Sprintf("credentials[%d]", i)
 		name := c.Name
 		root := func(ctx context.Context) (credentials.Secret, error) { return s.store.Get(ctx, name) }
-		_ = root
-		_ = log
 		switch {
+		case c.GitHubApp != nil:
+			m, err := s.githubApp(cfg, path+".github_app", c, root, log)
+			if err != nil {
+				return fmt.Errorf("%s.github_app: %w", path, err)
+			}
+			s.minters[name] = m
 		default:
 			return fmt.Errorf("%s: this build of the broker cannot derive this credential", path)
 		}
