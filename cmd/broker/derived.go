@@ -26,6 +26,12 @@ func (s *credentialSet) derive(cfg *config.Config, log zerolog.Logger) error {
 		_ = root
 		_ = log
 		switch {
+		case c.OAuth2 != nil || c.GoogleServiceAccount != nil:
+			m, err := s.oauth2Minter(cfg, c, root, log)
+			if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			s.minters[name] = m
 		default:
 			return fmt.Errorf("%s: this build of the broker cannot derive this credential", path)
 		}
