@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -81,19 +82,22 @@ type Minter struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// entries holds an *entry per scope key. A request finding a good token reads it without
+	// a lock (entries.Load, entry.cur.Load); everything else happens under mu.
+	entries sync.Map
+	closed  atomic.Bool
+
 	mu          sync.Mutex
-	entries     map[string]*entry // by scope key
 	lastRefresh time.Time
 	lastErr     string
-	closed      bool
 }
 
-// entry is the state of one scope.
+// entry is the state of one scope. Its fields are written under Minter.mu.
 type entry struct {
-	cur     *token   // the token handed out, nil if none
-	known   []*token // minted tokens that may still be valid, newest first (for scrubbing)
-	flight  *flight  // non-nil while a mint is in flight
-	err     error    // the last mint's failure, nil after a success
+	cur     atomic.Pointer[token] // the token handed out, nil if none
+	known   []*token              // minted tokens that may still be valid, newest first (for scrubbing)
+	flight  *flight               // non-nil while a mint is in flight
+	err     error                 // the last mint's failure, nil after a success
 	retryAt time.Time
 	delay   time.Duration
 }
@@ -126,7 +130,6 @@ func newMinter(name string, allowed []string, deps Deps, mint mintFunc) *Minter 
 		mint:    mint,
 		bg:      bg,
 		cancel:  cancel,
-		entries: map[string]*entry{},
 	}
 }
 
@@ -134,22 +137,23 @@ func newMinter(name string, allowed []string, deps Deps, mint mintFunc) *Minter 
 // One that is nearing its end is still served while a new one is minted in the background.
 // Otherwise the caller waits for the mint, shared with every other caller of the same scope.
 func (m *Minter) Token(ctx context.Context, scope credentials.Scope) (credentials.Secret, error) {
-	key, scopes, err := m.scopes(scope)
+	key, err := m.scopeKey(scope)
 	if err != nil {
 		return credentials.Secret{}, err
 	}
-	now := m.now()
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
+	if m.closed.Load() {
 		return credentials.Secret{}, fmt.Errorf("%w: credential %q: closed", credentials.ErrUnavailable, m.name)
 	}
-	e := m.entries[key]
-	if e == nil {
-		e = &entry{}
-		m.entries[key] = e
+	now := m.now()
+	if v, ok := m.entries.Load(key); ok {
+		if cur := v.(*entry).cur.Load(); cur != nil && now.Before(cur.refreshAt) {
+			return cur.val, nil // the common case: no lock
+		}
 	}
-	cur := e.cur
+	m.mu.Lock()
+	v, _ := m.entries.LoadOrStore(key, &entry{})
+	e := v.(*entry)
+	cur := e.cur.Load()
 	if cur != nil && now.Before(cur.refreshAt) {
 		m.mu.Unlock()
 		return cur.val, nil
@@ -163,6 +167,10 @@ func (m *Minter) Token(ctx context.Context, scope credentials.Scope) (credential
 				return cur.val, nil
 			}
 			return credentials.Secret{}, m.wrap(e.err)
+		}
+		var scopes []string // nil: the configured ones
+		if key != "" {
+			scopes = strings.Fields(key)
 		}
 		f = m.start(e, scopes)
 	}
@@ -185,7 +193,8 @@ func (m *Minter) wrap(err error) error {
 	return fmt.Errorf("%w: credential %q: %w", credentials.ErrUnavailable, m.name, err)
 }
 
-// start mints a token for e in the background. m.mu is held.
+// start mints a token for e in the background; scopes nil means the configured ones. m.mu is
+// held.
 func (m *Minter) start(e *entry, scopes []string) *flight {
 	f := &flight{done: make(chan struct{})}
 	e.flight = f
@@ -215,7 +224,7 @@ func (m *Minter) start(e *entry, scopes []string) *flight {
 			return
 		}
 		e.err, e.delay, e.retryAt = nil, 0, time.Time{}
-		e.cur = tok
+		e.cur.Store(tok)
 		e.known = append([]*token{tok}, e.known...)
 		e.known = slices.DeleteFunc(e.known, func(t *token) bool { return !began.Before(t.expires) })
 		if len(e.known) > maxKnown {
@@ -298,19 +307,21 @@ func printable(s string) string {
 	return "(unexpected value)"
 }
 
-// scopes reads the decision's scope: nil means the configured scopes (key ""); otherwise
-// {"scopes": [...]}, every one of them configured. The key is the sorted scopes.
-func (m *Minter) scopes(scope credentials.Scope) (string, []string, error) {
+// scopeKey reads the decision's scope: nil means the configured scopes (key ""); otherwise
+// {"scopes": [...]}, every one of them configured. The key is the scopes, sorted, without
+// duplicates, joined by spaces (scopes hold no spaces: see Config.Validate).
+func (m *Minter) scopeKey(scope credentials.Scope) (string, error) {
 	if scope == nil {
-		return "", nil, nil
+		return "", nil
 	}
-	refuse := func(format string, args ...any) (string, []string, error) {
-		return "", nil, fmt.Errorf("%w: credential %q: %w: %s", credentials.ErrUnavailable, m.name, ErrScope, fmt.Sprintf(format, args...))
+	refuse := func(format string, args ...any) (string, error) {
+		return "", fmt.Errorf("%w: credential %q: %w: %s", credentials.ErrUnavailable, m.name, ErrScope, fmt.Sprintf(format, args...))
 	}
-	var list []string
+	var buf [8]string
+	list := buf[:0]
 	for k, v := range scope {
 		if k != "scopes" {
-			return refuse("an OAuth2 grant's scope has only \"scopes\", not %q", printable(k))
+			return refuse("an OAuth2 grant's scope has only \"scopes\", not %s", printable(k))
 		}
 		switch x := v.(type) {
 		case []string:
@@ -330,14 +341,16 @@ func (m *Minter) scopes(scope credentials.Scope) (string, []string, error) {
 	if len(list) == 0 {
 		return refuse("the decision narrows the grant to no scope at all")
 	}
-	slices.Sort(list)
-	list = slices.Compact(list)
 	for _, s := range list {
 		if !slices.Contains(m.allowed, s) {
 			return refuse("the decision asks for a scope the credential is not configured with")
 		}
 	}
-	return strings.Join(list, " "), list, nil
+	if len(list) == 1 {
+		return list[0], nil
+	}
+	slices.Sort(list)
+	return strings.Join(slices.Compact(list), " "), nil
 }
 
 // Reject implements credentials.Minter: the upstream refused tok, so it is not handed out
@@ -348,14 +361,16 @@ func (m *Minter) Reject(tok credentials.Secret) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, e := range m.entries {
-		if e.cur != nil && e.cur.val.Reveal() == tok.Reveal() {
-			e.cur = nil
+	m.entries.Range(func(_, v any) bool {
+		e := v.(*entry)
+		if cur := e.cur.Load(); cur != nil && cur.val.Reveal() == tok.Reveal() {
+			e.cur.Store(nil)
 			// A refusal is no reason to wait out a backoff: the endpoint answered last time.
 			e.retryAt = time.Time{}
 			m.log.Info().Msg("the upstream refused an access token; a new one will be minted")
 		}
-	}
+		return true
+	})
 }
 
 // Known implements credentials.Minter: every minted token that has not expired.
@@ -364,13 +379,14 @@ func (m *Minter) Known() []credentials.Secret {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []credentials.Secret
-	for _, e := range m.entries {
-		for _, t := range e.known {
+	m.entries.Range(func(_, v any) bool {
+		for _, t := range v.(*entry).known {
 			if now.Before(t.expires) {
 				out = append(out, t.val)
 			}
 		}
-	}
+		return true
+	})
 	return out
 }
 
@@ -381,19 +397,21 @@ func (m *Minter) Status() credentials.DerivedStatus {
 	defer m.mu.Unlock()
 	st := credentials.DerivedStatus{LastRefresh: m.lastRefresh, LastError: m.lastErr}
 	failing := false
-	for _, e := range m.entries {
-		if e.cur != nil && now.Before(e.cur.stopAt) {
+	m.entries.Range(func(_, v any) bool {
+		e := v.(*entry)
+		if cur := e.cur.Load(); cur != nil && now.Before(cur.stopAt) {
 			st.Ready = true
-			if e.cur.expires.After(st.ValidUntil) {
-				st.ValidUntil = e.cur.expires
+			if cur.expires.After(st.ValidUntil) {
+				st.ValidUntil = cur.expires
 			}
 		}
 		if e.err != nil {
 			failing = true
 		}
-	}
+		return true
+	})
 	// Nothing minted yet, or the last mints worked: one can be minted.
-	if !failing && !m.closed {
+	if !failing && !m.closed.Load() {
 		st.Ready = true
 	}
 	return st
@@ -402,9 +420,7 @@ func (m *Minter) Status() credentials.DerivedStatus {
 // Close implements credentials.Minter. OAuth2 access tokens are not revoked (few endpoints
 // support it, and they expire soon); mints in flight are stopped.
 func (m *Minter) Close(ctx context.Context) error {
-	m.mu.Lock()
-	m.closed = true
-	m.mu.Unlock()
+	m.closed.Store(true)
 	m.cancel()
 	done := make(chan struct{})
 	go func() { m.wg.Wait(); close(done) }()
