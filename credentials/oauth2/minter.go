@@ -47,6 +47,10 @@ const (
 	retryMax = 30 * time.Second
 	// maxKnown bounds the tokens kept for scrubbing per scope.
 	maxKnown = 8
+	// rejectGrace: a token minted to replace a rejected one is not dropped on a refusal
+	// within this time. An upstream that refuses every request on some path (401 for 403)
+	// would otherwise have the broker mint a token per request.
+	rejectGrace = 10 * time.Second
 )
 
 // Root returns the credential's root secret: a client secret, a private key, or a service
@@ -100,10 +104,13 @@ type entry struct {
 	err     error                 // the last mint's failure, nil after a success
 	retryAt time.Time
 	delay   time.Duration
+	// rejected is when Reject last dropped this scope's token.
+	rejected time.Time
 }
 
 type token struct {
 	val       credentials.Secret
+	minted    time.Time // when it was asked for
 	expires   time.Time // when the endpoint says it ends
 	refreshAt time.Time // from then on, a new one is minted ahead of need
 	stopAt    time.Time // from then on, it is not handed out
@@ -278,6 +285,7 @@ func (m *Minter) mintChecked(ctx context.Context, scopes []string, began time.Ti
 	exp := began.Add(life)
 	return &token{
 		val:       credentials.NewSecret(t.AccessToken),
+		minted:    began,
 		expires:   exp,
 		refreshAt: exp.Add(-ahead),
 		stopAt:    exp.Add(-guard),
@@ -354,7 +362,9 @@ func (m *Minter) scopeKey(scope credentials.Scope) (string, error) {
 }
 
 // Reject implements credentials.Minter: the upstream refused tok, so it is not handed out
-// again and the next Token mints a new one. It stays in Known until it expires.
+// again and the next Token mints a new one. It stays in Known until it expires. A token that
+// itself replaced a rejected one less than rejectGrace ago is kept: the request, not the
+// token, is what the upstream refuses.
 func (m *Minter) Reject(tok credentials.Secret) {
 	if tok.IsZero() {
 		return
@@ -363,12 +373,20 @@ func (m *Minter) Reject(tok credentials.Secret) {
 	defer m.mu.Unlock()
 	m.entries.Range(func(_, v any) bool {
 		e := v.(*entry)
-		if cur := e.cur.Load(); cur != nil && cur.val.Reveal() == tok.Reveal() {
-			e.cur.Store(nil)
-			// A refusal is no reason to wait out a backoff: the endpoint answered last time.
-			e.retryAt = time.Time{}
-			m.log.Info().Msg("the upstream refused an access token; a new one will be minted")
+		cur := e.cur.Load()
+		if cur == nil || cur.val.Reveal() != tok.Reveal() {
+			return true
 		}
+		now := m.now()
+		if !e.rejected.IsZero() && !cur.minted.Before(e.rejected) && now.Sub(cur.minted) < rejectGrace {
+			m.log.Debug().Msg("the upstream refused an access token minted moments ago; it is kept")
+			return true
+		}
+		e.rejected = now
+		e.cur.Store(nil)
+		// A refusal is no reason to wait out a backoff: the endpoint answered last time.
+		e.retryAt = time.Time{}
+		m.log.Info().Msg("the upstream refused an access token; a new one will be minted")
 		return true
 	})
 }

@@ -534,6 +534,31 @@ func TestReject(t *testing.T) {
 	}
 }
 
+// A token minted to replace a rejected one is kept when refused again at once: an upstream
+// that refuses a request (not the token) must not make the broker mint a token per request.
+func TestRejectGrace(t *testing.T) {
+	f := newFixture(t)
+	m := f.clientCredentials(AuthClientSecretBasic, "read")
+	ctx := context.Background()
+	first, _ := m.Token(ctx, nil)
+	m.Reject(first)
+	second, _ := m.Token(ctx, nil)
+	for range 5 {
+		m.Reject(second)
+		if tok, _ := m.Token(ctx, nil); tok.Reveal() != second.Reveal() {
+			t.Fatal("a token that replaced a rejected one moments ago was dropped")
+		}
+	}
+	if f.srv.Calls() != 2 {
+		t.Errorf("%d token requests, want 2", f.srv.Calls())
+	}
+	f.clock.advance(rejectGrace)
+	m.Reject(second)
+	if tok, _ := m.Token(ctx, nil); tok.Reveal() == second.Reveal() || f.srv.Calls() != 3 {
+		t.Error("after the grace a refusal must drop the token")
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	store := FileRefreshToken{Path: "/x"}
 	for name, tc := range map[string]struct {

@@ -175,6 +175,7 @@ func TestRefreshTokenWriteBackFails(t *testing.T) {
 	store.mu.Unlock()
 	m.Reject(first) // no-op: first is no longer current
 	second, _ := m.Token(ctx, nil)
+	f.clock.advance(rejectGrace)
 	m.Reject(second)
 	if _, err := m.Token(ctx, nil); err != nil {
 		t.Fatal(err)
