@@ -42,13 +42,14 @@ type oauth2Env struct {
 	secret string // the client secret (a canary)
 }
 
-// config returns the credential's oauth2 block (indented for the credential) and more config.
-func newOAuth2Env(t *testing.T, config func(srv *oauth2test.Server) (credential, extra string), env ...string) *oauth2Env {
+// config returns the credential's derived block (indented for the credential) and more
+// config; it may replace e.secret, the value of the credential's source.
+func newOAuth2Env(t *testing.T, config func(e *oauth2Env) (credential, extra string), env ...string) *oauth2Env {
 	t.Helper()
 	e := &oauth2Env{t: t, srv: oauth2test.Start(t), token: randHex(16), secret: "oauth-client-secret-" + randHex(12)}
 	e.srv.AddClient(oauth2test.Client{ID: "capbroker", Auth: "client_secret_basic", Secret: e.secret,
 		Grants: []string{"client_credentials", "refresh_token"}, Scopes: []string{"read", "write"}})
-	credential, extraConfig := config(e.srv)
+	credential, extraConfig := config(e)
 	e.broker = startBroker(t, brokerOpts{
 		policy: oauth2Policy,
 		mode:   "enforce",
@@ -129,11 +130,11 @@ func decodeAnswer(t *testing.T, body string) apiAnswer {
 // broker minted (narrowed per decision) and the agent never sees; a token the API refuses
 // (revoked) makes the broker mint a new one and send the request once more.
 func TestOAuth2ClientCredentialsThroughBroker(t *testing.T) {
-	e := newOAuth2Env(t, func(srv *oauth2test.Server) (string, string) {
+	e := newOAuth2Env(t, func(e *oauth2Env) (string, string) {
 		return fmt.Sprintf(`    oauth2:
       token_url: %s
       client_id: capbroker
-      scopes: [read, write]`, srv.TokenURL), ""
+      scopes: [read, write]`, e.srv.TokenURL), ""
 	})
 	api := strings.TrimSuffix(e.srv.APIURL, "/")
 
@@ -173,8 +174,8 @@ func TestOAuth2RefreshTokenRotatedInVault(t *testing.T) {
 	vault := vaulttest.Start(t)
 	vc := vault.Client()
 	var rt0 string
-	e := newOAuth2Env(t, func(srv *oauth2test.Server) (string, string) {
-		rt0 = srv.IssueRefreshToken("capbroker")
+	e := newOAuth2Env(t, func(e *oauth2Env) (string, string) {
+		rt0 = e.srv.IssueRefreshToken("capbroker")
 		if _, err := vc.KVv2("secret").Put(t.Context(), "broker/oauth", map[string]any{"refresh_token": rt0}); err != nil {
 			t.Fatal(err)
 		}
@@ -184,7 +185,7 @@ func TestOAuth2RefreshTokenRotatedInVault(t *testing.T) {
       client_id: capbroker
       client_auth: client_secret_basic
       scopes: [read, write]
-      refresh_token: {vault: {mount: secret, path: broker/oauth, field: refresh_token}}`, srv.TokenURL),
+      refresh_token: {vault: {mount: secret, path: broker/oauth, field: refresh_token}}`, e.srv.TokenURL),
 			fmt.Sprintf("vault:\n  address: %s\n  auth: {method: token, token_env: BROKER_VAULT_TOKEN}\n", vault.Addr)
 	}, "BROKER_VAULT_TOKEN="+vault.RootToken)
 	stored := func() string {
@@ -219,4 +220,41 @@ func TestOAuth2RefreshTokenRotatedInVault(t *testing.T) {
 	}
 	seen = append(seen, rt2)
 	e.checkLogs(seen...)
+}
+
+// TestGoogleServiceAccountThroughBroker: a service account key in the credential's source
+// becomes tokens from the key's token_uri (which verifies the signed assertion); the API
+// accepts them, narrowed per decision; the key and the tokens stay out of the agent's view
+// and the logs.
+func TestGoogleServiceAccountThroughBroker(t *testing.T) {
+	var key struct {
+		PrivateKey string `json:"private_key"`
+	}
+	e := newOAuth2Env(t, func(e *oauth2Env) (string, string) {
+		raw := e.srv.AddServiceAccount(t, "agent@proj.iam.gserviceaccount.com", "read", "write")
+		if err := json.Unmarshal(raw, &key); err != nil {
+			t.Fatal(err)
+		}
+		e.secret = string(raw)
+		return `    google_service_account:
+      scopes: [read, write]
+      subject: someone@example.com`, ""
+	})
+	api := strings.TrimSuffix(e.srv.APIURL, "/")
+	status, body := e.curl(api + "/data")
+	if a := decodeAnswer(t, body); status != 200 || strings.Join(a.Scopes, " ") != "read" {
+		t.Fatalf("narrowed request: %d %s", status, body)
+	}
+	status, body = e.curl(api + "/echo")
+	if a := decodeAnswer(t, body); status != 200 || strings.Join(a.Scopes, " ") != "read write" || a.Token != "[REDACTED]" {
+		t.Fatalf("default scopes: %d %s", status, body)
+	}
+	// The PEM body of the key, line by line, is never in a log.
+	var lines []string
+	for _, l := range strings.Split(key.PrivateKey, "\n") {
+		if len(l) > 20 {
+			lines = append(lines, l)
+		}
+	}
+	e.checkLogs(lines...)
 }
