@@ -333,3 +333,46 @@ func TestGoogleServiceAccountRefused(t *testing.T) {
 		})
 	}
 }
+
+// With Vault down when a refresh token rotates, the access token is still served and the new
+// refresh token kept in memory; once Vault is back, it is written there before the next grant.
+func TestRefreshTokenVaultDown(t *testing.T) {
+	vsrv, v := startVault(t)
+	f := newFixture(t)
+	rt0 := f.refreshClient()
+	ref := credentials.VaultRef{Mount: "secret", Path: "oauth/api", Field: "refresh_token"}
+	seed := func(rt string) {
+		t.Helper()
+		if _, err := vsrv.Client().Logical().Write("secret/data/oauth/api", map[string]any{"data": map[string]any{"refresh_token": rt}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seed(rt0)
+	m := f.refreshMinter(VaultRefreshToken{Vault: v, Ref: ref, Name: "api"})
+	ctx := context.Background()
+	first, err := m.Token(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vsrv.Stop()
+	m.Reject(first)
+	if _, err := m.Token(ctx, nil); err != nil {
+		t.Fatalf("Vault down must not fail a refresh: %v", err)
+	}
+	if st := m.Status(); !strings.Contains(st.LastError, "writing the rotated refresh token back failed") {
+		t.Fatalf("status = %+v", st)
+	}
+	vsrv.Restart() // a dev server comes back empty
+	seed("stale-" + rt0)
+	f.clock.advance(time.Hour) // every token expired: the next Token refreshes
+	if _, err := m.Token(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	s, err := v.Source("api", ref).Fetch(ctx)
+	if err != nil || !f.srv.RefreshTokenValid(s.Reveal()) {
+		t.Fatalf("vault does not hold the current refresh token after it came back (%v)", err)
+	}
+	if st := m.Status(); st.LastError != "" {
+		t.Errorf("status = %+v", st)
+	}
+}
