@@ -165,13 +165,13 @@ func TestClientAuthentication(t *testing.T) {
 				t.Error("the secret is not in the form")
 			}
 		}},
-		"private_key_jwt RS256": {auth: AuthPrivateKeyJWT, key: rsaKey},
-		"private_key_jwt PS256": {auth: AuthPrivateKeyJWT, alg: "PS256", key: rsaKey},
-		"private_key_jwt ES256 with kid": {auth: AuthPrivateKeyJWT, alg: "ES256", kid: "key-7", key: ecKey, check: func(t *testing.T, f *fixture) {
-			if !strings.Contains(f.srv.LastForm().Get("client_assertion"), "") || f.srv.LastForm().Has("client_secret") {
-				t.Error("private_key_jwt sent a client secret")
+		"private_key_jwt RS256": {auth: AuthPrivateKeyJWT, key: rsaKey, check: func(t *testing.T, f *fixture) {
+			if form := f.srv.LastForm(); form.Has("client_secret") || form.Get("client_id") != "broker" {
+				t.Errorf("private_key_jwt sent a client secret, or no client_id")
 			}
 		}},
+		"private_key_jwt PS256":          {auth: AuthPrivateKeyJWT, alg: "PS256", key: rsaKey},
+		"private_key_jwt ES256 with kid": {auth: AuthPrivateKeyJWT, alg: "ES256", kid: "key-7", key: ecKey},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t)
@@ -215,7 +215,7 @@ func cmp(a, b string) string {
 func decodeHeader(t *testing.T, jws string) string {
 	t.Helper()
 	h, _, _ := strings.Cut(jws, ".")
-	b, err := jwtEncoding.DecodeString(h)
+	b, err := base64.RawURLEncoding.DecodeString(h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -575,20 +575,14 @@ func TestConfigValidate(t *testing.T) {
 		"bad alg":           {Config{TokenURL: "https://a/token", ClientID: "c", ClientAuth: AuthPrivateKeyJWT, AssertionAlg: "HS256"}, `"HS256"`},
 		"bad scope":         {Config{TokenURL: "https://a/token", ClientID: "c", Scopes: []string{"a b"}}, "single scope"},
 		"reserved param":    {Config{TokenURL: "https://a/token", ClientID: "c", Params: map[string]string{"scope": "x"}}, `"scope"`},
-		"google no scopes":  {}, // below
 		"ok refresh (file)": {Config{TokenURL: "https://a/token", ClientID: "c", Grant: GrantRefreshToken, RefreshToken: store}, ""},
 	} {
-		if name == "google no scopes" {
-			if err := (GoogleConfig{}).Validate(); err == nil || !strings.Contains(err.Error(), "scopes are required") {
-				t.Errorf("%s: %v", name, err)
-			}
-			continue
-		}
 		err := tc.cfg.Validate()
 		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s: err = %v, want %q", name, err, tc.want)
 		}
 	}
+	if err := (GoogleConfig{}).Validate(); err == nil || !strings.Contains(err.Error(), "scopes are required") {
+		t.Errorf("google without scopes: %v", err)
+	}
 }
-
-var jwtEncoding = base64.RawURLEncoding
