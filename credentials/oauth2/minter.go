@@ -325,26 +325,29 @@ func (m *Minter) scopeKey(scope credentials.Scope) (string, error) {
 	refuse := func(format string, args ...any) (string, error) {
 		return "", fmt.Errorf("%w: credential %q: %w: %s", credentials.ErrUnavailable, m.name, ErrScope, fmt.Sprintf(format, args...))
 	}
+	v, ok := scope["scopes"]
+	if !ok || len(scope) != 1 {
+		for k := range scope {
+			if k != "scopes" {
+				return refuse("an OAuth2 grant's scope has only \"scopes\", not %s", printable(k))
+			}
+		}
+	}
 	var buf [8]string
 	list := buf[:0]
-	for k, v := range scope {
-		if k != "scopes" {
-			return refuse("an OAuth2 grant's scope has only \"scopes\", not %s", printable(k))
-		}
-		switch x := v.(type) {
-		case []string:
-			list = append(list, x...)
-		case []any:
-			for _, s := range x {
-				str, ok := s.(string)
-				if !ok {
-					return refuse("scopes must be strings")
-				}
-				list = append(list, str)
+	switch x := v.(type) {
+	case []string:
+		list = append(list, x...)
+	case []any:
+		for _, s := range x {
+			str, ok := s.(string)
+			if !ok {
+				return refuse("scopes must be strings")
 			}
-		default:
-			return refuse("scopes must be a list of strings")
+			list = append(list, str)
 		}
+	default:
+		return refuse("scopes must be a list of strings")
 	}
 	if len(list) == 0 {
 		return refuse("the decision narrows the grant to no scope at all")
