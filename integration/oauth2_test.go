@@ -3,6 +3,8 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -149,6 +151,10 @@ func TestOAuth2ClientCredentialsThroughBroker(t *testing.T) {
 	if c := e.srv.Calls(); c != 2 {
 		t.Errorf("%d token requests for two scopes, want 2", c)
 	}
+	ready := e.readyz()
+	if minted, _ := ready["credentials_minted"].(map[string]any)["api"].(map[string]any); minted == nil || minted["valid_until"] == nil {
+		t.Errorf("/readyz does not show the minted token's expiry: %v", ready)
+	}
 	// Cached: the same request again mints nothing.
 	if status, _ = e.curl(api + "/data"); status != 200 || e.srv.Calls() != 2 {
 		t.Errorf("cached token: %d, %d token requests", status, e.srv.Calls())
@@ -164,6 +170,47 @@ func TestOAuth2ClientCredentialsThroughBroker(t *testing.T) {
 	}
 	if c, a := e.srv.Calls(), e.srv.APICalls()-apiBefore; c != 3 || a != 2 {
 		t.Errorf("after revocation: %d token requests (want 3), %d API requests (want 2: the 401 and the retry)", c, a)
+	}
+	e.checkLogs()
+}
+
+// readyz returns the admin /readyz body, checked for secrets.
+func (e *oauth2Env) readyz() map[string]any {
+	e.t.Helper()
+	resp, err := http.Get("http://" + e.broker.adminAddr + "/readyz")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	e.noTokens("/readyz", string(b))
+	var body map[string]any
+	if err := json.Unmarshal(b, &body); err != nil {
+		e.t.Fatalf("/readyz: %v", err)
+	}
+	return body
+}
+
+// TestOAuth2EndpointRefusesClient: a client the endpoint refuses gets the agent a 503
+// credential_unavailable, and /readyz says why, by class, without the secret.
+func TestOAuth2EndpointRefusesClient(t *testing.T) {
+	e := newOAuth2Env(t, func(e *oauth2Env) (string, string) {
+		return fmt.Sprintf(`    oauth2:
+      token_url: %s
+      client_id: capbroker`, e.srv.TokenURL), ""
+	})
+	e.srv.AddClient(oauth2test.Client{ID: "capbroker", Auth: "client_secret_basic", Secret: "another-secret",
+		Grants: []string{"client_credentials"}, Scopes: []string{"read"}})
+	status, body := e.curl(strings.TrimSuffix(e.srv.APIURL, "/") + "/echo")
+	if status != 503 || !strings.Contains(body, `"credential_unavailable"`) {
+		t.Fatalf("%d %s, want 503 credential_unavailable", status, body)
+	}
+	if e.srv.APICalls() != 0 {
+		t.Error("the request was sent without a token")
+	}
+	ready := e.readyz()
+	if errs, _ := ready["credentials"].(map[string]any); errs["api"] != "token endpoint answered 401 invalid_client" {
+		t.Errorf("/readyz: %v", ready)
 	}
 	e.checkLogs()
 }
