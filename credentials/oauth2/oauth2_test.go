@@ -586,3 +586,31 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("google without scopes: %v", err)
 	}
 }
+
+// Extra parameters reach the endpoint; a grant the client may not use is refused by class.
+func TestParamsAndGrantRefused(t *testing.T) {
+	f := newFixture(t)
+	f.srv.AddClient(oauth2test.Client{ID: "broker", Auth: AuthClientSecretPost, Secret: canarySecret,
+		Grants: []string{GrantClientCredentials}, Scopes: []string{"read"}})
+	m, err := New("api", Config{TokenURL: f.srv.TokenURL, ClientID: "broker", ClientAuth: AuthClientSecretPost,
+		Params: map[string]string{"audience": "https://api.example.test"}}, f.deps(canarySecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Token(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.srv.LastForm().Get("audience"); got != "https://api.example.test" {
+		t.Errorf("audience %q", got)
+	}
+	rt, err := New("rt", Config{TokenURL: f.srv.TokenURL, ClientID: "broker", ClientAuth: AuthClientSecretPost,
+		Grant: GrantRefreshToken, RefreshToken: &failingStore{rt: "some-refresh-token"}}, f.deps(canarySecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = rt.Token(context.Background(), nil)
+	if err == nil || !strings.Contains(err.Error(), "token endpoint answered 400 unauthorized_client") {
+		t.Fatalf("err = %v", err)
+	}
+	noSecrets(t, "error", err.Error(), "some-refresh-token")
+}
