@@ -135,13 +135,10 @@ func New(name string, cfg Config, deps Deps) (*Minter, error) {
 // noRedirects returns a copy of hc (or a default client) that never follows a redirect: a
 // token request carries the client's credentials, which must go to the token URL only.
 func noRedirects(hc *http.Client) *http.Client {
-	var c http.Client
-	if hc != nil {
-		c = *hc
-	} else {
-		c.Transport = &http.Transport{Proxy: nil, ForceAttemptHTTP2: true, TLSHandshakeTimeout: 10 * time.Second}
-		c.Timeout = mintTimeout
+	if hc == nil {
+		hc, _ = NewHTTPClient("") // no CA file: cannot fail
 	}
+	c := *hc
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &c
 }
