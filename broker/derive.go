@@ -116,7 +116,8 @@ func retryRejected(resp *http.Response, out *http.Request, toks []minted, resend
 	if resp.StatusCode != http.StatusUnauthorized || len(toks) == 0 {
 		return resp, nil
 	}
-	hasBody := out.Body != nil && out.Body != http.NoBody
+	// An HTTP/2 request without a body still has a Body (empty, ContentLength 0).
+	hasBody := out.Body != nil && out.Body != http.NoBody && out.ContentLength != 0
 	if hasBody && out.GetBody == nil {
 		return resp, nil // the body went upstream as it streamed: it cannot be sent again
 	}

@@ -161,7 +161,7 @@ func derivedBroker(t *testing.T, d policy.Decision, m *fakeMinter, up upstreamCl
 	}
 	hosts := []string{"api.example.test"}
 	cfg.Credentials = append(cfg.Credentials,
-		config.Credential{Name: "minted", Hosts: hosts, Source: config.Source{Env: "X"}, OAuth2: &config.OAuth2{}},
+		config.Credential{Name: "minted", Hosts: hosts, Source: config.Source{Env: "X"}, OAuth2: &config.OAuth2{TokenURL: "https://auth.example.test/token", ClientID: "c"}},
 		config.Credential{Name: "signed", Hosts: hosts, Source: config.Source{Env: "X"}, AWSSigV4: &config.AWSSigV4{}},
 		config.Credential{Name: "static", Hosts: hosts, Source: config.Source{Env: "X"}, Inject: config.Inject{Header: "X-Key", Value: "{{secret}}"}},
 	)

@@ -22,11 +22,31 @@ type GitHubAppTransit struct {
 	Key   string `yaml:"key"`
 }
 
-// OAuth2 obtains OAuth2 access tokens (see credentials/oauth2).
-type OAuth2 struct{}
+// OAuth2 obtains OAuth2 access tokens (see credentials/oauth2). The credential's source holds
+// the client secret, or the PEM private key for private_key_jwt.
+type OAuth2 struct {
+	TokenURL      string            `yaml:"token_url"`
+	Grant         string            `yaml:"grant"`       // client_credentials (default) | refresh_token
+	ClientID      string            `yaml:"client_id"`   //
+	ClientAuth    string            `yaml:"client_auth"` // client_secret_basic (default) | client_secret_post | private_key_jwt
+	PrivateKeyJWT *PrivateKeyJWT    `yaml:"private_key_jwt"`
+	Scopes        []string          `yaml:"scopes"` // default; a grant's {"scopes": [...]} may only narrow them
+	Params        map[string]string `yaml:"params"` // extra token request parameters (audience, resource)
+	RefreshToken  *Source           `yaml:"refresh_token"`
+}
+
+// PrivateKeyJWT is how the client assertion of private_key_jwt is signed.
+type PrivateKeyJWT struct {
+	Alg   string `yaml:"alg"`    // RS256 (default), RS384, RS512, PS256, PS384, PS512, ES256, ES384, ES512, EdDSA
+	KeyID string `yaml:"key_id"` // the assertion's "kid"
+}
 
 // GoogleServiceAccount turns a service account key into access tokens (see credentials/oauth2).
-type GoogleServiceAccount struct{}
+// The credential's source holds the JSON key.
+type GoogleServiceAccount struct {
+	Scopes  []string `yaml:"scopes"`
+	Subject string   `yaml:"subject"` // a user to impersonate (domain-wide delegation)
+}
 
 // Derived reports whether the credential derives what it sends rather than sending its source's value.
 func (c *Credential) Derived() bool {

@@ -230,8 +230,104 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 		default:
 			validateInject(e, p+".inject", cr.Inject)
 		}
+		if cr.OAuth2 != nil && cr.OAuth2.validate(e, p+".oauth2") {
+			usesVault = true
+		}
+		if cr.GoogleServiceAccount != nil {
+			cr.GoogleServiceAccount.validate(e, p+".google_service_account")
+		}
 	}
 	return usesVault
+}
+
+// oauth2AssertionAlgs are the algorithms a private_key_jwt assertion may be signed with.
+var oauth2AssertionAlgs = []string{"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+
+// oauth2Reserved are token request parameters the grant sets itself.
+var oauth2Reserved = []string{"grant_type", "scope", "client_id", "client_secret", "client_assertion", "client_assertion_type", "refresh_token", "assertion"}
+
+// validate checks an oauth2 block; it reports whether the refresh token is kept in Vault.
+func (o *OAuth2) validate(e *errs, p string) (usesVault bool) {
+	if u, err := url.Parse(o.TokenURL); o.TokenURL == "" {
+		e.add(p+".token_url", "required")
+	} else if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil {
+		e.add(p+".token_url", "must be an https:// URL without credentials")
+	}
+	if o.ClientID == "" {
+		e.add(p+".client_id", "required")
+	}
+	switch o.Grant {
+	case "", "client_credentials":
+		if o.RefreshToken != nil {
+			e.add(p+".refresh_token", "only used with grant: refresh_token")
+		}
+	case "refresh_token":
+		if o.RefreshToken == nil {
+			e.add(p+".refresh_token", "required with grant: refresh_token (vault or file)")
+		}
+	default:
+		e.add(p+".grant", "must be client_credentials or refresh_token, not %q", o.Grant)
+	}
+	if rt := o.RefreshToken; rt != nil {
+		switch {
+		case rt.Env != "":
+			e.add(p+".refresh_token.env", "not allowed: a rotated refresh token must be written back (use vault or file)")
+		case count(rt.Vault != nil, rt.File != "") != 1:
+			e.add(p+".refresh_token", "set exactly one of vault, file")
+		case rt.Vault != nil:
+			usesVault = true
+			v := rt.Vault
+			if v.Lease {
+				e.add(p+".refresh_token.vault.lease", "not allowed: the refresh token is a KV secret the broker writes back")
+			}
+			if v.Mount == "" {
+				e.add(p+".refresh_token.vault.mount", "required")
+			}
+			if v.Path == "" {
+				e.add(p+".refresh_token.vault.path", "required")
+			}
+			if v.Field == "" {
+				e.add(p+".refresh_token.vault.field", "required")
+			}
+			if v.KVVersion != 0 && v.KVVersion != 1 && v.KVVersion != 2 {
+				e.add(p+".refresh_token.vault.kv_version", "must be 1 or 2")
+			}
+		}
+	}
+	switch o.ClientAuth {
+	case "", "client_secret_basic", "client_secret_post":
+		if o.PrivateKeyJWT != nil {
+			e.add(p+".private_key_jwt", "only used with client_auth: private_key_jwt")
+		}
+	case "private_key_jwt":
+		if k := o.PrivateKeyJWT; k != nil && k.Alg != "" && !slices.Contains(oauth2AssertionAlgs, k.Alg) {
+			e.add(p+".private_key_jwt.alg", "must be one of %s, not %q", strings.Join(oauth2AssertionAlgs, ", "), k.Alg)
+		}
+	default:
+		e.add(p+".client_auth", "must be client_secret_basic, client_secret_post or private_key_jwt, not %q", o.ClientAuth)
+	}
+	validateScopes(e, p+".scopes", o.Scopes)
+	for k := range o.Params {
+		if slices.Contains(oauth2Reserved, k) {
+			e.add(p+".params."+k, "set by the grant itself")
+		}
+	}
+	return usesVault
+}
+
+func (g *GoogleServiceAccount) validate(e *errs, p string) {
+	if len(g.Scopes) == 0 {
+		e.add(p+".scopes", "required")
+	}
+	validateScopes(e, p+".scopes", g.Scopes)
+}
+
+func validateScopes(e *errs, p string, scopes []string) {
+	for i, s := range scopes {
+		if s == "" || strings.ContainsAny(s, " \t\r\n\"\\") {
+			e.add(fmt.Sprintf("%s[%d]", p, i), "%q is not a single scope", s)
+		}
+	}
 }
 
 func validateInject(e *errs, p string, in Inject) {

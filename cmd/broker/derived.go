@@ -30,6 +30,12 @@ func (s *credentialSet) derive(cfg *config.Config, log zerolog.Logger) error {
 				return fmt.Errorf("%s.github_app: %w", path, err)
 			}
 			s.minters[name] = m
+		case c.OAuth2 != nil || c.GoogleServiceAccount != nil:
+			m, err := s.oauth2Minter(cfg, c, root, log)
+			if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			s.minters[name] = m
 		default:
 			return fmt.Errorf("%s: this build of the broker cannot derive this credential", path)
 		}
