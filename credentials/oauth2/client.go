@@ -123,8 +123,10 @@ func New(name string, cfg Config, deps Deps) (*Minter, error) {
 	if cfg.ClientAuth == AuthPrivateKeyJWT && cfg.AssertionAlg == "" {
 		cfg.AssertionAlg = "RS256"
 	}
-	c := &client{cfg: cfg, root: deps.Root, http: noRedirects(deps.HTTPClient)}
+	hc, skew := endpointClient(deps.HTTPClient)
+	c := &client{cfg: cfg, root: deps.Root, http: hc}
 	m := newMinter(name, slices.Clone(cfg.Scopes), deps, c.mint)
+	m.skew = skew
 	c.log = m.log
 	if cfg.Grant == GrantRefreshToken {
 		m.after = c.writeBackError
@@ -132,15 +134,23 @@ func New(name string, cfg Config, deps Deps) (*Minter, error) {
 	return m, nil
 }
 
-// noRedirects returns a copy of hc (or a default client) that never follows a redirect: a
-// token request carries the client's credentials, which must go to the token URL only.
-func noRedirects(hc *http.Client) *http.Client {
+// endpointClient returns a copy of hc (or a default client) that never follows a redirect (a
+// token request carries the client's credentials, which must go to the token URL only) and
+// watches the endpoint's clock against the wall clock, which dates the JWT assertions (the
+// cache's clock, Deps.Now, is another matter).
+func endpointClient(hc *http.Client) (*http.Client, *skewWatch) {
 	if hc == nil {
 		hc, _ = NewHTTPClient("") // no CA file: cannot fail
 	}
 	c := *hc
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &c
+	next := c.Transport
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	w := &skewWatch{next: next, now: time.Now}
+	c.Transport = w
+	return &c, w
 }
 
 // client performs the grants.

@@ -49,8 +49,11 @@ func NewGoogle(name string, cfg GoogleConfig, deps Deps) (*Minter, error) {
 	if deps.Root == nil {
 		return nil, fmt.Errorf("credential %q: no source for the service account key", name)
 	}
-	g := &google{cfg: cfg, root: deps.Root, http: noRedirects(deps.HTTPClient)}
-	return newMinter(name, slices.Clone(cfg.Scopes), deps, g.mint), nil
+	hc, skew := endpointClient(deps.HTTPClient)
+	g := &google{cfg: cfg, root: deps.Root, http: hc}
+	m := newMinter(name, slices.Clone(cfg.Scopes), deps, g.mint)
+	m.skew = skew
+	return m, nil
 }
 
 type google struct {

@@ -81,6 +81,7 @@ type Minter struct {
 	allowed []string // configured scopes; a decision may only narrow them
 	mint    mintFunc
 	after   func() string // class of a problem that outlives a successful mint ("" if none)
+	skew    *skewWatch    // the token endpoint's clock against ours (nil in some tests)
 
 	bg     context.Context // cancelled by Close: mints in flight stop
 	cancel context.CancelFunc
@@ -217,6 +218,10 @@ func (m *Minter) start(e *entry, scopes []string) *flight {
 		if err == nil && m.after != nil {
 			after = m.after()
 		}
+		skew := m.skew.problem()
+		if skew != "" {
+			m.log.Warn().Str("problem", skew).Msg("the token endpoint's clock differs from ours: JWT assertions may be refused")
+		}
 
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -226,7 +231,7 @@ func (m *Minter) start(e *entry, scopes []string) *flight {
 			e.err = err
 			e.delay = min(max(2*e.delay, retryMin), retryMax)
 			e.retryAt = m.now().Add(e.delay)
-			m.lastErr = err.Error()
+			m.lastErr = joinProblems(err.Error(), skew)
 			m.log.Warn().Str("error", err.Error()).Strs("scopes", scopes).Msg("minting an access token failed")
 			return
 		}
@@ -238,7 +243,7 @@ func (m *Minter) start(e *entry, scopes []string) *flight {
 			e.known = e.known[:maxKnown]
 		}
 		m.lastRefresh = m.now()
-		m.lastErr = after
+		m.lastErr = joinProblems(after, skew)
 		m.log.Debug().Time("valid_until", tok.expires).Strs("scopes", scopes).Msg("access token minted")
 	}()
 	return f
