@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"time"
 
@@ -144,6 +145,8 @@ type Source struct {
 	Vault *VaultSource `yaml:"vault"`
 	Env   string       `yaml:"env"`
 	File  string       `yaml:"file"`
+	// EnvFields reads a secret with several fields from one variable each (field -> variable).
+	EnvFields map[string]string `yaml:"env_fields"`
 }
 
 type VaultSource struct {
@@ -244,8 +247,12 @@ func (c *Config) SetDefaults() {
 		}
 	}
 	for i := range c.Credentials {
-		if v := c.Credentials[i].Source.Vault; v != nil && v.KVVersion == 0 && !v.Lease {
+		cr := &c.Credentials[i]
+		if v := cr.Source.Vault; v != nil && v.KVVersion == 0 && !v.Lease {
 			v.KVVersion = 2
+		}
+		if s := &cr.Source; cr.AWSSigV4 != nil && s.Vault == nil && s.Env == "" && s.File == "" && s.EnvFields == nil {
+			s.EnvFields = maps.Clone(AWSEnvFields)
 		}
 	}
 }

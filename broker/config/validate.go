@@ -183,20 +183,26 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 			}
 		}
 		s := cr.Source
-		switch count(s.Vault != nil, s.Env != "", s.File != "") {
+		switch count(s.Vault != nil, s.Env != "", s.File != "", s.EnvFields != nil) {
 		case 0:
 			e.add(p+".source", "required: one of vault, env, file")
 		case 1:
 		default:
-			e.add(p+".source", "set only one of vault, env, file")
+			e.add(p+".source", "set only one of vault, env, file, env_fields")
+		}
+		if s.EnvFields != nil && cr.AWSSigV4 == nil {
+			e.add(p+".source.env_fields", "only used with aws_sigv4")
 		}
 		if s.Vault != nil {
 			usesVault = true
 			if s.Vault.Path == "" {
 				e.add(p+".source.vault.path", "required")
 			}
-			if s.Vault.Field == "" {
+			switch {
+			case s.Vault.Field == "" && cr.AWSSigV4 == nil:
 				e.add(p+".source.vault.field", "required")
+			case s.Vault.Field != "" && cr.AWSSigV4 != nil:
+				e.add(p+".source.vault.field", "not used with aws_sigv4: the whole secret is read (access key id, secret key, session token)")
 			}
 			if !s.Vault.Lease && s.Vault.Mount == "" {
 				e.add(p+".source.vault.mount", "required for a KV secret")
@@ -205,7 +211,11 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 				e.add(p+".source.vault.kv_version", "must be 1 or 2")
 			}
 		}
-		validateInject(e, p+".inject", cr.Inject)
+		if cr.AWSSigV4 != nil {
+			cr.AWSSigV4.validate(e, p, cr.Inject)
+		} else {
+			validateInject(e, p+".inject", cr.Inject)
+		}
 	}
 	return usesVault
 }
@@ -296,4 +306,18 @@ func count(bs ...bool) int {
 		}
 	}
 	return n
+}
+
+var awsNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+func (a *AWSSigV4) validate(e *errs, p string, in Inject) {
+	if in != (Inject{}) {
+		e.add(p+".inject", "not used with aws_sigv4: requests to its hosts are signed")
+	}
+	if a.Region != "" && !awsNameRe.MatchString(a.Region) {
+		e.add(p+".aws_sigv4.region", "%q is not an AWS region name", a.Region)
+	}
+	if a.Service != "" && !awsNameRe.MatchString(a.Service) {
+		e.add(p+".aws_sigv4.service", "%q is not an AWS signing name (s3, iam, sts, ...)", a.Service)
+	}
 }
