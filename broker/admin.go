@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"sort"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -45,7 +46,12 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 			degraded, body["policy_reload_error"] = true, msg
 		}
 		unavailable, stale, readyNames := map[string]string{}, map[string]string{}, []string{}
+		minted := map[string]any{}
 		for name, st := range ready.Status() {
+			if !st.ValidUntil.IsZero() || !st.LastRefresh.IsZero() {
+				// A derived credential: when its newest token expires and when it was minted.
+				minted[name] = map[string]any{"valid_until": timeOrNil(st.ValidUntil), "last_refresh": timeOrNil(st.LastRefresh)}
+			}
 			switch {
 			case !st.Ready:
 				unavailable[name] = st.Error
@@ -66,6 +72,9 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 		if len(unavailable) > 0 {
 			degraded, body["credentials"] = true, unavailable
 		}
+		if len(minted) > 0 {
+			body["credentials_minted"] = minted
+		}
 		_, strict := r.URL.Query()["strict"]
 		switch {
 		case status != http.StatusOK:
@@ -79,6 +88,13 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry(), promhttp.HandlerOpts{}))
 	return mux
+}
+
+func timeOrNil(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -45,6 +45,14 @@ func newAdmission(max, perAgent, perAgentRequests int) *admission {
 	}
 }
 
+// setLimits applies new limits (a config reload). Connections and requests already held are
+// kept; an agent over a lowered limit gets no new slot until it is back under it.
+func (a *admission) setLimits(max, perAgent, perAgentRequests int) {
+	a.mu.Lock()
+	a.max, a.perAgent, a.perAgentRequests = max, perAgent, perAgentRequests
+	a.mu.Unlock()
+}
+
 // admit takes a connection slot for a new connection from src, in place of src's oldest
 // connection still waiting for its first request when there is no other room (that one is
 // closed). It returns nil when the broker is full and src has no such connection.

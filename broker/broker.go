@@ -19,8 +19,6 @@ import (
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
-	"github.com/capbroker/capbroker/broker/identity"
-	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/credentials"
@@ -81,27 +79,19 @@ const (
 
 // Broker is the proxy. Create with New, serve with Serve.
 type Broker struct {
-	mode       string
-	auditInput audit.Level
-	agents     *identity.Identifier
-	bindings   *inject.Set
-	scrubbers  scrubbers
-	policy     Decider
-	secrets    Secrets
-	transport  upstreamClient
-	dialer     *upstream.Dialer
-	certs      *certs.Cache
-	mitmTLS    *tls.Config // the agent-facing TLS config of every intercepted tunnel
-	audit      *audit.Logger
-	metrics    *Metrics
-	log        zerolog.Logger
-	proxy      *goproxy.ProxyHttpServer
-	admission  *admission
+	// gen is the config being served (see generation); Reload replaces it.
+	gen      atomic.Pointer[generation]
+	reloadMu sync.Mutex // serialises Reload
+	self     []netip.AddrPort
 
-	// maxPolicyBody is the largest JSON request body the policy sees (policy.max_body_bytes);
-	// bodies bounds the bytes of bodies each agent holds for it.
-	maxPolicyBody int64
-	bodies        *bodyBudget
+	policy    Decider
+	certs     *certs.Cache
+	mitmTLS   *tls.Config // the agent-facing TLS config of every intercepted tunnel
+	audit     *audit.Logger
+	metrics   *Metrics
+	log       zerolog.Logger
+	proxy     *goproxy.ProxyHttpServer
+	admission *admission
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -116,24 +106,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 	if deps.Policy == nil || deps.Secrets == nil || deps.CA == nil || deps.Audit == nil {
 		return nil, errors.New("broker: Policy, Secrets, CA and Audit are required")
 	}
-	agents, err := identity.New(cfg.Agents)
-	if err != nil {
-		return nil, err
-	}
-	allow := make([]netip.Prefix, 0, len(cfg.Upstream.AllowPrivate))
-	for _, s := range cfg.Upstream.AllowPrivate {
-		p, err := config.ParsePrefix(s)
-		if err != nil {
-			return nil, err
-		}
-		allow = append(allow, p)
-	}
-	tr, dialer, err := upstream.New(upstream.Options{
-		CAFile: cfg.Upstream.CAFile, AllowPrivate: allow, Deny: deps.Self,
-		// Pools as deep as the concurrency the proxy admits, so requests reuse upstream connections.
-		MaxIdleConnsPerHost: cfg.Proxy.MaxConnectionsPerAgent,
-		MaxIdleConns:        cfg.Proxy.MaxConnections,
-	})
+	g, err := newGeneration(cfg, deps.Secrets, deps.Self, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -142,35 +115,32 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		m = NewMetrics(nil)
 	}
 	b := &Broker{
-		mode:       cfg.Policy.Mode,
-		auditInput: cfg.Audit.IncludeInput,
-		agents:     agents,
-		bindings:   inject.NewSet(cfg.Credentials),
-		scrubbers:  newScrubbers(cfg.Credentials),
-		policy:     deps.Policy,
-		secrets:    deps.Secrets,
-		transport:  tr,
-		dialer:     dialer,
-		certs:      certs.NewCache(deps.CA, certCacheSize),
-		audit:      deps.Audit,
-		metrics:    m,
-		log:        deps.Log,
-		admission:  newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
+		self:      deps.Self,
+		policy:    deps.Policy,
+		certs:     certs.NewCache(deps.CA, certCacheSize),
+		audit:     deps.Audit,
+		metrics:   m,
+		log:       deps.Log,
+		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
-	b.maxPolicyBody, b.bodies = cfg.Policy.MaxBodyBytes, newBodyBudget(cfg.Policy.MaxBodyBytes)
+	b.gen.Store(g)
 	b.mitmTLS = b.newMitmTLS()
 	m.configure(cfg)
-	m.watch(b.certs.Len, b.audit.Lost, b.openTunnels, deps.Secrets)
-	b.proxy = b.newProxy(tr.Transport())
+	m.watch(b.certs.Len, b.audit.Lost, b.openTunnels, func() Secrets { return b.gen.Load().secrets })
+	b.proxy = b.newProxy()
 	return b, nil
 }
 
 // newProxy configures goproxy with every unsafe default replaced: our transport (verified TLS,
 // no proxy environment, checked dialer), our dialer for tunnels, our CA and certificate cache,
 // and our handlers for every request and CONNECT.
-func (b *Broker) newProxy(tr *http.Transport) *goproxy.ProxyHttpServer {
+func (b *Broker) newProxy() *goproxy.ProxyHttpServer {
 	p := goproxy.NewProxyHttpServer()
-	p.Tr = tr // never used: every request handler returns a response
+	// p.Tr is never used: every request handler returns a response. It is a transport that
+	// cannot dial, rather than goproxy's default.
+	p.Tr = &http.Transport{Proxy: nil, DialContext: func(context.Context, string, string) (net.Conn, error) {
+		return nil, errors.New("broker: goproxy must not dial on its own")
+	}}
 	p.ConnectDial = nil
 	p.ConnectDialWithReq = func(*http.Request, string, string) (net.Conn, error) {
 		return nil, errors.New("broker: goproxy must not dial on its own") // every tunnel is ours
@@ -230,7 +200,7 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	case <-drainCtx.Done():
 		b.log.Warn().Msg("drain timed out with requests in flight")
 	}
-	b.transport.CloseIdleConnections()
+	b.gen.Load().transport.CloseIdleConnections()
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,28 @@ type tunnel struct {
 	// sniMismatch is the TLS server name the agent sent when it is not the CONNECT host.
 	// Set during the handshake, before any request is read.
 	sniMismatch string
+	// gen is the config the CONNECT was decided under, and proxyAuth and source what
+	// identified the agent then: a request served under a newer config identifies the agent
+	// again with them (reidentify). proxyAuth is never logged.
+	gen       *generation
+	proxyAuth string
+	source    netip.Addr
+}
+
+// reidentify returns the tunnel's agent as g knows it. Under the generation of the CONNECT
+// that is the agent the CONNECT identified; under a newer one (a reload), the same proxy
+// credentials or source address must still identify the same agent id, whose labels are
+// then the new ones. A tunnel whose agent was removed, or whose token changed, serves no more
+// requests: its agent must connect again with the new token.
+func (t *tunnel) reidentify(g *generation) (identity.Agent, error) {
+	if g == t.gen {
+		return t.agent, nil
+	}
+	a, err := g.agents.Identify(t.proxyAuth, t.source)
+	if err != nil || a.ID != t.agent.ID {
+		return identity.Agent{}, denial{fmt.Sprintf("agent %q is no longer configured with the credentials this tunnel was opened with (config reloaded); connect again", t.agent.ID)}
+	}
+	return a, nil
 }
 
 // handleConnect decides a CONNECT: refuse (403/407 before any TLS), intercept, or tunnel.
@@ -39,7 +62,8 @@ func (b *Broker) handleConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.Con
 }
 
 func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, error) {
-	agent, err := b.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
+	proxyAuth := r.Header.Get("Proxy-Authorization")
+	agent, err := x.g.agents.Identify(proxyAuth, sourceAddr(r))
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +87,7 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 		Method:      http.MethodConnect,
 		Host:        host,
 		Port:        port,
-		Credentials: b.bindings.Matching(host),
+		Credentials: x.g.bindings.Matching(host),
 	}
 	d, err := b.policy.Decide(r.Context(), in)
 	if err == nil && d.Allow && !d.Intercept && len(d.Credentials) > 0 {
@@ -76,7 +100,7 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 	if d.Intercept || x.ev.WouldDeny {
 		x.ev.Status = http.StatusOK
 		x.finish()
-		tun := &tunnel{agent: agent, target: t}
+		tun := &tunnel{agent: agent, target: t, gen: x.g, proxyAuth: proxyAuth, source: sourceAddr(r)}
 		return &goproxy.ConnectAction{
 			Action: goproxy.ConnectHijack,
 			Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
@@ -98,7 +122,7 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 // Its audit event is written when both directions have ended.
 func (b *Broker) pipe(x *exchange, req *http.Request, client net.Conn, t target) {
 	defer client.Close()
-	up, err := b.dialer.DialContext(context.Background(), "tcp", t.hostPort())
+	up, err := x.g.dialer.DialContext(context.Background(), "tcp", t.hostPort())
 	if err != nil {
 		resp := x.fail(req, fmt.Errorf("tunnel dial: %w", err))
 		_ = resp.Write(client)

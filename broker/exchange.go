@@ -19,7 +19,9 @@ import (
 // exchange is the state of one decision, from arrival to the audit event. finish writes the
 // event exactly once, whichever path ends the exchange (response sent, refusal, client gone).
 type exchange struct {
-	b     *Broker
+	b *Broker
+	// g is the config the exchange is served with, taken once when it begins (generation).
+	g     *generation
 	ev    audit.Event
 	agent identity.Agent
 	once  sync.Once
@@ -38,13 +40,13 @@ type exchange struct {
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
 	b.inflight.Add(1)
 	b.metrics.started()
-	x := &exchange{b: b}
+	x := &exchange{b: b, g: b.gen.Load()}
 	x.ev = audit.Event{
 		RequestID: newRequestID(),
 		Phase:     phase,
 		Method:    r.Method,
 		Start:     time.Now(),
-		Mode:      b.mode,
+		Mode:      x.g.mode,
 		SourceIP:  sourceAddr(r).String(),
 	}
 	return x

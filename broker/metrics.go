@@ -282,7 +282,7 @@ type CredentialStatus interface {
 // watch exports what is read from a broker's parts when metrics are gathered: the size of its
 // certificate cache, the audit events whose write failed, the intercepted tunnels open, and
 // each credential's readiness. Only the first broker given a Metrics is watched.
-func (m *Metrics) watch(certs func() int, auditLost func() int64, tunnels func() int, creds any) {
+func (m *Metrics) watch(certs func() int, auditLost func() int64, tunnels func() int, creds func() Secrets) {
 	m.watched.Do(func() {
 		m.reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -303,22 +303,40 @@ func (m *Metrics) watch(certs func() int, auditLost func() int64, tunnels func()
 				},
 			},
 		)
-		if cs, ok := creds.(CredentialStatus); ok {
-			m.reg.MustRegister(&funcCollector{
-				desc: prometheus.NewDesc("capbroker_credential_ready",
-					"1 when the credential has a usable value (fresh, or cached within vault.max_stale), else 0: requests granted it get 503 credential_unavailable.",
-					[]string{"credential"}, nil),
-				collect: func(d *prometheus.Desc, ch chan<- prometheus.Metric) {
-					for name, st := range cs.Status() {
-						v := 0.0
-						if st.Ready {
-							v = 1
-						}
-						ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name)
+		m.reg.MustRegister(&funcCollector{
+			desc: prometheus.NewDesc("capbroker_credential_ready",
+				"1 when the credential has a usable value (fresh, or cached within vault.max_stale), else 0: requests granted it get 503 credential_unavailable.",
+				[]string{"credential"}, nil),
+			collect: func(d *prometheus.Desc, ch chan<- prometheus.Metric) {
+				cs, ok := creds().(CredentialStatus)
+				if !ok {
+					return
+				}
+				for name, st := range cs.Status() {
+					v := 0.0
+					if st.Ready {
+						v = 1
 					}
-				},
-			})
-		}
+					ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name)
+				}
+			},
+		})
+		m.reg.MustRegister(&funcCollector{
+			desc: prometheus.NewDesc("capbroker_credential_valid_until_seconds",
+				"For a derived credential (minted tokens): when the newest token it holds expires, as a Unix time.",
+				[]string{"credential"}, nil),
+			collect: func(d *prometheus.Desc, ch chan<- prometheus.Metric) {
+				cs, ok := creds().(CredentialStatus)
+				if !ok {
+					return
+				}
+				for name, st := range cs.Status() {
+					if !st.ValidUntil.IsZero() {
+						ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(st.ValidUntil.Unix()), name)
+					}
+				}
+			},
+		})
 	})
 }
 

@@ -43,7 +43,7 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	// TCP and TLS handshake only; nothing is sent before a request has been decided), not
 	// after the agent's first request. Port 80 is left out: what follows there is plain HTTP.
 	if tun.target.port != 80 {
-		b.transport.Prepare(tun.target.hostPort())
+		b.gen.Load().transport.Prepare(tun.target.hostPort())
 	}
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return

@@ -39,7 +39,7 @@ func TestGrantedRequestHeaders(t *testing.T) {
 		br, tun := benchBroker(t, c.full)
 		tun.target = newTarget("https", c.host, 443)
 		up := &recordingUpstream{}
-		br.transport = up
+		br.setTransport(up)
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader([]byte(`{"model":"gpt-4.1-mini"}`)))
 		r.Host = c.host
 		r.Header.Set("Content-Type", "application/json")

@@ -241,7 +241,8 @@ func TestUpstreamGetsThePolicysPath(t *testing.T) {
 	br, tun := benchBroker(t, false)
 	up := &recordingUpstream{}
 	dec := &recordingDecider{}
-	br.transport, br.policy = up, dec
+	br.setTransport(up)
+	br.policy = dec
 	for target, want := range map[string]string{
 		"/v1/models/%2e%2e/files":       "/v1/files",
 		"/v1/models/../files?a=1":       "/v1/files?a=1",

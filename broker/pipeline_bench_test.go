@@ -77,15 +77,15 @@ func benchBroker(b testing.TB, full bool) (*Broker, *tunnel) {
 		}
 		dec = e
 	}
-	lg := audit.New(io.Discard, audit.InputNone)
+	lg := audit.New(io.Discard)
 	b.Cleanup(lg.Close)
 	br, err := New(cfg, Deps{Policy: dec, Secrets: benchSecrets{}, CA: ca, Audit: lg, Log: zerolog.Nop()})
 	if err != nil {
 		b.Fatal(err)
 	}
-	br.transport = memoryUpstream{}
+	br.setTransport(memoryUpstream{})
 	agent := identity.Agent{ID: "dev-agent", Labels: map[string]string{"env": "dev"}}
-	return br, &tunnel{agent: agent, target: newTarget("https", "api.openai.com", 443)}
+	return br, &tunnel{agent: agent, target: newTarget("https", "api.openai.com", 443), gen: br.gen.Load()}
 }
 
 type allowAll struct{}

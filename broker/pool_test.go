@@ -55,7 +55,7 @@ func TestForwardPool(t *testing.T) {
 	for full, want := range map[bool]upstream.Pool{false: "dev-agent", true: "dev-agent\x00openai"} {
 		br, tun := benchBroker(t, full)
 		up := &recordingUpstream{}
-		br.transport = up
+		br.setTransport(up)
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader([]byte(`{"model":"gpt-4.1-mini"}`)))
 		r.Host = "api.openai.com"
 		r.Header.Set("Content-Type", "application/json")

@@ -96,20 +96,11 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		// connection, when its kept-alive one turns out closed before any response.
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(small)), nil }
 	}
-	for _, g := range granted {
-		secret, err := b.secrets.Get(r.Context(), g.Name)
-		if err != nil {
-			return nil, err // never forward without a credential the decision granted
-		}
-		g.Apply(out, secret)
-		if g.InBody() && out.Body != nil && out.Body != http.NoBody {
-			// The secret is now in a body the agent wrote. An upstream that does not read the
-			// body of this request would read it as the next request on the connection, one
-			// the policy never saw: the connection ends with this request instead.
-			out.Close = true
-		}
+	toks, err := x.g.inject(r.Context(), out, granted, d.Scopes)
+	if err != nil {
+		return nil, err
 	}
-	s := b.responseScrubber(t.host)
+	s := x.g.responseScrubber(t.host)
 	x.scrub = s
 	if !s.Empty() {
 		// Ask for an unencoded body, and WebSocket frames without compression, so the response
@@ -120,11 +111,29 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		}
 		dropRangeHeaders(out)
 	}
-	b.forwardTrailers(r, out)
+	x.g.forwardTrailers(r, out)
+	if err := x.g.sign(r.Context(), out, granted); err != nil {
+		return nil, err
+	}
 
-	resp, err := b.transport.RoundTrip(out, poolFor(x.agent.ID, granted))
+	send := func() (*http.Response, error) {
+		resp, err := x.g.transport.RoundTrip(out, poolFor(x.agent.ID, granted))
+		if err != nil {
+			return nil, upstreamFailure(t.hostPort(), err)
+		}
+		return resp, nil
+	}
+	resp, err := send()
+	if err == nil {
+		resp, err = retryRejected(resp, out, toks, func() (*http.Response, error) {
+			// The fresh tokens are scrubbed as well as the retired ones.
+			s = x.g.responseScrubber(t.host)
+			x.scrub = s
+			return send()
+		})
+	}
 	if err != nil {
-		return nil, upstreamFailure(t.hostPort(), err)
+		return nil, err
 	}
 	if err := checkSwitch(out, resp); err != nil {
 		return nil, err
@@ -141,7 +150,12 @@ var encodingOffers = [...]string{"Accept-Encoding", "Grpc-Accept-Encoding", "Sec
 // must be the CONNECT host, and the request is always sent to the CONNECT target.
 func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (target, error) {
 	if tun != nil {
-		x.identify(tun.agent)
+		agent, err := tun.reidentify(x.g)
+		if err != nil {
+			x.identify(tun.agent)
+			return target{}, err
+		}
+		x.identify(agent)
 		x.ev.Host, x.ev.Port = tun.target.host, tun.target.port
 		if r.ProtoMajor == 2 && r.Method == http.MethodConnect {
 			// Extended CONNECT (WebSockets over HTTP/2) is not advertised; a tunnel in a tunnel is not offered.
@@ -165,7 +179,7 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 		}
 		return tun.target, nil
 	}
-	agent, err := b.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
+	agent, err := x.g.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
 	if err != nil {
 		return target{}, err
 	}
@@ -188,9 +202,9 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, evalErr error) ([]*inject.Binding, error) {
 	x.ev.PolicyRevision = d.Revision
 	x.ev.DecisionID = d.ID
-	if b.auditInput.Logs() {
+	if x.g.auditInput.Logs() {
 		// The body is read for the event only at the level that writes it.
-		x.ev.Input = in.Document(b.auditInput.Body())
+		x.ev.Input, x.ev.InputLevel = in.Document(x.g.auditInput.Body()), x.g.auditInput
 	}
 	err := evalErr
 	var granted []*inject.Binding
@@ -199,7 +213,10 @@ func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, eva
 	}
 	// Credentials matter in the request phase only: nothing is injected at connect time.
 	if err == nil && in.Phase == policy.PhaseRequest {
-		granted, err = b.bindings.Resolve(d.Credentials, in.Host)
+		granted, err = x.g.bindings.Resolve(d.Credentials, in.Host)
+		if err == nil {
+			err = x.g.checkScopes(granted, d.Scopes)
+		}
 		if err == nil && len(granted) > 0 && in.Scheme != "https" {
 			err = denial{policy.ReasonCredentialsNeedHTTPS}
 		}
@@ -212,7 +229,7 @@ func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, eva
 		}
 		return granted, nil
 	}
-	if b.mode == config.ModeMonitor {
+	if x.g.mode == config.ModeMonitor {
 		x.ev.Decision = audit.Allow
 		x.ev.WouldDeny = true
 		x.ev.Reason = classify(err).reason
@@ -243,7 +260,7 @@ func readSmallBody(r *http.Request) ([]byte, error) {
 }
 
 // requestInput builds the policy input. Its headers are gathered, and a JSON body up to
-// b.maxPolicyBody is read (readPolicyBody), only when the policy can see them; small is the
+// x.g.maxPolicyBody is read (readPolicyBody), only when the policy can see them; small is the
 // body if readSmallBody has read it. A JSON body over the limit that the policy would read
 // sets body.err: the request is refused, whatever the policy decides without the body. A
 // path, query or method override that the upstream could read differently from the policy is
@@ -274,28 +291,29 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		Path:        path,
 		RawPath:     raw,
 		Query:       q,
-		ReadHeaders: func() map[string]string { return b.policyHeaders(r.Header) },
+		ReadHeaders: func() map[string]string { return x.g.policyHeaders(r.Header) },
 		BodySize:    r.ContentLength,
-		Credentials: b.bindings.Matching(t.host),
+		Credentials: x.g.bindings.Matching(t.host),
 	}
+	x.g.describeAWS(x, r, in)
 	if r.Body == nil || r.Body == http.NoBody {
 		in.BodySize = 0
 		return in, nil
 	}
 	in.ReadBody = func() ([]byte, int64) {
-		if small == nil && isJSON(r.Header.Get("Content-Type")) && r.ContentLength <= b.maxPolicyBody {
+		if small == nil && isJSON(r.Header.Get("Content-Type")) && r.ContentLength <= x.g.maxPolicyBody {
 			// The bytes about to be held count against the agent's budget until the
 			// request has been sent (bodyBudget); unknown length counts as the limit.
 			n := r.ContentLength
 			if n < 0 {
-				n = b.maxPolicyBody + 1
+				n = x.g.maxPolicyBody + 1
 			}
-			if body.hold, body.err = b.bodies.hold(r.Context(), x.agent.ID, n); body.err != nil {
+			if body.hold, body.err = x.g.bodies.hold(r.Context(), x.agent.ID, n); body.err != nil {
 				body.err = fmt.Errorf("%w: waiting to read the request body: %v", errBadRequest, body.err)
 				return nil, r.ContentLength
 			}
 		}
-		text, size, err := readPolicyBody(r, small, b.maxPolicyBody)
+		text, size, err := readPolicyBody(r, small, x.g.maxPolicyBody)
 		body.err = err
 		if err != nil || text == nil {
 			body.hold.release()
@@ -316,11 +334,11 @@ type policyBody struct {
 
 // policyHeaders are the request's headers as the policy sees them: lower-case names, values
 // joined, without hop-by-hop and credential-bearing ones.
-func (b *Broker) policyHeaders(h http.Header) map[string]string {
+func (g *generation) policyHeaders(h http.Header) map[string]string {
 	headers := make(map[string]string, len(h))
 	for k, vs := range h {
 		lk := strings.ToLower(k)
-		if !b.bindings.CredentialHeader(lk) && !isHopByHop(k) {
+		if !g.bindings.CredentialHeader(lk) && !isHopByHop(k) {
 			headers[lk] = strings.Join(vs, ", ")
 		}
 	}

@@ -18,18 +18,20 @@ import (
 //
 // A bound credential this broker has never read has no value to scrub; it cannot have been
 // sent by this broker either.
-func (b *Broker) responseScrubber(host string) *scrub.Replacer {
-	exposed := b.bindings.Exposed(host)
+func (g *generation) responseScrubber(host string) *scrub.Replacer {
+	exposed := g.bindings.Exposed(host)
 	if len(exposed) == 0 {
 		return scrub.New()
 	}
 	var patterns []string
 	for _, bd := range exposed {
-		for _, v := range b.secrets.Known(bd.Name) {
-			patterns = append(patterns, bd.Reveals(v)...)
+		for _, v := range g.secrets.Known(bd.Name) {
+			for _, part := range v.Values() { // each field of a secret with several
+				patterns = append(patterns, bd.Reveals(part)...)
+			}
 		}
 	}
-	return b.scrubbers.get(exposed[0].Name, patterns)
+	return g.scrubbers.get(exposed[0].Name, patterns)
 }
 
 // scrubbers keeps, for each credential, the Replacer built for the last response from a host

@@ -206,7 +206,7 @@ func TestScrubbedResponseShapes(t *testing.T) {
 			for strings.HasPrefix(body, "gz:") {
 				body = gzipped(t, strings.TrimPrefix(body, "gz:"))
 			}
-			br.transport = &upstreamFunc{answer: func(r *http.Request) *http.Response { return answer(r, tc.code, tc.header, body) }}
+			br.setTransport(&upstreamFunc{answer: func(r *http.Request) *http.Response { return answer(r, tc.code, tc.header, body) }})
 			w := httptest.NewRecorder()
 			br.serveTunnel(w, chatRequest(), tun)
 			if w.Code != tc.want {
@@ -240,7 +240,7 @@ func TestScrubbedResponseShapes(t *testing.T) {
 func TestTrailerNamesAreScrubbed(t *testing.T) {
 	br, tun := benchBroker(t, true)
 	announced, late := "X-A-"+benchSecret, "x-l-"+benchSecret
-	br.transport = &upstreamFunc{answer: func(r *http.Request) *http.Response {
+	br.setTransport(&upstreamFunc{answer: func(r *http.Request) *http.Response {
 		resp := answer(r, 200, nil, "body")
 		resp.Trailer = http.Header{announced: nil, "X-Ok": nil}
 		resp.Body = &trailerFiller{Reader: strings.NewReader("body"), fill: func() {
@@ -249,7 +249,7 @@ func TestTrailerNamesAreScrubbed(t *testing.T) {
 			resp.Trailer["X-Ok"] = []string{"ok " + benchSecret}
 		}}
 		return resp
-	}}
+	}})
 	w := httptest.NewRecorder()
 	br.serveTunnel(w, chatRequest(), tun)
 	res := w.Result()
@@ -326,7 +326,7 @@ func TestRangeHeadersDropped(t *testing.T) {
 			br, tun := benchBroker(t, c.full)
 			tun.target = newTarget("https", c.host, 443)
 			up := &recordingUpstream{}
-			br.transport = up
+			br.setTransport(up)
 			r := chatRequest()
 			r.Host = c.host
 			r.Header.Set("Range", "bytes=0-9")

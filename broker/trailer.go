@@ -17,24 +17,24 @@ import (
 // has been read to its end (the server fills r.Trailer just before the body's io.EOF), so out
 // gets its own map declaring the allowed names now, and the values are copied into it at that
 // io.EOF: the transport reads the body, then sends out.Trailer.
-func (b *Broker) forwardTrailers(r, out *http.Request) {
+func (g *generation) forwardTrailers(r, out *http.Request) {
 	out.Trailer = nil
 	if len(r.Trailer) == 0 || out.Body == nil || out.Body == http.NoBody {
 		return
 	}
 	out.Trailer = make(http.Header, len(r.Trailer))
 	for k := range r.Trailer {
-		if b.trailerAllowed(k) {
+		if g.trailerAllowed(k) {
 			out.Trailer[k] = nil
 		}
 	}
-	out.Body = &trailerCopier{ReadCloser: out.Body, src: r, dst: out, allowed: b.trailerAllowed}
+	out.Body = &trailerCopier{ReadCloser: out.Body, src: r, dst: out, allowed: g.trailerAllowed}
 }
 
 // trailerAllowed reports whether an agent's request trailer may be forwarded: never a
 // hop-by-hop field, nor one that carries credentials (which could duplicate an injected one).
-func (b *Broker) trailerAllowed(name string) bool {
-	return !isHopByHop(name) && !b.bindings.CredentialHeader(strings.ToLower(name))
+func (g *generation) trailerAllowed(name string) bool {
+	return !isHopByHop(name) && !g.bindings.CredentialHeader(strings.ToLower(name))
 }
 
 // trailerCopier copies src's trailer values into dst when the body reaches its end.

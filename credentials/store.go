@@ -320,6 +320,9 @@ type CredentialStatus struct {
 	// Error is the last failure to read it ("" when the last read succeeded); a ready
 	// credential can carry one while it serves a cached value.
 	Error string
+	// For a derived credential (Minter): when the newest token it holds expires, and when it
+	// last minted one; zero when it has none.
+	ValidUntil, LastRefresh time.Time
 }
 
 // Status reports every credential by name.
@@ -364,4 +367,54 @@ func (s *Store) Names() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// NewStoreFrom builds a store for sources, as NewStore does, that takes over from old (a
+// config reload): each credential for which unchanged reports true keeps old's entry, shared
+// rather than copied — its cached value, the values a rotation replaced, its backoff after a
+// failure — so it is not fetched again, and the old store (still serving the requests that
+// began before the reload) and the new one never fetch it twice. A credential whose source
+// changed starts unread, but the values old knew of it count as replaced ones (Previous,
+// Known) for the usual window, so responses are still scrubbed of them. Credentials not in
+// sources are left to old, which is read only by requests that began before the reload.
+func NewStoreFrom(old *Store, sources map[string]Source, unchanged func(name string) bool, opts StoreOptions) *Store {
+	s := NewStore(sources, opts)
+	if old == nil {
+		return s
+	}
+	now := s.now()
+	for name := range s.entries {
+		oe, ok := old.entries[name]
+		if !ok {
+			continue
+		}
+		if unchanged(name) {
+			s.entries[name] = oe
+			continue
+		}
+		var list []replaced
+		for _, v := range old.Known(name) {
+			if len(list) == maxPrevious {
+				break
+			}
+			list = append(list, replaced{val: v, at: now})
+		}
+		if len(list) > 0 {
+			s.entries[name].prev.Store(&list)
+		}
+	}
+	return s
+}
+
+// Release tells the sources of the named credentials that they are no longer used (a config
+// reload removed them, or replaced their source): a Vault lease stops being renewed. The
+// store still serves the values it has cached, to the requests that began before the reload.
+func (s *Store) Release(names ...string) {
+	for _, name := range names {
+		if e, ok := s.entries[name]; ok {
+			if r, ok := e.src.(interface{ Release() }); ok {
+				r.Release()
+			}
+		}
+	}
 }

@@ -359,3 +359,67 @@ func TestStoreRunBacksOff(t *testing.T) {
 		t.Fatalf("%d fetches in 1.2s of failures", n)
 	}
 }
+
+// TestNewStoreFrom: a reload keeps the cached value of an unchanged credential without reading
+// its source again; a changed one is read from its new source, and its old value is still
+// known (for scrubbing); a removed one is not in the new store.
+func TestNewStoreFrom(t *testing.T) {
+	ctx := context.Background()
+	kept, changed, removed := &countingSource{val: "kept-value"}, &countingSource{val: "old-value"}, &countingSource{val: "gone-value"}
+	old := NewStore(map[string]Source{"kept": kept, "changed": changed, "removed": removed}, StoreOptions{})
+	if errs := old.Warm(ctx); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	replacement := &countingSource{val: "new-value"}
+	s := NewStoreFrom(old, map[string]Source{"kept": kept, "changed": replacement},
+		func(name string) bool { return name == "kept" }, StoreOptions{})
+	if errs := s.Warm(ctx); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if kept.n != 1 || replacement.n != 1 {
+		t.Fatalf("fetches: kept %d (want 1: reused), changed %d (want 1)", kept.n, replacement.n)
+	}
+	if v, _ := s.Get(ctx, "changed"); v.Reveal() != "new-value" {
+		t.Fatal("changed credential does not have its new value")
+	}
+	if v, _ := old.Get(ctx, "changed"); v.Reveal() != "old-value" {
+		t.Fatal("the old store lost its value")
+	}
+	var known []string
+	for _, v := range s.Known("changed") {
+		known = append(known, v.Reveal())
+	}
+	if strings.Join(known, ",") != "new-value,old-value" {
+		t.Fatalf("known values of the changed credential: %v", known)
+	}
+	if _, err := s.Get(ctx, "removed"); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("removed credential: %v", err)
+	}
+}
+
+type countingSource struct {
+	val string
+	n   int
+}
+
+func (c *countingSource) Fetch(context.Context) (Secret, error) {
+	c.n++
+	return NewSecret(c.val), nil
+}
+
+// releasingSource records Release.
+type releasingSource struct {
+	countingSource
+	released bool
+}
+
+func (r *releasingSource) Release() { r.released = true }
+
+func TestStoreRelease(t *testing.T) {
+	gone, kept := &releasingSource{countingSource: countingSource{val: "a"}}, &releasingSource{countingSource: countingSource{val: "b"}}
+	s := NewStore(map[string]Source{"gone": gone, "kept": kept, "env": Env{Name: "X"}}, StoreOptions{})
+	s.Release("gone", "env", "unknown")
+	if !gone.released || kept.released {
+		t.Fatalf("released: gone %v, kept %v", gone.released, kept.released)
+	}
+}

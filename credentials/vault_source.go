@@ -453,3 +453,15 @@ var (
 	_ Source = (*leaseSource)(nil)
 	_ Source = badRef{}
 )
+
+// Release stops renewing the current lease: the credential is no longer configured (a config
+// reload removed or replaced it; Store.Release). The lease is left to expire at the end of its
+// TTL, so a request in flight that was given its value keeps working; Close still revokes it
+// if it has not expired.
+func (s *leaseSource) Release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != nil {
+		s.cur.stopRenewing()
+	}
+}

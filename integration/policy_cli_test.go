@@ -426,7 +426,7 @@ decision := {"allow": true, "reason": count(input.x)} if input.request.host == "
 	out, code = run(t, dir, "check-config", "--config", "bad.yaml")
 	for _, want := range []string{
 		"policy.dir: policies/broker.rego:5: decision: allow must be a boolean, not string",
-		"policy.dir: policies/broker.rego:5: decision: credentials must be an array of credential names (strings), not string",
+		"policy.dir: policies/broker.rego:5: decision: credentials must be an array of credential names (strings) or {name, scope} objects, not string",
 		"policy.dir: policies/broker.rego:7: decision: reason must be a string, not number",
 	} {
 		if !strings.Contains(out, want) {

@@ -43,35 +43,35 @@ type Event struct {
 	WouldDeny      bool
 	// Error is the internal cause of a failure, for operators; never shown to the agent.
 	Error string
-	Input map[string]any
+	// Input is the policy input, written as much as InputLevel says (audit.include_input of
+	// the config the exchange was served with: it can change on reload).
+	Input      map[string]any
+	InputLevel Level
+	// AWS names the AWS service and operation of a request to AWS (CONTRACT §8), when known.
+	AWS *AWSCall
+}
+
+// AWSCall is the audit event's "aws" object.
+type AWSCall struct {
+	Service, Operation string
 }
 
 // Logger writes events. Safe for concurrent use.
 type Logger struct {
-	zl           zerolog.Logger
-	out          *batchWriter
-	includeInput Level
-	now          func() time.Time
+	zl  zerolog.Logger
+	out *batchWriter
+	now func() time.Time
 }
 
 // New writes events to w, one JSON object per line. The lines are written by a goroutine of
-// the Logger's, in batches under load (see batchWriter); Close writes what is pending. Events
-// carry as much of their policy input as includeInput says.
-func New(w io.Writer, includeInput Level) *Logger {
+// the Logger's, in batches under load (see batchWriter); Close writes what is pending.
+func New(w io.Writer) *Logger {
 	out := newBatchWriter(w)
-	return &Logger{
-		zl:           zerolog.New(out).With().Timestamp().Logger(),
-		out:          out,
-		includeInput: includeInput,
-		now:          time.Now,
-	}
+	return &Logger{zl: zerolog.New(out).With().Timestamp().Logger(), out: out, now: time.Now}
 }
 
 // Close writes every event not yet written. Events written after Close are written at once.
 func (l *Logger) Close() { l.out.Close() }
-
-// InputLevel is how much of the policy input events carry.
-func (l *Logger) InputLevel() Level { return l.includeInput }
 
 // Lost is the number of events whose write failed (each was also reported on stderr).
 func (l *Logger) Lost() int64 { return l.out.lost.Load() }
@@ -104,8 +104,11 @@ func (l *Logger) Write(e *Event) {
 	if e.Error != "" {
 		ev = ev.Str("error", e.Error)
 	}
-	if l.includeInput.Logs() && e.Input != nil {
-		ev = ev.Str("input_level", string(l.includeInput)).Interface("input", l.includeInput.reduce(e.Input))
+	if a := e.AWS; a != nil {
+		ev = ev.Dict("aws", zerolog.Dict().Str("service", a.Service).Str("operation", a.Operation))
+	}
+	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
+		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))
 	}
 	ev.Str("msg", "decision").Send()
 }

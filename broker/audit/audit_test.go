@@ -9,7 +9,7 @@ import (
 
 func TestEventFields(t *testing.T) {
 	var buf bytes.Buffer
-	l := New(&buf, InputNone)
+	l := New(&buf)
 	l.Write(&Event{
 		RequestID: "r1", Agent: "a", SourceIP: "10.0.0.1", Phase: "request", Method: "GET", Scheme: "https",
 		Host: "api.example.com", Port: 443, Path: "/x", Decision: Allow, Credentials: []string{"gh"}, Status: 200,
@@ -31,10 +31,14 @@ func TestEventFields(t *testing.T) {
 		t.Errorf("event: %v", ev)
 	}
 	buf.Reset()
-	l = New(&buf, InputFull)
-	l.Write(&Event{Start: time.Now(), WouldDeny: true, Input: map[string]any{"phase": "request"}})
+	l = New(&buf)
+	l.Write(&Event{Start: time.Now(), WouldDeny: true, Input: map[string]any{"phase": "request"}, InputLevel: InputFull,
+		AWS: &AWSCall{Service: "s3", Operation: "GetObject"}})
 	l.Close()
 	_ = json.Unmarshal(buf.Bytes(), &ev)
+	if aws, _ := ev["aws"].(map[string]any); aws["service"] != "s3" || aws["operation"] != "GetObject" {
+		t.Errorf("aws: %v", ev["aws"])
+	}
 	if ev["would_deny"] != true || ev["input"] == nil {
 		t.Errorf("include_input/would_deny: %v", ev)
 	}

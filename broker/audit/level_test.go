@@ -65,9 +65,9 @@ func TestLevels(t *testing.T) {
 		{InputFull, merge(metadataReq, headersReq, fullReq)},
 	} {
 		var buf bytes.Buffer
-		l := New(&buf, c.level)
+		l := New(&buf)
 		in := levelInput()
-		l.Write(&Event{Start: time.Now(), Input: in})
+		l.Write(&Event{Start: time.Now(), Input: in, InputLevel: c.level})
 		l.Close()
 		if !reflect.DeepEqual(in, levelInput()) {
 			t.Fatalf("%s: the event's input was changed", c.level)

@@ -21,7 +21,7 @@ func TestBatchWriterKeepsEveryEventWhole(t *testing.T) {
 	var out lockedBuffer
 	release := make(chan struct{})
 	out.gate = release
-	l := New(&out, InputNone)
+	l := New(&out)
 	const writers, each = 8, 2000
 	pad := strings.Repeat("x", 200) // 8*2000 events of ~500 bytes: several times maxPending
 	var wg sync.WaitGroup
@@ -60,7 +60,7 @@ func TestBatchWriterKeepsEveryEventWhole(t *testing.T) {
 
 func TestBatchWriterAfterClose(t *testing.T) {
 	var out lockedBuffer
-	l := New(&out, InputNone)
+	l := New(&out)
 	l.Close()
 	l.Close() // twice is harmless
 	l.Write(&Event{RequestID: "late", Start: time.Now()})
@@ -120,7 +120,7 @@ func TestBatchWriterReusesItsBuffers(t *testing.T) {
 // TestLostEventsAreCounted writes events to a destination that fails: each one is counted as
 // lost, whether it was batched or written after Close.
 func TestLostEventsAreCounted(t *testing.T) {
-	l := New(failingWriter{}, InputNone)
+	l := New(failingWriter{})
 	for i := range 5 {
 		l.Write(&Event{RequestID: fmt.Sprint(i), Start: time.Now()})
 	}
@@ -132,7 +132,7 @@ func TestLostEventsAreCounted(t *testing.T) {
 	if n := l.Lost(); n != 6 {
 		t.Fatalf("%d events counted lost after a write after Close, want 6", n)
 	}
-	if n := New(io.Discard, InputNone).Lost(); n != 0 {
+	if n := New(io.Discard).Lost(); n != 0 {
 		t.Fatalf("%d events lost on a working destination", n)
 	}
 }

@@ -1,18 +1,13 @@
 // Package config is the broker's YAML configuration: a typed struct decoded with unknown keys
-// rejected, defaults, and Validate, which lists every problem by its key path.
+// rejected, defaults, and Validate; Parse lists every problem of a file by key path and line.
 package config
 
 import (
-	"bytes"
 	_ "embed"
 	"errors"
-	"fmt"
-	"io"
 	"maps"
 	"os"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/capbroker/capbroker/broker/audit"
 )
@@ -133,6 +128,9 @@ type Credential struct {
 	Hosts  []string `yaml:"hosts"`
 	Source Source   `yaml:"source"`
 	Inject Inject   `yaml:"inject"`
+	// AgentEnv names the variables `broker agent-env` sets to a placeholder for this
+	// credential (default: those the usual SDKs read for its hosts).
+	AgentEnv []string `yaml:"agent_env"`
 
 	// Derived credentials (derived.go): at most one.
 	AWSSigV4             *AWSSigV4             `yaml:"aws_sigv4"`
@@ -147,6 +145,11 @@ type Source struct {
 	File  string       `yaml:"file"`
 	// EnvFields reads a secret with several fields from one variable each (field -> variable).
 	EnvFields map[string]string `yaml:"env_fields"`
+}
+
+// IsZero reports whether no source is set.
+func (s Source) IsZero() bool {
+	return s.Vault == nil && s.Env == "" && s.File == "" && s.EnvFields == nil
 }
 
 type VaultSource struct {
@@ -191,17 +194,34 @@ func Dev() *Config {
 	return c
 }
 
-// Parse decodes YAML (unknown keys are errors), applies defaults and validates.
+// Parse decodes YAML, applies defaults and validates. On failure the error is Problems: every
+// unknown key, wrong value and validation problem of the file at once, each by its key path
+// and line, in the order of the file.
 func Parse(b []byte) (*Config, error) {
 	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config: %w", err)
+	lines, problems := decode(b, &c)
+	if len(problems) == 1 && problems[0].Path == "" {
+		return nil, problems // a syntax error: nothing else can be said about the file
 	}
 	c.SetDefaults()
-	if errs := c.Validate(); len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	shapeProblems := len(problems)
+validation:
+	for _, err := range c.Validate() {
+		var p *Problem
+		if !errors.As(err, &p) {
+			p = &Problem{Msg: err.Error()}
+		}
+		for _, bad := range problems[:shapeProblems] {
+			if bad.badValue && follows(p.Path, bad.Path) {
+				continue validation
+			}
+		}
+		p.Line = lines.line(p.Path)
+		problems = append(problems, p)
+	}
+	if len(problems) > 0 {
+		sortProblems(problems)
+		return nil, problems
 	}
 	return &c, nil
 }
@@ -253,6 +273,10 @@ func (c *Config) SetDefaults() {
 		}
 		if s := &cr.Source; cr.AWSSigV4 != nil && s.Vault == nil && s.Env == "" && s.File == "" && s.EnvFields == nil {
 			s.EnvFields = maps.Clone(AWSEnvFields)
+		}
+		if cr.Derived() && cr.AWSSigV4 == nil && cr.Inject == (Inject{}) {
+			// A minted token is a bearer token unless the file says otherwise.
+			cr.Inject = Inject{Header: "Authorization", Value: "Bearer {{secret}}"}
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 )
 
 var (
+	envNameRe    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	agentIDRe    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 	credNameRe   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
 	headerNameRe = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -23,11 +24,12 @@ var (
 type errs []error
 
 func (e *errs) add(path, format string, args ...any) {
-	*e = append(*e, fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...)))
+	*e = append(*e, &Problem{Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
-// Validate returns every problem in the config, each naming its key path. It never includes a
-// secret value: the config holds only references to secrets.
+// Validate returns every problem in the config, each a *Problem naming its key path (without a
+// line: Parse adds the lines). It never includes a secret value: the config holds only
+// references to secrets.
 func (c *Config) Validate() []error {
 	var e errs
 	checkListen(&e, "proxy.listen", c.Proxy.Listen)
@@ -211,9 +213,20 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 				e.add(p+".source.vault.kv_version", "must be 1 or 2")
 			}
 		}
-		if cr.AWSSigV4 != nil {
-			cr.AWSSigV4.validate(e, p, cr.Inject)
-		} else {
+		for j, n := range cr.AgentEnv {
+			if !envNameRe.MatchString(n) {
+				e.add(fmt.Sprintf("%s.agent_env[%d]", p, j), "%q is not an environment variable name", n)
+			}
+		}
+		switch {
+		case count(cr.AWSSigV4 != nil, cr.GitHubApp != nil, cr.OAuth2 != nil, cr.GoogleServiceAccount != nil) > 1:
+			e.add(p, "set at most one of aws_sigv4, github_app, oauth2, google_service_account")
+		case cr.AWSSigV4 != nil:
+			if cr.Inject != (Inject{}) {
+				e.add(p+".inject", "not used with aws_sigv4: the request is signed, not given a value")
+			}
+			cr.AWSSigV4.validate(e, p)
+		default:
 			validateInject(e, p+".inject", cr.Inject)
 		}
 	}
@@ -310,10 +323,7 @@ func count(bs ...bool) int {
 
 var awsNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
-func (a *AWSSigV4) validate(e *errs, p string, in Inject) {
-	if in != (Inject{}) {
-		e.add(p+".inject", "not used with aws_sigv4: requests to its hosts are signed")
-	}
+func (a *AWSSigV4) validate(e *errs, p string) {
 	if a.Region != "" && !awsNameRe.MatchString(a.Region) {
 		e.add(p+".aws_sigv4.region", "%q is not an AWS region name", a.Region)
 	}

@@ -81,7 +81,7 @@ func checkSource(ctx context.Context, src *source, where string) []error {
 var decisionKeys = map[string]string{
 	"allow":       "a boolean",
 	"reason":      "a string",
-	"credentials": "an array of credential names (strings)",
+	"credentials": "an array of credential names (strings) or {name, scope} objects",
 	"intercept":   "a boolean",
 }
 
@@ -335,15 +335,28 @@ func fitsOne(key string, t types.Type) bool {
 		switch x := t.(type) {
 		case *types.Array:
 			for i := 0; i < x.Len(); i++ {
-				if !isString(x.Select(i)) {
+				if !isGrant(x.Select(i)) {
 					return false
 				}
 			}
-			return x.Dynamic() == nil || isString(x.Dynamic())
+			return x.Dynamic() == nil || isGrant(x.Dynamic())
 		case *types.Set:
-			return isString(x.Of())
+			return isGrant(x.Of())
 		}
 		return false
+	}
+	return true
+}
+
+// isGrant is true for what may be an item of credentials: a name, or an object (a scoped
+// grant, whose shape is checked when the decision is read).
+func isGrant(t types.Type) bool {
+	for _, m := range members(t) {
+		switch m.(type) {
+		case types.String, *types.Object:
+		default:
+			return false
+		}
 	}
 	return true
 }

@@ -26,10 +26,10 @@ decision := {"allow": true, "credentials": [c], "intercept": true} if {
 	"intercept": "no",
 }`, want: []string{
 			"p.rego:5: decision: reason must be a string, not number",
-			"p.rego:6: decision: credentials must be an array of credential names (strings), not string",
+			"p.rego:6: decision: credentials must be an array of credential names (strings) or {name, scope} objects, not string",
 			"p.rego:7: decision: intercept must be a boolean, not string",
 		}},
-		"credentials of numbers": {rego: `decision := {"allow": true, "credentials": [1]}`, want: []string{"p.rego:3: decision: credentials must be an array of credential names (strings), not array<number>"}},
+		"credentials of numbers": {rego: `decision := {"allow": true, "credentials": [1]}`, want: []string{"p.rego:3: decision: credentials must be an array of credential names (strings) or {name, scope} objects, not array<number>"}},
 		"a builtin's result":     {rego: `decision := {"allow": true, "reason": count([1])}`, want: []string{"p.rego:3: decision: reason must be a string, not number"}},
 		"through a variable": {rego: `decision := d if {
 	d := {"allow": 1}

@@ -1,6 +1,9 @@
 package policy
 
 import (
+	"slices"
+	"strconv"
+
 	"github.com/open-policy-agent/opa/v1/rego"
 )
 
@@ -11,6 +14,9 @@ type Decision struct {
 	Allow       bool
 	Reason      string
 	Credentials []string
+	// Scopes holds, by credential name, the scope a grant was narrowed to (an item
+	// {"name": "gh_app", "scope": {...}}); a credential granted by its name alone has none.
+	Scopes map[string]map[string]any
 	// Intercept is meaningful in the connect phase only: false asks for an opaque tunnel.
 	Intercept bool
 	// Revision identifies the policy that decided.
@@ -58,11 +64,20 @@ func parseDecision(v any, revision string) Decision {
 			return Decision{Reason: ReasonMalformed + ": credentials is not a list", Revision: revision}
 		}
 		for _, x := range list {
-			s, ok := x.(string)
-			if !ok {
-				return Decision{Reason: ReasonMalformed + ": credentials must be names", Revision: revision}
+			name, scope, err := parseGrant(x)
+			if err == "" && slices.Contains(d.Credentials, name) {
+				err = "credential " + strconv.Quote(name) + " is granted twice"
 			}
-			d.Credentials = append(d.Credentials, s)
+			if err != "" {
+				return Decision{Reason: ReasonMalformed + ": " + err, Revision: revision}
+			}
+			d.Credentials = append(d.Credentials, name)
+			if scope != nil {
+				if d.Scopes == nil {
+					d.Scopes = map[string]map[string]any{}
+				}
+				d.Scopes[name] = scope
+			}
 		}
 	}
 	if i, ok := obj["intercept"]; ok {
@@ -80,15 +95,41 @@ func parseDecision(v any, revision string) Decision {
 		if d.Reason == "" {
 			d.Reason = ReasonNoAllow
 		}
-		d.Credentials = nil
+		d.Credentials, d.Scopes = nil, nil
 		return d
 	}
 	d.Allow = allow
 	if !allow {
-		d.Credentials = nil
+		d.Credentials, d.Scopes = nil, nil
 		if d.Reason == "" {
 			d.Reason = ReasonNoAllow
 		}
 	}
 	return d
+}
+
+// parseGrant reads one item of a decision's credentials: a name, or an object with a name and
+// an optional scope object (CONTRACT §8). It returns why the item is malformed, or "".
+func parseGrant(x any) (name string, scope map[string]any, malformed string) {
+	switch v := x.(type) {
+	case string:
+		return v, nil, ""
+	case map[string]any:
+		name, ok := v["name"].(string)
+		if !ok {
+			return "", nil, "a credentials item without a name"
+		}
+		for k := range v {
+			if k != "name" && k != "scope" {
+				return "", nil, "credentials item " + strconv.Quote(name) + " has an unknown key " + strconv.Quote(k)
+			}
+		}
+		if s, present := v["scope"]; present {
+			if scope, ok = s.(map[string]any); !ok {
+				return "", nil, "the scope of credential " + strconv.Quote(name) + " is not an object"
+			}
+		}
+		return name, scope, ""
+	}
+	return "", nil, "credentials must be names or {name, scope} objects"
 }

@@ -23,14 +23,14 @@ func Effective(input any, d Decision) Decision {
 	doc, _ := input.(map[string]any)
 	req, _ := doc["request"].(map[string]any)
 	deny := func(reason string) Decision {
-		d.Allow, d.Reason, d.Credentials = false, reason, nil
+		d.Allow, d.Reason, d.Credentials, d.Scopes = false, reason, nil, nil
 		return d
 	}
 	if doc["phase"] == PhaseConnect {
 		if !d.Intercept && len(d.Credentials) > 0 {
 			return deny(ReasonOpaqueTunnelCredentials)
 		}
-		d.Credentials = nil // nothing is injected at connect time
+		d.Credentials, d.Scopes = nil, nil // nothing is injected at connect time
 		return d
 	}
 	var bound []string

@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,12 @@ func TestDecisionParsing(t *testing.T) {
 		"allow not a boolean":    {rego: `decision := {"allow": "yes"}`, reason: ReasonMalformed + ": allow is not a boolean"},
 		"not an object":          {rego: `decision := true`, reason: ReasonMalformed + ": not an object"},
 		"credentials not a list": {rego: `decision := {"allow": true, "credentials": "gh"}`, reason: ReasonMalformed + ": credentials is not a list"},
-		"credential not a name":  {rego: `decision := {"allow": true, "credentials": [1]}`, reason: ReasonMalformed + ": credentials must be names"},
+		"credential not a name":  {rego: `decision := {"allow": true, "credentials": [1]}`, reason: ReasonMalformed + ": credentials must be names or {name, scope} objects"},
+		"scoped grant":           {rego: `decision := {"allow": true, "credentials": ["gh", {"name": "app", "scope": {"repositories": ["r1"]}}]}`, allow: true, creds: []string{"gh", "app"}},
+		"scoped grant, no name":  {rego: `decision := {"allow": true, "credentials": [{"scope": {}}]}`, reason: ReasonMalformed + ": a credentials item without a name"},
+		"scope not an object":    {rego: `decision := {"allow": true, "credentials": [{"name": "app", "scope": ["r1"]}]}`, reason: ReasonMalformed + `: the scope of credential "app" is not an object`},
+		"grant with unknown key": {rego: `decision := {"allow": true, "credentials": [{"name": "app", "scopes": {}}]}`, reason: ReasonMalformed + `: credentials item "app" has an unknown key "scopes"`},
+		"granted twice":          {rego: `decision := {"allow": true, "credentials": ["app", {"name": "app"}]}`, reason: ReasonMalformed + `: credential "app" is granted twice`},
 		"intercept false":        {rego: `decision := {"allow": true, "intercept": false}`, allow: true, noIntercept: true},
 		"intercept not boolean":  {rego: `decision := {"allow": true, "intercept": "no"}`, reason: ReasonMalformed + ": intercept is not a boolean"},
 		"deny drops credentials": {rego: `decision := {"allow": false, "credentials": ["gh"]}`, reason: ReasonNoAllow},
@@ -55,6 +61,11 @@ func TestDecisionParsing(t *testing.T) {
 			}
 			if d.Revision == "" {
 				t.Fatal("no revision")
+			}
+			if name == "scoped grant" {
+				if sc := d.Scopes["app"]; len(d.Scopes) != 1 || fmt.Sprint(sc["repositories"]) != "[r1]" {
+					t.Fatalf("scopes: %v", d.Scopes)
+				}
 			}
 		})
 	}

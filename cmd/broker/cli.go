@@ -26,6 +26,8 @@ Usage:
   broker policy test [DIR]                            run the *_test.rego tests (default ./policies)
   broker policy eval --policies DIR --input FILE      print the decision for one policy input
   broker policy replay --policies DIR --log FILE      re-decide audit events; exit 1 if any changed
+  broker agent-env --agent ID [--config FILE] [--proxy HOST:PORT] [--format sh|env]
+                                                      print an agent shell's proxy, CA and SDK variables
   broker healthcheck [--admin ADDR] [--path /readyz] exit 0 when the broker's admin endpoint answers 200
   broker version | --version
 `
@@ -50,6 +52,8 @@ func runCLI(args []string, stdout, stderr io.Writer) int {
 		err = cmdPolicy(rest, stdout, stderr)
 	case "healthcheck":
 		err = cmdHealthcheck(rest, stdout, stderr)
+	case "agent-env":
+		err = cmdAgentEnv(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		cmdVersion(stdout)
 	case "-h", "--help", "help":

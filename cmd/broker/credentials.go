@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/rs/zerolog"
 
@@ -20,14 +22,33 @@ type credentialSet struct {
 	store  *credentials.Store
 	vault  *credentials.Vault
 	checks map[string]func(context.Context) error // one read of each credential, for check-config
+	paths  map[string]string                      // the key path of each credential's source
+	// stopFresh ends keepFresh's background refreshing (a reload replaced this set).
+	stopFresh context.CancelFunc
+	// The derived credentials' minters and signers, by name (derived.go).
+	minters map[string]credentials.Minter
+	signers map[string]credentials.Signer
+	// retired holds, by name, the minters of the sets a reload replaced: their tokens stay
+	// valid until they expire, so they are still scrubbed, and revoked when the broker stops.
+	retired map[string][]credentials.Minter
 }
 
 // buildCredentials builds the sources named in the config. Nothing is fetched yet.
 func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, error) {
-	set := &credentialSet{checks: map[string]func(context.Context) error{}}
+	return buildCredentialsWith(cfg, log, nil, nil, nil)
+}
+
+// buildCredentialsWith is buildCredentials for a reload: vault, when not nil, is the running
+// Vault client, used rather than a new one (and kept, for Close, even if cfg has no vault
+// section); the store takes over from old the credentials unchanged reports true for
+// (credentials.NewStoreFrom).
+func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, vault *credentials.Vault, old *credentials.Store, unchanged func(string) bool) (*credentialSet, error) {
+	set := &credentialSet{checks: map[string]func(context.Context) error{}, paths: map[string]string{}, vault: vault}
 	opts := credentials.StoreOptions{}
 	if v := cfg.Vault; v != nil {
 		opts.Refresh, opts.MaxStale = v.RefreshInterval, v.MaxStale
+	}
+	if v := cfg.Vault; v != nil && set.vault == nil {
 		vault, err := credentials.NewVault(credentials.VaultOptions{
 			Address: v.Address, CAFile: v.CAFile, Namespace: v.Namespace, Log: log,
 			Auth: credentials.VaultAuth{
@@ -42,15 +63,22 @@ func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, e
 		set.vault = vault
 	}
 	sources := map[string]credentials.Source{}
-	for _, c := range cfg.Credentials {
+	for i, c := range cfg.Credentials {
+		if c.Source.IsZero() {
+			continue // a derived credential whose root secret never leaves Vault
+		}
+		set.paths[c.Name] = fmt.Sprintf("credentials[%d].source", i)
 		var src credentials.Source
+		fields := c.AWSSigV4 != nil // the root secret is read whole, as fields
 		switch s := c.Source; {
 		case s.Env != "":
-			src = credentials.Env{Name: s.Env}
+			src = credentials.Env{Name: s.Env, Fields: fields}
 		case s.File != "":
-			src = credentials.File{Path: s.File}
+			src = credentials.File{Path: s.File, Fields: fields}
+		case s.EnvFields != nil:
+			src = credentials.EnvFields(s.EnvFields)
 		default:
-			ref := credentials.VaultRef{Mount: s.Vault.Mount, Path: s.Vault.Path, Field: s.Vault.Field, KVVersion: s.Vault.KVVersion, Lease: s.Vault.Lease}
+			ref := credentials.VaultRef{Mount: s.Vault.Mount, Path: s.Vault.Path, Field: s.Vault.Field, KVVersion: s.Vault.KVVersion, Lease: s.Vault.Lease, Fields: fields}
 			src = set.vault.Source(c.Name, ref)
 			name := c.Name
 			set.checks[name] = func(ctx context.Context) error { return set.vault.Check(ctx, name, ref) }
@@ -60,7 +88,14 @@ func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, e
 			set.checks[c.Name] = func(ctx context.Context) error { _, err := src.Fetch(ctx); return err }
 		}
 	}
-	set.store = credentials.NewStore(sources, opts)
+	if old != nil && unchanged != nil {
+		set.store = credentials.NewStoreFrom(old, sources, unchanged, opts)
+	} else {
+		set.store = credentials.NewStore(sources, opts)
+	}
+	if err := set.derive(cfg, log); err != nil {
+		return nil, err
+	}
 	return set, nil
 }
 
@@ -77,16 +112,24 @@ func (s *credentialSet) start(ctx context.Context, log zerolog.Logger) error {
 	for _, err := range s.store.Warm(ctx) {
 		log.Warn().Err(err).Msg("credential not ready; requests granted it get 503 until it is")
 	}
-	go s.store.Run(ctx)
+	s.keepFresh(ctx)
 	return nil
 }
 
-// close revokes Vault leases and stops renewals.
+// keepFresh re-reads the credentials in the background, each on its own schedule, until ctx
+// ends or stopFresh is called.
+func (s *credentialSet) keepFresh(ctx context.Context) {
+	ctx, s.stopFresh = context.WithCancel(ctx)
+	go s.store.Run(ctx)
+}
+
+// close revokes the minted tokens that can be revoked, then Vault leases, and stops renewals.
 func (s *credentialSet) close(ctx context.Context) error {
+	err := s.closeDerived(ctx)
 	if s.vault == nil {
-		return nil
+		return err
 	}
-	return s.vault.Close(ctx)
+	return errors.Join(err, s.vault.Close(ctx))
 }
 
 // check reads every credential once, as check-config does, and returns one error per
@@ -100,7 +143,9 @@ func (s *credentialSet) check(ctx context.Context) []error {
 	var errs []error
 	for _, name := range s.store.Names() {
 		if err := s.checks[name](ctx); err != nil {
-			errs = append(errs, fmt.Errorf("credential %q: %w", name, err))
+			// One mention of the credential, whether or not the source's error names it.
+			msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("credential %q: ", name))
+			errs = append(errs, fmt.Errorf("%s: credential %q: %s", s.paths[name], name, msg))
 		}
 	}
 	return errs

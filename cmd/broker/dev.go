@@ -52,7 +52,7 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	o.onListen = func(proxy, admin net.Addr) {
-		printExports(stdout, cfg.Agents[0].ID, token, proxy, admin, caPath, cfg.Policy.Dir)
+		printExports(stdout, cfg, token, proxy, admin, caPath, cfg.Policy.Dir)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -91,20 +91,15 @@ func ensureDevToken(path string) (string, error) {
 	return t, nil
 }
 
-// printExports prints what an agent shell needs to use the broker. NO_PROXY names the admin
-// address's host (and the loopback names), so that `curl http://ADMIN/readyz` in that shell
-// reaches the admin listener rather than the proxy, which refuses loopback destinations. Hosts,
-// not host:port: curl ignores a port in NO_PROXY.
-func printExports(w io.Writer, agent, token string, proxy, admin net.Addr, caPath, policyDir string) {
-	url := fmt.Sprintf("http://%s:%s@%s", agent, token, proxy)
-	noProxy := strings.Join(noProxyHosts(admin), ",")
-	fmt.Fprintf(w, `# capbroker dev: proxy %s, admin http://%s, policies %s
-# In the agent's shell:
-export HTTPS_PROXY=%s HTTP_PROXY=%s https_proxy=%s http_proxy=%s
-export NO_PROXY=%s no_proxy=%s
-export SSL_CERT_FILE=%s CURL_CA_BUNDLE=%s REQUESTS_CA_BUNDLE=%s NODE_EXTRA_CA_CERTS=%s GIT_SSL_CAINFO=%s
-# Audit events follow, one JSON line per decision.
-`, proxy, admin, policyDir, url, url, url, url, noProxy, noProxy, caPath, caPath, caPath, caPath, caPath)
+// printExports prints what an agent shell needs to use the broker (agentEnv). NO_PROXY names
+// the admin address's host (and the loopback names), so that `curl http://ADMIN/readyz` in
+// that shell reaches the admin listener rather than the proxy, which refuses loopback
+// destinations.
+func printExports(w io.Writer, cfg *config.Config, token string, proxy, admin net.Addr, caPath, policyDir string) {
+	fmt.Fprintf(w, "# capbroker dev: proxy %s, admin http://%s, policies %s\n# In the agent's shell (SDK keys are placeholders; the broker injects the real ones):\n",
+		proxy, admin, policyDir)
+	writeEnv(w, agentEnv(cfg, cfg.Agents[0], token, proxy.String(), admin, caPath), "sh")
+	fmt.Fprintln(w, "# Audit events follow, one JSON line per decision.")
 }
 
 // noProxyHosts are the hosts an agent shell reaches directly: the admin listener's (127.0.0.1

@@ -71,7 +71,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return serve(ctx, cfg, serveOptions{level: sf.logLevel, stdout: stdout, stderr: stderr})
+	return serve(ctx, cfg, serveOptions{level: sf.logLevel, stdout: stdout, stderr: stderr, configPath: *path, flags: sf})
 }
 
 // configError lists every problem on its own line.
@@ -87,10 +87,20 @@ type serveOptions struct {
 	policyFS fs.FS
 	// onListen is called with the bound addresses once both listeners are up.
 	onListen func(proxy, admin net.Addr)
+	// configPath is the config file, reloaded on SIGHUP and when it changes ("" for dev);
+	// flags are applied again to each reloaded config.
+	configPath string
+	flags      serveFlags
 }
 
 // serve builds the stages from the config and runs until ctx ends, then drains.
 func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
+	// SIGHUP reloads the config (reloader). It is caught from the start, so that it never
+	// ends the process (its default action); one that comes while the broker starts is
+	// handled once it is running.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	level, err := zerolog.ParseLevel(o.level)
 	if err != nil {
 		return fmt.Errorf("--log-level: %w", err)
@@ -124,21 +134,30 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if err := creds.start(ctx, log); err != nil {
 		return err
 	}
+	reloading := false // rl.run is running
+	rl := &reloader{path: o.configPath, flags: o.flags, log: log, cur: cfg, creds: creds, ready: new(readyStore), done: make(chan struct{})}
+	rl.ready.p.Store(creds)
+	if o.configPath != "" {
+		rl.last, _ = os.ReadFile(o.configPath)
+	}
 	defer func() {
-		// Revoke leases on the way out, with a bound: shutdown must not hang on Vault.
+		// Revoke leases on the way out, with a bound: shutdown must not hang on Vault. The
+		// Vault client is the same across reloads; a reload still running finishes first.
+		if reloading {
+			<-rl.done
+		}
 		closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := creds.close(closeCtx); err != nil {
+		if err := rl.creds.close(closeCtx); err != nil {
 			log.Warn().Err(err).Msg("closing the Vault client")
 		}
 	}()
-	store := creds.store
 	auditW, closeAudit, err := openAudit(cfg.Audit.File, o.stdout)
 	if err != nil {
 		return err
 	}
 	defer closeAudit()
-	auditLog := audit.New(auditW, cfg.Audit.IncludeInput)
+	auditLog := audit.New(auditW)
 	defer auditLog.Close() // before the file closes: the last events are written
 
 	proxyLn, err := net.Listen("tcp", cfg.Proxy.Listen)
@@ -153,7 +172,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	metrics := broker.NewMetrics(nil)
 	metrics.SetBuild(version, buildCommit())
 	b, err := broker.New(cfg, broker.Deps{
-		Policy: engine, Secrets: store, CA: ca, Metrics: metrics, Log: log,
+		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit: auditLog,
 		Self:  append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...),
 	})
@@ -162,7 +181,8 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		adminLn.Close()
 		return err
 	}
-	admin := &http.Server{Handler: broker.AdminHandler(metrics, store, engine), ReadHeaderTimeout: 5 * time.Second}
+	rl.b = b
+	admin := &http.Server{Handler: broker.AdminHandler(metrics, rl.ready, engine), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = admin.Serve(adminLn) }()
 	defer admin.Close()
 
@@ -193,6 +213,9 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if bundlePoller != nil {
 		go bundlePoller.Run(ctx, reported("policy bundle not loaded; keeping the last good policy", "policy bundle loaded"))
 	}
+	rl.watch(ctx)
+	reloading = true
+	go rl.run(ctx, hup)
 	log.Info().Str("proxy", proxyLn.Addr().String()).Str("admin", adminLn.Addr().String()).
 		Str("policy_revision", engine.Revision()).Str("mode", cfg.Policy.Mode).Msg("listening")
 	if o.onListen != nil {

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/rs/zerolog"
+
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/credentials"
+	"github.com/capbroker/capbroker/credentials/aws"
+)
+
+// derive builds the minter or signer of every derived credential of cfg (config.Credential
+// .Derived): each reads its root secret through the store, so that caching, leases, rotation
+// and readiness work as for any credential.
+func (s *credentialSet) derive(cfg *config.Config, log zerolog.Logger) error {
+	s.minters, s.signers = map[string]credentials.Minter{}, map[string]credentials.Signer{}
+	for i, c := range cfg.Credentials {
+		if !c.Derived() {
+			continue
+		}
+		path := fmt.Sprintf("credentials[%d]", i)
+		name := c.Name
+		root := func(ctx context.Context) (credentials.Secret, error) { return s.store.Get(ctx, name) }
+		_ = root
+		_ = log
+		switch {
+		case c.AWSSigV4 != nil:
+			sg, err := aws.New(root, aws.Options{Region: c.AWSSigV4.Region, Service: c.AWSSigV4.Service})
+			if err != nil {
+				return fmt.Errorf("%s.aws_sigv4: %w", path, err)
+			}
+			s.signers[name] = sg
+		default:
+			return fmt.Errorf("%s: this build of the broker cannot derive this credential", path)
+		}
+	}
+	return nil
+}
+
+// Minter returns the minter of a credential that mints tokens, nil for any other.
+func (s *credentialSet) Minter(name string) credentials.Minter { return s.minters[name] }
+
+// Signer returns the signer of a credential that signs requests, nil for any other.
+func (s *credentialSet) Signer(name string) credentials.Signer { return s.signers[name] }
+
+// Get reads a credential's value through the store.
+func (s *credentialSet) Get(ctx context.Context, name string) (credentials.Secret, error) {
+	return s.store.Get(ctx, name)
+}
+
+// Known returns every value of the credential that may be out in the world: its source's
+// current and recently rotated values, and the tokens minted from it that may still be valid.
+func (s *credentialSet) Known(name string) []credentials.Secret {
+	known := s.store.Known(name)
+	if m := s.minters[name]; m != nil {
+		known = append(known, m.Known()...)
+	}
+	for _, m := range s.retired[name] {
+		known = append(known, m.Known()...)
+	}
+	return known
+}
+
+// Status reports every credential: a derived one is ready when its root secret is (if it has
+// one in the store) and its minter can serve.
+func (s *credentialSet) Status() map[string]credentials.CredentialStatus {
+	out := s.store.Status()
+	for name, m := range s.minters {
+		ds := m.Status()
+		st, hasRoot := out[name]
+		if !hasRoot {
+			st.Ready = true
+		}
+		st.Ready = st.Ready && ds.Ready
+		if ds.LastError != "" {
+			st.Error = ds.LastError
+		}
+		st.ValidUntil, st.LastRefresh = ds.ValidUntil, ds.LastRefresh
+		out[name] = st
+	}
+	return out
+}
+
+// retire makes s the successor of prev (a reload): prev's minters are kept for scrubbing and
+// for revoking at stop, not for minting.
+func (s *credentialSet) retire(prev *credentialSet) {
+	s.retired = map[string][]credentials.Minter{}
+	for name, ms := range prev.retired {
+		s.retired[name] = append(s.retired[name], ms...)
+	}
+	for name, m := range prev.minters {
+		s.retired[name] = append(s.retired[name], m)
+	}
+}
+
+// closeDerived revokes what the minters, current and retired, can revoke (GitHub installation
+// tokens), when the broker stops.
+func (s *credentialSet) closeDerived(ctx context.Context) error {
+	var errs []error
+	revoke := func(name string, m credentials.Minter) {
+		if err := m.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("credential %q: revoking minted tokens: %w", name, err))
+		}
+	}
+	for name, m := range s.minters {
+		revoke(name, m)
+	}
+	for name, ms := range s.retired {
+		for _, m := range ms {
+			revoke(name, m)
+		}
+	}
+	return errors.Join(errs...)
+}
