@@ -297,3 +297,11 @@ func TestHashedBodyLimit(t *testing.T) {
 	}
 	_ = bytes.MinRead
 }
+
+func TestSignRefusesSigV2Presigned(t *testing.T) {
+	req, _ := http.NewRequest("GET", "https://localhost/data/k?AWSAccessKeyId="+fakeID+"&Signature=abc%3D&Expires=1796374089", nil)
+	err := newTestSigner(t, false, Options{}).Sign(context.Background(), req)
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "SigV2 presigned") {
+		t.Fatalf("err = %v", err)
+	}
+}

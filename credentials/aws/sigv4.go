@@ -80,6 +80,8 @@ func parseSignature(req *http.Request) (*signature, error) {
 	case inQuery:
 		sig.presigned = true
 		return sig, sig.parseQuery()
+	case slices.ContainsFunc(q, func(p param) bool { return p.k == "AWSAccessKeyId" }):
+		return nil, unsupported("SigV2 presigned URLs are not re-signed; presign with SigV4 (AWS CLI: s3 signature_version = s3v4)")
 	}
 	return nil, unsupported("the request is not signed (give the SDK placeholder keys: it must sign with SigV4 for the broker to re-sign)")
 }

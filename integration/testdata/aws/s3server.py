@@ -5,7 +5,8 @@ It is not the broker's implementation: header signatures and presigned URLs are 
 with botocore's own signer (S3SigV4Auth, S3SigV4QueryAuth) from the request as received and
 the real key; aws-chunked chunk and trailer signatures by this file's HMAC chain, from AWS's
 description of the format; declared payload hashes and trailing or header checksums against
-the bytes received. Objects live in memory. TLS only, loopback only.
+the bytes received. Objects live in memory; GET of any bucket's key "_echo_request" answers
+the request's headers, as an upstream reflecting what it was sent. TLS only, loopback only.
 
 Configuration by environment: S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
 (optional), S3_REGION, S3_BUCKETS (comma-separated, created empty), S3_CERT, S3_KEY (PEM).
@@ -83,8 +84,24 @@ def signing_key(date):
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
+    entry = None
+
     def log_message(self, *args):
         pass
+
+    def send_response(self, code, message=None):
+        if self.entry is not None:
+            self.entry["status"] = code
+        super().send_response(code, message)
+
+    def end_headers(self):
+        # The log line is written before the client can have the response, so that a test
+        # reading the log after a response finds the line.
+        if self.entry is not None:
+            with log_lock:
+                print(json.dumps(self.entry), flush=True)
+            self.entry = None
+        super().end_headers()
 
     def do_GET(self):
         self.handle_s3()
@@ -245,7 +262,7 @@ class Handler(BaseHTTPRequestHandler):
             raise Refused(400, "XAmzContentSHA256Mismatch", "payload hash does not match the body")
         sums = dict(trailers or {})
         for h, v in self.headers.items():
-            if h.lower().startswith("x-amz-checksum-") and h.lower() != "x-amz-checksum-algorithm" and h.lower() != "x-amz-checksum-type":
+            if h.lower().startswith("x-amz-checksum-") and h.lower()[len("x-amz-checksum-"):] not in ("algorithm", "type", "mode"):
                 sums[h.lower()] = v
         for name, value in sums.items():
             alg = name[len("x-amz-checksum-"):]
@@ -255,8 +272,8 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- S3 ----------------------------------------------------------------------------
     def handle_s3(self):
-        entry = {"method": self.command, "path": self.path.partition("?")[0],
-                 "payload": self.headers.get("X-Amz-Content-Sha256", "")}
+        entry = self.entry = {"method": self.command, "path": self.path.partition("?")[0],
+                              "payload": self.headers.get("X-Amz-Content-Sha256", "")}
         try:
             body = self.read_body()
             path, _, raw = self.path.partition("?")
@@ -271,18 +288,13 @@ class Handler(BaseHTTPRequestHandler):
             body, sums = self.check_payload(body, auth)
             if sums:
                 entry["checksums"] = sorted(sums)
-            status = self.route(urllib.parse.unquote(path), dict(query), body, sums or {})
+            self.route(urllib.parse.unquote(path), dict(query), body, sums or {})
         except Refused as e:
-            status = e.status
             entry["error"] = e.msg
             self.send_xml(e.status, "<Error><Code>%s</Code><Message>%s</Message></Error>" % (e.code, escape(e.msg)))
         except Exception as e:  # a bug here must show in the test, not hang it
-            status = 500
             entry["error"] = "internal: %s" % type(e).__name__
             self.send_xml(500, "<Error><Code>InternalError</Code><Message>internal</Message></Error>")
-        entry["status"] = status
-        with log_lock:
-            print(json.dumps(entry), flush=True)
 
     def send_xml(self, status, xml, headers=None):
         b = ('<?xml version="1.0" encoding="UTF-8"?>\n' + xml).encode()
@@ -359,6 +371,16 @@ class Handler(BaseHTTPRequestHandler):
             with lock:
                 objs.pop(key, None)
             return self.send_empty(204)
+        if m == "GET" and key == "_echo_request":
+            # Reflects the request's headers, the root key's id and session token among
+            # them, as an upstream's error page might: the broker must scrub them.
+            echo = "".join("%s: %s\n" % kv for kv in self.headers.items()).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(echo)))
+            self.end_headers()
+            self.wfile.write(echo)
+            return 200
         if m in ("GET", "HEAD"):
             with lock:
                 data = objs.get(key)
