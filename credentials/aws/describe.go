@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 )
 
@@ -123,8 +124,9 @@ func describeS3(req *http.Request, host string, m *Meaning) {
 		m.Bucket, rest, _ = strings.Cut(rest, "/")
 	}
 	m.Key = rest
-	q := req.URL.Query()
-	has := func(k string) bool { _, ok := q[k]; return ok }
+	// The query as the signer reads it, and as AWS does: '&'-separated, ';' and '+' literal.
+	q, _ := parseQuery(req.URL.RawQuery)
+	has := func(k string) bool { return slices.ContainsFunc(q, func(p param) bool { return p.k == k }) }
 	copySrc := req.Header.Get("X-Amz-Copy-Source")
 	if copySrc != "" {
 		if src, err := url.PathUnescape(strings.TrimPrefix(copySrc, "/")); err == nil {
@@ -252,8 +254,11 @@ func s3Operation(method, bucket, key string, has func(string) bool, copying bool
 // action is the query protocol's Action (IAM, STS, EC2, SQS, ...): from the query, or from a
 // form body of at most 64 KiB, which is put back to be sent.
 func action(req *http.Request) string {
-	if a := req.URL.Query().Get("Action"); a != "" {
-		return a
+	q, _ := parseQuery(req.URL.RawQuery)
+	for _, p := range q {
+		if p.k == "Action" {
+			return p.v
+		}
 	}
 	ct, _, _ := mime.ParseMediaType(req.Header.Get("Content-Type"))
 	if ct != "application/x-www-form-urlencoded" || req.Body == nil || req.Body == http.NoBody ||

@@ -44,7 +44,8 @@ func newTestSigner(t testing.TB, token bool, opts Options) *Signer {
 	if opts.Now == nil {
 		opts.Now = func() time.Time { return signTime }
 	}
-	s, err := New(func(context.Context) (credentials.Secret, error) { return rootSecretFields(token), nil }, opts)
+	root := rootSecretFields(token) // as the Store serves it: read once, cached
+	s, err := New(func(context.Context) (credentials.Secret, error) { return root, nil }, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
