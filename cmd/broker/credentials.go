@@ -14,6 +14,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/credentials"
+	"github.com/capbroker/capbroker/credentials/aws"
 )
 
 // credentialSet is the credential store and, when the config has a vault section, the Vault
@@ -82,6 +83,9 @@ func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, vault *credent
 			src = set.vault.Source(c.Name, ref)
 			name := c.Name
 			set.checks[name] = func(ctx context.Context) error { return set.vault.Check(ctx, name, ref) }
+		}
+		if fields {
+			src = aws.KeySource{Source: src}
 		}
 		sources[c.Name] = src
 		if _, ok := set.checks[c.Name]; !ok {

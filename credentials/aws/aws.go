@@ -184,3 +184,20 @@ func (s *Signer) hashBody(req *http.Request) (string, error) {
 	req.ContentLength = int64(len(b))
 	return hexSHA256(b), nil
 }
+
+// KeySource is the source of an aws_sigv4 credential: a secret that is not an access key (a
+// field missing) is a failure of the source, so that /readyz and check-config name it rather
+// than the first request.
+type KeySource struct{ credentials.Source }
+
+// Fetch implements credentials.Source.
+func (k KeySource) Fetch(ctx context.Context) (credentials.Secret, error) {
+	s, err := k.Source.Fetch(ctx)
+	if err != nil {
+		return credentials.Secret{}, err
+	}
+	if _, err := KeyOf(s); err != nil {
+		return credentials.Secret{}, err
+	}
+	return s, nil
+}

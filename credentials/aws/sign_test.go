@@ -306,3 +306,19 @@ func TestSignRefusesSigV2Presigned(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+type staticSource credentials.Secret
+
+func (s staticSource) Fetch(context.Context) (credentials.Secret, error) {
+	return credentials.Secret(s), nil
+}
+
+func TestKeySource(t *testing.T) {
+	if _, err := (KeySource{staticSource(rootSecretFields(true))}).Fetch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, err := (KeySource{staticSource(credentials.NewFields(map[string]string{"access_key_id": rootID, "region": "eu-west-1"}))}).Fetch(context.Background())
+	if !errors.Is(err, credentials.ErrUnavailable) || !strings.Contains(err.Error(), "no secret key") {
+		t.Fatalf("err = %v", err)
+	}
+}

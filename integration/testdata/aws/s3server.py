@@ -9,7 +9,7 @@ the bytes received. Objects live in memory; GET of any bucket's key "_echo_reque
 the request's headers, as an upstream reflecting what it was sent. TLS only, loopback only.
 
 Configuration by environment: S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, S3_SESSION_TOKEN
-(optional), S3_REGION, S3_BUCKETS (comma-separated, created empty), S3_CERT, S3_KEY (PEM).
+(optional), S3_MORE_KEYS (more keys accepted), S3_REGION, S3_BUCKETS (comma-separated, created empty), S3_CERT, S3_KEY (PEM).
 It prints "listening PORT" once it listens on 127.0.0.1, then one JSON line per request:
 method, path, auth ("header" or "presigned"), payload (the x-amz-content-sha256 form), status,
 error (why it refused, never a secret).
@@ -34,9 +34,11 @@ from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-AK = os.environ["S3_ACCESS_KEY_ID"]
-SK = os.environ["S3_SECRET_ACCESS_KEY"]
-TOKEN = os.environ.get("S3_SESSION_TOKEN", "")
+# Accepted keys by id: (secret key, session token). S3_MORE_KEYS, a JSON list of
+# {"id", "secret", "token"}, adds keys, so that a test can rotate the broker's.
+KEYS = {os.environ["S3_ACCESS_KEY_ID"]: (os.environ["S3_SECRET_ACCESS_KEY"], os.environ.get("S3_SESSION_TOKEN", ""))}
+for k in json.loads(os.environ.get("S3_MORE_KEYS", "[]")):
+    KEYS[k["id"]] = (k["secret"], k.get("token", ""))
 REGION = os.environ.get("S3_REGION", "us-east-1")
 EMPTY = hashlib.sha256(b"").hexdigest()
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
@@ -74,8 +76,14 @@ def checksum(alg, data):
     raise Refused(400, "InvalidRequest", "checksum algorithm %s not supported here" % alg)
 
 
-def signing_key(date):
-    k = ("AWS4" + SK).encode()
+def key_for(key_id):
+    if key_id not in KEYS:
+        raise Refused(403, "InvalidAccessKeyId", "access key id is not one of the root keys")
+    return KEYS[key_id]
+
+
+def signing_key(secret, date):
+    k = ("AWS4" + secret).encode()
     for part in (date, REGION, "s3", "aws4_request"):
         k = hmac.new(k, part.encode(), hashlib.sha256).digest()
     return k
@@ -130,9 +138,11 @@ class Handler(BaseHTTPRequestHandler):
     def verify_presigned(self, query):
         q = dict(query)
         cred = q.get("X-Amz-Credential", "").split("/")
-        if len(cred) != 5 or cred[0] != AK or cred[2] != REGION or cred[3] != "s3":
-            raise Refused(403, "InvalidAccessKeyId", "presigned credential is not the root key's scope")
-        if q.get("X-Amz-Security-Token", "") != TOKEN:
+        if len(cred) != 5 or cred[2] != REGION or cred[3] != "s3":
+            raise Refused(403, "AuthorizationQueryParametersError", "presigned credential scope is not this endpoint's")
+        sk, token = key_for(cred[0])
+        self.entry["key"] = cred[0]
+        if q.get("X-Amz-Security-Token", "") != token:
             raise Refused(403, "InvalidToken", "presigned session token differs")
         date = datetime.datetime.strptime(q["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.timezone.utc)
         if datetime.datetime.now(datetime.timezone.utc) > date + datetime.timedelta(seconds=int(q["X-Amz-Expires"])):
@@ -143,7 +153,7 @@ class Handler(BaseHTTPRequestHandler):
         req = AWSRequest(method=self.command, url="https://%s%s?%s" % (self.headers["Host"], path, kept),
                          headers={h: self.headers[h] for h in signed if h in self.headers})
         req.context["timestamp"] = q["X-Amz-Date"]
-        auth = S3SigV4QueryAuth(Credentials(AK, SK, TOKEN or None), "s3", REGION, expires=int(q["X-Amz-Expires"]))
+        auth = S3SigV4QueryAuth(Credentials(cred[0], sk, token or None), "s3", REGION, expires=int(q["X-Amz-Expires"]))
         cr = auth.canonical_request(req)
         want = auth.signature(auth.string_to_sign(req, cr), req)
         if not hmac.compare_digest(want, q.get("X-Amz-Signature", "")):
@@ -155,11 +165,11 @@ class Handler(BaseHTTPRequestHandler):
             raise Refused(403, "AccessDenied", "not signed with AWS4-HMAC-SHA256")
         parts = dict(p.strip().split("=", 1) for p in authz[len("AWS4-HMAC-SHA256 "):].split(","))
         cred = parts["Credential"].split("/")
-        if cred[0] != AK:
-            raise Refused(403, "InvalidAccessKeyId", "access key id is not the root key's")
+        sk, token = key_for(cred[0])
+        self.entry["key"] = cred[0]
         if cred[2] != REGION or cred[3] != "s3" or cred[4] != "aws4_request":
             raise Refused(403, "AuthorizationHeaderMalformed", "credential scope is not this endpoint's")
-        if self.headers.get("X-Amz-Security-Token", "") != TOKEN:
+        if self.headers.get("X-Amz-Security-Token", "") != token:
             raise Refused(403, "InvalidToken", "session token differs")
         amz_date = self.headers["X-Amz-Date"]
         date = datetime.datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.timezone.utc)
@@ -176,17 +186,17 @@ class Handler(BaseHTTPRequestHandler):
             headers[h] = self.headers[h]
         req = AWSRequest(method=self.command, url=self.url(), headers=headers)
         req.context["timestamp"] = amz_date
-        auth = S3SigV4Auth(Credentials(AK, SK, TOKEN or None), "s3", REGION)
+        auth = S3SigV4Auth(Credentials(cred[0], sk, token or None), "s3", REGION)
         cr = auth.canonical_request(req)
         want = auth.signature(auth.string_to_sign(req, cr), req)
         if not hmac.compare_digest(want, parts["Signature"]):
             raise Refused(403, "SignatureDoesNotMatch", "signature does not match")
-        return amz_date, "/".join(cred[1:]), want
+        return amz_date, "/".join(cred[1:]), want, sk
 
-    def decode_chunked(self, body, signed, trailer, amz_date, scope, seed):
+    def decode_chunked(self, body, signed, trailer, amz_date, scope, seed, secret):
         """aws-chunked: returns the data, checking chunk signatures (signed forms), the trailer
         signature (signed trailer) and the trailing checksum (trailer forms)."""
-        key = signing_key(scope.split("/")[0])
+        key = signing_key(secret, scope.split("/")[0])
         prev, pos, data = seed, 0, bytearray()
 
         def line():
@@ -244,13 +254,13 @@ class Handler(BaseHTTPRequestHandler):
         trailers = None
         if auth is None:  # presigned
             return body, None
-        amz_date, scope, seed = auth
+        amz_date, scope, seed, secret = auth
         if form in ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER",
                     "STREAMING-UNSIGNED-PAYLOAD-TRAILER"):
             if "aws-chunked" not in self.headers.get("Content-Encoding", ""):
                 raise Refused(400, "InvalidRequest", "streaming payload without Content-Encoding: aws-chunked")
             body, trailers = self.decode_chunked(body, form.startswith("STREAMING-AWS4"), form.endswith("TRAILER"),
-                                                 amz_date, scope, seed)
+                                                 amz_date, scope, seed, secret)
             if int(self.headers.get("X-Amz-Decoded-Content-Length", "-1")) != len(body):
                 raise Refused(400, "IncompleteBody", "x-amz-decoded-content-length differs")
             named = self.headers.get("X-Amz-Trailer", "")
