@@ -320,6 +320,15 @@ func (in *Input) find(path ast.Ref) (found, error) {
 	switch key(1) {
 	case "phase":
 		return findString(in.Phase, path[2:])
+	case "aws":
+		if in.AWS == nil {
+			return found{}, errNoValue
+		}
+		v, err := ast.InterfaceToValue(in.AWS)
+		if err != nil {
+			return found{}, err
+		}
+		return findIn(v, path[2:])
 	case "agent":
 		switch key(2) {
 		case "id":
