@@ -450,6 +450,47 @@ func TestAWSSDKThroughBroker(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "403") {
 		t.Fatalf("GetObject from the unlisted bucket: %v", err)
 	}
+
+	// Requests the broker cannot re-sign are refused, naming why, and never sent on: by the
+	// policy when nothing says which service they are for (a custom endpoint, no SigV4
+	// scope), by the signer when the signature is one it does not re-sign.
+	hc := e.broker.client(t, "coder-1", e.token)
+	m = e.s3.mark()
+	scope := placeholderKeyID + "/" + time.Now().UTC().Format("20060102") + "/us-east-1/s3/aws4_request"
+	unknown := "the broker cannot tell which AWS service this request is for"
+	for name, c := range map[string]struct {
+		url     string
+		headers map[string]string
+		status  int
+		want    string
+	}{
+		"unsigned":        {url: "/data/out/sdk.txt", status: 403, want: unknown},
+		"SigV2 presigned": {url: "/data/out/sdk.txt?AWSAccessKeyId=" + placeholderKeyID + "&Signature=abc%3D&Expires=1796374089", status: 403, want: unknown},
+		"SigV4a": {url: "/data/out/sdk.txt", headers: map[string]string{"Authorization": "AWS4-ECDSA-P256-SHA256 Credential=" + placeholderKeyID + "/20261204/s3/aws4_request, SignedHeaders=host, Signature=00"},
+			status: 403, want: unknown},
+		"bad payload hash": {url: "/data/out/sdk.txt", headers: map[string]string{"Authorization": "AWS4-HMAC-SHA256 Credential=" + scope + ", SignedHeaders=host, Signature=00", "X-Amz-Content-Sha256": "sha-of-nothing"},
+			status: 400, want: "cannot sign this request: aws: request signature not supported: x-amz-content-sha256 is neither"},
+		// Re-signed with its own date: AWS, here the stand-in, refuses it as expired.
+		"presigned, expired": {url: "/data/out/sdk.txt?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=" + url.QueryEscape(strings.Replace(scope, time.Now().UTC().Format("20060102"), "20200101", 1)) +
+			"&X-Amz-Date=20200101T000000Z&X-Amz-Expires=60&X-Amz-SignedHeaders=host&X-Amz-Signature=00", status: 403, want: "AccessDenied"},
+	} {
+		req, _ := http.NewRequest("GET", e.endpoint+c.url, nil)
+		for k, v := range c.headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || !strings.Contains(string(b), c.want) {
+			t.Errorf("%s: %d %s\nwant %d naming %q", name, resp.StatusCode, b, c.status, c.want)
+		}
+	}
+	if n := len(e.s3Entries(m)); n != 1 {
+		t.Errorf("the stand-in saw %d of these requests, want only the expired presigned one", n)
+	}
 }
 
 // TestAWSSignedChunksThroughBroker sends the aws-chunked forms whose every chunk is signed

@@ -59,8 +59,10 @@ grant := {"allow": true, "credentials": [settings.aws.credential], "reason": "AW
 
 deny(reason) := {"allow": false, "reason": reason}
 
-decision := deny("this AWS host is not bound to an aws_sigv4 credential, so the broker cannot say what the request does") if {
+decision := deny("the broker says nothing of what this request does (no input.aws): bind the host to an aws_sigv4 credential") if {
 	not input.aws
+} else := deny("the broker cannot tell which AWS service this request is for: sign it with SigV4 (placeholder keys will do), or set aws_sigv4.service") if {
+	input.aws.service == ""
 } else := deny(sprintf("AWS %s is never allowed for agents (%s)", [input.aws.service, op])) if {
 	input.aws.service in never
 } else := deny(sprintf("AWS %s is not allowed for agents: only S3", [input.aws.service])) if {

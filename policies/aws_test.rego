@@ -37,6 +37,7 @@ cases := {
 	"STS": {"input": req({"service": "sts", "region": "us-east-1", "operation": "AssumeRole", "bucket": "", "key": ""}), "allow": false, "reason": "AWS sts is never allowed for agents (AssumeRole)"},
 	"another service": {"input": req({"service": "dynamodb", "region": "eu-west-1", "operation": "DeleteTable", "bucket": "", "key": ""}), "allow": false, "reason": "AWS dynamodb is not allowed for agents: only S3"},
 	"no input.aws": {"input": object.remove(s3("GetObject", "data", "k"), ["aws"]), "allow": false},
+	"service unknown": {"input": req({"service": "", "region": "", "operation": "", "bucket": "", "key": ""}), "allow": false, "reason": "the broker cannot tell which AWS service this request is for: sign it with SigV4 (placeholder keys will do), or set aws_sigv4.service"},
 }
 
 test_decisions[name] if {
