@@ -308,6 +308,27 @@ func TestAWSCLIThroughBroker(t *testing.T) {
 		}
 	})
 
+	t.Run("s3 cp down in ranges is refused, not garbled", func(t *testing.T) {
+		m := e.s3.mark()
+		dst := filepath.Join(e.dir, "ranged.bin")
+		out, err := e.cli(t, multipart, "s3", "cp", "s3://data/out/big.bin", dst)
+		if err == nil {
+			got, _ := os.ReadFile(dst)
+			t.Fatalf("a ranged download through the broker succeeded (%d bytes, want %d or a failure)", len(got), len(big))
+		}
+		if !strings.Contains(out, "400") && !strings.Contains(out, "Bad Request") {
+			t.Errorf("the CLI does not report the refusal:\n%s", out)
+		}
+		if _, err := os.Stat(dst); err == nil {
+			t.Error("the failed download left a file")
+		}
+		for _, en := range e.s3Entries(m) {
+			if en["method"] == "GET" {
+				t.Errorf("a ranged GET reached the stand-in: %v", en)
+			}
+		}
+	})
+
 	t.Run("presigned GET with curl", func(t *testing.T) {
 		out, err := e.cli(t, "", "s3", "presign", "s3://data/out/big.bin", "--expires-in", "300")
 		if err != nil {
