@@ -438,6 +438,11 @@ func TestAWSSDKThroughBroker(t *testing.T) {
 	if _, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: sdk.String("data"), Key: sdk.String("out/sdk.txt"), Body: bytes.NewReader(body)}); err != nil {
 		t.Fatalf("PutObject: %v", err)
 	}
+	// A body the SDK cannot seek, streamed.
+	if _, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: sdk.String("data"), Key: sdk.String("out/stream.txt"),
+		Body: io.MultiReader(bytes.NewReader(body)), ContentLength: sdk.Int64(int64(len(body)))}); err != nil {
+		t.Fatalf("PutObject, streamed: %v", err)
+	}
 	got, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: sdk.String("data"), Key: sdk.String("out/sdk.txt")})
 	if err != nil {
 		t.Fatalf("GetObject: %v", err)
@@ -448,10 +453,13 @@ func TestAWSSDKThroughBroker(t *testing.T) {
 		t.Fatalf("GetObject gave %d bytes", len(b))
 	}
 	list, err := c.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: sdk.String("data"), Prefix: sdk.String("out/")})
-	if err != nil || len(list.Contents) != 1 || *list.Contents[0].Key != "out/sdk.txt" {
+	if err != nil || len(list.Contents) != 2 || *list.Contents[0].Key != "out/sdk.txt" || *list.Contents[1].Size != int64(len(body)) {
 		t.Fatalf("ListObjectsV2: %v %+v", err, list)
 	}
 	forms := e.wantAllVerified(t, m)
+	if !forms["header UNSIGNED-PAYLOAD"] {
+		t.Errorf("the SDK's uploads were not in the forms expected: %v", forms)
+	}
 	t.Logf("payload forms the SDK used: %v", forms)
 
 	// A reflected root key is scrubbed: the stand-in echoes the signed request's headers.
