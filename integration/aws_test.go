@@ -670,3 +670,42 @@ func TestAWSVaultRotation(t *testing.T) {
 		}
 	}
 }
+
+// TestAWSRootKeyIncomplete: a root key with a field missing makes the credential not ready,
+// named in /readyz by the field it lacks (never a value), and requests to its hosts 503.
+func TestAWSRootKeyIncomplete(t *testing.T) {
+	dir := t.TempDir()
+	rootFile := filepath.Join(dir, "aws.json")
+	secret := "half-a-key-" + randHex(12)
+	writeTestFile(t, rootFile, []byte(`{"secret_access_key": "`+secret+`"}`))
+	token := randHex(16)
+	b := startBroker(t, brokerOpts{mode: "enforce", policy: awsPolicy,
+		files: map[string]string{"aws.rego": readShipped(t, "aws.rego"), "data.yaml": awsData},
+		config: fmt.Sprintf(`upstream: {allow_private: ["127.0.0.1/32"]}
+agents:
+  - {id: coder-1, token_env: CODER1_TOKEN}
+credentials:
+  - name: aws
+    hosts: [localhost]
+    source: {file: %q}
+    aws_sigv4: {}
+`, rootFile), env: []string{"CODER1_TOKEN=" + token}})
+	r := b.waitReadyz(t, "the aws credential not ready", func(r readyz) bool { return r.Credentials["aws"] != "" })
+	if !strings.Contains(r.Credentials["aws"], "no access key id") || strings.Contains(r.Credentials["aws"], secret) {
+		t.Errorf("/readyz says %q", r.Credentials["aws"])
+	}
+	req, _ := http.NewRequest("GET", "https://localhost:1/data/k", nil)
+	req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential="+placeholderKeyID+"/20261204/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00")
+	resp, err := b.client(t, "coder-1", token).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(body), "credential_unavailable") || strings.Contains(string(body), secret) {
+		t.Errorf("%d %s", resp.StatusCode, body)
+	}
+	if strings.Contains(b.logs.String(), secret) || strings.Contains(b.auditLog.String(), secret) {
+		t.Error("the secret is in the broker's log or audit")
+	}
+}
