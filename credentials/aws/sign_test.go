@@ -322,3 +322,30 @@ func TestKeySource(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestSignedContentLength(t *testing.T) {
+	cases := map[string]struct {
+		method string
+		length int64
+		want   string
+	}{
+		"GET, none":    {method: "GET", length: 0, want: "host;x-amz-content-sha256;x-amz-date"},
+		"DELETE, zero": {method: "DELETE", length: 0, want: "content-length;host;x-amz-content-sha256;x-amz-date"},
+		"PUT, some":    {method: "PUT", length: 5, want: "content-length;host;x-amz-content-sha256;x-amz-date"},
+		"PUT, unknown": {method: "PUT", length: -1, want: "host;x-amz-content-sha256;x-amz-date"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			req, _ := http.NewRequest(c.method, "https://s3.us-east-1.amazonaws.com/b/k", nil)
+			req.ContentLength = c.length
+			req.Header.Set("X-Amz-Content-Sha256", unsignedPayload)
+			req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential="+fakeID+"/20261204/us-east-1/s3/aws4_request, SignedHeaders=content-length;host;x-amz-content-sha256;x-amz-date, Signature="+strings.Repeat("0", 64))
+			if err := newTestSigner(t, false, Options{}).Sign(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(req.Header.Get("Authorization"), "SignedHeaders="+c.want+",") {
+				t.Errorf("Authorization %s, want SignedHeaders=%s", req.Header.Get("Authorization"), c.want)
+			}
+		})
+	}
+}

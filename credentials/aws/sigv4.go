@@ -352,9 +352,12 @@ func headerValue(req *http.Request, name string) (string, bool) {
 		}
 		return h, h != ""
 	case "content-length":
-		if req.ContentLength < 0 || (req.ContentLength == 0 && req.Body == nil && req.Header.Get("Content-Length") == "") {
-			v := req.Header.Get("Content-Length")
-			return v, v != ""
+		// As net/http will send it: a known length, except 0 on a GET or HEAD.
+		switch {
+		case req.ContentLength < 0:
+			return "", false
+		case req.ContentLength == 0 && (req.Method == http.MethodGet || req.Method == http.MethodHead):
+			return "", false
 		}
 		return strconv.FormatInt(req.ContentLength, 10), true
 	}
