@@ -129,8 +129,8 @@ func describeS3(req *http.Request, host string, m *Meaning) {
 	has := func(k string) bool { return slices.ContainsFunc(q, func(p param) bool { return p.k == k }) }
 	copySrc := req.Header.Get("X-Amz-Copy-Source")
 	if copySrc != "" {
-		if src, err := url.PathUnescape(strings.TrimPrefix(copySrc, "/")); err == nil {
-			src, _, _ = strings.Cut(src, "?versionId=")
+		raw, _, _ := strings.Cut(copySrc, "?versionId=") // before decoding: a key may hold an escaped '?'
+		if src, err := url.PathUnescape(strings.TrimPrefix(raw, "/")); err == nil {
 			b, k, _ := strings.Cut(src, "/")
 			m.CopySource = &Object{Bucket: b, Key: k}
 		}

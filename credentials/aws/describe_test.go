@@ -31,6 +31,8 @@ func TestDescribe(t *testing.T) {
 		"head":           {method: "HEAD", url: "https://s3.us-east-1.amazonaws.com/data/k", want: Meaning{Service: "s3", Region: "us-east-1", Operation: "HeadObject", Bucket: "data", Key: "k"}},
 		"copy": {method: "PUT", url: "https://s3.us-east-1.amazonaws.com/data/out/x", headers: map[string]string{"X-Amz-Copy-Source": "/secret-bucket/k%201?versionId=3"},
 			want: Meaning{Service: "s3", Region: "us-east-1", Operation: "CopyObject", Bucket: "data", Key: "out/x", CopySource: &Object{Bucket: "secret-bucket", Key: "k 1"}}},
+		"copy, escaped question mark": {method: "PUT", url: "https://s3.us-east-1.amazonaws.com/data/out/x", headers: map[string]string{"X-Amz-Copy-Source": "src/a%3FversionId%3D1/b"},
+			want: Meaning{Service: "s3", Region: "us-east-1", Operation: "CopyObject", Bucket: "data", Key: "out/x", CopySource: &Object{Bucket: "src", Key: "a?versionId=1/b"}}},
 		"iam query":   {method: "GET", url: "https://iam.amazonaws.com/?Action=CreateUser&UserName=x", want: Meaning{Service: "iam", Region: "us-east-1", Operation: "CreateUser"}},
 		"sts form":    {method: "POST", url: "https://sts.eu-west-1.amazonaws.com/", body: "Action=AssumeRole&RoleArn=x", headers: map[string]string{"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"}, want: Meaning{Service: "sts", Region: "eu-west-1", Operation: "AssumeRole"}},
 		"json target": {method: "POST", url: "https://dynamodb.eu-west-1.amazonaws.com/", body: "{}", headers: map[string]string{"X-Amz-Target": "DynamoDB_20120810.DeleteTable"}, want: Meaning{Service: "dynamodb", Region: "eu-west-1", Operation: "DeleteTable"}},
