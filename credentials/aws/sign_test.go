@@ -349,3 +349,11 @@ func TestSignedContentLength(t *testing.T) {
 		})
 	}
 }
+
+func TestTrimAll(t *testing.T) {
+	for in, want := range map[string]string{"": "", "a b": "a b", " a": "a", "a ": "a", "a  b": "a b", "a\tb": "a b", "  a   b  c ": "a b c"} {
+		if got := trimAll(in); got != want {
+			t.Errorf("trimAll(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -362,14 +362,32 @@ func headerValue(req *http.Request, name string) (string, bool) {
 		return strconv.FormatInt(req.ContentLength, 10), true
 	}
 	vals := req.Header.Values(name)
-	if len(vals) == 0 {
+	switch len(vals) {
+	case 0:
 		return "", false
+	case 1:
+		return trimAll(vals[0]), true
 	}
 	out := make([]string, len(vals))
 	for i, v := range vals {
-		out[i] = strings.Join(strings.Fields(v), " ")
+		out[i] = trimAll(v)
 	}
 	return strings.Join(out, ","), true
+}
+
+// trimAll trims v and collapses its inner runs of spaces, without allocating when there is
+// nothing to do (most values).
+func trimAll(v string) string {
+	clean := len(v) == 0 || (v[0] != ' ' && v[len(v)-1] != ' ')
+	for i := 0; clean && i < len(v); i++ {
+		if v[i] == '\t' || (v[i] == ' ' && i+1 < len(v) && v[i+1] == ' ') {
+			clean = false
+		}
+	}
+	if clean {
+		return v
+	}
+	return strings.Join(strings.Fields(v), " ")
 }
 
 // canonicalHeaders returns the canonical headers block and the signed-headers list for the
@@ -435,9 +453,8 @@ func validPayloadHash(h string) bool {
 func mustSign(req *http.Request, signed []string) []string {
 	out := append(slices.Clone(signed), "host")
 	for name := range req.Header {
-		l := strings.ToLower(name)
-		if strings.HasPrefix(l, "x-amz-") {
-			out = append(out, l)
+		if len(name) > 6 && strings.EqualFold(name[:6], "x-amz-") {
+			out = append(out, strings.ToLower(name))
 		}
 	}
 	return out
