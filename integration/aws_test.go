@@ -221,12 +221,24 @@ func (e *awsEnv) noRoot(t *testing.T, where, s string) {
 	}
 }
 
-// s3Entries returns the stand-in's log lines from mark on.
-func (e *awsEnv) s3Entries(from int) []map[string]any {
+// s3Entries returns the stand-in's log lines from mark on: every request it answered before
+// the call. The stand-in writes a request's line before its response, but the test reads its
+// output through a pipe: a request straight to the stand-in, whose line comes after all
+// those, is waited for first (a barrier), and left out.
+func (e *awsEnv) s3Entries(t *testing.T, from int) []map[string]any {
+	t.Helper()
+	barrier := "/_barrier/" + randHex(8)
+	direct := &http.Client{Transport: &http.Transport{Proxy: nil, TLSClientConfig: &tls.Config{RootCAs: e.upstreamCAs}}, Timeout: waitTimeout}
+	resp, err := direct.Get(e.endpoint + barrier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	e.s3.waitFrom(t, from, barrier)
 	var out []map[string]any
 	for _, l := range e.s3.snapshot()[from:] {
 		var m map[string]any
-		if json.Unmarshal([]byte(l), &m) == nil {
+		if json.Unmarshal([]byte(l), &m) == nil && !strings.HasPrefix(fmt.Sprint(m["path"]), "/_barrier/") {
 			out = append(out, m)
 		}
 	}
@@ -238,7 +250,7 @@ func (e *awsEnv) s3Entries(from int) []map[string]any {
 func (e *awsEnv) wantAllVerified(t *testing.T, from int) map[string]bool {
 	t.Helper()
 	forms := map[string]bool{}
-	entries := e.s3Entries(from)
+	entries := e.s3Entries(t, from)
 	if len(entries) == 0 {
 		t.Fatal("the S3 stand-in saw no request")
 	}
@@ -279,7 +291,7 @@ func TestAWSCLIThroughBroker(t *testing.T) {
 		}
 		forms := e.wantAllVerified(t, m)
 		parts := 0
-		for _, en := range e.s3Entries(m) {
+		for _, en := range e.s3Entries(t, m) {
 			if en["method"] == "PUT" {
 				parts++
 			}
@@ -322,7 +334,7 @@ func TestAWSCLIThroughBroker(t *testing.T) {
 		if _, err := os.Stat(dst); err == nil {
 			t.Error("the failed download left a file")
 		}
-		for _, en := range e.s3Entries(m) {
+		for _, en := range e.s3Entries(t, m) {
 			if en["method"] == "GET" {
 				t.Errorf("a ranged GET reached the stand-in: %v", en)
 			}
@@ -371,7 +383,7 @@ func TestAWSCLIThroughBroker(t *testing.T) {
 		if want := "S3 PutObject of data/elsewhere.bin is not allowed: agents may read data and write under data/out/"; ev["reason"] != want {
 			t.Errorf("reason %q, want %q", ev["reason"], want)
 		}
-		if len(e.s3Entries(m)) != 0 {
+		if len(e.s3Entries(t, m)) != 0 {
 			t.Error("a denied request reached the S3 stand-in")
 		}
 	})
@@ -517,7 +529,7 @@ func TestAWSSDKThroughBroker(t *testing.T) {
 			t.Errorf("%s: %d %s\nwant %d naming %q", name, resp.StatusCode, b, c.status, c.want)
 		}
 	}
-	if n := len(e.s3Entries(m)); n != 1 {
+	if n := len(e.s3Entries(t, m)); n != 1 {
 		t.Errorf("the stand-in saw %d of these requests, want only the expired presigned one", n)
 	}
 }
@@ -558,7 +570,7 @@ func TestAWSSignedChunksThroughBroker(t *testing.T) {
 			rb, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != 200 {
-				t.Fatalf("status %d: %s\n%v", resp.StatusCode, rb, e.s3Entries(m))
+				t.Fatalf("status %d: %s\n%v", resp.StatusCode, rb, e.s3Entries(t, m))
 			}
 			if forms := e.wantAllVerified(t, m); !forms["header "+payload] {
 				t.Errorf("forms %v", forms)
@@ -636,7 +648,7 @@ func TestAWSVaultRotation(t *testing.T) {
 		if _, err := c.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: sdk.String("data")}); err != nil {
 			return false
 		}
-		en := e.s3Entries(m)
+		en := e.s3Entries(t, m)
 		return len(en) == 1 && en[0]["key"] == k.ID && en[0]["status"] == float64(200)
 	}
 	waitSigned := func(k awsKey) {
