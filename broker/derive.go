@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -101,7 +102,11 @@ func (g *generation) sign(ctx context.Context, out *http.Request, granted []*inj
 	for _, b := range granted {
 		if s := g.derived.Signer(b.Name); s != nil {
 			if err := s.Sign(ctx, out); err != nil {
-				return err
+				if errors.Is(err, credentials.ErrUnavailable) {
+					return err
+				}
+				// A request the signer cannot sign (its text names the form, never a value).
+				return badRequest{fmt.Sprintf("credential %q cannot sign this request: %v", b.Name, err)}
 			}
 		}
 	}

@@ -295,6 +295,9 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		BodySize:    r.ContentLength,
 		Credentials: x.g.bindings.Matching(t.host),
 	}
+	if err := x.g.describeAWS(x, r, in); err != nil {
+		return nil, err
+	}
 	if r.Body == nil || r.Body == http.NoBody {
 		in.BodySize = 0
 		return in, nil

@@ -26,7 +26,9 @@ func (g *generation) responseScrubber(host string) *scrub.Replacer {
 	var patterns []string
 	for _, bd := range exposed {
 		for _, v := range g.secrets.Known(bd.Name) {
-			patterns = append(patterns, bd.Reveals(v)...)
+			for _, part := range v.Values() { // each field of a secret with several
+				patterns = append(patterns, bd.Reveals(part)...)
+			}
 		}
 	}
 	return g.scrubbers.get(exposed[0].Name, patterns)

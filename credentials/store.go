@@ -177,7 +177,7 @@ func (s *Store) previousWindow() time.Duration { return max(s.refresh, previousM
 
 // remember records that old was replaced by cur at now. e.mu must be held.
 func (s *Store) remember(e *entry, old, cur Secret, now time.Time) {
-	list := []replaced{{val: NewSecret(old.v), at: now}}
+	list := []replaced{{val: old.timeless(), at: now}}
 	if p := e.prev.Load(); p != nil {
 		for _, r := range *p {
 			if len(list) == maxPrevious {

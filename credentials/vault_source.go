@@ -25,6 +25,10 @@ type VaultRef struct {
 	Path string
 	// Field is the key inside the secret's data whose value is the credential.
 	Field string
+	// Fields makes the credential the secret's whole data, every string member of it, as a
+	// secret with fields (an AWS key: access key id, secret key, session token); Field is
+	// then empty.
+	Fields bool
 	// KVVersion is 1 or 2; 0 means 2. KV v2 reads <mount>/data/<path>, KV v1 <mount>/<path>.
 	KVVersion int
 	// Lease marks a dynamic secret: a read of the path issues it with a lease, which is
@@ -38,8 +42,11 @@ func (r VaultRef) Validate() error {
 	if strings.Trim(r.Path, "/") == "" {
 		errs = append(errs, errors.New("vault path is required"))
 	}
-	if r.Field == "" {
+	switch {
+	case r.Field == "" && !r.Fields:
 		errs = append(errs, errors.New("vault field is required"))
+	case r.Field != "" && r.Fields:
+		errs = append(errs, errors.New("vault field: the whole secret is read, name no field"))
 	}
 	if !r.Lease && strings.Trim(r.Mount, "/") == "" {
 		errs = append(errs, errors.New("vault mount is required for a KV secret"))
@@ -136,20 +143,16 @@ type kvSource struct {
 
 // Fetch implements Source.
 func (s *kvSource) Fetch(ctx context.Context) (Secret, error) {
-	val, err := s.v.readKV(ctx, s.ref)
-	if err != nil {
-		return Secret{}, err
-	}
-	return NewSecret(val), nil
+	return s.v.readKV(ctx, s.ref)
 }
 
-func (v *Vault) readKV(ctx context.Context, ref VaultRef) (string, error) {
+func (v *Vault) readKV(ctx context.Context, ref VaultRef) (Secret, error) {
 	if _, err := v.token(); err != nil {
-		return "", err
+		return Secret{}, err
 	}
 	sec, err := v.read(ctx, ref)
 	if err != nil {
-		return "", err
+		return Secret{}, err
 	}
 	var data map[string]any
 	if sec != nil {
@@ -166,9 +169,9 @@ func (v *Vault) readKV(ctx context.Context, ref VaultRef) (string, error) {
 		case sec != nil && slices.ContainsFunc(sec.Warnings, func(w string) bool { return strings.Contains(w, "versioned") }):
 			msg += fmt.Sprintf(" (%s is a KV v2 mount: remove kv_version: 1)", strings.Trim(ref.Mount, "/"))
 		}
-		return "", &vaultError{msg: msg}
+		return Secret{}, &vaultError{msg: msg}
 	}
-	return field(data, ref)
+	return extract(data, ref)
 }
 
 // read does the logical read and turns failures into vaultErrors.
@@ -188,6 +191,26 @@ func (v *Vault) read(ctx context.Context, ref VaultRef) (*api.Secret, error) {
 			what, ref.apiPath()), cause: err}
 	}
 	return nil, vaultFailure("reading "+what, err)
+}
+
+// extract returns the credential in a secret's data: its field, or with Fields every string
+// member.
+func extract(data map[string]any, ref VaultRef) (Secret, error) {
+	if !ref.Fields {
+		v, err := field(data, ref)
+		return NewSecret(v), err
+	}
+	f := make(map[string]string, len(data))
+	for k, raw := range data {
+		if v, ok := raw.(string); ok {
+			f[k] = v
+		}
+	}
+	s := NewFields(f)
+	if s.IsZero() {
+		return Secret{}, &vaultError{msg: fmt.Sprintf("vault secret %s has no string field", ref.name())}
+	}
+	return s, nil
 }
 
 // field extracts the credential from a secret's data.
@@ -229,7 +252,7 @@ type leaseSource struct {
 type lease struct {
 	id    string
 	path  string
-	val   string
+	val   Secret
 	epoch uint64 // of the token that issued it
 
 	margin time.Duration // a fifth of the TTL it was issued with
@@ -303,7 +326,7 @@ func (s *leaseSource) secret(l *lease, tok tokenState) Secret {
 			expires = tok.expires
 		}
 	}
-	return expiringSecret(l.val, refreshBy, expires)
+	return l.val.expiring(refreshBy, expires)
 }
 
 // issue reads the path, which makes Vault issue a new secret and lease, and starts renewing it.
@@ -315,7 +338,7 @@ func (s *leaseSource) issue(ctx context.Context, epoch uint64) (*lease, error) {
 	if sec == nil || sec.Data == nil {
 		return nil, &vaultError{msg: fmt.Sprintf("vault dynamic secret %s: nothing at this path", s.ref.name())}
 	}
-	val, err := field(sec.Data, s.ref)
+	val, err := extract(sec.Data, s.ref)
 	if err != nil {
 		return nil, err
 	}

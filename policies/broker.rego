@@ -5,6 +5,7 @@
 #   git.rego         git hosting: clone and fetch, never push
 #   github.rego      the GitHub API with the github credential, scoped to repositories
 #   llm.rego         LLM APIs with their credentials, for listed models only
+#   aws.rego         AWS with the aws credential: read one bucket, write one prefix, no IAM/STS
 #   agents.rego      per-agent profiles (label `profile`): which of those an agent may use
 #   paths.rego       reading paths by segments, and refusing every spelling of "." and ".."
 #
@@ -15,6 +16,7 @@
 package broker
 
 import data.agents
+import data.aws
 import data.git
 import data.github
 import data.llm
@@ -31,6 +33,8 @@ concern := "git" if git.governs(host)
 concern := "github" if github.governs(host)
 
 concern := "llm" if llm.governs(host)
+
+concern := "aws" if aws.governs(host)
 
 default decision := {"allow": false, "reason": "the policy does not know this kind of request (phase must be connect or request)"}
 
@@ -57,6 +61,9 @@ decision := {"allow": false, "reason": sprintf("host %s is not on the allow-list
 } else := llm.decision if {
 	input.phase == "request"
 	concern == "llm"
+} else := aws.decision if {
+	input.phase == "request"
+	concern == "aws"
 }
 
 connect := {"allow": true, "intercept": true} if {

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Installs the clients the end-to-end tests use as an agent would, if they are missing: curl,
-# git, python3 and node from the system's packages, and the Node packages the client tests
-# drive (openai, undici; integration/testdata/node/package-lock.json) into
+# git, python3, node and the AWS CLI (Debian's awscli, which brings botocore: the AWS tests'
+# S3 stand-in checks signatures with it) from the system's packages, and the Node packages
+# the client tests drive (openai, undici; integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for tool in curl git python3 node npm; do
+for tool in curl git python3 node npm aws; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
+  missing+=(botocore)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "missing test tools: ${missing[*]} (install them, or run as root on Debian to install automatically)" >&2
@@ -18,6 +22,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   for tool in "${missing[@]}"; do
     case "$tool" in
       node) pkgs+=(nodejs) ;;
+      aws | botocore) pkgs+=(awscli) ;;
       *) pkgs+=("$tool") ;;
     esac
   done

@@ -5,6 +5,7 @@ package config
 import (
 	_ "embed"
 	"errors"
+	"maps"
 	"os"
 	"time"
 
@@ -142,6 +143,13 @@ type Source struct {
 	Vault *VaultSource `yaml:"vault"`
 	Env   string       `yaml:"env"`
 	File  string       `yaml:"file"`
+	// EnvFields reads a secret with several fields from one variable each (field -> variable).
+	EnvFields map[string]string `yaml:"env_fields"`
+}
+
+// IsZero reports whether no source is set.
+func (s Source) IsZero() bool {
+	return s.Vault == nil && s.Env == "" && s.File == "" && s.EnvFields == nil
 }
 
 type VaultSource struct {
@@ -262,6 +270,9 @@ func (c *Config) SetDefaults() {
 		cr := &c.Credentials[i]
 		if v := cr.Source.Vault; v != nil && v.KVVersion == 0 && !v.Lease {
 			v.KVVersion = 2
+		}
+		if s := &cr.Source; cr.AWSSigV4 != nil && s.Vault == nil && s.Env == "" && s.File == "" && s.EnvFields == nil {
+			s.EnvFields = maps.Clone(AWSEnvFields)
 		}
 		if cr.Derived() && cr.AWSSigV4 == nil && cr.GitHubApp == nil && cr.Inject == (Inject{}) {
 			// A minted token is a bearer token unless the file says otherwise. A GitHub App

@@ -186,7 +186,7 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 		}
 		s := cr.Source
 		transit := cr.GitHubApp != nil && cr.GitHubApp.Transit != nil
-		switch count(s.Vault != nil, s.Env != "", s.File != "") {
+		switch count(s.Vault != nil, s.Env != "", s.File != "", s.EnvFields != nil) {
 		case 0:
 			if !transit {
 				e.add(p+".source", "required: one of vault, env, file")
@@ -196,15 +196,21 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 				e.add(p+".source", "not used with github_app.transit: the key stays in Vault")
 			}
 		default:
-			e.add(p+".source", "set only one of vault, env, file")
+			e.add(p+".source", "set only one of vault, env, file, env_fields")
+		}
+		if s.EnvFields != nil && cr.AWSSigV4 == nil {
+			e.add(p+".source.env_fields", "only used with aws_sigv4")
 		}
 		if s.Vault != nil {
 			usesVault = true
 			if s.Vault.Path == "" {
 				e.add(p+".source.vault.path", "required")
 			}
-			if s.Vault.Field == "" {
+			switch {
+			case s.Vault.Field == "" && cr.AWSSigV4 == nil:
 				e.add(p+".source.vault.field", "required")
+			case s.Vault.Field != "" && cr.AWSSigV4 != nil:
+				e.add(p+".source.vault.field", "not used with aws_sigv4: the whole secret is read (access key id, secret key, session token)")
 			}
 			if !s.Vault.Lease && s.Vault.Mount == "" {
 				e.add(p+".source.vault.mount", "required for a KV secret")
@@ -225,6 +231,7 @@ func (c *Config) validateCredentials(e *errs) (usesVault bool) {
 			if cr.Inject != (Inject{}) {
 				e.add(p+".inject", "not used with aws_sigv4: the request is signed, not given a value")
 			}
+			cr.AWSSigV4.validate(e, p)
 		case cr.GitHubApp != nil:
 			usesVault = cr.GitHubApp.validate(e, p, cr.Inject) || usesVault
 		default:
@@ -416,4 +423,15 @@ func count(bs ...bool) int {
 		}
 	}
 	return n
+}
+
+var awsNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+func (a *AWSSigV4) validate(e *errs, p string) {
+	if a.Region != "" && !awsNameRe.MatchString(a.Region) {
+		e.add(p+".aws_sigv4.region", "%q is not an AWS region name", a.Region)
+	}
+	if a.Service != "" && !awsNameRe.MatchString(a.Service) {
+		e.add(p+".aws_sigv4.service", "%q is not an AWS signing name (s3, iam, sts, ...)", a.Service)
+	}
 }

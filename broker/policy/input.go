@@ -47,6 +47,9 @@ type Input struct {
 	// text becomes Body only when the whole input is needed: the decision cache reads just
 	// the members it keys on (an LLM request's model, not its prompt).
 	ReadBody func() (text []byte, size int64)
+	// AWS, when set, is input.aws: what an AWS request does (service, region, operation,
+	// bucket, key), for requests to hosts an aws_sigv4 credential is bound to.
+	AWS map[string]any
 
 	bodyText []byte // from ReadBody, not yet parsed into Body
 	// bodyMembers, when set, are the only paths into the body the policy deciding reads
@@ -131,13 +134,17 @@ func (in *Input) value() map[string]any {
 		req["body"] = in.Body
 		req["body_size"] = in.BodySize
 	}
-	return map[string]any{
+	doc := map[string]any{
 		"phase":       in.Phase,
 		"agent":       map[string]any{"id": in.AgentID, "labels": labels},
 		"source":      map[string]any{"ip": in.SourceIP},
 		"request":     req,
 		"credentials": creds,
 	}
+	if in.AWS != nil {
+		doc["aws"] = in.AWS
+	}
+	return doc
 }
 
 // Document returns the input as the policy sees it, for the audit log (audit.include_input),
@@ -207,7 +214,15 @@ func (in *Input) astValue() (ast.Value, error) {
 			ast.Item(ast.StringTerm("body_size"), ast.NumberTerm(json.Number(strconv.FormatInt(in.BodySize, 10)))),
 		)
 	}
-	return ast.NewObject(
+	var more [][2]*ast.Term
+	if in.AWS != nil {
+		v, err := ast.InterfaceToValue(in.AWS)
+		if err != nil {
+			return nil, err
+		}
+		more = append(more, ast.Item(ast.StringTerm("aws"), ast.NewTerm(v)))
+	}
+	return ast.NewObject(append([][2]*ast.Term{
 		ast.Item(ast.StringTerm("phase"), ast.StringTerm(in.Phase)),
 		ast.Item(ast.StringTerm("agent"), ast.ObjectTerm(
 			ast.Item(ast.StringTerm("id"), ast.StringTerm(in.AgentID)),
@@ -216,7 +231,7 @@ func (in *Input) astValue() (ast.Value, error) {
 		ast.Item(ast.StringTerm("source"), ast.ObjectTerm(ast.Item(ast.StringTerm("ip"), ast.StringTerm(in.SourceIP)))),
 		ast.Item(ast.StringTerm("request"), ast.ObjectTerm(req...)),
 		ast.Item(ast.StringTerm("credentials"), ast.ArrayTerm(creds...)),
-	), nil
+	}, more...)...), nil
 }
 
 // prunedBody returns the body as the evaluator needs it when the policy reads only
@@ -305,6 +320,15 @@ func (in *Input) find(path ast.Ref) (found, error) {
 	switch key(1) {
 	case "phase":
 		return findString(in.Phase, path[2:])
+	case "aws":
+		if in.AWS == nil {
+			return found{}, errNoValue
+		}
+		v, err := ast.InterfaceToValue(in.AWS)
+		if err != nil {
+			return found{}, err
+		}
+		return findIn(v, path[2:])
 	case "agent":
 		switch key(2) {
 		case "id":

@@ -16,6 +16,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/credentials"
+	"github.com/capbroker/capbroker/credentials/aws"
 )
 
 // credentialSet is the credential store and, when the config has a vault section, the Vault
@@ -66,21 +67,27 @@ func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, vault *credent
 	}
 	sources := map[string]credentials.Source{}
 	for i, c := range cfg.Credentials {
-		if c.Source == (config.Source{}) {
+		if c.Source.IsZero() {
 			continue // a derived credential whose root secret never leaves Vault
 		}
 		set.paths[c.Name] = fmt.Sprintf("credentials[%d].source", i)
 		var src credentials.Source
+		fields := c.AWSSigV4 != nil // the root secret is read whole, as fields
 		switch s := c.Source; {
 		case s.Env != "":
-			src = credentials.Env{Name: s.Env}
+			src = credentials.Env{Name: s.Env, Fields: fields}
 		case s.File != "":
-			src = credentials.File{Path: s.File}
+			src = credentials.File{Path: s.File, Fields: fields}
+		case s.EnvFields != nil:
+			src = credentials.EnvFields(s.EnvFields)
 		default:
-			ref := credentials.VaultRef{Mount: s.Vault.Mount, Path: s.Vault.Path, Field: s.Vault.Field, KVVersion: s.Vault.KVVersion, Lease: s.Vault.Lease}
+			ref := credentials.VaultRef{Mount: s.Vault.Mount, Path: s.Vault.Path, Field: s.Vault.Field, KVVersion: s.Vault.KVVersion, Lease: s.Vault.Lease, Fields: fields}
 			src = set.vault.Source(c.Name, ref)
 			name := c.Name
 			set.checks[name] = func(ctx context.Context) error { return set.vault.Check(ctx, name, ref) }
+		}
+		if fields {
+			src = aws.KeySource{Source: src}
 		}
 		sources[c.Name] = src
 		if _, ok := set.checks[c.Name]; !ok {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/credentials"
+	"github.com/capbroker/capbroker/credentials/aws"
 )
 
 // derive builds the minter or signer of every derived credential of cfg (config.Credential
@@ -24,6 +25,12 @@ func (s *credentialSet) derive(cfg *config.Config, log zerolog.Logger) error {
 		name := c.Name
 		root := func(ctx context.Context) (credentials.Secret, error) { return s.store.Get(ctx, name) }
 		switch {
+		case c.AWSSigV4 != nil:
+			sg, err := aws.New(root, aws.Options{Region: c.AWSSigV4.Region, Service: c.AWSSigV4.Service})
+			if err != nil {
+				return fmt.Errorf("%s.aws_sigv4: %w", path, err)
+			}
+			s.signers[name] = sg
 		case c.GitHubApp != nil:
 			m, err := s.githubApp(cfg, path+".github_app", c, root, log)
 			if err != nil {

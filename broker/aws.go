@@ -1,0 +1,58 @@
+package broker
+
+import (
+	"net/http"
+	"net/url"
+
+	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/credentials/aws"
+)
+
+// awsDescriber is a Signer that can say what an AWS request does (credentials/aws).
+type awsDescriber interface {
+	Describe(req *http.Request) (aws.Meaning, bool)
+}
+
+// errAWSRange refuses a ranged request to a host an AWS signing credential is bound to. Such
+// a host's responses are scrubbed whole, so the broker sends no Range (ranges.go); an S3
+// client would take the whole object for the part it asked, and the AWS CLI's multipart
+// download then writes a wrong file without an error.
+var errAWSRange = badRequest{"byte ranges are not sent to AWS through the broker (responses are scrubbed whole), and an S3 client would take the whole object for the part it asked: download whole objects (AWS CLI: raise s3.multipart_threshold above the object's size)"}
+
+// describeAWS sets input.aws, and the audit event's aws object, for a request to a host an
+// AWS signing credential is bound to: what the request does once signed, read from the path
+// the broker sends (in.Path), not the one the agent wrote. It refuses a ranged request to
+// such a host (errAWSRange).
+func (g *generation) describeAWS(x *exchange, r *http.Request, in *policy.Input) error {
+	for _, name := range in.Credentials {
+		d, ok := g.derived.Signer(name).(awsDescriber)
+		if !ok {
+			continue
+		}
+		if r.Header.Get("Range") != "" {
+			return errAWSRange
+		}
+		// The path as sent: dot-segments resolved (an S3 key "ok/../secret" is "secret").
+		u := *r.URL
+		if p, err := url.PathUnescape(in.Path); err == nil {
+			u.Path, u.RawPath = p, in.Path
+		}
+		req := *r
+		req.URL = &u
+		// Not describable (no service in the signature or the host name): input.aws is there
+		// all the same, with empty members, so that the policy refuses it as such.
+		m, _ := d.Describe(&req)
+		r.Body, r.GetBody = req.Body, req.GetBody // Describe may have read a small form body and put it back
+		in.AWS = map[string]any{
+			"service": m.Service, "region": m.Region, "operation": m.Operation,
+			"bucket": m.Bucket, "key": m.Key,
+		}
+		if c := m.CopySource; c != nil {
+			in.AWS["copy_source"] = map[string]any{"bucket": c.Bucket, "key": c.Key}
+		}
+		x.ev.AWS = &audit.AWSCall{Service: m.Service, Operation: m.Operation}
+		return nil
+	}
+	return nil
+}
