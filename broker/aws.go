@@ -14,24 +14,14 @@ type awsDescriber interface {
 	Describe(req *http.Request) (aws.Meaning, bool)
 }
 
-// errAWSRange refuses a ranged request to a host an AWS signing credential is bound to. Such
-// a host's responses are scrubbed whole, so the broker sends no Range (ranges.go); an S3
-// client would take the whole object for the part it asked, and the AWS CLI's multipart
-// download then writes a wrong file without an error.
-var errAWSRange = badRequest{"byte ranges are not sent to AWS through the broker (responses are scrubbed whole), and an S3 client would take the whole object for the part it asked: download whole objects (AWS CLI: raise s3.multipart_threshold above the object's size)"}
-
 // describeAWS sets input.aws, and the audit event's aws object, for a request to a host an
 // AWS signing credential is bound to: what the request does once signed, read from the path
-// the broker sends (in.Path), not the one the agent wrote. It refuses a ranged request to
-// such a host (errAWSRange).
+// the broker sends (in.Path), not the one the agent wrote.
 func (g *generation) describeAWS(x *exchange, r *http.Request, in *policy.Input) error {
 	for _, name := range in.Credentials {
 		d, ok := g.derived.Signer(name).(awsDescriber)
 		if !ok {
 			continue
-		}
-		if r.Header.Get("Range") != "" {
-			return errAWSRange
 		}
 		// The path as sent: dot-segments resolved (an S3 key "ok/../secret" is "secret").
 		u := *r.URL

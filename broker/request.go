@@ -102,6 +102,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	}
 	s := x.g.responseScrubber(t.host)
 	x.scrub = s
+	var rng *byteRange // a range the broker widened, to cut from the answer
 	if !s.Empty() {
 		// Ask for an unencoded body, and WebSocket frames without compression, so the response
 		// can be scrubbed; and for the whole of it: a secret split across ranges would be
@@ -109,7 +110,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		for _, h := range encodingOffers {
 			delete(out.Header, h)
 		}
-		dropRangeHeaders(out)
+		rng = narrowRange(out, s)
 	}
 	x.g.forwardTrailers(r, out)
 	if err := x.g.sign(r.Context(), out, granted); err != nil {
@@ -138,7 +139,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err := checkSwitch(out, resp); err != nil {
 		return nil, err
 	}
-	return x.respond(resp, s)
+	return x.respond(resp, s, rng)
 }
 
 // encodingOffers are the request headers that let an upstream encode a response in a way the

@@ -14,7 +14,7 @@ import (
 
 // respond scrubs and wraps the upstream response. The audit event is written when goproxy
 // closes the body: after the last byte reached the agent, or when the agent went away.
-func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Response, error) {
+func (x *exchange) respond(resp *http.Response, s *scrub.Replacer, rng *byteRange) (*http.Response, error) {
 	// The reason phrase is the upstream's own text, which could carry anything, and which a
 	// client must ignore (RFC 9112 §4); HTTP/2 has none. The agent gets the standard one,
 	// scrubbed or not. It matters on a 101, whose status line switchProtocols writes from
@@ -22,7 +22,7 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer) (*http.Respon
 	resp.Status = statusLine(resp.StatusCode)
 	upgraded := resp.StatusCode == http.StatusSwitchingProtocols
 	if !s.Empty() {
-		if err := scrubResponse(resp, s, upgraded); err != nil {
+		if err := scrubResponse(resp, s, upgraded, rng); err != nil {
 			return nil, err
 		}
 	}
@@ -61,12 +61,18 @@ var statusLines = func() map[int]string {
 
 // scrubResponse makes everything of resp that reaches the agent scrubbed of s's patterns: the
 // names and values of its header and trailer fields, and its body, decoded first if it must
-// be, or the frames of the connection it upgraded. A response of a shape that cannot be
-// scrubbed whole is refused, its body closed.
-func scrubResponse(resp *http.Response, s *scrub.Replacer, upgraded bool) error {
+// be, or the frames of the connection it upgraded; or, for the 206 to a range the broker
+// widened (rng), the agent's range cut from it, masked (ranges.go). A response of a shape
+// that cannot be scrubbed whole is refused, its body closed.
+func scrubResponse(resp *http.Response, s *scrub.Replacer, upgraded bool, rng *byteRange) error {
 	s.Header(resp.Header)
 	s.Header(resp.Trailer) // its names, announced with the header; the values come at the body's end
 	err := refusePartial(resp)
+	if err != nil && rng != nil && resp.StatusCode == http.StatusPartialContent {
+		if err = cutRange(resp, *rng, s); err == nil {
+			return nil
+		}
+	}
 	if err == nil {
 		err = decodeForScrub(resp)
 	}

@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"compress/gzip"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -298,7 +299,7 @@ func TestReasonPhraseIsStandard(t *testing.T) {
 			if code == 101 {
 				up.Body = upstreamConn{strings.NewReader("")}
 			}
-			resp, err := x.respond(up, s)
+			resp, err := x.respond(up, s, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -310,17 +311,18 @@ func TestReasonPhraseIsStandard(t *testing.T) {
 	}
 }
 
-// TestRangeHeadersDropped: a request to a host with a credential bound goes without Range and
-// If-Range, granted a credential or not; to another host, with them.
-func TestRangeHeadersDropped(t *testing.T) {
+// TestRangeHeadersWidened: a range request to a host with a credential bound, granted or not,
+// goes with its range widened by the longest secret's forms (ranges.go); to another host, as
+// the agent sent it.
+func TestRangeHeadersWidened(t *testing.T) {
 	for name, c := range map[string]struct {
-		full bool
-		host string
-		kept bool
+		full    bool
+		host    string
+		widened bool
 	}{
-		"granted":                     {true, "api.openai.com", false},
-		"not granted, but bound":      {false, "api.openai.com", false},
-		"a host without a credential": {false, "example.net", true},
+		"granted":                     {true, "api.openai.com", true},
+		"not granted, but bound":      {false, "api.openai.com", true},
+		"a host without a credential": {false, "example.net", false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			br, tun := benchBroker(t, c.full)
@@ -329,15 +331,27 @@ func TestRangeHeadersDropped(t *testing.T) {
 			br.setTransport(up)
 			r := chatRequest()
 			r.Host = c.host
-			r.Header.Set("Range", "bytes=0-9")
+			r.Header.Set("Range", "bytes=20-29")
 			r.Header.Set("If-Range", `"etag"`)
 			w := httptest.NewRecorder()
 			br.serveTunnel(w, r, tun)
 			if w.Code != 200 || up.got == nil {
 				t.Fatalf("status %d: %s", w.Code, w.Body)
 			}
-			if kept := up.got.Header.Get("Range") != "" && up.got.Header.Get("If-Range") != ""; kept != c.kept {
-				t.Errorf("Range %q, If-Range %q reached the upstream; want kept %v", up.got.Header.Get("Range"), up.got.Header.Get("If-Range"), c.kept)
+			got := up.got.Header.Get("Range")
+			if up.got.Header.Get("If-Range") != `"etag"` {
+				t.Errorf("If-Range %q reached the upstream", up.got.Header.Get("If-Range"))
+			}
+			if !c.widened {
+				if got != "bytes=20-29" {
+					t.Errorf("Range %q reached the upstream, want the agent's", got)
+				}
+				return
+			}
+			// At least the secret's length less one on each side (its longest form is longer).
+			var first, last int
+			if _, err := fmt.Sscanf(got, "bytes=%d-%d", &first, &last); err != nil || first != 0 || last < 29+len(benchSecret)-1 {
+				t.Errorf("Range %q reached the upstream; want 20-29 widened by at least %d", got, len(benchSecret)-1)
 			}
 		})
 	}

@@ -126,7 +126,7 @@ func (w *wsScrubber) next() error {
 	return nil
 }
 
-// unexpected is err for a connection that ended inside a frame.
+// unexpected is err for a stream that ended early (inside a frame, inside a range).
 func unexpected(err error) error {
 	if err == io.EOF {
 		return io.ErrUnexpectedEOF

@@ -327,9 +327,12 @@ func TestScrubEncodedReflections(t *testing.T) {
 	}
 }
 
-// TestScrubRangeRequests: two Range requests, each for half of a reflection, would each hold
-// a fragment too short to scrub. The broker sends a host with a credential no Range, so the
-// upstream answers each whole, scrubbed; and refuses an upstream's 206 with a 502.
+// TestScrubRangeRequests: two Range requests, each for part of a reflection, would each hold a
+// fragment too short to scrub. The broker asks the upstream for each range widened by the
+// secret's length on both sides, masks the secret in place (same length) and cuts the range
+// out: each answer is a 206 of exactly the bytes asked for, they join into the masked whole,
+// and no fragment of the key is in either. An If-Range the upstream does not match gets the
+// whole, scrubbed; a 206 the broker did not ask for is refused with a 502.
 func TestScrubRangeRequests(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		text := "auth=" + r.Header.Get("Authorization") + " end"
@@ -342,24 +345,34 @@ func TestScrubRangeRequests(t *testing.T) {
 		http.ServeContent(w, r, "k.txt", time.Unix(1e9, 0), strings.NewReader(text))
 	})
 	e := newEnv(t, envOpts{handler: h})
-	var joined string
+	var joined, joinedWire string
 	for _, rng := range []string{"bytes=0-19", "bytes=20-"} {
-		resp, body, wire := e.scrubExchange(t, e.get("/api/custom/range", "Range: "+rng, `If-Range: "x"`))
-		if resp.StatusCode != 200 || body != "auth=Bearer [REDACTED] end" {
-			t.Errorf("Range %s: %d %q; want the whole body, scrubbed", rng, resp.StatusCode, body)
+		resp, body, wire := e.scrubExchange(t, e.get("/api/custom/range", "Range: "+rng))
+		if resp.StatusCode != 206 || int64(len(body)) != resp.ContentLength {
+			t.Errorf("Range %s: %d %q (length %d); want a 206 of the range", rng, resp.StatusCode, body, resp.ContentLength)
 		}
-		joined += wire
+		joined += body
+		joinedWire += wire
 	}
-	if frag := leaked(joined, e.canary); frag != "" {
+	whole := "auth=Bearer " + e.canary + " end"
+	if len(joined) != len(whole) || !strings.HasPrefix(joined, "auth=Bearer [REDACTED]") || !strings.HasSuffix(joined, " end") {
+		t.Errorf("the ranges joined: %q; want the whole, %d bytes, the key masked in place", joined, len(whole))
+	}
+	if frag := leaked(joinedWire, e.canary); frag != "" {
 		t.Errorf("the agent got %q of the key across the two responses", frag)
 	}
 	for _, r := range e.received() {
-		if r.Header.Get("Range") != "" || r.Header.Get("If-Range") != "" {
-			t.Errorf("the upstream got Range %q, If-Range %q", r.Header.Get("Range"), r.Header.Get("If-Range"))
+		if r.Header.Get("Range") == "bytes=0-19" || r.Header.Get("Range") == "bytes=20-" {
+			t.Errorf("the upstream got the agent's Range %q, not widened", r.Header.Get("Range"))
 		}
 	}
 
-	resp, body, _ := e.scrubExchange(t, e.get("/api/custom/range?always206", "Connection: close"))
+	resp, body, _ := e.scrubExchange(t, e.get("/api/custom/range", "Range: bytes=0-19", `If-Range: "x"`))
+	if resp.StatusCode != 200 || body != "auth=Bearer [REDACTED] end" {
+		t.Errorf("If-Range not matched: %d %q; want the whole body, scrubbed", resp.StatusCode, body)
+	}
+
+	resp, body, _ = e.scrubExchange(t, e.get("/api/custom/range?always206", "Connection: close"))
 	if resp.StatusCode != 502 || leaked(body, e.canary) != "" {
 		t.Fatalf("an upstream's 206: %d %q; want a 502", resp.StatusCode, body)
 	}

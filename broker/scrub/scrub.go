@@ -76,6 +76,28 @@ func New(oldnew ...string) *Replacer {
 // Empty reports whether r has no patterns, so that it never changes anything.
 func (r *Replacer) Empty() bool { return len(r.pairs) == 0 }
 
+// MaxLen is the length of the longest pattern (0 without any).
+func (r *Replacer) MaxLen() int { return r.maxLen }
+
+// Masking returns a Replacer for the same patterns whose replacements keep their length: a
+// pattern becomes "[REDACTED]" padded with "*" to its length, or "*"s when it is shorter. It is
+// for bytes whose offsets must not move (a byte range cut from a representation).
+func (r *Replacer) Masking() *Replacer {
+	if r.Empty() {
+		return none
+	}
+	const marker = "[REDACTED]"
+	oldnew := make([]string, 0, 2*len(r.pairs))
+	for _, p := range r.pairs {
+		mask := strings.Repeat("*", len(p.old))
+		if len(p.old) >= len(marker) {
+			mask = marker + mask[len(marker):]
+		}
+		oldnew = append(oldnew, p.pattern, mask)
+	}
+	return New(oldnew...)
+}
+
 // String returns s with all patterns replaced. It does not allocate when s
 // contains no pattern.
 func (r *Replacer) String(s string) string {

@@ -611,3 +611,17 @@ func streamInPieces(r *scrub.Replacer, in string, rng *rand.Rand) string {
 		}
 	}
 }
+
+// TestMasking: a masking Replacer keeps every length, and replaces what the Replacer does.
+func TestMasking(t *testing.T) {
+	r := scrub.New("sk-0123456789abcdef", "[REDACTED]", "short123", "[REDACTED]")
+	m := r.Masking()
+	in := "a sk-0123456789abcdef b short123 c"
+	got := m.String(in)
+	if got != "a [REDACTED]********* b ******** c" || len(got) != len(in) || m.MaxLen() != r.MaxLen() || r.MaxLen() != 19 {
+		t.Fatalf("masked %q (%d bytes, in %d); MaxLen %d", got, len(got), len(in), m.MaxLen())
+	}
+	if !scrub.New().Masking().Empty() {
+		t.Fatal("masking nothing masks something")
+	}
+}
