@@ -2,7 +2,6 @@ package broker
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"golang.org/x/sync/semaphore"
 
 	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
@@ -155,10 +156,8 @@ func (b *Broker) holdBody(x *exchange, r *http.Request, small []byte, body *poli
 		if n < 0 {
 			n = limit + 1
 		}
-		done, cancel := context.WithCancel(context.Background())
-		cancel() // try to hold at once: never wait
-		h, err := x.g.bodies.hold(done, x.agent.ID, n)
-		if err != nil {
+		h := x.g.bodies.tryHold(x.agent.ID, n)
+		if h == nil {
 			return nil, approvalRefusal{http.StatusTooManyRequests, codeApprovalQueueFull,
 				"this agent's requests held for approval hold as many body bytes as it may", "Wait for them to be decided, then retry."}
 		}
@@ -214,4 +213,19 @@ func queryKeys(q map[string][]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// tryHold is hold without waiting: nil when agent may not hold n more bytes now.
+func (b *bodyBudget) tryHold(agent string, n int64) *bodyHold {
+	b.mu.Lock()
+	s, ok := b.agents[agent]
+	if !ok {
+		s = semaphore.NewWeighted(b.perAgent)
+		b.agents[agent] = s
+	}
+	b.mu.Unlock()
+	if !s.TryAcquire(n) {
+		return nil
+	}
+	return &bodyHold{s: s, n: n}
 }

@@ -330,7 +330,7 @@ func TestCorruptStateFileIsAnError(t *testing.T) {
 func TestSlowSubscriberNeverBlocks(t *testing.T) {
 	h := NewHub()
 	slow := h.Subscribe(4)
-	line := []byte(`{"level":"info","request_id":"x","msg":"decision"}` + "\n")
+	line := []byte(`{"level":"info","request_id":"x","msg":"decision","time":"2026-01-01T00:00:00Z"}` + "\n")
 	done := make(chan struct{})
 	go func() {
 		for i := 0; i < 100000; i++ {

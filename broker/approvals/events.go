@@ -90,7 +90,9 @@ func (h *Hub) Publish(name string, data []byte) {
 	}
 }
 
-var decisionSuffix = []byte(`"msg":"decision"}`)
+// decisionMsg marks a decision event's line. Inside a string value the quotes would be
+// escaped, so only the event's own msg field matches.
+var decisionMsg = []byte(`"msg":"decision"`)
 
 // AuditTap is an audit.Tap: each decision event becomes an event "decision" whose data is the
 // audit event's JSON (secret-free as the audit log is).
@@ -99,7 +101,7 @@ func (h *Hub) AuditTap(line []byte) {
 		return
 	}
 	line = bytes.TrimRight(line, "\n")
-	if bytes.HasSuffix(line, decisionSuffix) {
+	if bytes.Contains(line, decisionMsg) {
 		h.Publish("decision", line)
 	}
 }
