@@ -61,5 +61,11 @@ approved if {
 	a.agent == input.agent.id
 	a.host == input.request.host
 	a.method in {"", input.request.method}
-	startswith(object.get(input.request, "path", ""), a.path_prefix)
+	path_covered(a.path_prefix)
 }
+
+# A CONNECT has no path: an entry with an empty prefix covers it. The input is read by its
+# exact paths, never as a whole object, so that the broker's decision cache keeps working.
+path_covered(prefix) if prefix == ""
+
+path_covered(prefix) if startswith(input.request.path, prefix)
