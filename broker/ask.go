@@ -88,12 +88,14 @@ func (b *Broker) ask(x *exchange, r *http.Request, in *policy.Input, d policy.De
 		Scopes:    d.Ask.Scopes,
 	}
 	if in.Phase == policy.PhaseRequest {
+		clean := x.g.secretFree(in.Host)
 		for k, v := range x.g.policyHeaders(r.Header) {
 			if !audit.CredentialHeader(k) {
-				req.Headers[k] = v
+				req.Headers[k] = clean(v)
 			}
 		}
-		req.BodyPreview = x.g.preview(in.Host, held)
+		req.Path = clean(req.Path)
+		req.BodyPreview = preview(clean, held)
 	}
 	out, err := q.Hold(r.Context(), req)
 	if err != nil {
@@ -177,12 +179,9 @@ func (b *Broker) holdBody(x *exchange, r *http.Request, small []byte, body *poli
 	return buf, nil
 }
 
-// preview is the start of a held request's body for the person deciding, as text, with every
-// value of every configured credential the broker knows, and their forms for host, scrubbed.
-func (g *generation) preview(host string, body []byte) string {
-	if len(body) == 0 {
-		return ""
-	}
+// secretFree returns what removes, from text shown to the person deciding, every value of
+// every configured credential the broker knows, and their forms for host.
+func (g *generation) secretFree(host string) func(string) string {
 	var values []string
 	for name := range g.scrubbers {
 		for _, v := range g.secrets.Known(name) {
@@ -191,8 +190,17 @@ func (g *generation) preview(host string, body []byte) string {
 			}
 		}
 	}
+	all, forms := redactor(values), g.responseScrubber(host)
+	return func(text string) string { return forms.String(all.String(text)) }
+}
+
+// preview is the start of a held request's body for the person deciding, as text, secret-free.
+func preview(clean func(string) string, body []byte) string {
+	if len(body) == 0 {
+		return ""
+	}
 	// The whole body is scrubbed, then cut: a secret across the cut is not half shown.
-	text := g.responseScrubber(host).String(redactor(values).String(string(body)))
+	text := clean(string(body))
 	if len(text) > bodyPreviewBytes {
 		cut := bodyPreviewBytes
 		for cut > 0 && !utf8.RuneStart(text[cut]) {

@@ -277,7 +277,8 @@ func (q *Queue) Pending() []Request {
 }
 
 // Approve lets a held request go on. With scope "agent" or "always" it also makes a grant,
-// which it returns.
+// which it returns. An "always" grant is written to the policy data first: if that fails, the
+// request stays held and the error is returned.
 func (q *Queue) Approve(id string, a Approval) (*Grant, error) {
 	if a.Scope == "" {
 		a.Scope = ScopeOnce
@@ -293,21 +294,31 @@ func (q *Queue) Approve(id string, a Approval) (*Grant, error) {
 		return nil, fmt.Errorf("%w: this request may be approved with scope %s, not %q", ErrScope, strings.Join(h.req.Scopes, ", "), a.Scope)
 	}
 	g, err := q.grantFor(h.req, a)
+	q.mu.Unlock()
 	if err != nil {
-		q.mu.Unlock()
 		return nil, err
 	}
-	q.removeLocked(id)
-	q.mu.Unlock()
-	if g != nil {
-		if err := q.addGrant(*g); err != nil {
-			// The request is not approved: it goes back to waiting.
-			q.mu.Lock()
-			q.pending[id] = h
-			q.perAgent[h.req.Agent]++
-			q.mu.Unlock()
+	if g != nil && g.Kind == ScopeAlways {
+		// The person decided "always": the policy data says so from now on, even if the
+		// request itself goes away in the meantime.
+		if err := q.storeAlways(*g); err != nil {
 			return nil, err
 		}
+	}
+	q.mu.Lock()
+	h = q.removeLocked(id)
+	q.mu.Unlock()
+	if h == nil {
+		if g != nil && g.Kind == ScopeAlways {
+			q.grantAdded(*g)
+		}
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if g != nil {
+		if g.Kind == ScopeAgent {
+			q.addAgentGrant(*g)
+		}
+		q.grantAdded(*g)
 	}
 	out := Outcome{State: StateApproved, By: a.By, Scope: a.Scope, Comment: a.Comment, Grant: g}
 	q.end(h, out, audit.ActionApprove)

@@ -77,26 +77,32 @@ func (q *Queue) grantFor(req Request, a Approval) (*Grant, error) {
 	return g, nil
 }
 
-// addGrant stores a new grant (state file, or approved.json) and audits it.
-func (q *Queue) addGrant(g Grant) error {
-	if g.Kind == ScopeAlways {
-		q.saveMu.Lock()
-		list, err := q.readApproved()
-		if err == nil {
-			err = q.writeApproved(append(list, g))
-		}
-		q.saveMu.Unlock()
-		if err != nil {
-			return fmt.Errorf("writing %s: %w", ApprovedFile, err)
-		}
-	} else {
-		q.mu.Lock()
-		q.grants = append(q.grants, g)
-		q.mu.Unlock()
-		if err := q.save(); err != nil {
-			q.o.Log.Error().Err(err).Msg("approvals.state_file not written: the grant lasts until a restart")
-		}
+// storeAlways appends an "always" grant to approved.json.
+func (q *Queue) storeAlways(g Grant) error {
+	q.saveMu.Lock()
+	defer q.saveMu.Unlock()
+	list, err := q.readApproved()
+	if err == nil {
+		err = q.writeApproved(append(list, g))
 	}
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", ApprovedFile, err)
+	}
+	return nil
+}
+
+// addAgentGrant keeps an "agent" grant, in memory and in the state file.
+func (q *Queue) addAgentGrant(g Grant) {
+	q.mu.Lock()
+	q.grants = append(q.grants, g)
+	q.mu.Unlock()
+	if err := q.save(); err != nil {
+		q.o.Log.Error().Err(err).Msg("approvals.state_file not written: the grant lasts until a restart")
+	}
+}
+
+// grantAdded audits a new grant and tells the event stream.
+func (q *Queue) grantAdded(g Grant) {
 	ev := &audit.ApprovalEvent{Action: audit.ActionGrant, ID: g.ID, By: g.CreatedBy, Scope: g.Kind, Agent: g.Agent,
 		Host: g.Host, Method: g.Method, PathPrefix: g.PathPrefix, Comment: g.Comment}
 	if g.Expires != nil {
@@ -104,7 +110,6 @@ func (q *Queue) addGrant(g Grant) error {
 	}
 	q.audit(ev)
 	q.Events.grant(g.ID, "added")
-	return nil
 }
 
 // Match returns a live "agent" grant covering the request, or nil. "always" grants are policy
