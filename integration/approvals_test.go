@@ -325,8 +325,15 @@ func TestApprovalDeniedAndTimedOut(t *testing.T) {
 func TestApprovalWithdrawnWhenAgentDisconnects(t *testing.T) {
 	e, a := askEnv(t, "")
 	ev := a.events()
-	c := e.curlStart(e.url("/ask/gone"))
+	// Over HTTP/1.1 in the tunnel first, then HTTP/2 (curl's choice).
+	c := e.curlStart("--http1.1", e.url("/ask/gone1"))
 	id := ev.approval("pending")
+	_ = c.cmd.Process.Kill()
+	if got := ev.approval("withdrawn"); got != id {
+		t.Fatalf("withdrawn %s, want %s", got, id)
+	}
+	c = e.curlStart(e.url("/ask/gone"))
+	id = ev.approval("pending")
 	_ = c.cmd.Process.Kill()
 	if got := ev.approval("withdrawn"); got != id {
 		t.Fatalf("withdrawn %s, want %s", got, id)
