@@ -14,6 +14,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
 )
 
@@ -49,7 +50,7 @@ const bodyPreviewBytes = 2 << 10
 // read whole first (up to policy.max_body_bytes), so the agent's bytes wait in the broker.
 // In monitor mode the ask is recorded as would_deny by authorize, and nothing is held.
 func (b *Broker) ask(x *exchange, r *http.Request, in *policy.Input, d policy.Decision, small []byte, body *policyBody) (policy.Decision, error) {
-	if x.g.mode == "monitor" {
+	if x.g.mode == config.ModeMonitor {
 		return d, nil
 	}
 	q := b.approvals
@@ -105,7 +106,7 @@ func (b *Broker) ask(x *exchange, r *http.Request, in *policy.Input, d policy.De
 		}
 		return d, interrupted()
 	}
-	x.ev.Approval = &audit.Approval{ID: req.ID, Outcome: out.State, By: out.By, Scope: out.Scope, Comment: out.Comment}
+	x.ev.Approval = &audit.Approval{ID: out.ID, Outcome: out.State, By: out.By, Scope: out.Scope, Comment: out.Comment}
 	if out.Grant != nil {
 		x.ev.Approval.Grant = out.Grant.ID
 	}

@@ -285,7 +285,7 @@ func TestApprovalApprovedContinuesWithCredential(t *testing.T) {
 	}
 	dec := decisionOf(t, e.broker, "/ask/push")
 	ap, _ := dec["approval"].(map[string]any)
-	if dec["decision"] != "allow" || ap["by"] != "local" || ap["outcome"] != "approved" || ap["scope"] != "once" || ap["comment"] != "looks fine" {
+	if dec["decision"] != "allow" || ap["id"] != id || ap["by"] != "local" || ap["outcome"] != "approved" || ap["scope"] != "once" || ap["comment"] != "looks fine" {
 		t.Fatalf("decision event: %v", dec)
 	}
 	e.broker.waitAuditWhere(t, 1, "approve event", func(ev auditEvent) bool {

@@ -98,6 +98,8 @@ type Approval struct {
 
 // Outcome is how a held request ended.
 type Outcome struct {
+	// ID is the held request's id ("" when it was never queued).
+	ID      string
 	State   string
 	By      string
 	Scope   string
@@ -171,7 +173,7 @@ func newID(prefix string) string {
 
 // Hold queues req and waits until it is approved, denied, times out, ctx ends (its agent went
 // away: withdrawn) or the queue is interrupted. Over a bound it returns ErrQueueFull at once.
-func (q *Queue) Hold(ctx context.Context, req Request) (Outcome, error) {
+func (q *Queue) Hold(ctx context.Context, req Request) (out Outcome, err error) {
 	timeout := req.Timeout
 	if timeout <= 0 {
 		timeout = q.o.Timeout
@@ -203,6 +205,7 @@ func (q *Queue) Hold(ctx context.Context, req Request) (Outcome, error) {
 	q.pending[req.ID] = h
 	q.perAgent[req.Agent]++
 	q.mu.Unlock()
+	defer func() { out.ID = req.ID }()
 	q.o.Metrics.pending.Inc()
 	q.Events.approval(req.ID, StatePending)
 	if q.o.Notify != nil {

@@ -129,7 +129,7 @@ func TestApproveOnce(t *testing.T) {
 		t.Fatalf("approve once: %v %v", g, err)
 	}
 	out := <-ch
-	if out.State != StateApproved || out.By != "alice" || out.Scope != ScopeOnce {
+	if out.ID != p.ID || out.State != StateApproved || out.By != "alice" || out.Scope != ScopeOnce {
 		t.Fatalf("outcome %+v", out)
 	}
 	if len(f.q.Pending()) != 0 {
