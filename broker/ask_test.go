@@ -1,0 +1,154 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/capbroker/capbroker/broker/approvals"
+	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/certs"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/identity"
+	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/upstream"
+)
+
+// askAll asks about every request, granting the openai credential once approved.
+type askAll struct{}
+
+func (askAll) Decide(context.Context, *policy.Input) (policy.Decision, error) {
+	return policy.Decision{Ask: &policy.Ask{Scopes: []string{"once", "agent"}}, Reason: "a person decides", Credentials: []string{"openai"}, Revision: "t"}, nil
+}
+
+// heldUpstream is memoryUpstream that keeps what it was sent.
+type heldUpstream struct {
+	memoryUpstream
+	mu   sync.Mutex
+	sent []string // "auth body" of each request
+}
+
+func (u *heldUpstream) RoundTrip(r *http.Request, p upstream.Pool) (*http.Response, error) {
+	b, _ := io.ReadAll(r.Body)
+	u.mu.Lock()
+	u.sent = append(u.sent, r.Header.Get("Authorization")+" "+string(b))
+	u.mu.Unlock()
+	r.Body = io.NopCloser(bytes.NewReader(nil))
+	return u.memoryUpstream.RoundTrip(r, p)
+}
+
+func (u *heldUpstream) requests() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.sent...)
+}
+
+func askBroker(t *testing.T, q *approvals.Queue, mode string, maxBody int64) (*Broker, *tunnel, *heldUpstream) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := certs.WriteCA(dir, false); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := certs.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Dev()
+	cfg.Policy.Mode = mode
+	if maxBody > 0 {
+		cfg.Policy.MaxBodyBytes = maxBody
+	}
+	cfg.Agents[0].TokenFile = filepath.Join(dir, "token")
+	_ = os.WriteFile(cfg.Agents[0].TokenFile, []byte("t"), 0o600)
+	lg := audit.New(io.Discard)
+	t.Cleanup(lg.Close)
+	br, err := New(cfg, Deps{Policy: askAll{}, Secrets: benchSecrets{}, CA: ca, Audit: lg, Log: zerolog.Nop(), Approvals: q})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &heldUpstream{}
+	br.setTransport(up)
+	agent := identity.Agent{ID: "dev-agent"}
+	return br, &tunnel{agent: agent, target: newTarget("https", "api.openai.com", 443), gen: br.gen.Load()}, up
+}
+
+func askRequest(body string) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/v1/things", strings.NewReader(body))
+	r.Host = "api.openai.com"
+	r.Header.Set("Content-Type", "text/plain")
+	r.Header.Set("Cookie", "session=abc")
+	return r
+}
+
+func TestAskHoldsUntilApproved(t *testing.T) {
+	q, err := approvals.New(approvals.Options{MaxPending: 4, MaxPendingPerAgent: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, tun, up := askBroker(t, q, config.ModeEnforce, 0)
+	sub := q.Events.Subscribe(8)
+	body := "deploy with " + benchSecret + " please"
+	w := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { br.serveTunnel(w, askRequest(body), tun); close(done) }()
+	ev := <-sub.C
+	var e map[string]string
+	_ = json.Unmarshal(ev.Data, &e)
+	p := q.Pending()
+	if len(p) != 1 || p[0].ID != e["id"] {
+		t.Fatalf("pending %+v, event %s", p, ev.Data)
+	}
+	if strings.Contains(p[0].BodyPreview, benchSecret) || p[0].BodyPreview != "deploy with [REDACTED] please" || p[0].Headers["cookie"] != "" || p[0].Headers["content-type"] != "text/plain" {
+		t.Fatalf("what the person sees: %+v", p[0])
+	}
+	if n := len(up.requests()); n != 0 {
+		t.Fatalf("sent upstream while held: %d", n)
+	}
+	if _, err := q.Approve(p[0].ID, approvals.Approval{By: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	sent := up.requests()
+	if w.Code != 200 || len(sent) != 1 || sent[0] != "Bearer "+benchSecret+" "+body {
+		t.Fatalf("after approval: %d %q", w.Code, sent)
+	}
+}
+
+func TestAskWithoutQueueOrInMonitorMode(t *testing.T) {
+	br, tun, up := askBroker(t, nil, config.ModeEnforce, 0)
+	w := httptest.NewRecorder()
+	br.serveTunnel(w, askRequest("x"), tun)
+	if w.Code != 403 || !strings.Contains(w.Body.String(), "holds no requests for approval") || len(up.requests()) != 0 {
+		t.Fatalf("no queue: %d %s", w.Code, w.Body)
+	}
+	q, _ := approvals.New(approvals.Options{})
+	br, tun, up = askBroker(t, q, config.ModeMonitor, 0)
+	w = httptest.NewRecorder()
+	br.serveTunnel(w, askRequest("x"), tun)
+	if w.Code != 200 || len(q.Pending()) != 0 || len(up.requests()) != 1 || up.requests()[0] != " x" {
+		t.Fatalf("monitor mode: %d %q", w.Code, up.requests())
+	}
+}
+
+func TestAskBodyOverLimitIsRefused(t *testing.T) {
+	q, _ := approvals.New(approvals.Options{})
+	br, tun, up := askBroker(t, q, config.ModeEnforce, 1000)
+	r := askRequest(strings.Repeat("a", 2000))
+	r.ContentLength = -1 // streamed: the limit is found by reading
+	r.Body = io.NopCloser(strings.NewReader(strings.Repeat("a", 100<<10)))
+	w := httptest.NewRecorder()
+	br.serveTunnel(w, r, tun)
+	if w.Code != 413 || len(q.Pending()) != 0 || len(up.requests()) != 0 {
+		t.Fatalf("over the limit: %d %s", w.Code, w.Body)
+	}
+}
