@@ -3,6 +3,8 @@ module github.com/capbroker/capbroker
 go 1.26.8
 
 require (
+	github.com/chromedp/cdproto v0.160.1
+	github.com/chromedp/chromedp v0.24.0
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/elazarl/goproxy v1.9.3
 	github.com/fsnotify/fsnotify v1.10.1
@@ -31,6 +33,7 @@ require (
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
 	github.com/go-jose/go-jose/v4 v4.1.4 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-viper/mapstructure/v2 v2.4.0 // indirect
 	github.com/gobwas/glob v1.1.0 // indirect

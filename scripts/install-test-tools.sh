@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs the clients the end-to-end tests use as an agent would, if they are missing: curl,
-# git, python3 and node from the system's packages, and the Node packages the client tests
-# drive (openai, undici; integration/testdata/node/package-lock.json) into
-# integration/testdata/node/node_modules.
+# git, python3 and node from the system's packages, chromium for the console's browser tests
+# (integration/console_test.go), and the Node packages the client tests drive (openai, undici;
+# integration/testdata/node/package-lock.json) into integration/testdata/node/node_modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for tool in curl git python3 node npm; do
+for tool in curl git python3 node npm chromium; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if [ ${#missing[@]} -gt 0 ]; then
