@@ -40,6 +40,14 @@ func newFakeAdmin(t *testing.T) *fakeAdmin {
 	mux.Handle("/console", console.Handler())
 	mux.Handle("/console/", console.Handler())
 	mux.HandleFunc("POST /api/login", f.login)
+	mux.HandleFunc("POST /api/logout", f.auth(func(w http.ResponseWriter, r *http.Request, _ string) {
+		if c, err := r.Cookie("capbroker_session"); err == nil {
+			f.mu.Lock()
+			delete(f.sessions, c.Value)
+			f.mu.Unlock()
+		}
+		writeJSONFake(w, 200, map[string]any{})
+	}))
 	mux.HandleFunc("GET /api/session", f.auth(func(w http.ResponseWriter, r *http.Request, csrf string) {
 		writeJSONFake(w, 200, map[string]any{"user": "admin", "csrf": csrf})
 	}))

@@ -79,6 +79,7 @@ func newBrowser(t *testing.T) context.Context {
 	if err := chromedp.Do(ctx); err != nil { // starts the browser
 		t.Fatalf("starting %s: %v", exe, err)
 	}
+
 	return ctx
 }
 
@@ -431,6 +432,19 @@ fetch(t, {method: "POST", mode: "no-cors", credentials: "include", headers: {"Co
 		if got := eval[string](t, ctx, `document.getElementById('revision').textContent`); rev == "" || !strings.Contains(got, rev) {
 			t.Errorf("revision shown as %q, API says %q", got, rev)
 		}
+	})
+
+	t.Run("sign out", func(t *testing.T) {
+		do(t, ctx, chromedp.WaitVisible(chromedp.ID("logout")), chromedp.Click(chromedp.ID("logout")),
+			chromedp.WaitVisible(chromedp.ID("token")))
+		status, err := chromedp.Run(ctx, chromedp.Evaluate[int](`fetch('/api/approvals', {credentials: 'same-origin'}).then(r => r.status)`, chromedp.EvalAwaitPromise))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if status != 401 {
+			t.Errorf("the API after signing out: status %d, want 401", status)
+		}
+		login(t, ctx, b)
 	})
 	return ctx
 }

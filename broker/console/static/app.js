@@ -98,6 +98,7 @@
 
   function showLogin() {
     stopStream();
+    $('logout').hidden = true;
     state.started = false;
     $('app').hidden = true;
     $('login').hidden = false;
@@ -141,10 +142,24 @@
     }
   }
 
+  async function logout() {
+    try {
+      await api('POST', '/api/logout');
+    } catch (e) {
+      if (e.status !== 401) { toast('Sign-out failed: ' + e.message, true); return; }
+    }
+    state.csrf = '';
+    state.user = '';
+    $('logout').hidden = true;
+    showLogin();
+  }
+
   function start() {
     $('login').hidden = true;
     $('app').hidden = false;
     $('user').textContent = state.user ? 'signed in as ' + state.user : '';
+    // A session from signing in can be ended; loopback-only (local) and client certificates cannot.
+    $('logout').hidden = !state.csrf || state.user === 'local' || !state.user;
     if (state.started) return;
     state.started = true;
     startStream();
@@ -620,6 +635,7 @@
 
   document.addEventListener('DOMContentLoaded', () => {
     $('login-form').addEventListener('submit', login);
+    $('logout').addEventListener('click', logout);
     $('filter-agent').addEventListener('change', redraw);
     $('filter-outcome').addEventListener('change', redraw);
     $('pause').addEventListener('click', () => {
