@@ -79,7 +79,6 @@ func newBrowser(t *testing.T) context.Context {
 	if err := chromedp.Do(ctx); err != nil { // starts the browser
 		t.Fatalf("starting %s: %v", exe, err)
 	}
-
 	return ctx
 }
 
