@@ -18,6 +18,8 @@
     started: false,
     skew: 0,                   // server clock minus ours, ms (from the Date header)
     pending: new Map(),        // id -> {p, card, expiresEl, approve}
+    resolved: new Set(),       // ids answered from this page: a list fetched before is stale
+    approvalsSeq: 0,
     rows: [],                  // newest last; {ev, outcome}
     queue: [],                 // decisions not yet drawn
     frame: 0,
@@ -223,18 +225,20 @@
   async function loadApprovals() {
     if (!state.started) return;
     let r;
+    const seq = ++state.approvalsSeq;
     try {
       r = await api('GET', '/api/approvals');
     } catch (e) {
       if (e.status !== 401) toast('Approvals: ' + e.message, true);
       return;
     }
+    if (seq !== state.approvalsSeq) return; // a newer load is under way
     const list = Array.isArray(r.pending) ? r.pending : [];
     const seen = new Set();
     const box = $('pending');
     for (const p of list) {
       const id = str(p.id);
-      if (!id) continue;
+      if (!id || state.resolved.has(id)) continue;
       seen.add(id);
       if (!state.pending.has(id)) {
         const entry = pendingCard(p);
@@ -396,6 +400,8 @@
   }
 
   function resolved(id) {
+    state.resolved.add(id);
+    if (state.resolved.size > 1000) state.resolved.delete(state.resolved.values().next().value);
     const entry = state.pending.get(id);
     if (entry) entry.card.remove();
     state.pending.delete(id);
