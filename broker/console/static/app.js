@@ -319,10 +319,12 @@
     const method = el('input', { type: 'text', class: 'method mono', value: str(p.method), placeholder: 'any method', 'aria-label': 'Method (empty: any)', autocapitalize: 'characters', spellcheck: false });
     const prefix = el('input', { type: 'text', class: 'prefix mono', value: defaultPrefix(p.path), placeholder: '/', 'aria-label': 'Path prefix', autocapitalize: 'none', spellcheck: false });
     const durLabel = el('label', null, 'Duration', duration);
+    // A connect-phase question is about a host: there is no method or path to narrow to yet.
+    const connect = str(p.phase) === 'connect';
     const fields = el('div', { class: 'scope-fields' },
       durLabel,
-      el('label', null, 'Method', method),
-      el('label', null, 'Path prefix', prefix));
+      connect ? null : el('label', null, 'Method', method),
+      connect ? null : el('label', null, 'Path prefix', prefix));
     const alwaysNote = el('p', { class: 'always-note', text: 'Always: every matching request from now on, until the grant is revoked.' });
     fs.append(fields, alwaysNote);
     const comment = el('input', { type: 'text', class: 'comment', placeholder: 'Comment (optional)', 'aria-label': 'Comment', maxLength: 500 });
@@ -347,8 +349,8 @@
       const s = scopeNow();
       const body = { scope: s, comment: comment.value };
       if (s !== 'once') {
-        body.method = method.value.trim().toUpperCase();
-        body.path_prefix = prefix.value.trim();
+        body.method = connect ? '' : method.value.trim().toUpperCase();
+        body.path_prefix = connect ? '' : prefix.value.trim();
         if (s === 'agent') body.duration = duration.value;
       }
       busy(true);
