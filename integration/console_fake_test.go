@@ -82,6 +82,7 @@ func newFakeAdmin(t *testing.T) *fakeAdmin {
 			writeJSONFake(w, 404, map[string]any{"error": "not_found", "reason": "no such grant"})
 			return
 		}
+		f.send("grant", map[string]any{"id": r.PathValue("id"), "state": "revoked"})
 		writeJSONFake(w, 200, map[string]any{})
 	}))
 	mux.HandleFunc("POST /api/approvals/{id}/{action}", f.auth(func(w http.ResponseWriter, r *http.Request, user string) {
@@ -99,6 +100,12 @@ func newFakeAdmin(t *testing.T) *fakeAdmin {
 		var grant map[string]any
 		if ok && action == "approve" && body.Scope != "once" {
 			d, _ := time.ParseDuration(body.Duration)
+			switch body.Method {
+			case "":
+				body.Method = p["method"].(string)
+			case "*":
+				body.Method = ""
+			}
 			f.seq++
 			grant = map[string]any{"id": fmt.Sprintf("gr-%d", f.seq), "agent": p["agent"], "method": body.Method,
 				"host": p["host"], "path_prefix": body.PathPrefix, "expires": time.Now().Add(d).UTC().Format(time.RFC3339),
@@ -117,7 +124,10 @@ func newFakeAdmin(t *testing.T) *fakeAdmin {
 				answer <- agentResult{status: 403, body: `{"error":"denied_by_approver","reason":"denied by admin: ` + body.Comment + `"}`}
 			}
 		}
-		f.send("approval", map[string]any{"id": id, "state": action})
+		f.send("approval", map[string]any{"id": id, "state": action + "d"})
+		if grant != nil {
+			f.send("grant", map[string]any{"id": grant["id"], "state": "added"})
+		}
 		writeJSONFake(w, 200, map[string]any{"grant": grant})
 	}))
 	mux.HandleFunc("GET /api/events", f.auth(f.events))
@@ -277,7 +287,7 @@ func (f *fakeAdmin) request(method, path string, headers map[string]string, body
 	for _, g := range f.grants {
 		if g["agent"] == agentID && (g["method"] == "" || g["method"] == method) && strings.HasPrefix(path, g["path_prefix"].(string)) {
 			f.mu.Unlock()
-			decide(agentResult{status: 200, body: "path=" + path}, "allow", "grant "+g["id"].(string), map[string]any{"by": "admin", "scope": "grant"})
+			decide(agentResult{status: 200, body: "path=" + path}, "allow", "", map[string]any{"outcome": "granted", "by": g["created_by"], "grant": g["id"]})
 			return out
 		}
 	}
@@ -291,11 +301,11 @@ func (f *fakeAdmin) request(method, path string, headers map[string]string, body
 	go func() {
 		select {
 		case r := <-answer:
-			decision := "allow"
+			decision, outcome := "allow", "approved"
 			if r.status != 200 {
-				decision = "deny"
+				decision, outcome = "deny", "denied"
 			}
-			decide(r, decision, "asked a person", map[string]any{"by": "admin", "scope": "once"})
+			decide(r, decision, "asked a person", map[string]any{"id": id, "outcome": outcome, "by": "admin", "scope": "once"})
 		case <-time.After(timeout):
 			f.mu.Lock()
 			_, still := f.pending[id]
@@ -303,11 +313,11 @@ func (f *fakeAdmin) request(method, path string, headers map[string]string, body
 			delete(f.answers, id)
 			f.mu.Unlock()
 			if !still { // answered just now
-				decide(<-answer, "allow", "asked a person", map[string]any{"by": "admin", "scope": "once"})
+				decide(<-answer, "allow", "asked a person", map[string]any{"id": id, "outcome": "approved", "by": "admin", "scope": "once"})
 				return
 			}
 			f.send("approval", map[string]any{"id": id, "state": "timeout"})
-			decide(agentResult{status: 403, body: `{"error":"approval_timeout","reason":"nobody decided in time"}`}, "deny", "approval_timeout", nil)
+			decide(agentResult{status: 403, body: `{"error":"approval_timeout","reason":"nobody decided in time"}`}, "deny", "approval_timeout", map[string]any{"id": id, "outcome": "timeout"})
 		}
 	}()
 	return out

@@ -293,6 +293,8 @@ func runConsoleTests(t *testing.T, b consoleBackend) context.Context {
 		if r := recv(t, b.request(t, "POST", "/held/grant/b", nil, `{"n":2}`)); r.status != 200 {
 			t.Errorf("request under the grant: status %d, body %s", r.status, r.body)
 		}
+		waitJS(t, ctx, "the decision the grant answered", `[...document.querySelectorAll('#live li')].some(li =>
+			li.textContent.includes('/held/grant/b') && li.textContent.includes('covered by a grant'))`)
 		do(t, ctx, chromedp.Click(chromedp.CSS(item+" button.revoke")), chromedp.WaitNotPresent(chromedp.CSS(item)))
 		if gs := grants(t, b); len(gs) != 0 {
 			t.Fatalf("grants after revoking: %v", gs)

@@ -349,7 +349,9 @@
       const s = scopeNow();
       const body = { scope: s, comment: comment.value };
       if (s !== 'once') {
-        body.method = connect ? '' : method.value.trim().toUpperCase();
+        // The API reads "" as the held request's own method and "*" as any method.
+        const m = method.value.trim().toUpperCase();
+        body.method = connect || m === '' ? '*' : m;
         body.path_prefix = connect ? '' : prefix.value.trim();
         if (s === 'agent') body.duration = duration.value;
       }
@@ -512,6 +514,7 @@
       if (!state.frame) state.frame = requestAnimationFrame(flush);
     });
     es.addEventListener('approval', () => scheduleReload());
+    es.addEventListener('grant', () => scheduleReload());
     es.addEventListener('dropped', (m) => {
       let n = 0;
       try { n = Number(JSON.parse(m.data).count) || 0; } catch (_) { n = 0; }
@@ -625,11 +628,16 @@
     if (creds.length) detail.append(detail.childNodes.length ? ' · ' : '', el('span', { class: 'creds', text: 'credentials: ' + creds.join(', ') }));
     if (ev.approval && typeof ev.approval === 'object') {
       const a = ev.approval;
-      let t = 'asked a person';
-      if (a.by) t += ': ' + str(a.by);
-      if (a.scope) t += ' (' + str(a.scope) + ')';
+      const words = {
+        approved: 'approved', denied: 'denied', timeout: 'nobody answered in time',
+        withdrawn: 'withdrawn by the agent', interrupted: 'interrupted by a restart', granted: 'covered by a grant',
+      };
+      let t = words[str(a.outcome)] || ('asked a person' + (a.outcome ? ': ' + str(a.outcome) : ''));
+      if (a.by) t += ' by ' + str(a.by);
+      if (a.scope && str(a.outcome) !== 'granted') t += ' (' + str(a.scope) + ')';
+      if (a.grant) t += ' ' + str(a.grant);
       if (a.comment) t += ' “' + str(a.comment) + '”';
-      detail.append(detail.childNodes.length ? ' · ' : '', el('span', { text: t }));
+      detail.append(detail.childNodes.length ? ' · ' : '', el('span', { class: 'approval', text: t }));
     }
     if (ev.would_deny) detail.append(detail.childNodes.length ? ' · ' : '', el('span', { text: 'would deny (monitor mode)' }));
     return el('li', null,
