@@ -16,6 +16,7 @@ import (
 	"github.com/elazarl/goproxy"
 	"github.com/rs/zerolog"
 
+	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
@@ -64,6 +65,8 @@ type Deps struct {
 	Log     zerolog.Logger
 	// Self lists the broker's own listeners and its Vault: never dialled for an agent.
 	Self []netip.AddrPort
+	// Approvals holds the requests a decision asks a person about; nil refuses them.
+	Approvals *approvals.Queue
 }
 
 // Limits of the agent-facing side.
@@ -92,6 +95,7 @@ type Broker struct {
 	log       zerolog.Logger
 	proxy     *goproxy.ProxyHttpServer
 	admission *admission
+	approvals *approvals.Queue
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -121,6 +125,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		audit:     deps.Audit,
 		metrics:   m,
 		log:       deps.Log,
+		approvals: deps.Approvals,
 		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
 	b.gen.Store(g)
@@ -178,6 +183,9 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	case <-ctx.Done():
 	}
 	b.log.Info().Msg("draining requests in flight")
+	if b.approvals != nil {
+		b.approvals.Interrupt() // held requests are answered now: a drain does not wait for a person
+	}
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	_ = srv.Shutdown(drainCtx) // stops accepting; waits for non-hijacked connections

@@ -90,6 +90,9 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 		Credentials: x.g.bindings.Matching(host),
 	}
 	d, err := b.policy.Decide(r.Context(), in)
+	if err == nil && d.Ask != nil {
+		d, err = b.ask(x, r, in, d, nil, &policyBody{}) // before any TLS
+	}
 	if err == nil && d.Allow && !d.Intercept && len(d.Credentials) > 0 {
 		d.Allow, d.Reason = false, "credentials cannot be injected into an opaque tunnel (intercept: false)"
 	}

@@ -56,7 +56,10 @@ func classify(err error) agentError {
 	var d denial
 	var br badRequest // path.go: a bad request whose reason the agent may read
 	var big bodyTooLarge
+	var ar approvalRefusal
 	switch {
+	case errors.As(err, &ar):
+		return agentError{ar.status, ar.code, ar.reason, ar.hint}
 	case errors.As(err, &big):
 		return agentError{http.StatusRequestEntityTooLarge, "body_too_large", big.Error(),
 			"Send a smaller body, or ask the operator to raise policy.max_body_bytes."}

@@ -89,7 +89,7 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 	ae := classify(err)
 	x.code = ae.code
 	switch {
-	case ae.code == "denied":
+	case ae.code == "denied" || refusedByApprover(ae.code):
 		x.ev.Decision = audit.Deny
 		x.ev.Reason = ae.reason
 	case isChallenge(r, err):

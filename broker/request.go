@@ -85,6 +85,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if body.err != nil {
 		return nil, body.err
 	}
+	if err == nil && d.Ask != nil {
+		d, err = b.ask(x, r, in, d, small, &body)
+	}
 	granted, err := b.authorize(x, in, d, err)
 	if err != nil {
 		return nil, err

@@ -104,6 +104,7 @@ type envOpts struct {
 	includeInput bool
 	inputLevel   string // audit.include_input when set, over includeInput (bodies_test.go)
 	proxy        string // extra proxy config keys
+	admin        string // extra admin config keys
 	// extraCredentials are appended to the credentials list; extraConfig to the file; env to
 	// the broker's environment.
 	extraCredentials, extraConfig string
@@ -163,6 +164,7 @@ audit: {include_input: %v}
 %s`, e.pki.caFile, agentID, o.extraCredentials, o.auditLevel(), o.extraConfig),
 		mode:  o.mode,
 		proxy: o.proxy,
+		admin: o.admin,
 		env:   append([]string{"CODER1_TOKEN=" + e.token, "CANARY_SECRET=" + e.canary}, o.env...),
 	})
 	t.Cleanup(e.assertNoCanaryLeaked)

@@ -151,6 +151,7 @@ type brokerOpts struct {
 	proxy  string            // extra proxy keys, e.g. "max_connections_per_agent: 2"
 	env    []string
 	listen string // proxy.listen; "" is 127.0.0.1:0
+	admin  string // extra admin keys, e.g. "token_env: ADMIN_TOKEN"
 	netns  string // run the broker in this network namespace (ip netns exec); "" is the test's own
 }
 
@@ -200,11 +201,14 @@ func startBroker(t *testing.T, o brokerOpts) *brokerProc {
 	if o.listen == "" {
 		o.listen = "127.0.0.1:0"
 	}
+	if o.admin != "" {
+		o.admin = ", " + o.admin
+	}
 	cfg := fmt.Sprintf(`proxy: {listen: %q%s}
-admin: {listen: "127.0.0.1:0"}
+admin: {listen: "127.0.0.1:0"%s}
 ca: {cert_file: %q, key_file: %q}
 policy: {dir: %q, mode: %s}
-`, o.listen, o.proxy, b.caFile, filepath.Join(dir, "ca", "ca.key"), b.policyDir, o.mode) + o.config
+`, o.listen, o.proxy, o.admin, b.caFile, filepath.Join(dir, "ca", "ca.key"), b.policyDir, o.mode) + o.config
 	cfgFile := filepath.Join(dir, "broker.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

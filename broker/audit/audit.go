@@ -5,6 +5,7 @@ package audit
 
 import (
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -47,6 +48,8 @@ type Event struct {
 	// the config the exchange was served with: it can change on reload).
 	Input      map[string]any
 	InputLevel Level
+	// Approval is how a held request (decision "ask") was decided, or nil.
+	Approval *Approval
 }
 
 // Logger writes events. Safe for concurrent use.
@@ -54,13 +57,16 @@ type Logger struct {
 	zl  zerolog.Logger
 	out *batchWriter
 	now func() time.Time
+	tap atomic.Pointer[Tap]
 }
 
 // New writes events to w, one JSON object per line. The lines are written by a goroutine of
 // the Logger's, in batches under load (see batchWriter); Close writes what is pending.
 func New(w io.Writer) *Logger {
 	out := newBatchWriter(w)
-	return &Logger{zl: zerolog.New(out).With().Timestamp().Logger(), out: out, now: time.Now}
+	l := &Logger{out: out, now: time.Now}
+	l.zl = zerolog.New(tapWriter{out, &l.tap}).With().Timestamp().Logger()
+	return l
 }
 
 // Close writes every event not yet written. Events written after Close are written at once.
@@ -96,6 +102,9 @@ func (l *Logger) Write(e *Event) {
 	}
 	if e.Error != "" {
 		ev = ev.Str("error", e.Error)
+	}
+	if e.Approval != nil {
+		ev = ev.Object("approval", e.Approval)
 	}
 	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
 		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))

@@ -22,6 +22,7 @@ type Config struct {
 	Agents      []Agent      `yaml:"agents"`
 	Vault       *Vault       `yaml:"vault"`
 	Credentials []Credential `yaml:"credentials"`
+	Approvals   Approvals    `yaml:"approvals"`
 }
 
 type Proxy struct {
@@ -38,7 +39,51 @@ type Proxy struct {
 
 type Admin struct {
 	Listen string `yaml:"listen"`
+	// TokenEnv or TokenFile holds the admin API's bearer token; TLS makes the listener
+	// mTLS. One of them is required when Listen is not a loopback address.
+	TokenEnv  string    `yaml:"token_env"`
+	TokenFile string    `yaml:"token_file"`
+	TLS       *AdminTLS `yaml:"tls"`
 }
+
+// AdminTLS serves the admin listener over TLS and requires a client certificate signed by
+// ClientCAFile (its common name is the person's name in audit events).
+type AdminTLS struct {
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
+}
+
+// Approvals holds requests the policy asks a person about (decision "ask").
+type Approvals struct {
+	// Timeout is how long a request is held when the decision names none (default 2m, at most 1h).
+	Timeout time.Duration `yaml:"timeout"`
+	// MaxPending bounds the requests held in total (default 100), MaxPendingPerAgent those of
+	// one agent (default 10); a request over either is refused (429 approval_queue_full).
+	MaxPending         int `yaml:"max_pending"`
+	MaxPendingPerAgent int `yaml:"max_pending_per_agent"`
+	// StateFile keeps the grants across restarts (default: capbroker-approvals.json next to
+	// the config file).
+	StateFile string `yaml:"state_file"`
+	// ConsoleURL is the console's public URL, for webhook links (default http://ADMIN/console/).
+	ConsoleURL string   `yaml:"console_url"`
+	Webhook    *Webhook `yaml:"webhook"`
+}
+
+// Webhook is POSTed a chat-style message for each request held for approval.
+type Webhook struct {
+	URL string `yaml:"url"`
+	// SecretEnv names the variable holding the HMAC-SHA256 key of the X-Capbroker-Signature header.
+	SecretEnv string `yaml:"secret_env"`
+}
+
+// Approvals defaults.
+const (
+	DefaultApprovalTimeout    = 2 * time.Minute
+	MaxApprovalTimeout        = time.Hour
+	DefaultMaxPending         = 100
+	DefaultMaxPendingPerAgent = 10
+)
 
 type CA struct {
 	CertFile string `yaml:"cert_file"`
@@ -234,6 +279,15 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Admin.Listen == "" {
 		c.Admin.Listen = "127.0.0.1:9090"
+	}
+	if c.Approvals.Timeout == 0 {
+		c.Approvals.Timeout = DefaultApprovalTimeout
+	}
+	if c.Approvals.MaxPending == 0 {
+		c.Approvals.MaxPending = DefaultMaxPending
+	}
+	if c.Approvals.MaxPendingPerAgent == 0 {
+		c.Approvals.MaxPendingPerAgent = DefaultMaxPendingPerAgent
 	}
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce

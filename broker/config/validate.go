@@ -80,6 +80,7 @@ func (c *Config) Validate() []error {
 	if c.Vault != nil {
 		c.Vault.validate(&e)
 	}
+	c.validateApprovals(&e)
 	return e
 }
 

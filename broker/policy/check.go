@@ -83,6 +83,7 @@ var decisionKeys = map[string]string{
 	"reason":      "a string",
 	"credentials": "an array of credential names (strings) or {name, scope} objects",
 	"intercept":   "a boolean",
+	"ask":         "an object {reason, timeout, scopes}",
 }
 
 // checkDecision checks every rule that defines data.broker.decision.
@@ -126,7 +127,7 @@ func checkDecision(c *ast.Compiler, where string) []error {
 				// decision.allow := ... builds the object one key at a time.
 				key, ok := hr[1].Value.(ast.String)
 				if !ok {
-					report(rule.Location, "must be one object; its keys must be the strings allow, reason, credentials, intercept")
+					report(rule.Location, "must be one object; its keys must be the strings allow, ask, reason, credentials, intercept")
 					continue
 				}
 				if kind, known := decisionKeys[string(key)]; known {
@@ -330,6 +331,9 @@ func fitsOne(key string, t types.Type) bool {
 		return ok
 	case "reason":
 		_, ok := t.(types.String)
+		return ok
+	case "ask":
+		_, ok := t.(*types.Object)
 		return ok
 	case "credentials":
 		switch x := t.(type) {

@@ -3,6 +3,7 @@ package policy
 import (
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/rego"
 )
@@ -21,7 +22,29 @@ type Decision struct {
 	Intercept bool
 	// Revision identifies the policy that decided.
 	Revision string
+	// Ask, when set, holds the request for a person to approve (CONTRACT §8): Allow is false,
+	// and Credentials are what an approval lets the request carry.
+	Ask *Ask
 }
+
+// Ask is a decision's "ask": hold the request until a person approves or denies it.
+type Ask struct {
+	Reason string
+	// Timeout is how long the request is held; 0 is the broker's approvals.timeout.
+	Timeout time.Duration
+	// Scopes are what an approval may cover: AskOnce, AskAgent, AskAlways (all by default).
+	Scopes []string
+}
+
+// Scopes of an approval.
+const (
+	AskOnce   = "once"
+	AskAgent  = "agent"
+	AskAlways = "always"
+)
+
+// MaxAskTimeout bounds how long a request may be held.
+const MaxAskTimeout = time.Hour
 
 // Reasons given when the policy's answer cannot be used. They are shown to the agent.
 const (
@@ -87,6 +110,23 @@ func parseDecision(v any, revision string) Decision {
 		}
 		d.Intercept = b
 	}
+	if a, ok := obj["ask"]; ok {
+		ask, err := parseAsk(a)
+		if err == "" && obj["allow"] == true {
+			err = "allow is true together with ask"
+		}
+		if err != "" {
+			return Decision{Reason: ReasonMalformed + ": " + err, Revision: revision}
+		}
+		if _, present := obj["allow"]; !present {
+			d.Ask = ask
+			if d.Reason == "" {
+				d.Reason = ask.Reason
+			}
+			return d
+		}
+		// allow: false with ask: the deny stands.
+	}
 	allow, ok := obj["allow"].(bool)
 	if !ok {
 		if _, present := obj["allow"]; present {
@@ -132,4 +172,54 @@ func parseGrant(x any) (name string, scope map[string]any, malformed string) {
 		return name, scope, ""
 	}
 	return "", nil, "credentials must be names or {name, scope} objects"
+}
+
+// parseAsk reads a decision's ask object: {reason, timeout, scopes}, each optional. It returns
+// why it is malformed, or "".
+func parseAsk(v any) (*Ask, string) {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, "ask is not an object"
+	}
+	a := &Ask{}
+	for k, x := range obj {
+		switch k {
+		case "reason":
+			s, ok := x.(string)
+			if !ok {
+				return nil, "ask.reason is not a string"
+			}
+			a.Reason = s
+		case "timeout":
+			s, ok := x.(string)
+			var err error
+			if ok {
+				a.Timeout, err = time.ParseDuration(s)
+			}
+			if !ok || err != nil || a.Timeout <= 0 {
+				return nil, "ask.timeout is not a positive duration such as \"2m\""
+			}
+			a.Timeout = min(a.Timeout, MaxAskTimeout)
+		case "scopes":
+			list, ok := x.([]any)
+			if !ok || len(list) == 0 {
+				return nil, "ask.scopes is not a non-empty list"
+			}
+			for _, s := range list {
+				name, _ := s.(string)
+				if name != AskOnce && name != AskAgent && name != AskAlways {
+					return nil, "ask.scopes may hold only \"once\", \"agent\" and \"always\""
+				}
+				if !slices.Contains(a.Scopes, name) {
+					a.Scopes = append(a.Scopes, name)
+				}
+			}
+		default:
+			return nil, "ask has an unknown key " + strconv.Quote(k)
+		}
+	}
+	if a.Scopes == nil {
+		a.Scopes = []string{AskOnce, AskAgent, AskAlways}
+	}
+	return a, ""
 }

@@ -15,15 +15,16 @@ const (
 // every granted credential must be one of input.credentials (the configured credentials
 // whose hosts match the request's host); credentials are only sent over https. It is what
 // `broker policy eval` prints and what `broker policy replay` compares, so that both show
-// what the broker would do, not only what the policy said.
+// what the broker would do, not only what the policy said. An ask is checked as the allow an
+// approval would make of it: a person is not asked about a request that would be refused.
 func Effective(input any, d Decision) Decision {
-	if !d.Allow {
+	if !d.Allow && d.Ask == nil {
 		return d
 	}
 	doc, _ := input.(map[string]any)
 	req, _ := doc["request"].(map[string]any)
 	deny := func(reason string) Decision {
-		d.Allow, d.Reason, d.Credentials, d.Scopes = false, reason, nil, nil
+		d.Allow, d.Reason, d.Credentials, d.Scopes, d.Ask = false, reason, nil, nil, nil
 		return d
 	}
 	if doc["phase"] == PhaseConnect {

@@ -29,6 +29,8 @@ Usage:
   broker agent-env --agent ID [--config FILE] [--proxy HOST:PORT] [--format sh|env]
                                                       print an agent shell's proxy, CA and SDK variables
   broker healthcheck [--admin ADDR] [--path /readyz] exit 0 when the broker's admin endpoint answers 200
+  broker approvals list|approve ID|deny ID|grants|revoke ID [--admin URL] [--token-env VAR]
+                                                      decide on requests held for approval
   broker version | --version
 `
 
@@ -54,6 +56,8 @@ func runCLI(args []string, stdout, stderr io.Writer) int {
 		err = cmdHealthcheck(rest, stdout, stderr)
 	case "agent-env":
 		err = cmdAgentEnv(rest, stdout, stderr)
+	case "approvals":
+		err = cmdApprovals(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		cmdVersion(stdout)
 	case "-h", "--help", "help":

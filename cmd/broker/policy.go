@@ -156,7 +156,14 @@ type evalOutput struct {
 	Reason         string   `json:"reason"`
 	Credentials    []string `json:"credentials"`
 	Intercept      bool     `json:"intercept"`
+	Ask            *evalAsk `json:"ask,omitempty"`
 	PolicyRevision string   `json:"policy_revision"`
+}
+
+type evalAsk struct {
+	Reason  string   `json:"reason"`
+	Timeout string   `json:"timeout,omitempty"`
+	Scopes  []string `json:"scopes"`
 }
 
 func cmdPolicyEval(args []string, stdout, stderr io.Writer) error {
@@ -225,6 +232,12 @@ func cmdPolicyEval(args []string, stdout, stderr io.Writer) error {
 	out := evalOutput{Allow: d.Allow, Reason: d.Reason, Credentials: d.Credentials, Intercept: d.Intercept, PolicyRevision: d.Revision}
 	if out.Credentials == nil {
 		out.Credentials = []string{}
+	}
+	if a := d.Ask; a != nil {
+		out.Ask = &evalAsk{Reason: a.Reason, Scopes: a.Scopes}
+		if a.Timeout > 0 {
+			out.Ask.Timeout = a.Timeout.String()
+		}
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -164,6 +165,16 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("proxy.listen: %w", err)
 	}
+	token, err := adminToken(cfg.Admin)
+	if err != nil {
+		proxyLn.Close()
+		return err
+	}
+	adminTLSConfig, err := adminTLS(cfg.Admin.TLS)
+	if err != nil {
+		proxyLn.Close()
+		return err
+	}
 	adminLn, err := net.Listen("tcp", cfg.Admin.Listen)
 	if err != nil {
 		proxyLn.Close()
@@ -171,10 +182,21 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	metrics := broker.NewMetrics(nil)
 	metrics.SetBuild(version, buildCommit())
+	approvalsPolicyDir := ""
+	if watch {
+		approvalsPolicyDir = cfg.Policy.Dir
+	}
+	ap, err := buildApprovals(ctx, cfg, o.configPath, approvalsPolicyDir, adminLn.Addr(), token, adminTLSConfig != nil, auditLog, metrics, log)
+	if err != nil {
+		proxyLn.Close()
+		adminLn.Close()
+		return err
+	}
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
-		Audit: auditLog,
-		Self:  append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...),
+		Audit:     auditLog,
+		Self:      append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...),
+		Approvals: ap.queue,
 	})
 	if err != nil {
 		proxyLn.Close()
@@ -182,7 +204,10 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	rl.b = b
-	admin := &http.Server{Handler: broker.AdminHandler(metrics, rl.ready, engine), ReadHeaderTimeout: 5 * time.Second}
+	if adminTLSConfig != nil {
+		adminLn = tls.NewListener(adminLn, adminTLSConfig)
+	}
+	admin := &http.Server{Handler: adminMux(broker.AdminHandler(metrics, rl.ready, engine), ap.api, engine), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = admin.Serve(adminLn) }()
 	defer admin.Close()
 

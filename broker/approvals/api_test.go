@@ -1,0 +1,194 @@
+package approvals
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+type apiClient struct {
+	t   *testing.T
+	srv *httptest.Server
+}
+
+func (c apiClient) do(method, path, body string, hdr map[string]string) (int, map[string]any, *http.Response) {
+	c.t.Helper()
+	req, _ := http.NewRequest(method, c.srv.URL+path, strings.NewReader(body))
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.srv.Client().Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	b, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(b, &out)
+	return resp.StatusCode, out, resp
+}
+
+func newAPI(t *testing.T, token string) (*fixture, apiClient) {
+	f := newFixture(t, Options{})
+	api := NewAPI(APIOptions{Queue: f.q, Token: token, Status: func() (string, map[string]any) {
+		return "rev-1", map[string]any{"status": "ready"}
+	}})
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	return f, apiClient{t, srv}
+}
+
+func TestAPITokenAuthAndCSRF(t *testing.T) {
+	f, c := newAPI(t, "s3cret-admin")
+	own := c.srv.URL
+	bearer := map[string]string{"Authorization": "Bearer s3cret-admin"}
+
+	if code, _, _ := c.do("GET", "/api/approvals", "", nil); code != 401 {
+		t.Fatalf("no auth: %d", code)
+	}
+	if code, _, _ := c.do("GET", "/api/approvals", "", map[string]string{"Authorization": "Bearer wrong"}); code != 401 {
+		t.Fatalf("wrong token: %d", code)
+	}
+	code, body, _ := c.do("GET", "/api/status", "", bearer)
+	if code != 200 || body["policy_revision"] != "rev-1" || body["user"] != "token" {
+		t.Fatalf("status: %d %v", code, body)
+	}
+
+	p, ch := hold(t, f.q, context.Background(), req("a1", "POST", "/x"))
+	// A bearer call needs no CSRF token, but a foreign Origin is refused all the same.
+	withOrigin := map[string]string{"Authorization": "Bearer s3cret-admin", "Origin": "https://evil.example"}
+	if code, body, _ := c.do("POST", "/api/approvals/"+p.ID+"/approve", `{}`, withOrigin); code != 403 || body["error"] != "csrf" {
+		t.Fatalf("foreign origin with bearer: %d %v", code, body)
+	}
+
+	// Browser login: a cookie and a CSRF token.
+	if code, _, _ := c.do("POST", "/api/login", `{"token":"nope"}`, map[string]string{"Origin": own}); code != 401 {
+		t.Fatalf("login with a wrong token: %d", code)
+	}
+	code, body, resp := c.do("POST", "/api/login", `{"token":"s3cret-admin"}`, map[string]string{"Origin": own})
+	if code != 200 || body["csrf"] == "" {
+		t.Fatalf("login: %d %v", code, body)
+	}
+	csrf := body["csrf"].(string)
+	var cookie *http.Cookie
+	for _, ck := range resp.Cookies() {
+		if ck.Name == SessionCookie {
+			cookie = ck
+		}
+	}
+	if cookie == nil || !cookie.HttpOnly || cookie.SameSite != http.SameSiteStrictMode || cookie.Path != "/" {
+		t.Fatalf("cookie: %+v", cookie)
+	}
+	ck := SessionCookie + "=" + cookie.Value
+	code, body, _ = c.do("GET", "/api/session", "", map[string]string{"Cookie": ck})
+	if code != 200 || body["csrf"] != csrf || body["user"] != "token" {
+		t.Fatalf("session: %d %v", code, body)
+	}
+	approve := "/api/approvals/" + p.ID + "/approve"
+	refused := map[string]map[string]string{
+		"no csrf token":   {"Cookie": ck, "Origin": own},
+		"wrong token":     {"Cookie": ck, "Origin": own, "X-CSRF-Token": "x" + csrf},
+		"foreign origin":  {"Cookie": ck, "Origin": "http://evil.example", "X-CSRF-Token": csrf},
+		"no origin":       {"Cookie": ck, "X-CSRF-Token": csrf},
+		"foreign referer": {"Cookie": ck, "Referer": "http://evil.example/page", "X-CSRF-Token": csrf},
+	}
+	for name, h := range refused {
+		if code, body, _ := c.do("POST", approve, `{"scope":"once"}`, h); code != 403 || body["error"] != "csrf" {
+			t.Errorf("%s: %d %v", name, code, body)
+		}
+	}
+	if len(f.q.Pending()) != 1 {
+		t.Fatal("a refused approval approved")
+	}
+	code, body, _ = c.do("POST", approve, `{"scope":"agent","duration":"10m","comment":"fine"}`,
+		map[string]string{"Cookie": ck, "Referer": own + "/console/", "X-CSRF-Token": csrf})
+	if code != 200 || body["grant"] == nil {
+		t.Fatalf("approve: %d %v", code, body)
+	}
+	if out := <-ch; out.State != StateApproved || out.By != "token" || out.Scope != ScopeAgent {
+		t.Fatalf("outcome: %+v", out)
+	}
+	gid := body["grant"].(map[string]any)["id"].(string)
+	code, body, _ = c.do("GET", "/api/grants", "", bearer)
+	if gs := body["grants"].([]any); code != 200 || len(gs) != 1 {
+		t.Fatalf("grants: %v", body)
+	}
+	if code, _, _ := c.do("DELETE", "/api/grants/"+gid, "", map[string]string{"Cookie": ck, "Origin": own}); code != 403 {
+		t.Fatalf("revoke without csrf: %d", code)
+	}
+	if code, _, _ := c.do("DELETE", "/api/grants/"+gid, "", map[string]string{"Cookie": ck, "Origin": own, "X-CSRF-Token": csrf}); code != 200 {
+		t.Fatalf("revoke: %d", code)
+	}
+	if code, body, _ := c.do("POST", approve, `{}`, bearer); code != 404 || body["error"] != "not_found" {
+		t.Fatalf("approve a decided request: %d %v", code, body)
+	}
+	// Logging out ends the session.
+	c.do("POST", "/api/logout", "", map[string]string{"Cookie": ck, "Origin": own, "X-CSRF-Token": csrf})
+	if code, _, _ := c.do("GET", "/api/session", "", map[string]string{"Cookie": ck}); code != 401 {
+		t.Fatalf("session after logout: %d", code)
+	}
+}
+
+func TestAPIWithoutAuthIsLoopbackAndCSRFBound(t *testing.T) {
+	f, c := newAPI(t, "")
+	p, ch := hold(t, f.q, context.Background(), req("a1", "POST", "/x"))
+	code, body, _ := c.do("GET", "/api/session", "", nil)
+	if code != 200 || body["user"] != "local" || body["csrf"] == "" {
+		t.Fatalf("session: %d %v", code, body)
+	}
+	csrf := body["csrf"].(string)
+	deny := "/api/approvals/" + p.ID + "/deny"
+	if code, _, _ := c.do("POST", deny, `{}`, nil); code != 403 {
+		t.Fatalf("without the csrf token: %d", code)
+	}
+	// A name rebound to 127.0.0.1 by another site's DNS is not served.
+	req, _ := http.NewRequest("GET", c.srv.URL+"/api/session", nil)
+	req.Host = "evil.example:80"
+	resp, err := c.srv.Client().Do(req)
+	if err != nil || resp.StatusCode != 403 {
+		t.Fatalf("rebound host: %v %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	if code, _, _ := c.do("POST", deny, `{"comment":"no"}`, map[string]string{"X-CSRF-Token": csrf}); code != 200 {
+		t.Fatalf("deny: %d", code)
+	}
+	if out := <-ch; out.State != StateDenied || out.By != "local" || out.Comment != "no" {
+		t.Fatalf("outcome %+v", out)
+	}
+}
+
+func TestAPIEventsStream(t *testing.T) {
+	f, c := newAPI(t, "tok")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", c.srv.URL+"/api/events", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := c.srv.Client().Do(req)
+	if err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("events: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if _, err := rd.ReadString('\n'); err != nil { // the opening comment: written once subscribed
+		t.Fatal(err)
+	}
+	f.q.Events.AuditTap([]byte(`{"request_id":"r9","msg":"decision"}` + "\n"))
+	var got []string
+	for len(got) < 2 {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, "event: ") || strings.HasPrefix(line, "data: ") {
+			got = append(got, strings.TrimSpace(line))
+		}
+	}
+	if got[0] != "event: decision" || got[1] != `data: {"request_id":"r9","msg":"decision"}` {
+		t.Fatalf("stream: %q", got)
+	}
+}

@@ -1,0 +1,347 @@
+// Package approvals holds the requests a policy decision asks a person about ("ask"), until
+// someone approves or denies them, their timeout passes, or their agent goes away; and keeps
+// the grants approvals make: "agent" grants in a state file, "always" grants as policy data
+// (approved.json in the policy directory, data.approved).
+//
+// Nothing here is on the path of a request the policy allows or denies outright: the broker
+// calls Match and Hold only for a decision that asks.
+package approvals
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/capbroker/capbroker/broker/audit"
+)
+
+// Scopes of an approval (CONTRACT §8; policy.AskOnce...).
+const (
+	ScopeOnce   = "once"
+	ScopeAgent  = "agent"
+	ScopeAlways = "always"
+)
+
+// States of a held request, in approval events and Outcome.State.
+const (
+	StatePending     = "pending"
+	StateApproved    = "approved"
+	StateDenied      = "denied"
+	StateTimeout     = "timeout"
+	StateWithdrawn   = "withdrawn"
+	StateInterrupted = "interrupted"
+)
+
+// Errors of the queue. The broker maps ErrQueueFull and ErrInterrupted to the agent's
+// response; the API maps the others to 4xx.
+var (
+	ErrQueueFull   = errors.New("approval queue full")
+	ErrInterrupted = errors.New("the broker is shutting down")
+	ErrNotFound    = errors.New("no such pending request or grant")
+	ErrScope       = errors.New("scope not offered")
+	ErrBadRequest  = errors.New("bad approval")
+)
+
+// DefaultGrantDuration is how long an "agent" grant lasts when the approval names no duration.
+const DefaultGrantDuration = 30 * time.Minute
+
+// MaxGrantDuration bounds an "agent" grant.
+const MaxGrantDuration = 30 * 24 * time.Hour
+
+// Request is a held request as people see it: no credential values, a scrubbed body preview.
+type Request struct {
+	ID        string            `json:"id"`
+	RequestID string            `json:"request_id"`
+	Agent     string            `json:"agent"`
+	SourceIP  string            `json:"source_ip"`
+	Phase     string            `json:"phase"`
+	Method    string            `json:"method"`
+	Scheme    string            `json:"scheme"`
+	Host      string            `json:"host"`
+	Port      int               `json:"port"`
+	Path      string            `json:"path"`
+	QueryKeys []string          `json:"query_keys"`
+	Headers   map[string]string `json:"headers"`
+	// BodyPreview is at most 2 KiB of the body, every known secret value scrubbed.
+	BodyPreview string    `json:"body_preview"`
+	BodySize    int64     `json:"body_size"`
+	Reason      string    `json:"reason"`
+	Created     time.Time `json:"created"`
+	Expires     time.Time `json:"expires"`
+	Scopes      []string  `json:"scopes"`
+	// Timeout is how long to hold the request; 0 is the queue's default. Not shown.
+	Timeout time.Duration `json:"-"`
+}
+
+// Approval is a person's approval of a held request.
+type Approval struct {
+	By    string
+	Scope string // once (default), agent, always
+	// Duration of an "agent" grant (default DefaultGrantDuration).
+	Duration time.Duration
+	// Method of the grant: "" is the held request's method, "*" any.
+	Method string
+	// PathPrefix of the grant: "" is the held request's path up to its last "/". It must
+	// cover the held request.
+	PathPrefix string
+	Comment    string
+}
+
+// Outcome is how a held request ended.
+type Outcome struct {
+	State   string
+	By      string
+	Scope   string
+	Comment string
+	Grant   *Grant
+}
+
+// Options configure a Queue.
+type Options struct {
+	Timeout                        time.Duration
+	MaxPending, MaxPendingPerAgent int
+	// StateFile keeps the "agent" grants; "" keeps them in memory only.
+	StateFile string
+	// PolicyDir is where approved.json is written; "" (a policy bundle) offers no "always".
+	PolicyDir string
+	Audit     *audit.Logger
+	Metrics   *Metrics
+	Log       zerolog.Logger
+	// Notify is told of each new pending request (the webhook); it must not block.
+	Notify func(Request)
+	Now    func() time.Time
+}
+
+type held struct {
+	req  Request
+	done chan Outcome // capacity 1: whoever removes the request from the map sends
+}
+
+// Queue is the pending requests and the grants. Safe for concurrent use.
+type Queue struct {
+	o      Options
+	Events *Hub
+
+	mu       sync.Mutex
+	pending  map[string]*held
+	perAgent map[string]int
+	closed   bool
+	grants   []Grant // "agent" grants; "always" ones live in approved.json
+	saveMu   sync.Mutex
+}
+
+// New builds a queue and loads the grants of its state file.
+func New(o Options) (*Queue, error) {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 2 * time.Minute
+	}
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics(nil)
+	}
+	q := &Queue{o: o, Events: NewHub(), pending: map[string]*held{}, perAgent: map[string]int{}}
+	if err := q.load(); err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// Metrics returns the queue's metrics.
+func (q *Queue) Metrics() *Metrics { return q.o.Metrics }
+
+// AlwaysAvailable reports whether "always" approvals can be written (a policy directory).
+func (q *Queue) AlwaysAvailable() bool { return q.o.PolicyDir != "" }
+
+func newID(prefix string) string {
+	var b [9]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// Hold queues req and waits until it is approved, denied, times out, ctx ends (its agent went
+// away: withdrawn) or the queue is interrupted. Over a bound it returns ErrQueueFull at once.
+func (q *Queue) Hold(ctx context.Context, req Request) (Outcome, error) {
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = q.o.Timeout
+	}
+	now := q.o.Now()
+	req.ID = newID("ap-")
+	req.Created, req.Expires = now.UTC(), now.Add(timeout).UTC()
+	if len(req.Scopes) == 0 {
+		req.Scopes = []string{ScopeOnce, ScopeAgent, ScopeAlways}
+	}
+	if !q.AlwaysAvailable() {
+		req.Scopes = slices.DeleteFunc(slices.Clone(req.Scopes), func(s string) bool { return s == ScopeAlways })
+	}
+	h := &held{req: req, done: make(chan Outcome, 1)}
+	q.mu.Lock()
+	switch {
+	case q.closed:
+		q.mu.Unlock()
+		return Outcome{State: StateInterrupted}, ErrInterrupted
+	case len(q.pending) >= q.o.MaxPending && q.o.MaxPending > 0:
+		q.mu.Unlock()
+		q.o.Metrics.total.WithLabelValues("queue_full").Inc()
+		return Outcome{}, fmt.Errorf("%w: %d requests are held for approval, the most the broker holds (approvals.max_pending)", ErrQueueFull, q.o.MaxPending)
+	case q.perAgent[req.Agent] >= q.o.MaxPendingPerAgent && q.o.MaxPendingPerAgent > 0:
+		q.mu.Unlock()
+		q.o.Metrics.total.WithLabelValues("queue_full").Inc()
+		return Outcome{}, fmt.Errorf("%w: agent %q has %d requests held for approval, the most it may (approvals.max_pending_per_agent)", ErrQueueFull, req.Agent, q.o.MaxPendingPerAgent)
+	}
+	q.pending[req.ID] = h
+	q.perAgent[req.Agent]++
+	q.mu.Unlock()
+	q.o.Metrics.pending.Inc()
+	q.Events.approval(req.ID, StatePending)
+	if q.o.Notify != nil {
+		q.o.Notify(req)
+	}
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case out := <-h.done:
+		return out, nil
+	case <-ctx.Done():
+		if q.remove(req.ID) {
+			q.end(h, Outcome{State: StateWithdrawn}, audit.ActionWithdrawn)
+			return Outcome{State: StateWithdrawn}, nil
+		}
+	case <-timer.C:
+		if q.remove(req.ID) {
+			q.end(h, Outcome{State: StateTimeout}, audit.ActionTimeout)
+			return Outcome{State: StateTimeout}, nil
+		}
+	}
+	return <-h.done, nil // resolved by someone else at the same moment
+}
+
+// remove takes a pending request out of the queue; false if it was gone already.
+func (q *Queue) remove(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.removeLocked(id) != nil
+}
+
+func (q *Queue) removeLocked(id string) *held {
+	h := q.pending[id]
+	if h == nil {
+		return nil
+	}
+	delete(q.pending, id)
+	if q.perAgent[h.req.Agent]--; q.perAgent[h.req.Agent] <= 0 {
+		delete(q.perAgent, h.req.Agent)
+	}
+	return h
+}
+
+// end records the end of a held request taken out of the queue: metrics, event, audit.
+func (q *Queue) end(h *held, out Outcome, action string) {
+	q.o.Metrics.pending.Dec()
+	q.o.Metrics.total.WithLabelValues(out.State).Inc()
+	q.Events.approval(h.req.ID, out.State)
+	q.audit(&audit.ApprovalEvent{Action: action, ID: h.req.ID, RequestID: h.req.RequestID, By: out.By, Scope: out.Scope,
+		Agent: h.req.Agent, Host: h.req.Host, Method: h.req.Method, Comment: out.Comment})
+}
+
+func (q *Queue) audit(e *audit.ApprovalEvent) {
+	if q.o.Audit != nil {
+		q.o.Audit.WriteApproval(e)
+	}
+}
+
+// Pending lists the held requests, oldest first.
+func (q *Queue) Pending() []Request {
+	q.mu.Lock()
+	out := make([]Request, 0, len(q.pending))
+	for _, h := range q.pending {
+		out = append(out, h.req)
+	}
+	q.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Created.Before(out[j].Created) || out[i].Created.Equal(out[j].Created) && out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// Approve lets a held request go on. With scope "agent" or "always" it also makes a grant,
+// which it returns.
+func (q *Queue) Approve(id string, a Approval) (*Grant, error) {
+	if a.Scope == "" {
+		a.Scope = ScopeOnce
+	}
+	q.mu.Lock()
+	h := q.pending[id]
+	if h == nil {
+		q.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if !slices.Contains(h.req.Scopes, a.Scope) {
+		q.mu.Unlock()
+		return nil, fmt.Errorf("%w: this request may be approved with scope %s, not %q", ErrScope, strings.Join(h.req.Scopes, ", "), a.Scope)
+	}
+	g, err := q.grantFor(h.req, a)
+	if err != nil {
+		q.mu.Unlock()
+		return nil, err
+	}
+	q.removeLocked(id)
+	q.mu.Unlock()
+	if g != nil {
+		if err := q.addGrant(*g); err != nil {
+			// The request is not approved: it goes back to waiting.
+			q.mu.Lock()
+			q.pending[id] = h
+			q.perAgent[h.req.Agent]++
+			q.mu.Unlock()
+			return nil, err
+		}
+	}
+	out := Outcome{State: StateApproved, By: a.By, Scope: a.Scope, Comment: a.Comment, Grant: g}
+	q.end(h, out, audit.ActionApprove)
+	h.done <- out
+	return g, nil
+}
+
+// Deny refuses a held request.
+func (q *Queue) Deny(id, by, comment string) error {
+	q.mu.Lock()
+	h := q.removeLocked(id)
+	q.mu.Unlock()
+	if h == nil {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	out := Outcome{State: StateDenied, By: by, Comment: comment}
+	q.end(h, out, audit.ActionDeny)
+	h.done <- out
+	return nil
+}
+
+// Interrupt ends every held request (each is answered 503 approval_interrupted) and refuses
+// new ones: the broker is stopping, and a drain must not wait for a person.
+func (q *Queue) Interrupt() {
+	q.mu.Lock()
+	q.closed = true
+	var all []*held
+	for id := range q.pending {
+		all = append(all, q.removeLocked(id))
+	}
+	q.mu.Unlock()
+	for _, h := range all {
+		out := Outcome{State: StateInterrupted}
+		q.end(h, out, audit.ActionInterrupted)
+		h.done <- out
+	}
+}

@@ -1,0 +1,108 @@
+package approvals
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// A receiver that fails twice, then accepts: the message arrives once it recovers, signed,
+// with a link to the console; the failures are counted.
+func TestWebhookRetriesUntilDelivered(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	var sigs []string
+	got := make(chan struct{}, 10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		bodies = append(bodies, string(b))
+		sigs = append(sigs, r.Header.Get("X-Capbroker-Signature"))
+		if len(bodies) <= 2 {
+			http.Error(w, "down", http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		got <- struct{}{}
+	}))
+	defer srv.Close()
+	m := NewMetrics(prometheus.NewRegistry())
+	hook := &Webhook{URL: srv.URL, Secret: []byte("hmac-key"), ConsoleURL: "http://127.0.0.1:9090/console/", Metrics: m, Backoff: time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hook.Start(ctx)
+	r := req("a1", "DELETE", "/v1/things/7")
+	r.ID, r.Expires = "ap-123", time.Now()
+	hook.Notify(r)
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("never delivered")
+	}
+	// Messages are sent one after the other: once the next one arrives, the first one's
+	// delivery has been counted.
+	hook.Notify(r)
+	<-got
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 4 {
+		t.Fatalf("%d attempts", len(bodies))
+	}
+	var msg map[string]any
+	if err := json.Unmarshal([]byte(bodies[2]), &msg); err != nil {
+		t.Fatal(err)
+	}
+	text, _ := msg["text"].(string)
+	if !strings.Contains(text, "http://127.0.0.1:9090/console/#approval-ap-123") || !strings.Contains(text, "DELETE https://api.example.com/v1/things/7") || !strings.Contains(text, "a1") {
+		t.Fatalf("text: %q", text)
+	}
+	if sigs[2] != Sign([]byte("hmac-key"), []byte(bodies[2])) || !strings.HasPrefix(sigs[2], "sha256=") {
+		t.Fatalf("signature %q", sigs[2])
+	}
+	for outcome, want := range map[string]float64{"retry": 2, "failed": 0} {
+		if got := value(m.webhooks.WithLabelValues(outcome)); got != want {
+			t.Errorf("%s: %v", outcome, got)
+		}
+	}
+	if got := value(m.webhooks.WithLabelValues("ok")); got < 1 { // the second message's may be counted too
+		t.Errorf("ok: %v", got)
+	}
+}
+
+func TestWebhookGivesUp(t *testing.T) {
+	attempts := make(chan struct{}, 10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		attempts <- struct{}{}
+		http.Error(w, "down", http.StatusInternalServerError)
+	}))
+	defer srv.Close()
+	m := NewMetrics(prometheus.NewRegistry())
+	hook := &Webhook{URL: srv.URL, Metrics: m, Attempts: 3, Backoff: time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hook.Start(ctx)
+	hook.Notify(req("a1", "GET", "/"))
+	hook.Notify(req("a1", "GET", "/2"))
+	for i := 0; i < 6; i++ {
+		<-attempts
+	}
+	// The second message's last attempt is counted once the third attempt returns; a third
+	// message is sent after it, in order.
+	hook.Notify(req("a1", "GET", "/3"))
+	<-attempts
+	if got := value(m.webhooks.WithLabelValues("failed")); got != 2 {
+		t.Fatalf("failed %v", got)
+	}
+	if got := value(m.webhooks.WithLabelValues("retry")); got < 4 { // the third message's may be counted too
+		t.Fatalf("retries %v", got)
+	}
+}

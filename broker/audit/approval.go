@@ -1,0 +1,113 @@
+package audit
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Approval is how a held request was decided, in its decision event ("approval"), and the
+// object of an approval event.
+type Approval struct {
+	// ID is the held request's (or, for a grant's events, the grant's) id.
+	ID string
+	// Outcome is approved, denied, timeout, withdrawn, interrupted, or granted (an existing
+	// grant answered the ask).
+	Outcome string
+	By      string
+	Scope   string
+	Comment string
+	// Grant is the id of the grant that answered the ask, or that the approval made.
+	Grant string
+}
+
+// MarshalZerologObject writes the approval's fields.
+func (a *Approval) MarshalZerologObject(e *zerolog.Event) {
+	e.Str("id", a.ID).Str("outcome", a.Outcome).Str("by", a.By).Str("scope", a.Scope)
+	if a.Comment != "" {
+		e.Str("comment", a.Comment)
+	}
+	if a.Grant != "" {
+		e.Str("grant", a.Grant)
+	}
+}
+
+// Approval actions (ApprovalEvent.Action).
+const (
+	ActionApprove   = "approve"
+	ActionDeny      = "deny"
+	ActionTimeout   = "timeout"
+	ActionWithdrawn = "withdrawn"
+	ActionGrant     = "grant"
+	ActionRevoke    = "revoke"
+	// ActionInterrupted: the broker stopped while the request was held.
+	ActionInterrupted = "interrupted"
+)
+
+// ApprovalEvent is a person's (or the clock's) action on a held request or a grant: an event
+// of its own ("msg": "approval"), beside the held request's decision event.
+type ApprovalEvent struct {
+	Action     string
+	ID         string // the held request's id, or the grant's for grant and revoke
+	RequestID  string // the held request's request_id, when there is one
+	By         string
+	Scope      string
+	Agent      string
+	Host       string
+	Method     string
+	PathPrefix string
+	Expires    time.Time
+	Comment    string
+}
+
+// WriteApproval records an approval action.
+func (l *Logger) WriteApproval(a *ApprovalEvent) {
+	ev := l.zl.Info().
+		Str("action", a.Action).
+		Str("id", a.ID).
+		Str("by", a.By).
+		Str("scope", a.Scope).
+		Str("agent", a.Agent).
+		Str("host", a.Host).
+		Str("method", a.Method).
+		Str("path_prefix", a.PathPrefix).
+		Str("comment", a.Comment)
+	if a.RequestID != "" {
+		ev = ev.Str("request_id", a.RequestID)
+	}
+	if !a.Expires.IsZero() {
+		ev = ev.Time("expires", a.Expires.UTC())
+	}
+	ev.Str("msg", "approval").Send()
+}
+
+// Tap is given every line the Logger writes (a decision or an approval event, one JSON
+// object with its newline) before it is queued. It must not keep line, nor block.
+type Tap func(line []byte)
+
+// SetTap sets the function every event line is given (nil for none). With none, writing an
+// event costs one atomic load more.
+func (l *Logger) SetTap(t Tap) {
+	if t == nil {
+		l.tap.Store(nil)
+		return
+	}
+	l.tap.Store(&t)
+}
+
+type tapWriter struct {
+	w   *batchWriter
+	tap *atomic.Pointer[Tap]
+}
+
+func (t tapWriter) Write(p []byte) (int, error) {
+	if f := t.tap.Load(); f != nil {
+		(*f)(p)
+	}
+	return t.w.Write(p)
+}
+
+// CredentialHeader reports whether a header name looks like one that carries a credential
+// (the words the audit log drops headers by).
+func CredentialHeader(name string) bool { return credentialHeader(name) }
