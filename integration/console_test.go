@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -151,11 +152,19 @@ func api(t *testing.T, b consoleBackend, method, path string, body any) (int, ma
 func pendingID(t *testing.T, b consoleBackend, path string) string {
 	t.Helper()
 	var id string
+	var seen []any
+	defer func() {
+		if id == "" {
+			t.Logf("pending approvals seen: %v", seen)
+		}
+	}()
 	eventually(t, "a pending approval for "+path, func() bool {
 		_, r := api(t, b, "GET", "/api/approvals", nil)
 		list, _ := r["pending"].([]any)
+		seen = list
 		for _, p := range list {
-			if m, _ := p.(map[string]any); m != nil && m["path"] == path {
+			// The broker reports the normalised path: "<" and ">" percent-encoded.
+			if m, _ := p.(map[string]any); m != nil && (m["path"] == path || m["path"] == angles.Replace(path)) {
 				id, _ = m["id"].(string)
 				return true
 			}
@@ -164,6 +173,8 @@ func pendingID(t *testing.T, b consoleBackend, path string) string {
 	})
 	return id
 }
+
+var angles = strings.NewReplacer("<", "%3C", ">", "%3E")
 
 func grants(t *testing.T, b consoleBackend) []map[string]any {
 	t.Helper()
@@ -427,8 +438,13 @@ fetch(t, {method: "POST", mode: "no-cors", credentials: "include", headers: {"Co
 	})
 
 	t.Run("status", func(t *testing.T) {
-		waitJS(t, ctx, "readiness", `document.getElementById('ready').textContent === 'ready'`)
 		_, st := api(t, b, "GET", "/api/status", nil)
+		ready, _ := st["ready"].(map[string]any)
+		want, _ := ready["status"].(string)
+		if want == "" {
+			t.Fatalf("status without readiness: %v", st)
+		}
+		waitJS(t, ctx, "readiness "+want, `document.getElementById('ready').textContent === '`+want+`'`)
 		rev, _ := st["policy_revision"].(string)
 		if got := eval[string](t, ctx, `document.getElementById('revision').textContent`); rev == "" || !strings.Contains(got, rev) {
 			t.Errorf("revision shown as %q, API says %q", got, rev)
@@ -451,8 +467,8 @@ fetch(t, {method: "POST", mode: "no-cors", credentials: "include", headers: {"Co
 }
 
 // screenshots shows the console with pending approvals and live decisions at desktop and
-// phone widths; with CAPBROKER_SCREENSHOTS=1 it writes docs/console-{desktop,phone}.png.
-func screenshots(t *testing.T, ctx context.Context, b consoleBackend) {
+// phone widths; with write and CAPBROKER_SCREENSHOTS=1 it writes docs/console-{desktop,phone}.png.
+func screenshots(t *testing.T, ctx context.Context, b consoleBackend, write bool) {
 	t.Run("screenshots", func(t *testing.T) {
 		for i := range 6 {
 			recv(t, b.request(t, "GET", fmt.Sprintf("/open/repos/acme/app/pulls/%d", i+1), nil, ""))
@@ -489,7 +505,7 @@ func screenshots(t *testing.T, ctx context.Context, b consoleBackend) {
 			if err != nil || img.Bounds().Dx() != int(shot.width) {
 				t.Fatalf("%s screenshot: %v, %v", shot.name, err, img.Bounds())
 			}
-			if os.Getenv("CAPBROKER_SCREENSHOTS") == "1" && shot.name != "narrow" {
+			if write && os.Getenv("CAPBROKER_SCREENSHOTS") == "1" && shot.name != "narrow" {
 				out := filepath.Join("..", "docs", "console-"+shot.name+".png")
 				if err := os.WriteFile(out, buf, 0o644); err != nil {
 					t.Fatal(err)
@@ -534,5 +550,84 @@ func TestConsoleWithFakeAPI(t *testing.T) {
 			t.Errorf("oldest row shown: %q, want /flood/%d", last, n-500)
 		}
 	})
-	screenshots(t, ctx, b)
+	screenshots(t, ctx, b, false)
+}
+
+// consolePolicy asks a person about everything under /held/ (/held/short/ with a 3s
+// timeout), allows /open/, refuses the rest.
+const consolePolicy = `package broker
+
+default decision := {"allow": false, "reason": "not allowed by the test policy"}
+
+decision := {"allow": true, "intercept": true} if {
+	input.phase == "connect"
+	input.request.host == "127.0.0.1"
+}
+
+decision := {"allow": true, "credentials": ["canary"]} if {
+	input.phase == "request"
+	startswith(input.request.path, "/open/")
+}
+
+# The reason repeats the path as the agent sent it (raw_path, not normalised): agent text.
+decision := {"ask": {"reason": sprintf("%s %s changes things: a person decides", [input.request.method, input.request.raw_path]), "timeout": "2m"}, "credentials": ["canary"]} if {
+	input.phase == "request"
+	startswith(input.request.path, "/held/")
+	not startswith(input.request.path, "/held/short/")
+}
+
+decision := {"ask": {"reason": "a short question", "timeout": "3s"}} if {
+	input.phase == "request"
+	startswith(input.request.path, "/held/short/")
+}
+`
+
+// brokerBackend is the real broker: an admin token, the policy above, and curl as the agent.
+type brokerBackend struct {
+	e     *env
+	token string
+}
+
+func newBrokerBackend(t *testing.T) brokerBackend {
+	t.Helper()
+	token := randHex(16)
+	e := newEnv(t, envOpts{policy: consolePolicy, admin: "token_env: CAPBROKER_ADMIN_TOKEN",
+		env: []string{"CAPBROKER_ADMIN_TOKEN=" + token}})
+	return brokerBackend{e: e, token: token}
+}
+
+func (b brokerBackend) adminURL() string   { return "http://" + b.e.broker.adminAddr }
+func (b brokerBackend) adminToken() string { return b.token }
+
+// request runs curl through the broker as the agent; its answer arrives on the channel.
+func (b brokerBackend) request(t *testing.T, method, path string, headers map[string]string, body string) <-chan agentResult {
+	args := []string{"-g", "--path-as-is", "-o", "-", "-w", "\n%{http_code}", "-X", method}
+	for k, v := range headers {
+		args = append(args, "-H", k+": "+v)
+	}
+	if body != "" {
+		args = append(args, "--data-binary", body)
+	}
+	args = append(args, b.e.url(path))
+	out := make(chan agentResult, 1)
+	go func() {
+		text, err := b.e.curl(args...)
+		text = strings.TrimRight(text, "\n")
+		i := strings.LastIndexByte(text, '\n')
+		code, cerr := strconv.Atoi(text[i+1:])
+		if err != nil || cerr != nil {
+			out <- agentResult{err: fmt.Errorf("curl %s: %v %v: %s", path, err, cerr, text)}
+			return
+		}
+		out <- agentResult{status: code, body: text[:max(i, 0)]}
+	}()
+	return out
+}
+
+// TestConsole drives the console on the real broker: a person's clicks decide what curl,
+// as the agent, gets back.
+func TestConsole(t *testing.T) {
+	b := newBrokerBackend(t)
+	ctx := runConsoleTests(t, b)
+	screenshots(t, ctx, b, true)
 }

@@ -159,7 +159,7 @@
   function start() {
     $('login').hidden = true;
     $('app').hidden = false;
-    $('user').textContent = state.user ? 'signed in as ' + state.user : '';
+    $('user').textContent = signedIn(state.user);
     // A session from signing in can be ended; loopback-only (local) and client certificates cannot.
     $('logout').hidden = !state.csrf || state.user === 'local' || !state.user;
     if (state.started) return;
@@ -168,6 +168,12 @@
     loadStatus();
     loadApprovals();
     loadGrants();
+  }
+
+  // signedIn names who is deciding: the API calls a bearer-token session "token".
+  function signedIn(user) {
+    if (!user) return '';
+    return user === 'token' ? 'signed in with the admin token' : 'signed in as ' + user;
   }
 
   // ---- status -------------------------------------------------------------------------
@@ -194,7 +200,7 @@
     const rev = str(s.policy_revision);
     $('revision').textContent = rev ? 'policy ' + rev : 'no policy';
     $('revision').title = 'Policy revision: ' + (rev || 'none loaded');
-    if (s.user) $('user').textContent = 'signed in as ' + str(s.user);
+    if (s.user) $('user').textContent = signedIn(str(s.user));
     const dl = $('ready-details');
     dl.replaceChildren();
     const add = (k, v) => dl.append(el('dt', { text: k }), el('dd', { text: v }));
@@ -616,12 +622,8 @@
   function row(ev) {
     const out = outcomeOf(ev);
     const status = ev.status ? ' ' + ev.status : '';
-    let req;
-    if (str(ev.phase) === 'connect') {
-      req = 'CONNECT ' + str(ev.host) + (ev.port ? ':' + ev.port : '');
-    } else {
-      req = str(ev.method) + ' ' + str(ev.host) + str(ev.path);
-    }
+    const connect = str(ev.phase) === 'connect';
+    const req = (connect ? 'CONNECT' : str(ev.method)) + ' ' + target(ev);
     const detail = el('div', { class: 'detail' });
     if (ev.reason) detail.append(el('span', { text: str(ev.reason) }));
     const creds = Array.isArray(ev.credentials) ? ev.credentials.map(str).filter(Boolean) : [];
@@ -640,7 +642,7 @@
       detail.append(detail.childNodes.length ? ' · ' : '', el('span', { class: 'approval', text: t }));
     }
     if (ev.would_deny) detail.append(detail.childNodes.length ? ' · ' : '', el('span', { text: 'would deny (monitor mode)' }));
-    return el('li', null,
+    return el('li', { class: connect ? 'connect' : '' },
       el('span', { class: 't', text: clock(ev.time) }),
       el('span', { class: 'o ' + out, text: out + status }),
       el('span', { class: 'req mono' }, el('span', { class: 'who', text: str(ev.agent) + ' ' }), req),
