@@ -7,35 +7,28 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/capbroker/capbroker/broker/console"
 )
 
-// fakeAdmin is a small stand-in for the broker's admin API (/work/wt/I21-API.md), with the
-// console mounted: the browser tests of what the console does on its own (a flood of
-// decisions, a dropped notice) run against it, where the real broker cannot be made to
-// produce them on cue. It keeps to the API's names, auth and CSRF rules.
+// fakeAdmin is a small stand-in for the broker's admin API (docs/approvals.md) with the
+// console mounted, sending the events a test asks for: a flood of decisions faster than any
+// agent makes them, a "dropped" notice, neither of which the real broker produces on cue.
+// It keeps to the API's names, and to its auth and CSRF rules.
 type fakeAdmin struct {
 	srv   *httptest.Server
 	token string
 
 	mu       sync.Mutex
 	sessions map[string]string // cookie value -> csrf token
-	pending  map[string]map[string]any
-	answers  map[string]chan agentResult // pending id -> the held agent's answer
-	grants   map[string]map[string]any
 	subs     map[chan string]struct{}
-	seq      int
 }
 
 func newFakeAdmin(t *testing.T) *fakeAdmin {
 	t.Helper()
-	f := &fakeAdmin{token: randHex(16), sessions: map[string]string{}, pending: map[string]map[string]any{},
-		answers: map[string]chan agentResult{}, grants: map[string]map[string]any{}, subs: map[chan string]struct{}{}}
+	f := &fakeAdmin{token: randHex(16), sessions: map[string]string{}, subs: map[chan string]struct{}{}}
 	mux := http.NewServeMux()
 	mux.Handle("/console", console.Handler())
 	mux.Handle("/console/", console.Handler())
@@ -56,79 +49,10 @@ func newFakeAdmin(t *testing.T) *fakeAdmin {
 			"ready": map[string]any{"status": "ready", "credentials_ready": []string{"canary"}}})
 	}))
 	mux.HandleFunc("GET /api/approvals", f.auth(func(w http.ResponseWriter, r *http.Request, _ string) {
-		f.mu.Lock()
-		list := []map[string]any{}
-		for _, p := range f.pending {
-			list = append(list, p)
-		}
-		f.mu.Unlock()
-		writeJSONFake(w, 200, map[string]any{"pending": list})
+		writeJSONFake(w, 200, map[string]any{"pending": []any{}})
 	}))
 	mux.HandleFunc("GET /api/grants", f.auth(func(w http.ResponseWriter, r *http.Request, _ string) {
-		f.mu.Lock()
-		list := []map[string]any{}
-		for _, g := range f.grants {
-			list = append(list, g)
-		}
-		f.mu.Unlock()
-		writeJSONFake(w, 200, map[string]any{"grants": list})
-	}))
-	mux.HandleFunc("DELETE /api/grants/{id}", f.auth(func(w http.ResponseWriter, r *http.Request, _ string) {
-		f.mu.Lock()
-		_, ok := f.grants[r.PathValue("id")]
-		delete(f.grants, r.PathValue("id"))
-		f.mu.Unlock()
-		if !ok {
-			writeJSONFake(w, 404, map[string]any{"error": "not_found", "reason": "no such grant"})
-			return
-		}
-		f.send("grant", map[string]any{"id": r.PathValue("id"), "state": "revoked"})
-		writeJSONFake(w, 200, map[string]any{})
-	}))
-	mux.HandleFunc("POST /api/approvals/{id}/{action}", f.auth(func(w http.ResponseWriter, r *http.Request, user string) {
-		var body struct {
-			Scope, Duration, Method, Comment string
-			PathPrefix                       string `json:"path_prefix"`
-		}
-		_ = json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&body)
-		id, action := r.PathValue("id"), r.PathValue("action")
-		f.mu.Lock()
-		p, ok := f.pending[id]
-		answer := f.answers[id]
-		delete(f.pending, id)
-		delete(f.answers, id)
-		var grant map[string]any
-		if ok && action == "approve" && body.Scope != "once" {
-			d, _ := time.ParseDuration(body.Duration)
-			switch body.Method {
-			case "":
-				body.Method = p["method"].(string)
-			case "*":
-				body.Method = ""
-			}
-			f.seq++
-			grant = map[string]any{"id": fmt.Sprintf("gr-%d", f.seq), "agent": p["agent"], "method": body.Method,
-				"host": p["host"], "path_prefix": body.PathPrefix, "expires": time.Now().Add(d).UTC().Format(time.RFC3339),
-				"created_by": "admin", "comment": body.Comment, "kind": body.Scope}
-			f.grants[grant["id"].(string)] = grant
-		}
-		f.mu.Unlock()
-		if !ok || (action != "approve" && action != "deny") {
-			writeJSONFake(w, 404, map[string]any{"error": "not_found", "reason": "no such pending approval"})
-			return
-		}
-		if answer != nil {
-			if action == "approve" {
-				answer <- agentResult{status: 200, body: "path=" + p["path"].(string)}
-			} else {
-				answer <- agentResult{status: 403, body: `{"error":"denied_by_approver","reason":"denied by admin: ` + body.Comment + `"}`}
-			}
-		}
-		f.send("approval", map[string]any{"id": id, "state": action + "d"})
-		if grant != nil {
-			f.send("grant", map[string]any{"id": grant["id"], "state": "added"})
-		}
-		writeJSONFake(w, 200, map[string]any{"grant": grant})
+		writeJSONFake(w, 200, map[string]any{"grants": []any{}})
 	}))
 	mux.HandleFunc("GET /api/events", f.auth(f.events))
 	f.srv = httptest.NewServer(mux)
@@ -235,90 +159,4 @@ func (f *fakeAdmin) send(event string, data any) {
 	for _, ch := range subs {
 		ch <- msg
 	}
-}
-
-func (f *fakeAdmin) subscribers() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.subs)
-}
-
-// hold adds a pending approval as the broker would show it.
-func (f *fakeAdmin) hold(agent, method, path string, headers map[string]string, body string) string {
-	f.mu.Lock()
-	f.seq++
-	id := fmt.Sprintf("ap-%d", f.seq)
-	now := time.Now().UTC()
-	f.pending[id] = map[string]any{"id": id, "agent": agent, "source_ip": "127.0.0.1", "phase": "request",
-		"method": method, "scheme": "https", "host": "api.example.test", "port": 443, "path": path,
-		"query_keys": []string{}, "headers": headers, "body_preview": body, "body_size": len(body),
-		"reason":  "the policy asks a person for " + method + " " + strings.SplitN(path, "?", 2)[0],
-		"created": now.Format(time.RFC3339), "expires": now.Add(2 * time.Minute).Format(time.RFC3339),
-		"scopes": []string{"once", "agent", "always"}}
-	f.mu.Unlock()
-	f.send("approval", map[string]any{"id": id, "state": "pending"})
-	return id
-}
-
-// request is the agent's request through the fake "broker": a path under /held/ is held
-// until approved, denied or timed out (timeout), unless a grant covers it; the rest is
-// allowed. Each answer is also a decision event.
-func (f *fakeAdmin) request(method, path string, headers map[string]string, body string, timeout time.Duration) <-chan agentResult {
-	out := make(chan agentResult, 1)
-	decide := func(r agentResult, decision, reason string, approval map[string]any) {
-		ev := map[string]any{"time": time.Now().UTC().Format(time.RFC3339), "msg": "decision", "agent": agentID,
-			"phase": "request", "method": method, "scheme": "https", "host": "api.example.test", "port": 443,
-			"path": path, "decision": decision, "reason": reason, "credentials": []string{"canary"}, "status": r.status}
-		if approval != nil {
-			ev["approval"] = approval
-		}
-		f.send("decision", ev)
-		out <- r
-	}
-	if strings.HasPrefix(path, "/denied/") {
-		decide(agentResult{status: 403, body: `{"error":"denied"}`}, "deny", "not allowed by the test policy", nil)
-		return out
-	}
-	if !strings.HasPrefix(path, "/held/") {
-		decide(agentResult{status: 200, body: "path=" + path}, "allow", "", nil)
-		return out
-	}
-	f.mu.Lock()
-	for _, g := range f.grants {
-		if g["agent"] == agentID && (g["method"] == "" || g["method"] == method) && strings.HasPrefix(path, g["path_prefix"].(string)) {
-			f.mu.Unlock()
-			decide(agentResult{status: 200, body: "path=" + path}, "allow", "", map[string]any{"outcome": "granted", "by": g["created_by"], "grant": g["id"]})
-			return out
-		}
-	}
-	f.mu.Unlock()
-	id := f.hold(agentID, method, path, headers, body)
-	answer := make(chan agentResult, 1)
-	f.mu.Lock()
-	f.answers[id] = answer
-	f.pending[id]["expires"] = time.Now().Add(timeout).UTC().Format(time.RFC3339)
-	f.mu.Unlock()
-	go func() {
-		select {
-		case r := <-answer:
-			decision, outcome := "allow", "approved"
-			if r.status != 200 {
-				decision, outcome = "deny", "denied"
-			}
-			decide(r, decision, "asked a person", map[string]any{"id": id, "outcome": outcome, "by": "admin", "scope": "once"})
-		case <-time.After(timeout):
-			f.mu.Lock()
-			_, still := f.pending[id]
-			delete(f.pending, id)
-			delete(f.answers, id)
-			f.mu.Unlock()
-			if !still { // answered just now
-				decide(<-answer, "allow", "asked a person", map[string]any{"id": id, "outcome": "approved", "by": "admin", "scope": "once"})
-				return
-			}
-			f.send("approval", map[string]any{"id": id, "state": "timeout"})
-			decide(agentResult{status: 403, body: `{"error":"approval_timeout","reason":"nobody decided in time"}`}, "deny", "approval_timeout", map[string]any{"id": id, "outcome": "timeout"})
-		}
-	}()
-	return out
 }
