@@ -240,6 +240,23 @@ func runConsoleTests(t *testing.T, b consoleBackend) context.Context {
 		do(t, ctx, chromedp.WaitNotPresent(chromedp.CSS(card(id))))
 	})
 
+	t.Run("a webhook's link brings its card into view", func(t *testing.T) {
+		res := b.request(t, "GET", "/held/linked/one", nil, "")
+		id := pendingID(t, b, "/held/linked/one")
+		// A fresh load, as a chat message's link opens it: the session cookie signs it in.
+		do(t, ctx, chromedp.Navigate(b.adminURL()+"/console/?from=chat#approval-"+id),
+			chromedp.WaitVisible(chromedp.CSS(card(id)+".linked")))
+		if got := eval[string](t, ctx, `document.activeElement.closest('article') ? document.activeElement.closest('article').dataset.id : ''`); got != id {
+			t.Errorf("focus is in card %q, want %q", got, id)
+		}
+		do(t, ctx, chromedp.Click(chromedp.CSS(card(id)+" button.approve")))
+		if r := recv(t, res); r.status != 200 {
+			t.Errorf("approved request: status %d", r.status)
+		}
+		do(t, ctx, chromedp.WaitNotPresent(chromedp.CSS(card(id))))
+		waitJS(t, ctx, "the live stream", `document.getElementById('stream').textContent === 'live'`)
+	})
+
 	t.Run("deny with a comment", func(t *testing.T) {
 		res := b.request(t, "GET", "/held/deny/one", nil, "")
 		id := pendingID(t, b, "/held/deny/one")

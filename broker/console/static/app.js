@@ -18,6 +18,7 @@
     started: false,
     skew: 0,                   // server clock minus ours, ms (from the Date header)
     pending: new Map(),        // id -> {p, card, expiresEl, approve}
+    focused: '',               // the #approval-ID already brought into view
     resolved: new Set(),       // ids answered from this page: a list fetched before is stale
     approvalsSeq: 0,
     rows: [],                  // newest last; {ev, outcome}
@@ -261,6 +262,20 @@
     }
     updatePendingCount();
     tick();
+    focusLinked();
+  }
+
+  // focusLinked brings the card a link names (#approval-ID, as the webhook's message links)
+  // into view, once.
+  function focusLinked() {
+    const h = decodeURIComponent(location.hash.slice(1));
+    if (!h.startsWith('approval-') || state.focused === h) return;
+    const entry = state.pending.get(h.slice('approval-'.length));
+    if (!entry) return;
+    state.focused = h;
+    entry.card.classList.add('linked');
+    entry.card.scrollIntoView({ block: 'start' });
+    entry.approve.focus({ preventScroll: true });
   }
 
   function updatePendingCount() {
@@ -669,6 +684,7 @@
       $('dropped').hidden = true;
       redraw();
     });
+    window.addEventListener('hashchange', focusLinked);
     setInterval(tick, 1000);
     setInterval(() => { loadApprovals(); loadGrants(); }, REFRESH_MS);
     setInterval(loadStatus, STATUS_MS);
