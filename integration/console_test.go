@@ -34,15 +34,6 @@ type agentResult struct {
 	err    error
 }
 
-// consoleBackend is an admin API with the console mounted, and an agent whose requests it
-// decides: paths under /held/ ask a person (/held/short/ with a 3s timeout, the rest 2m),
-// everything else is allowed.
-type consoleBackend interface {
-	adminURL() string
-	adminToken() string
-	request(t *testing.T, method, path string, headers map[string]string, body string) <-chan agentResult
-}
-
 // chromiumPath finds Debian's Chromium (scripts/install-test-tools.sh installs it).
 func chromiumPath(t *testing.T) string {
 	t.Helper()
@@ -116,7 +107,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // api calls the admin API with the bearer token, as the CLI does.
-func api(t *testing.T, b consoleBackend, method, path string, body any) (int, map[string]any) {
+func api(t *testing.T, b brokerBackend, method, path string, body any) (int, map[string]any) {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -137,7 +128,7 @@ func api(t *testing.T, b consoleBackend, method, path string, body any) (int, ma
 }
 
 // pendingID waits for the pending approval of the request with this path, and returns its id.
-func pendingID(t *testing.T, b consoleBackend, path string) string {
+func pendingID(t *testing.T, b brokerBackend, path string) string {
 	t.Helper()
 	var id string
 	var seen []any
@@ -164,7 +155,7 @@ func pendingID(t *testing.T, b consoleBackend, path string) string {
 
 var angles = strings.NewReplacer("<", "%3C", ">", "%3E")
 
-func grants(t *testing.T, b consoleBackend) []map[string]any {
+func grants(t *testing.T, b brokerBackend) []map[string]any {
 	t.Helper()
 	_, r := api(t, b, "GET", "/api/grants", nil)
 	list, _ := r["grants"].([]any)
@@ -221,7 +212,7 @@ func login(t *testing.T, ctx context.Context, adminURL, token string) {
 
 // runConsoleTests drives the console against b, in one browser, in order: each step leaves
 // the page as the next expects.
-func runConsoleTests(t *testing.T, b consoleBackend) context.Context {
+func runConsoleTests(t *testing.T, b brokerBackend) context.Context {
 	ctx := newBrowser(t)
 	login(t, ctx, b.adminURL(), b.adminToken())
 
@@ -324,6 +315,45 @@ func runConsoleTests(t *testing.T, b consoleBackend) context.Context {
 		}
 	})
 
+	t.Run("always becomes policy data, shown as a grant and revocable", func(t *testing.T) {
+		res := b.request(t, "PUT", "/held/always/a", nil, "x")
+		id := pendingID(t, b, "/held/always/a")
+		c := card(id)
+		mark := b.e.broker.logs.mark()
+		do(t, ctx, chromedp.WaitVisible(chromedp.CSS(c)),
+			chromedp.Click(chromedp.CSS(c+` input[value="always"]`)),
+			chromedp.WaitVisible(chromedp.CSS(c+" .always-note")),
+			// (chromedp's SetValue refuses an empty value.)
+			chromedp.Evaluate[chromedp.Void](`document.querySelector('`+c+` input.method').value = ''`),
+			chromedp.SetValue(chromedp.CSS(c+" input.prefix"), "/held/always/"),
+			chromedp.Click(chromedp.CSS(c+" button.approve")))
+		if r := recv(t, res); r.status != 200 {
+			t.Fatalf("approved request: status %d, body %s", r.status, r.body)
+		}
+		b.e.broker.logs.waitFrom(t, mark, `"message":"policy reloaded"`) // approved.json changed
+		gs := grants(t, b)
+		if len(gs) != 1 || gs[0]["kind"] != "always" || gs[0]["method"] != "" || gs[0]["path_prefix"] != "/held/always/" {
+			t.Fatalf("grants after approving always: %v", gs)
+		}
+		item := fmt.Sprintf(`#grants li[data-id=%q]`, gs[0]["id"])
+		do(t, ctx, chromedp.WaitVisible(chromedp.CSS(item)))
+		if got := eval[string](t, ctx, `document.querySelector('`+item+`').textContent`); !strings.Contains(got, "always") || !strings.Contains(got, "any method") {
+			t.Errorf("always grant shown as %q", got)
+		}
+		if r := recv(t, b.request(t, "DELETE", "/held/always/b", nil, "")); r.status != 200 {
+			t.Errorf("a request the always approval covers: status %d, body %s", r.status, r.body)
+		}
+		mark = b.e.broker.logs.mark()
+		do(t, ctx, chromedp.Click(chromedp.CSS(item+" button.revoke")), chromedp.WaitNotPresent(chromedp.CSS(item)))
+		b.e.broker.logs.waitFrom(t, mark, `"message":"policy reloaded"`)
+		res = b.request(t, "DELETE", "/held/always/c", nil, "")
+		id = pendingID(t, b, "/held/always/c")
+		do(t, ctx, chromedp.WaitVisible(chromedp.CSS(card(id))), chromedp.Click(chromedp.CSS(card(id)+" button.deny")))
+		if r := recv(t, res); r.status != 403 {
+			t.Errorf("request after revoking always, denied: status %d", r.status)
+		}
+	})
+
 	t.Run("agent data is shown as text", func(t *testing.T) {
 		const path = "/held/xss/<svg/onload=window.__xss=1>"
 		header := `<script>window.__xss=2</script><img src=x onerror="window.__xss=3">`
@@ -357,6 +387,7 @@ func runConsoleTests(t *testing.T, b consoleBackend) context.Context {
 	t.Run("CSRF from another origin is refused", func(t *testing.T) {
 		res := b.request(t, "GET", "/held/csrf/one", nil, "")
 		id := pendingID(t, b, "/held/csrf/one")
+		before := len(grants(t, b))
 		target := b.adminURL() + "/api/approvals/" + id + "/approve"
 		// A page on another loopback port: the browser holds the console's session cookie
 		// (same site: only the port differs), so only the CSRF token and Origin checks stop it.
@@ -407,7 +438,7 @@ fetch(t, {method: "POST", mode: "no-cors", credentials: "include", headers: {"Co
 		}
 		mu.Unlock()
 		stillWaiting(t, res)
-		if len(grants(t, b)) != 0 {
+		if len(grants(t, b)) != before {
 			t.Error("a cross-origin request made a grant")
 		}
 		if id2 := pendingID(t, b, "/held/csrf/one"); id2 != id {
@@ -451,9 +482,10 @@ fetch(t, {method: "POST", mode: "no-cors", credentials: "include", headers: {"Co
 		}
 		waitJS(t, ctx, "readiness "+want, `document.getElementById('ready').textContent === '`+want+`'`)
 		rev, _ := st["policy_revision"].(string)
-		if got := eval[string](t, ctx, `document.getElementById('revision').textContent`); rev == "" || !strings.Contains(got, rev) {
-			t.Errorf("revision shown as %q, API says %q", got, rev)
+		if rev == "" {
+			t.Fatalf("no policy revision: %v", st)
 		}
+		waitJS(t, ctx, "the policy revision "+rev, `document.getElementById('revision').textContent.includes('`+rev+`')`)
 	})
 
 	t.Run("sign out", func(t *testing.T) {
@@ -473,7 +505,7 @@ fetch(t, {method: "POST", mode: "no-cors", credentials: "include", headers: {"Co
 
 // screenshots shows the console with pending approvals and live decisions at desktop and
 // phone widths; with CAPBROKER_SCREENSHOTS=1 it writes docs/console-{desktop,phone}.png.
-func screenshots(t *testing.T, ctx context.Context, b consoleBackend) {
+func screenshots(t *testing.T, ctx context.Context, b brokerBackend) {
 	t.Run("screenshots", func(t *testing.T) {
 		for i := range 6 {
 			recv(t, b.request(t, "GET", fmt.Sprintf("/open/repos/acme/app/pulls/%d", i+1), nil, ""))
@@ -563,7 +595,7 @@ func TestConsoleFlood(t *testing.T) {
 }
 
 // consolePolicy asks a person about everything under /held/ (/held/short/ with a 3s
-// timeout), allows /open/, refuses the rest.
+// timeout) that no "always" approval covers, allows /open/, refuses the rest.
 const consolePolicy = `package broker
 
 default decision := {"allow": false, "reason": "not allowed by the test policy"}
@@ -583,6 +615,21 @@ decision := {"ask": {"reason": sprintf("%s %s changes things: a person decides",
 	input.phase == "request"
 	startswith(input.request.path, "/held/")
 	not startswith(input.request.path, "/held/short/")
+	not approved
+}
+
+# An "always" approval is policy data (approved.json in the policy dir).
+decision := {"allow": true, "credentials": ["canary"]} if {
+	input.phase == "request"
+	approved
+}
+
+approved if {
+	some a in data.approved
+	a.agent == input.agent.id
+	a.host == input.request.host
+	a.method in {"", input.request.method}
+	startswith(input.request.path, a.path_prefix)
 }
 
 decision := {"ask": {"reason": "a short question", "timeout": "3s"}} if {
@@ -591,7 +638,8 @@ decision := {"ask": {"reason": "a short question", "timeout": "3s"}} if {
 }
 `
 
-// brokerBackend is the real broker: an admin token, the policy above, and curl as the agent.
+// brokerBackend is the real broker: an admin token, the policy above, and curl as the agent
+// (paths under /held/ ask a person, /held/short/ with a 3s timeout).
 type brokerBackend struct {
 	e     *env
 	token string

@@ -19,6 +19,7 @@
     skew: 0,                   // server clock minus ours, ms (from the Date header)
     pending: new Map(),        // id -> {p, card, expiresEl, approve}
     focused: '',               // the #approval-ID already brought into view
+    revision: '',              // the policy revision shown
     resolved: new Set(),       // ids answered from this page: a list fetched before is stale
     approvalsSeq: 0,
     rows: [],                  // newest last; {ev, outcome}
@@ -199,6 +200,7 @@
     const st = str(ready.status) || 'unknown';
     setBadge($('ready'), st, st === 'ready' ? 'ok' : st === 'degraded' ? 'warn' : 'bad');
     const rev = str(s.policy_revision);
+    state.revision = rev;
     $('revision').textContent = rev ? 'policy ' + rev : 'no policy';
     $('revision').title = 'Policy revision: ' + (rev || 'none loaded');
     if (s.user) $('user').textContent = signedIn(str(s.user));
@@ -475,8 +477,19 @@
       return;
     }
     const list = Array.isArray(r.grants) ? r.grants : [];
+    // Keyed update: an item stays the same element while its grant lives (a button under a
+    // finger must not be swapped for a copy); only its text is refreshed.
     const ul = $('grants');
-    ul.replaceChildren(...list.map(grantItem));
+    const old = new Map([...ul.children].map((li) => [li.dataset.id, li]));
+    const items = list.map((g) => {
+      const fresh = grantItem(g);
+      const li = old.get(str(g.id));
+      if (!li) return fresh;
+      li.querySelector('.what').replaceWith(fresh.querySelector('.what'));
+      return li;
+    });
+    items.forEach((li, i) => { if (ul.children[i] !== li) ul.insertBefore(li, ul.children[i] || null); });
+    while (ul.children.length > items.length) ul.lastElementChild.remove();
     $('grants-count').textContent = String(list.length);
     $('grants-empty').hidden = list.length > 0;
   }
@@ -535,7 +548,7 @@
       if (!state.frame) state.frame = requestAnimationFrame(flush);
     });
     es.addEventListener('approval', () => scheduleReload());
-    es.addEventListener('grant', () => scheduleReload());
+    es.addEventListener('grant', () => { scheduleReload(); loadStatus(); }); // "always" changes the policy
     es.addEventListener('dropped', (m) => {
       let n = 0;
       try { n = Number(JSON.parse(m.data).count) || 0; } catch (_) { n = 0; }
@@ -605,6 +618,9 @@
       state.rows.push(ev);
       noteAgent(str(ev.agent));
     }
+    // Decisions name the policy revision that made them: a reload shows at once.
+    const last = batch.length ? str(batch[batch.length - 1].policy_revision) : '';
+    if (last && last !== state.revision) loadStatus();
     if (state.rows.length > MAX_ROWS) state.rows.splice(0, state.rows.length - MAX_ROWS);
     if (state.paused) return;
     const frag = document.createDocumentFragment();
