@@ -355,7 +355,7 @@ func runConsoleTests(t *testing.T, b brokerBackend) context.Context {
 	})
 
 	t.Run("agent data is shown as text", func(t *testing.T) {
-		const path = "/held/xss/<svg/onload=window.__xss=1>"
+		const path = "/held/xss/<script>window.__xss=1</script><svg/onload=window.__xss=6>"
 		header := `<script>window.__xss=2</script><img src=x onerror="window.__xss=3">`
 		body := `{"html":"<img src=x onerror=window.__xss=4><script>window.__xss=5</script>"}`
 		res := b.request(t, "POST", path, map[string]string{"X-Note": header, "Content-Type": "application/json"}, body)
@@ -363,7 +363,7 @@ func runConsoleTests(t *testing.T, b brokerBackend) context.Context {
 		c := card(id)
 		do(t, ctx, chromedp.WaitVisible(chromedp.CSS(c)))
 		text := eval[string](t, ctx, `document.querySelector('`+c+`').textContent`)
-		for _, want := range []string{"<svg/onload=window.__xss=1>", header, "<img src=x onerror=window.__xss=4>"} {
+		for _, want := range []string{"<script>window.__xss=1</script><svg/onload=window.__xss=6>", header, "<img src=x onerror=window.__xss=4>"} {
 			if !strings.Contains(text, want) {
 				t.Errorf("the card does not show %q as text:\n%s", want, text)
 			}
