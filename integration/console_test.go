@@ -511,6 +511,9 @@ func screenshots(t *testing.T, ctx context.Context, b brokerBackend) {
 			recv(t, b.request(t, "GET", fmt.Sprintf("/open/repos/acme/app/pulls/%d", i+1), nil, ""))
 		}
 		recv(t, b.request(t, "GET", "/denied/admin/users", nil, ""))
+		asked := b.request(t, "POST", "/held/repos/acme/app/issues", nil, `{"title":"flaky test"}`)
+		api(t, b, "POST", "/api/approvals/"+pendingID(t, b, "/held/repos/acme/app/issues")+"/approve", map[string]string{"comment": "fine"})
+		recv(t, asked)
 		var held []<-chan agentResult
 		held = append(held, b.request(t, "POST", "/held/repos/acme/app/git/refs/heads/main",
 			map[string]string{"Content-Type": "application/json", "User-Agent": "git/2.43.0"}, `{"sha":"4e1c0ffee","force":true}`))

@@ -457,7 +457,9 @@
     let expired = false;
     for (const entry of state.pending.values()) {
       if (Number.isNaN(entry.expires)) { entry.expiresEl.textContent = ''; continue; }
-      const left = entry.expires - now;
+      // (The clock skew is known to a second only: never show more than the whole timeout.)
+      let left = entry.expires - now;
+      if (!Number.isNaN(entry.created)) left = Math.min(left, entry.expires - entry.created);
       entry.expiresEl.textContent = left > 0 ? 'times out in ' + fmtLeft(left) : 'timed out';
       entry.expiresEl.classList.toggle('soon', left < 30000);
       if (left < -1000) expired = true;
