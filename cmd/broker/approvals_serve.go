@@ -20,6 +20,7 @@ import (
 	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/console"
 )
 
 // defaultStateFile is approvals.state_file when it is not set: beside the config file.
@@ -120,8 +121,8 @@ func buildApprovals(ctx context.Context, cfg *config.Config, configPath, policyD
 	return &approvalsSetup{queue: q, api: approvals.NewAPI(approvals.APIOptions{Queue: q, Token: token, MTLS: mtls, Origins: origins})}, nil
 }
 
-// adminMux serves the admin handler and, under /api/, the approvals API. The API's status
-// endpoint reports the same readiness /readyz does.
+// adminMux serves the admin handler, under /api/ the approvals API, and under /console/ the
+// web console. The API's status endpoint reports the same readiness /readyz does.
 func adminMux(admin http.Handler, api *approvals.API, revision broker.PolicyRevision) http.Handler {
 	api.SetStatus(func() (string, map[string]any) {
 		rec := httptest.NewRecorder()
@@ -133,5 +134,7 @@ func adminMux(admin http.Handler, api *approvals.API, revision broker.PolicyRevi
 	mux := http.NewServeMux()
 	mux.Handle("/", admin)
 	mux.Handle("/api/", api)
+	mux.Handle("/console", console.Handler())
+	mux.Handle("/console/", console.Handler())
 	return mux
 }
