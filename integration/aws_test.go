@@ -114,7 +114,7 @@ func newAWSEnvWith(t *testing.T, o awsEnvOpts) *awsEnv {
 	k := newAWSKey()
 	e := &awsEnv{token: randHex(16), dir: t.TempDir(), rootID: k.ID, rootKey: k.Secret, rootTok: k.Token}
 	pki := newUpstreamPKI(t)
-	e.upstreamCAs = pki.pool
+	e.upstreamCAs = pki.Pool
 	leaf := pki.issue(t, "localhost", time.Now().Add(24*time.Hour))
 	keyDER, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
 	if err != nil {
@@ -172,7 +172,7 @@ credentials:
     hosts: [localhost]
     source: %s
     aws_sigv4: {}
-%s`, pki.caFile, source, vault),
+%s`, pki.File, source, vault),
 		env: env,
 	})
 	return e

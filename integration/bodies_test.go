@@ -92,7 +92,7 @@ func newLLMBroker(t *testing.T, policyKeys, extra string) *llmBroker {
 	l.broker = startBroker(t, brokerOpts{
 		// startBroker writes "policy: {dir: D, mode: M}": more keys follow the mode.
 		policy: bodiesLLMRouter, files: files, mode: "enforce" + policyKeys,
-		config: canaryConfig(pki.caFile, []string{agentID}, extra),
+		config: canaryConfig(pki.File, []string{agentID}, extra),
 		env:    []string{tokenEnv(agentID) + "=" + l.token, "CANARY_SECRET=" + l.canary},
 	})
 	return l

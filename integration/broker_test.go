@@ -161,7 +161,7 @@ credentials:
     inject: {header: X-Api-Key, value: "{{secret}}"}
 %s
 audit: {include_input: %v}
-%s`, e.pki.caFile, agentID, o.extraCredentials, o.auditLevel(), o.extraConfig),
+%s`, e.pki.File, agentID, o.extraCredentials, o.auditLevel(), o.extraConfig),
 		mode:  o.mode,
 		proxy: o.proxy,
 		admin: o.admin,
@@ -387,7 +387,7 @@ func TestOpaqueTunnel(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	// intercept: false for localhost: the agent talks TLS to the upstream itself.
 	u := strings.Replace(e.url("/open/tunnel"), "127.0.0.1", "localhost", 1)
-	out, err := e.curl("--cacert", e.pki.caFile, u)
+	out, err := e.curl("--cacert", e.pki.File, u)
 	if err != nil {
 		t.Fatalf("curl: %v\n%s", err, out)
 	}

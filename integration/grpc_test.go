@@ -76,7 +76,7 @@ func (h *echoHealth) Watch(req *grpc_health_v1.HealthCheckRequest, stream grpc.S
 func TestGRPCThroughBroker(t *testing.T) {
 	e := newEnv(t, envOpts{policy: grpcPolicy})
 	svc := &echoHealth{}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{e.pki.leaf}})))
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{e.pki.Leaf}})))
 	grpc_health_v1.RegisterHealthServer(srv, svc)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -4,16 +4,10 @@ package integration
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -29,6 +23,7 @@ import (
 	"time"
 
 	"github.com/capbroker/capbroker/internal/harness"
+	"github.com/capbroker/capbroker/internal/testpki"
 )
 
 var brokerBin string
@@ -55,66 +50,15 @@ func TestMain(m *testing.M) {
 const waitTimeout = 30 * time.Second
 
 // upstreamPKI is a private CA for the test upstreams, trusted by the broker via upstream.ca_file.
-type upstreamPKI struct {
-	caCert *x509.Certificate
-	caKey  *ecdsa.PrivateKey
-	caFile string
-	leaf   tls.Certificate
-	pool   *x509.CertPool
-}
+type upstreamPKI struct{ *testpki.PKI }
 
 func newUpstreamPKI(t *testing.T) *upstreamPKI {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test upstream CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &leafKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(t.TempDir(), "upstream-ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return &upstreamPKI{caCert: ca, caKey: caKey, caFile: caFile, leaf: tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}, pool: pool}
+	return &upstreamPKI{testpki.New(t, "test upstream CA")}
 }
 
 // issue makes a leaf from the PKI's CA for name, valid until notAfter.
 func (p *upstreamPKI) issue(t *testing.T, name string, notAfter time.Time) tls.Certificate {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: notAfter.Add(-48 * time.Hour), NotAfter: notAfter,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
-	}
-	if ip := net.ParseIP(name); ip != nil {
-		tmpl.IPAddresses = []net.IP{ip}
-	} else {
-		tmpl.DNSNames = []string{name}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return p.Server(t, notAfter, name)
 }
 
 // serve starts a TLS upstream on 127.0.0.1 with a certificate from the PKI. It offers only
@@ -122,7 +66,7 @@ func (p *upstreamPKI) issue(t *testing.T, name string, notAfter time.Time) tls.C
 func (p *upstreamPKI) serve(t *testing.T, h http.Handler, h2 bool, connState func(net.Conn, http.ConnState)) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.leaf}}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{p.Leaf}}
 	srv.EnableHTTP2 = h2
 	srv.Config.ConnState = connState
 	srv.StartTLS()

@@ -58,7 +58,7 @@ func twoAgents(t *testing.T, e *env, proxy, policy string) (*brokerProc, string)
 		policy: policy,
 		mode:   "enforce",
 		proxy:  proxy,
-		config: canaryConfig(e.pki.caFile, []string{"coder-1", "coder-2"}, ""),
+		config: canaryConfig(e.pki.File, []string{"coder-1", "coder-2"}, ""),
 		env:    []string{tokenEnv("coder-1") + "=" + e.token, tokenEnv("coder-2") + "=" + token2, "CANARY_SECRET=" + e.canary},
 	})
 	return b, token2

@@ -291,7 +291,7 @@ func TestNetnsBrokerIsTheOnlyWayOut(t *testing.T) {
 	}))
 	up.Listener.Close()
 	up.Listener = sn.listenInBroker(t, "127.0.0.1:0")
-	up.TLS = &tls.Config{Certificates: []tls.Certificate{pki.leaf}}
+	up.TLS = &tls.Config{Certificates: []tls.Certificate{pki.Leaf}}
 	up.StartTLS()
 	t.Cleanup(up.Close)
 	upPort := up.Listener.Addr().(*net.TCPAddr).Port
@@ -302,7 +302,7 @@ func TestNetnsBrokerIsTheOnlyWayOut(t *testing.T) {
 		listen: brokerSideIP + ":0",
 		policy: netnsPolicy,
 		mode:   "enforce",
-		config: canaryConfig(pki.caFile, []string{agentID}, ""),
+		config: canaryConfig(pki.File, []string{agentID}, ""),
 		env:    []string{tokenEnv(agentID) + "=" + token, "CANARY_SECRET=" + canary},
 	})
 	brokerHost, brokerPort, _ := net.SplitHostPort(b.proxyAddr)

@@ -139,7 +139,7 @@ func TestReadyWithoutTrafficOnceVaultIsUp(t *testing.T) {
 		fmt.Fprint(w, "ok")
 	}), false, nil)
 	b := startBroker(t, brokerOpts{policy: opsPolicy, mode: "enforce",
-		config: canaryConfig(pki.caFile, []string{agentID}, fmt.Sprintf(`  - name: from-vault
+		config: canaryConfig(pki.File, []string{agentID}, fmt.Sprintf(`  - name: from-vault
     hosts: ["127.0.0.1"]
     source: {vault: {mount: secret, path: broker/ops, field: token}}
     inject: {header: Authorization, value: "Bearer {{secret}}"}

@@ -101,7 +101,7 @@ func newPathsEnv(t *testing.T, policy string) *env {
 	e.broker = startBroker(t, brokerOpts{
 		policy: policy,
 		mode:   "enforce",
-		config: canaryConfig(e.pki.caFile, []string{agentID}, "audit: {include_input: true}\n"),
+		config: canaryConfig(e.pki.File, []string{agentID}, "audit: {include_input: true}\n"),
 		env:    []string{tokenEnv(agentID) + "=" + e.token, "CANARY_SECRET=" + e.canary},
 	})
 	t.Cleanup(e.assertNoCanaryLeaked)

@@ -499,7 +499,7 @@ upstream: {ca_file: %q, allow_private: ["127.0.0.1/32"]}
 policy:
   bundle: {url: %q, poll_interval: 1s}
 agents: [{id: %s, token_sha256: %x}]
-`, pki.caFile, bundles.URL+"/bundles/broker.tar.gz", agentID, sha256.Sum256([]byte(token)))})
+`, pki.File, bundles.URL+"/bundles/broker.tar.gz", agentID, sha256.Sum256([]byte(token)))})
 	os.Chmod(filepath.Join(dir, "broker.yaml"), 0o600)
 	b.cmd = exec.Command(brokerBin, "run", "--config", "broker.yaml")
 	b.cmd.Dir = dir

@@ -103,12 +103,12 @@ func newSmuggleEnv(t *testing.T) *smuggleEnv {
 	pki := newUpstreamPKI(t)
 	dir := t.TempDir()
 	certFile, keyFile, script := filepath.Join(dir, "leaf.pem"), filepath.Join(dir, "leaf.key"), filepath.Join(dir, "upstream.py")
-	key, err := x509.MarshalPKCS8PrivateKey(pki.leaf.PrivateKey)
+	key, err := x509.MarshalPKCS8PrivateKey(pki.Leaf.PrivateKey)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, data := range map[string][]byte{
-		certFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.leaf.Certificate[0]}),
+		certFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.Leaf.Certificate[0]}),
 		keyFile:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
 		script:   []byte(smuggleUpstream),
 	} {
@@ -140,7 +140,7 @@ func newSmuggleEnv(t *testing.T) *smuggleEnv {
 	s.broker = startBroker(t, brokerOpts{
 		policy: smugglePolicy,
 		mode:   "enforce",
-		config: canaryConfig(pki.caFile, []string{"agent-a", "agent-b"}, ""),
+		config: canaryConfig(pki.File, []string{"agent-a", "agent-b"}, ""),
 		env:    []string{"AGENT_A_TOKEN=" + s.tokens["agent-a"], "AGENT_B_TOKEN=" + s.tokens["agent-b"], "CANARY_SECRET=" + s.canary},
 	})
 	t.Cleanup(func() {

@@ -7,23 +7,16 @@
 package githubtest
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"net/http"
 	"net/http/cgi"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -34,6 +27,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/capbroker/capbroker/internal/testpki"
 )
 
 // Fault makes the token endpoint misbehave.
@@ -129,14 +124,8 @@ func Start(t testing.TB, o Options) *Server {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
 	cert := o.Certificate
 	if cert == nil {
-		c, caPEM := selfCA(t)
-		cert = &c
-		s.CAFile = filepath.Join(t.TempDir(), "github-ca.pem")
-		if err := os.WriteFile(s.CAFile, caPEM, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		s.Pool = x509.NewCertPool()
-		s.Pool.AppendCertsFromPEM(caPEM)
+		pki := testpki.New(t, "githubtest CA")
+		cert, s.CAFile, s.Pool = &pki.Leaf, pki.File, pki.Pool
 	}
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cert}}
 	srv.StartTLS()
@@ -458,32 +447,4 @@ func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// selfCA makes a CA and a certificate for 127.0.0.1 and localhost from it.
-func selfCA(t testing.TB) (tls.Certificate, []byte) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "githubtest CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
 }

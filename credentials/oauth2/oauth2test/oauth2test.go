@@ -8,23 +8,16 @@ package oauth2test
 
 import (
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
-	"math/big"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -32,6 +25,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/capbroker/capbroker/internal/testpki"
 )
 
 // Token prefixes, so tests can look for any issued token in logs.
@@ -95,37 +90,9 @@ type grant struct {
 // Start runs a stand-in until the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "oauth2test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &leafKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(t.TempDir(), "oauth2test-ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-
+	pki := testpki.New(t, "oauth2test CA")
 	s := &Server{
-		CAFile: caFile, CA: pool,
+		CAFile: pki.File, CA: pki.Pool,
 		lifetime: time.Hour, rotate: true,
 		clients: map[string]Client{}, accounts: map[string]*rsa.PublicKey{},
 		refresh: map[string]*grant{}, tokens: map[string]*grant{}, jtis: map[string]bool{},
@@ -135,7 +102,7 @@ func Start(t testing.TB) *Server {
 	mux.HandleFunc("POST /google/token", s.gated(s.google))
 	mux.HandleFunc("/api/", s.api)
 	s.srv = httptest.NewUnstartedServer(mux)
-	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}}}
+	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{pki.Leaf}}
 	s.srv.StartTLS()
 	t.Cleanup(s.srv.Close)
 	s.URL = s.srv.URL
