@@ -7,17 +7,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/rs/zerolog"
-
 	"github.com/capbroker/capbroker/broker/approvals"
-	"github.com/capbroker/capbroker/broker/audit"
-	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/policy"
@@ -55,31 +49,15 @@ func (u *heldUpstream) requests() []string {
 
 func askBroker(t *testing.T, q *approvals.Queue, mode string, maxBody int64) (*Broker, *tunnel, *heldUpstream) {
 	t.Helper()
-	dir := t.TempDir()
-	if err := certs.WriteCA(dir, false); err != nil {
-		t.Fatal(err)
-	}
-	ca, err := certs.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := config.Dev()
+	cfg := testConfig(t)
 	cfg.Policy.Mode = mode
 	if maxBody > 0 {
 		cfg.Policy.MaxBodyBytes = maxBody
 	}
-	cfg.Agents[0].TokenFile = filepath.Join(dir, "token")
-	_ = os.WriteFile(cfg.Agents[0].TokenFile, []byte("t"), 0o600)
-	lg := audit.New(io.Discard)
-	t.Cleanup(lg.Close)
-	br, err := New(cfg, Deps{Policy: askAll{}, Secrets: benchSecrets{}, CA: ca, Audit: lg, Log: zerolog.Nop(), Approvals: q})
-	if err != nil {
-		t.Fatal(err)
-	}
 	up := &heldUpstream{}
-	br.setTransport(up)
-	agent := identity.Agent{ID: "dev-agent"}
-	return br, &tunnel{agent: agent, target: newTarget("https", "api.openai.com", 443), gen: br.gen.Load()}, up
+	br, tun := testBroker(t, cfg, Deps{Policy: askAll{}, Secrets: benchSecrets{}, Approvals: q}, up, "api.openai.com")
+	tun.agent = identity.Agent{ID: "dev-agent"}
+	return br, tun, up
 }
 
 func askRequest(body string) *http.Request {

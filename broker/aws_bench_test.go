@@ -2,21 +2,13 @@ package broker
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
-	"github.com/capbroker/capbroker/broker/audit"
-	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
-	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/credentials"
 	"github.com/capbroker/capbroker/credentials/aws"
@@ -81,19 +73,7 @@ func BenchmarkPipelineAWS(b *testing.B) {
 
 func awsBenchBroker(b *testing.B, cred string) (*Broker, *tunnel) {
 	b.Helper()
-	dir := b.TempDir()
-	if err := certs.WriteCA(dir, false); err != nil {
-		b.Fatal(err)
-	}
-	ca, err := certs.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := config.Dev()
-	cfg.Agents[0].TokenFile = filepath.Join(dir, "token")
-	if os.WriteFile(cfg.Agents[0].TokenFile, []byte("bench-token"), 0o600) != nil {
-		b.Fatal("writing the token")
-	}
+	cfg := testConfig(b)
 	hosts := []string{"s3.us-east-1.amazonaws.com"}
 	if cred == "static" {
 		cfg.Credentials = append(cfg.Credentials, config.Credential{Name: "static", Hosts: hosts, Source: config.Source{Env: "X"},
@@ -101,24 +81,13 @@ func awsBenchBroker(b *testing.B, cred string) (*Broker, *tunnel) {
 	} else {
 		cfg.Credentials = append(cfg.Credentials, config.Credential{Name: "aws", Hosts: hosts, AWSSigV4: &config.AWSSigV4{}})
 	}
-	cfg.SetDefaults()
-	if errs := cfg.Validate(); len(errs) > 0 {
-		b.Fatal(errs)
-	}
 	sec := awsBenchSecrets{root: credentials.NewFields(map[string]string{
 		"access_key_id": "AKIABENCH00000000001", "secret_access_key": "bench-secret-key-0123456789abcdef01234567", "session_token": "bench-session-token-0123456789",
 	})}
+	var err error
 	sec.signer, err = aws.New(func(ctx context.Context) (credentials.Secret, error) { return sec.root, nil }, aws.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	lg := audit.New(io.Discard)
-	b.Cleanup(lg.Close)
-	br, err := New(cfg, Deps{Policy: fixedDecision{policy.Decision{Credentials: []string{cred}}}, Secrets: sec, CA: ca, Audit: lg, Log: zerolog.Nop()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	br.setTransport(memoryUpstream{})
-	agent := identity.Agent{ID: "dev-agent", Labels: map[string]string{"env": "dev"}}
-	return br, &tunnel{agent: agent, target: newTarget("https", "s3.us-east-1.amazonaws.com", 443), gen: br.gen.Load()}
+	return testBroker(b, cfg, Deps{Policy: fixedDecision{policy.Decision{Credentials: []string{cred}}}, Secrets: sec}, memoryUpstream{}, "s3.us-east-1.amazonaws.com")
 }

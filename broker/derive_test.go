@@ -6,18 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/rs/zerolog"
-
-	"github.com/capbroker/capbroker/broker/audit"
-	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
-	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/credentials"
@@ -146,38 +139,14 @@ func (*tokenUpstream) CloseIdleConnections() {}
 
 func derivedBroker(t *testing.T, d policy.Decision, m *fakeMinter, up upstreamClient) (*Broker, *tunnel) {
 	t.Helper()
-	dir := t.TempDir()
-	if err := certs.WriteCA(dir, false); err != nil {
-		t.Fatal(err)
-	}
-	ca, err := certs.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := config.Dev()
-	cfg.Agents[0].TokenFile = filepath.Join(dir, "token")
-	if os.WriteFile(cfg.Agents[0].TokenFile, []byte("test-token"), 0o600) != nil {
-		t.Fatal("writing the token")
-	}
+	cfg := testConfig(t)
 	hosts := []string{"api.example.test"}
 	cfg.Credentials = append(cfg.Credentials,
 		config.Credential{Name: "minted", Hosts: hosts, Source: config.Source{Env: "X"}, OAuth2: &config.OAuth2{TokenURL: "https://auth.example.test/token", ClientID: "c"}},
 		config.Credential{Name: "signed", Hosts: hosts, Source: config.Source{Env: "X"}, AWSSigV4: &config.AWSSigV4{}},
 		config.Credential{Name: "static", Hosts: hosts, Source: config.Source{Env: "X"}, Inject: config.Inject{Header: "X-Key", Value: "{{secret}}"}},
 	)
-	cfg.SetDefaults()
-	if errs := cfg.Validate(); len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	lg := audit.New(io.Discard)
-	t.Cleanup(lg.Close)
-	br, err := New(cfg, Deps{Policy: fixedDecision{d}, Secrets: derivedSecrets{m}, CA: ca, Audit: lg, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	br.setTransport(up)
-	agent := identity.Agent{ID: "dev-agent"}
-	return br, &tunnel{agent: agent, target: newTarget("https", "api.example.test", 443), gen: br.gen.Load()}
+	return testBroker(t, cfg, Deps{Policy: fixedDecision{d}, Secrets: derivedSecrets{m}}, up, "api.example.test")
 }
 
 func derivedRequest(br *Broker, tun *tunnel, body string) *httptest.ResponseRecorder {

@@ -6,17 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 
-	"github.com/rs/zerolog"
-
-	"github.com/capbroker/capbroker/broker/audit"
-	"github.com/capbroker/capbroker/broker/certs"
-	"github.com/capbroker/capbroker/broker/config"
-	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/credentials"
@@ -56,19 +48,6 @@ func BenchmarkPipeline(b *testing.B) {
 
 func benchBroker(b testing.TB, full bool) (*Broker, *tunnel) {
 	b.Helper()
-	dir := b.TempDir()
-	if err := certs.WriteCA(dir, false); err != nil {
-		b.Fatal(err)
-	}
-	ca, err := certs.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := config.Dev()
-	cfg.Agents[0].TokenFile = filepath.Join(dir, "token")
-	if os.WriteFile(cfg.Agents[0].TokenFile, []byte("bench-token"), 0o600) != nil {
-		b.Fatal("writing the token")
-	}
 	var dec Decider = allowAll{}
 	if full {
 		e, err := policy.New(context.Background(), policies.FS)
@@ -77,15 +56,7 @@ func benchBroker(b testing.TB, full bool) (*Broker, *tunnel) {
 		}
 		dec = e
 	}
-	lg := audit.New(io.Discard)
-	b.Cleanup(lg.Close)
-	br, err := New(cfg, Deps{Policy: dec, Secrets: benchSecrets{}, CA: ca, Audit: lg, Log: zerolog.Nop()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	br.setTransport(memoryUpstream{})
-	agent := identity.Agent{ID: "dev-agent", Labels: map[string]string{"env": "dev"}}
-	return br, &tunnel{agent: agent, target: newTarget("https", "api.openai.com", 443), gen: br.gen.Load()}
+	return testBroker(b, testConfig(b), Deps{Policy: dec, Secrets: benchSecrets{}}, memoryUpstream{}, "api.openai.com")
 }
 
 type allowAll struct{}
