@@ -2,14 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
-	"fmt"
-	"net"
-	"net/http"
-	"os"
-	"time"
 
 	"github.com/rs/zerolog"
 
@@ -23,7 +16,7 @@ import (
 // (system roots plus upstream.ca_file) and no proxy. path is the credential's key path.
 func (s *credentialSet) githubApp(cfg *config.Config, path string, c config.Credential, root func(context.Context) (credentials.Secret, error), log zerolog.Logger) (credentials.Minter, error) {
 	g := c.GitHubApp
-	client, err := apiClient(cfg.Upstream.CAFile)
+	client, err := credentials.EndpointClient(cfg.Upstream.CAFile)
 	if err != nil {
 		return nil, err
 	}
@@ -55,35 +48,4 @@ func (s *credentialSet) githubApp(cfg *config.Config, path string, c config.Cred
 		s.paths[c.Name] = path
 	}
 	return app, nil
-}
-
-// apiClient is an HTTP client for an API the broker itself calls (a token endpoint): TLS
-// verified against the system roots plus caFile, no proxy from the environment.
-func apiClient(caFile string) (*http.Client, error) {
-	roots, err := x509.SystemCertPool()
-	if err != nil {
-		roots = x509.NewCertPool()
-	}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("upstream.ca_file: %w", err)
-		}
-		if !roots.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("upstream.ca_file %s: no PEM certificates", caFile)
-		}
-	}
-	return &http.Client{
-		Timeout: 30 * time.Second,
-		Transport: &http.Transport{
-			Proxy:                 nil,
-			DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			TLSClientConfig:       &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
-			TLSHandshakeTimeout:   10 * time.Second,
-			ResponseHeaderTimeout: 30 * time.Second,
-			ForceAttemptHTTP2:     true,
-			MaxIdleConnsPerHost:   4,
-			IdleConnTimeout:       90 * time.Second,
-		},
-	}, nil
 }

@@ -140,7 +140,7 @@ func New(name string, cfg Config, deps Deps) (*Minter, error) {
 // cache's clock, Deps.Now, is another matter).
 func endpointClient(hc *http.Client) (*http.Client, *skewWatch) {
 	if hc == nil {
-		hc, _ = NewHTTPClient("") // no CA file: cannot fail
+		hc, _ = credentials.EndpointClient("") // no CA file: cannot fail
 	}
 	c := *hc
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

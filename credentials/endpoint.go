@@ -1,4 +1,4 @@
-package oauth2
+package credentials
 
 import (
 	"crypto/tls"
@@ -10,10 +10,11 @@ import (
 	"time"
 )
 
-// NewHTTPClient returns a client for token endpoints: the system roots plus the PEM
-// certificates in caFile ("" for none), TLS 1.2 at least, no proxy from the environment,
-// bounded timeouts. Redirects are never followed (New and NewGoogle see to that).
-func NewHTTPClient(caFile string) (*http.Client, error) {
+// EndpointClient returns a client for the endpoints the broker itself calls to mint
+// credentials (GitHub's API, OAuth2 token endpoints): the system roots plus the PEM
+// certificates in caFile ("" for none; upstream.ca_file), TLS 1.2 at least, no proxy from the
+// environment, bounded timeouts. Callers that send a secret must not follow redirects.
+func EndpointClient(caFile string) (*http.Client, error) {
 	roots, err := x509.SystemCertPool()
 	if err != nil {
 		roots = x509.NewCertPool()
@@ -21,10 +22,10 @@ func NewHTTPClient(caFile string) (*http.Client, error) {
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("token endpoint CA file: %w", err)
+			return nil, fmt.Errorf("upstream.ca_file: %w", err)
 		}
 		if !roots.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("token endpoint CA file %s: no PEM certificates", caFile)
+			return nil, fmt.Errorf("upstream.ca_file %s: no PEM certificates", caFile)
 		}
 	}
 	return &http.Client{
@@ -38,6 +39,6 @@ func NewHTTPClient(caFile string) (*http.Client, error) {
 			MaxIdleConnsPerHost:   4,
 			IdleConnTimeout:       90 * time.Second,
 		},
-		Timeout: mintTimeout,
+		Timeout: 30 * time.Second,
 	}, nil
 }
