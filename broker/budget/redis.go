@@ -51,7 +51,8 @@ func NewRedis(o RedisOptions) *Redis {
 	ro := &redis.Options{
 		Addr: o.Address, Password: o.Password,
 		DialTimeout: o.Timeout, ReadTimeout: o.Timeout, WriteTimeout: o.Timeout,
-		MaxRetries: -1, ContextTimeoutEnabled: true,
+		// One retry: after a Redis restart the first command finds its pooled connection closed.
+		MaxRetries: 1, ContextTimeoutEnabled: true,
 		DisableIdentity: true,
 	}
 	if o.TLS {
