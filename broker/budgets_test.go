@@ -136,39 +136,60 @@ decision := {"allow": false, "reason": "the big model's budget is spent: use a s
 // BenchmarkPipelineBudgets is BenchmarkPipeline's full pipeline with budgets off, on in
 // memory and on in Redis (a real redis-server on loopback), run in that order: compare them
 // in pairs. The budgets apply to the request (a requests budget for its model, a tokens
-// budget for its provider) and are never spent.
+// budget for its provider) and are never spent; "redis-tokens" has the tokens budget only. "serial" is one request at a time (the Redis
+// round trip is in each request's latency); "parallel" is throughput with requests in flight
+// together (GOMAXPROCS x 8), as a broker serves them.
 func BenchmarkPipelineBudgets(b *testing.B) {
 	const doc = `{"budgets": {
 	  "req": {"agent": "dev-agent", "provider": "openai", "model": "gpt-4*", "requests": 1000000000000, "window": "day"},
 	  "tok": {"labels": {"env": "dev"}, "provider": "openai", "tokens": 1000000000000, "window": "month"}
 	}}`
-	var srv *redistest.Server
-	for _, mode := range []string{"off", "memory", "redis"} {
-		b.Run(mode, func(b *testing.B) {
-			br, tun := benchBroker(b, true)
-			switch mode {
-			case "memory":
-				br.budgets = budget.New(budget.Options{Data: budgetData(b, doc)})
-			case "redis":
-				if srv == nil {
-					srv = redistest.Start(b)
+	// Only a tokens budget: checked against counters refreshed in the background.
+	const tokensOnly = `{"budgets": {
+	  "tok": {"labels": {"env": "dev"}, "provider": "openai", "tokens": 1000000000000, "window": "month"}
+	}}`
+	srv := redistest.Start(b)
+	body := []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"Say ok."}],"max_tokens":8}`)
+	one := func(b *testing.B, br *Broker, tun *tunnel) {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+		r.Host = "api.openai.com"
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		br.serveTunnel(w, r, tun)
+		if w.Code != http.StatusOK {
+			b.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+	}
+	for _, par := range []string{"serial", "parallel"} {
+		for _, mode := range []string{"off", "memory", "redis", "redis-tokens"} {
+			b.Run(par+"/"+mode, func(b *testing.B) {
+				br, tun := benchBroker(b, true)
+				switch mode {
+				case "memory":
+					br.budgets = budget.New(budget.Options{Data: budgetData(b, doc)})
+				case "redis", "redis-tokens":
+					st := budget.NewRedis(budget.RedisOptions{Address: srv.Addr, KeyPrefix: "bench:"})
+					b.Cleanup(func() { st.Close() })
+					d := doc
+					if mode == "redis-tokens" {
+						d = tokensOnly
+					}
+					br.budgets = budget.New(budget.Options{Data: budgetData(b, d), Store: st})
 				}
-				st := budget.NewRedis(budget.RedisOptions{Address: srv.Addr, KeyPrefix: "bench:"})
-				b.Cleanup(func() { st.Close() })
-				br.budgets = budget.New(budget.Options{Data: budgetData(b, doc), Store: st})
-			}
-			body := []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"Say ok."}],"max_tokens":8}`)
-			b.ReportAllocs()
-			for b.Loop() {
-				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
-				r.Host = "api.openai.com"
-				r.Header.Set("Content-Type", "application/json")
-				w := httptest.NewRecorder()
-				br.serveTunnel(w, r, tun)
-				if w.Code != http.StatusOK {
-					b.Fatalf("status %d: %s", w.Code, w.Body)
+				b.ReportAllocs()
+				if par == "serial" {
+					for b.Loop() {
+						one(b, br, tun)
+					}
+					return
 				}
-			}
-		})
+				b.SetParallelism(8)
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						one(b, br, tun)
+					}
+				})
+			})
+		}
 	}
 }

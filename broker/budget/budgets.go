@@ -47,6 +47,9 @@ type Budgets struct {
 	o      Options
 	shared Store   // nil when counters are in memory only
 	local  *Memory // the counters in memory: the store itself, or the last values of the shared one
+	// fetched holds, by counter, when this broker last read it from the shared store (unix ns).
+	fetched    *Memory
+	refreshing atomic.Bool // a background read of the shared store is running
 
 	cur  atomic.Pointer[parsed]
 	down atomic.Int64 // unix nanoseconds until which the shared store is not asked
@@ -83,8 +86,8 @@ func New(o Options) *Budgets {
 	if o.OnStoreError == "" {
 		o.OnStoreError = FailClosed
 	}
-	b := &Budgets{o: o, local: NewMemory(), owed: map[string]owedAdd{}}
-	b.local.now = o.Now
+	b := &Budgets{o: o, local: NewMemory(), fetched: NewMemory(), owed: map[string]owedAdd{}}
+	b.local.now, b.fetched.now = o.Now, o.Now
 	if o.Store != nil {
 		b.shared = o.Store
 		b.work = make(chan func(), 4096)
@@ -113,7 +116,8 @@ func New(o Options) *Budgets {
 	return b
 }
 
-// Flush waits until the usage recorded so far has been written to the shared store.
+// Flush waits until the usage recorded so far has been written to the shared store, and
+// background reads of it have ended.
 func (b *Budgets) Flush() { b.pending.Wait() }
 
 // set returns the parsed budgets of the current policy (nil and the error when its data is
@@ -247,6 +251,9 @@ func (b *Budgets) take(ctx context.Context, cs []Counter, bs []*Budget) ([]int64
 	if b.shared == nil {
 		return b.local.Take(ctx, cs)
 	}
+	if vals, over, ok := b.cached(ctx, cs); ok {
+		return vals, over, nil
+	}
 	var err error
 	if d := b.down.Load(); d == 0 || b.o.Now().UnixNano() >= d {
 		var vals []int64
@@ -257,8 +264,10 @@ func (b *Budgets) take(ctx context.Context, cs []Counter, bs []*Budget) ([]int64
 		}
 		if err == nil {
 			b.down.Store(0)
+			now := b.o.Now().UnixNano()
 			for i, c := range cs {
 				b.local.seed(c.Key, vals[i], c.TTL)
+				b.fetched.seed(c.Key, now, c.TTL)
 			}
 			return vals, over, nil
 		}
@@ -285,6 +294,67 @@ func (b *Budgets) take(ctx context.Context, cs []Counter, bs []*Budget) ([]int64
 		}
 	}
 	return vals, over, nil
+}
+
+// refreshEvery is how old the counters of a tokens or cost budget may be when a request is
+// checked against them: such a check counts nothing, so it reads the values this broker holds
+// and has them read again from the shared store in the background, off the request's path.
+const refreshEvery = 100 * time.Millisecond
+
+// cached checks counters that nothing is added to (tokens and cost budgets) against the
+// values this broker holds, and starts a refresh from the shared store when they are older
+// than refreshEvery. It reports false, for a round trip instead, when one of them has never
+// been read here or the store is down.
+func (b *Budgets) cached(ctx context.Context, cs []Counter) ([]int64, int, bool) {
+	if d := b.down.Load(); d != 0 && b.o.Now().UnixNano() < d {
+		return nil, 0, false
+	}
+	keys := make([]string, len(cs))
+	for i, c := range cs {
+		if c.Add != 0 {
+			return nil, 0, false
+		}
+		keys[i] = c.Key
+	}
+	at, _ := b.fetched.Get(ctx, keys)
+	now := b.o.Now().UnixNano()
+	stale := false
+	for _, t := range at {
+		if t == 0 {
+			return nil, 0, false
+		}
+		stale = stale || now-t > int64(refreshEvery)
+	}
+	vals, _ := b.local.Get(ctx, keys)
+	over := -1
+	for i, c := range cs {
+		if vals[i] >= c.Limit {
+			over = i
+			break
+		}
+	}
+	if stale && b.refreshing.CompareAndSwap(false, true) {
+		for _, c := range cs {
+			b.fetched.seed(c.Key, now, c.TTL)
+		}
+		b.pending.Add(1)
+		go func() {
+			defer b.pending.Done()
+			defer b.refreshing.Store(false)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			vs, err := b.shared.Get(ctx, keys)
+			if err != nil {
+				b.storeError.WithLabelValues("get").Inc()
+				b.down.Store(b.o.Now().Add(downFor).UnixNano())
+				return
+			}
+			for i, c := range cs {
+				b.local.seed(c.Key, vs[i], c.TTL)
+			}
+		}()
+	}
+	return vals, over, true
 }
 
 // owe keeps an add made locally for the shared store, to be replayed when it answers again.

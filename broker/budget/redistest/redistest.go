@@ -1,6 +1,6 @@
 // Package redistest runs a real redis-server for tests: one process per Start, on a free
 // loopback port, with an append-only file so that its counters survive Restart, killed when
-// the test ends. It is imported by tests only.
+// the test ends. It syncs its file every second, as a production server usually does. It is imported by tests only.
 //
 // redis-server (Debian's redis-server; scripts/install-test-tools.sh installs it) is looked up
 // as $REDIS_BIN, then on PATH. Without it the test is skipped, unless CI is set or
@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,7 +74,7 @@ func (s *Server) run() error {
 		return err
 	}
 	cmd := exec.Command(s.bin, "--bind", "127.0.0.1", "--port", port, "--dir", s.dir,
-		"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no",
+		"--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--protected-mode", "no",
 		"--daemonize", "no", "--logfile", "")
 	out := &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -118,7 +119,8 @@ func pong(addr string) bool {
 	return strings.HasPrefix(string(buf[:n]), "+PONG")
 }
 
-// Stop kills the server (its append-only file stays, for Restart).
+// Stop shuts the server down (SIGTERM: it writes its append-only file out, which stays for
+// Restart), and kills it if it has not exited in 10 seconds.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	cmd, exit := s.cmd, s.exit
@@ -127,8 +129,13 @@ func (s *Server) Stop() {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Kill()
-	<-exit
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exit:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exit
+	}
 }
 
 // Restart stops the server and starts it again on the same port, from its append-only file.
