@@ -26,7 +26,7 @@ func (b *Broker) readUsage(x *exchange, r *http.Request, in *policy.Input) {
 // sent: over one, it is refused (429 budget_exceeded, with Retry-After); a budget whose shared
 // store failed and that fails closed refuses it with 503. The request's model is read from
 // its JSON body (as the policy reads it) only when a budget naming a model applies. In
-// monitor mode a request over a budget is recorded as would_deny and sent.
+// monitor mode a request a budget would refuse is recorded as would_deny and sent.
 func (b *Broker) checkBudgets(x *exchange, r *http.Request, t target, in *policy.Input, body *policyBody) error {
 	if b.budgets == nil {
 		return nil
@@ -51,9 +51,9 @@ func (b *Broker) checkBudgets(x *exchange, r *http.Request, t target, in *policy
 	default:
 		return fmt.Errorf("%w: %v", policy.ErrEvaluation, err)
 	}
-	if ex != nil && x.g.mode == config.ModeMonitor {
+	if x.g.mode == config.ModeMonitor {
 		x.ev.WouldDeny = true
-		x.ev.Reason = ex.Error()
+		x.ev.Reason = err.Error()
 		return nil
 	}
 	return err
