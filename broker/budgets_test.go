@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/budget"
@@ -191,5 +193,42 @@ func BenchmarkPipelineBudgets(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// downStore is a shared store that cannot be reached.
+type downStore struct{}
+
+var errStoreDown = errors.New("dial tcp 127.0.0.1:1: connection refused")
+
+func (downStore) Take(context.Context, []budget.Counter) ([]int64, int, error) {
+	return nil, 0, errStoreDown
+}
+func (downStore) Add(context.Context, string, int64, time.Duration) error { return errStoreDown }
+func (downStore) Get(context.Context, []string) ([]int64, error)          { return nil, errStoreDown }
+
+// TestBudgetStoreDown: with the shared store unreachable, a budget that fails closed refuses
+// with 503 budget_unavailable and Retry-After 1; one that falls back to local counters lets
+// the request through, counted in memory.
+func TestBudgetStoreDown(t *testing.T) {
+	br, tun := benchBroker(t, false)
+	br.budgets = budget.New(budget.Options{Store: downStore{}, Data: budgetData(t, `{"budgets": {"r":
+	  {"agent": "dev-agent", "requests": 10, "window": "hour"}}}`)})
+	w := httptest.NewRecorder()
+	br.serveTunnel(w, llmRequest("gpt-4o"), tun)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" ||
+		!strings.Contains(w.Body.String(), "budget_unavailable") || strings.Contains(w.Body.String(), "127.0.0.1:1") {
+		t.Fatalf("fail closed: %d %v %s", w.Code, w.Header(), w.Body)
+	}
+	br.budgets = budget.New(budget.Options{Store: downStore{}, OnStoreError: budget.Local, Data: budgetData(t, `{"budgets": {"r":
+	  {"agent": "dev-agent", "requests": 1, "window": "hour"}}}`)})
+	codes := ""
+	for range 2 {
+		w := httptest.NewRecorder()
+		br.serveTunnel(w, llmRequest("gpt-4o"), tun)
+		codes += strconv.Itoa(w.Code) + " "
+	}
+	if codes != "200 429 " {
+		t.Fatalf("local fallback: %s, want 200 429", codes)
 	}
 }

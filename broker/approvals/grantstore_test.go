@@ -1,6 +1,9 @@
 package approvals
 
 import (
+	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,5 +51,23 @@ func TestRedisGrantsShared(t *testing.T) {
 	}
 	if g := q1.Match("a", "POST", "api.example.com", "/v1/x"); g != nil {
 		t.Fatalf("a revoked grant still matches on another broker: %+v", g)
+	}
+}
+
+// TestAPIUsage: GET /api/usage answers what SetUsage reports, behind the admin API's auth.
+func TestAPIUsage(t *testing.T) {
+	_, c := newAPI(t, "s3cret-admin")
+	bearer := map[string]string{"Authorization": "Bearer s3cret-admin"}
+	if code, body, _ := c.do("GET", "/api/usage", "", bearer); code != 200 || len(body["usage"].([]any)) != 0 {
+		t.Fatalf("without budgets: %d %v", code, body)
+	}
+	api := c.srv.Config.Handler.(*API)
+	api.SetUsage(func(context.Context) (any, error) { return []map[string]any{{"budget": "b", "usage": map[string]any{"used": 3}}}, nil })
+	if code, _, _ := c.do("GET", "/api/usage", "", nil); code != 401 {
+		t.Fatalf("no auth: %d", code)
+	}
+	code, body, _ := c.do("GET", "/api/usage", "", bearer)
+	if code != 200 || !strings.Contains(fmt.Sprint(body["usage"]), "budget:b") {
+		t.Fatalf("usage: %d %v", code, body)
 	}
 }
