@@ -62,7 +62,9 @@ func TestAPIUsage(t *testing.T) {
 		t.Fatalf("without budgets: %d %v", code, body)
 	}
 	api := c.srv.Config.Handler.(*API)
-	api.SetUsage(func(context.Context) (any, error) { return []map[string]any{{"budget": "b", "usage": map[string]any{"used": 3}}}, nil })
+	api.SetUsage(func(context.Context) (any, error) {
+		return []map[string]any{{"budget": "b", "usage": map[string]any{"used": 3}}}, nil
+	})
 	if code, _, _ := c.do("GET", "/api/usage", "", nil); code != 401 {
 		t.Fatalf("no auth: %d", code)
 	}
