@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -446,5 +447,8 @@ func (b *Budget) key(agent string, start time.Time) string {
 	if b.PerAgent {
 		scope = agent
 	}
-	return b.Name + ":" + b.Unit + ":" + scope + ":" + b.Window + ":" + fmt.Sprint(start.Unix())
+	k := make([]byte, 0, len(b.Name)+len(b.Unit)+len(scope)+len(b.Window)+16)
+	k = append(append(append(append(k, b.Name...), ':'), b.Unit...), ':')
+	k = append(append(append(append(k, scope...), ':'), b.Window...), ':')
+	return string(strconv.AppendInt(k, start.Unix(), 10))
 }

@@ -101,26 +101,31 @@ func (in *Input) loadUsage() {
 // "" when there is none. The text is scanned, not decoded.
 func (in *Input) BodyString(name string) string {
 	in.loadBody()
-	var f found
-	var err error
 	switch {
 	case in.bodyText != nil:
 		if !in.textValid() {
 			return ""
 		}
-		f, err = findInValidText(in.bodyText, ast.Ref{ast.StringTerm(name)})
+		text := bytes.Trim(in.bodyText, " \t\r\n")
+		if text[0] != '{' {
+			return ""
+		}
+		member, ok := objectMember(text, name)
+		if !ok {
+			return ""
+		}
+		if s, ok := plainString(member); ok {
+			return string(s)
+		}
+		var s string
+		_ = json.Unmarshal(member, &s)
+		return s
 	case in.Body != nil:
 		m, _ := in.Body.(map[string]any)
 		s, _ := m[name].(string)
 		return s
-	default:
-		return ""
 	}
-	if err != nil {
-		return ""
-	}
-	s, _ := f.str()
-	return s
+	return ""
 }
 
 // parseBody turns the text loadBody read into Body: nil when it is not valid JSON.
