@@ -29,17 +29,17 @@ func TestBudgetAcrossBrokers(t *testing.T) {
 		_, _ = io.WriteString(w, "ok")
 	}), false, nil)
 	const agent, limit = "coder-1", 60
-	token := randHex(16)
+	token, token2 := randHex(16), randHex(16)
 	opts := brokerOpts{
 		policy: testPolicy,
 		files: map[string]string{"budgets.json": `{"budgets": {"agent-day":
 		  {"agent": "coder-1", "requests": ` + strconv.Itoa(limit) + `, "window": "day"}}}`},
 		mode: "enforce",
-		config: canaryConfig(pki.caFile, []string{agent}, `budgets:
+		config: canaryConfig(pki.caFile, []string{agent, "coder-2"}, `budgets:
   store: {redis: {address: "`+srv.Addr+`", key_prefix: "it:"}}
   on_store_error: fail_closed
 `),
-		env: []string{tokenEnv(agent) + "=" + token, "CANARY_SECRET=sk-canary-" + randHex(8)},
+		env: []string{tokenEnv(agent) + "=" + token, tokenEnv("coder-2") + "=" + token2, "CANARY_SECRET=sk-canary-" + randHex(8)},
 	}
 	brokers := []*brokerProc{startBroker(t, opts), startBroker(t, opts), startBroker(t, opts)}
 	target := up.URL + "/open/x"
@@ -119,6 +119,15 @@ func TestBudgetAcrossBrokers(t *testing.T) {
 		t.Fatalf("broker usage: %v\n%s", err, out)
 	}
 	t.Logf("broker usage:\n%s", out)
+	// The agent cannot reach the store through the broker (its budgets, its grants).
+	resp, err := brokers[2].client(t, "coder-2", token2).Get("https://" + srv.Addr + "/open/x")
+	if err == nil {
+		resp.Body.Close()
+	}
+	brokers[2].waitAuditWhere(t, 1, "the store refused as a destination", func(ev auditEvent) bool {
+		e, _ := ev["error"].(string)
+		return ev["agent"] == "coder-2" && strings.Contains(e, "destination address not allowed")
+	})
 	// Redis is down and the budget fails closed: 503, and nothing is sent.
 	srv.Stop()
 	if s := status(brokers[2]); s != http.StatusServiceUnavailable {

@@ -2,7 +2,10 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
+	"strconv"
 
 	"github.com/rs/zerolog"
 
@@ -39,4 +42,32 @@ func agentLabels(cfg *config.Config) map[string]map[string]string {
 		m[a.ID] = a.Labels
 	}
 	return m
+}
+
+// redisAddrs are the addresses of budgets.store.redis: like Vault's, never dialled for an
+// agent (an agent that could reach the store could reset its budgets or write grants).
+func redisAddrs(cfg *config.Config) []netip.AddrPort {
+	r := cfg.Budgets.Store.Redis
+	if r == nil {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(r.Address)
+	if err != nil {
+		return nil
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil {
+		return nil
+	}
+	var out []netip.AddrPort
+	for _, ip := range ips {
+		if a, ok := netip.AddrFromSlice(ip); ok {
+			out = append(out, netip.AddrPortFrom(a.Unmap(), uint16(p)))
+		}
+	}
+	return out
 }

@@ -208,7 +208,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
-		Self:      append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...),
+		Self:      append(append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...), redisAddrs(cfg)...),
 		Approvals: ap.queue,
 		Budgets:   budgets,
 	})
