@@ -17,6 +17,7 @@ import (
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/budget/redistest"
+	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
 )
 
@@ -230,5 +231,29 @@ func TestBudgetStoreDown(t *testing.T) {
 	}
 	if codes != "200 429 " {
 		t.Fatalf("local fallback: %s, want 200 429", codes)
+	}
+}
+
+// TestBudgetMonitorMode: in monitor mode a request over a budget is sent, and its audit
+// event says would_deny and names the budget.
+func TestBudgetMonitorMode(t *testing.T) {
+	br, tun := benchBroker(t, false)
+	g := *br.gen.Load()
+	g.mode = config.ModeMonitor
+	br.gen.Store(&g)
+	tun.gen = &g
+	var out lockedBuffer
+	br.audit = audit.New(&out)
+	br.budgets = budget.New(budget.Options{Data: budgetData(t, `{"budgets": {"one": {"requests": 1, "window": "day"}}}`)})
+	for range 2 {
+		w := httptest.NewRecorder()
+		br.serveTunnel(w, llmRequest("m"), tun)
+		if w.Code != http.StatusOK {
+			t.Fatalf("monitor mode: %d", w.Code)
+		}
+	}
+	br.audit.Close()
+	if s := out.b.String(); !strings.Contains(s, `"would_deny":true`) || !strings.Contains(s, `"budget":"one"`) {
+		t.Fatalf("audit: %s", s)
 	}
 }
