@@ -18,6 +18,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
@@ -67,6 +68,8 @@ type Deps struct {
 	Self []netip.AddrPort
 	// Approvals holds the requests a decision asks a person about; nil refuses them.
 	Approvals *approvals.Queue
+	// Budgets checks requests against the policy's budgets (broker/budget); nil: none.
+	Budgets *budget.Budgets
 }
 
 // Limits of the agent-facing side.
@@ -96,6 +99,7 @@ type Broker struct {
 	proxy     *goproxy.ProxyHttpServer
 	admission *admission
 	approvals *approvals.Queue
+	budgets   *budget.Budgets
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -126,6 +130,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		metrics:   m,
 		log:       deps.Log,
 		approvals: deps.Approvals,
+		budgets:   deps.Budgets,
 		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
 	b.gen.Store(g)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
@@ -57,7 +58,16 @@ func classify(err error) agentError {
 	var br badRequest // path.go: a bad request whose reason the agent may read
 	var big bodyTooLarge
 	var ar approvalRefusal
+	var ex *budget.Exceeded
+	var un *budget.Unavailable
 	switch {
+	case errors.As(err, &ex):
+		return agentError{http.StatusTooManyRequests, "budget_exceeded", ex.Error(),
+			"Retry after the time in the Retry-After header, when the budget's window resets, or ask the operator for a larger budget."}
+	case errors.As(err, &un):
+		return agentError{http.StatusServiceUnavailable, "budget_unavailable",
+			fmt.Sprintf("the store of budget %q could not be reached and the budget fails closed; the request was not sent", un.Budget),
+			"This is a problem on the broker's side. Retrying later may work."}
 	case errors.As(err, &ar):
 		return agentError{ar.status, ar.code, ar.reason, ar.hint}
 	case errors.As(err, &big):

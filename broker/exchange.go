@@ -89,7 +89,7 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 	ae := classify(err)
 	x.code = ae.code
 	switch {
-	case ae.code == "denied" || refusedByApprover(ae.code):
+	case ae.code == "denied" || ae.code == "budget_exceeded" || refusedByApprover(ae.code):
 		x.ev.Decision = audit.Deny
 		x.ev.Reason = ae.reason
 	case isChallenge(r, err):
@@ -105,6 +105,7 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 		}
 	}
 	resp := errorResponse(r, ae, x.ev.RequestID, x.agent.ID, x.ev.Host)
+	setRetryAfter(resp, err)
 	x.ev.Status = ae.status
 	x.bytesOut.Add(resp.ContentLength)
 	x.finish()

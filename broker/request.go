@@ -81,6 +81,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err != nil {
 		return nil, err
 	}
+	b.readUsage(x, r, in)
 	d, err := b.policy.Decide(r.Context(), in)
 	if body.err != nil {
 		return nil, body.err
@@ -90,6 +91,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	}
 	granted, err := b.authorize(x, in, d, err)
 	if err != nil {
+		return nil, err
+	}
+	if err := b.checkBudgets(x, r, t, in, &body); err != nil {
 		return nil, err
 	}
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs the clients the end-to-end tests use as an agent would, if they are missing: curl,
-# git, python3, node and the AWS CLI (Debian's awscli, which brings botocore: the AWS tests'
-# S3 stand-in checks signatures with it) from the system's packages, chromium for the
-# console's browser tests (integration/console_test.go), and the Node packages the client
-# tests drive (openai, undici; integration/testdata/node/package-lock.json) into
+# git, python3, node, redis-server (the budget tests' shared store) and the AWS CLI (Debian's
+# awscli, which brings botocore: the AWS tests' S3 stand-in checks signatures with it) from the
+# system's packages, chromium for the console's browser tests (integration/console_test.go),
+# and the Node packages the client tests drive (openai, undici;
+# integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for tool in curl git python3 node npm aws chromium; do
+for tool in curl git python3 node npm aws chromium redis-server; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then

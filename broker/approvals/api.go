@@ -1,6 +1,7 @@
 package approvals
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -47,6 +48,8 @@ type API struct {
 	o    APIOptions
 	mux  *http.ServeMux
 	csrf string // the CSRF token when no authentication is configured (loopback only)
+	// usageOf reports GET /api/usage (SetUsage).
+	usageOf func(ctx context.Context) (any, error)
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -81,10 +84,27 @@ func NewAPI(o APIOptions) *API {
 	a.mux.HandleFunc("GET /api/grants", a.authed(a.grants))
 	a.mux.HandleFunc("DELETE /api/grants/{id}", a.authed(a.revoke))
 	a.mux.HandleFunc("GET /api/events", a.authed(a.events))
+	a.mux.HandleFunc("GET /api/usage", a.authed(a.usage))
 	a.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusNotFound, "not_found", "no such API endpoint")
 	})
 	return a
+}
+
+// SetUsage sets the function GET /api/usage reports from (the budgets' counters). Call
+// before serving; without it the endpoint answers an empty list.
+func (a *API) SetUsage(f func(ctx context.Context) (any, error)) { a.usageOf = f }
+
+func (a *API) usage(w http.ResponseWriter, r *http.Request, _ *identity) {
+	var u any = []any{}
+	if a.usageOf != nil {
+		var err error
+		if u, err = a.usageOf(r.Context()); err != nil {
+			apiError(w, http.StatusServiceUnavailable, "usage_unavailable", err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"usage": u})
 }
 
 // SetStatus sets the function GET /api/status reports from. Call before serving.

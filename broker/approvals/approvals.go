@@ -113,6 +113,9 @@ type Options struct {
 	MaxPending, MaxPendingPerAgent int
 	// StateFile keeps the "agent" grants; "" keeps them in memory only.
 	StateFile string
+	// Grants, when set, keeps the "agent" grants instead of StateFile: a store several
+	// brokers share (RedisGrants), read again whenever grants are looked up.
+	Grants GrantStore
 	// PolicyDir is where approved.json is written; "" (a policy bundle) offers no "always".
 	PolicyDir string
 	Audit     *audit.Logger

@@ -96,6 +96,12 @@ func (q *Queue) addAgentGrant(g Grant) {
 	q.mu.Lock()
 	q.grants = append(q.grants, g)
 	q.mu.Unlock()
+	if q.o.Grants != nil {
+		if err := q.o.Grants.Put(g); err != nil {
+			q.o.Log.Error().Err(err).Msg("the grants store was not written: the grant holds on this broker until a restart")
+		}
+		return
+	}
 	if err := q.save(); err != nil {
 		q.o.Log.Error().Err(err).Msg("approvals.state_file not written: the grant lasts until a restart")
 	}
@@ -115,6 +121,7 @@ func (q *Queue) grantAdded(g Grant) {
 // Match returns a live "agent" grant covering the request, or nil. "always" grants are policy
 // data: the policy reads data.approved and stops asking.
 func (q *Queue) Match(agent, method, host, path string) *Grant {
+	q.sync()
 	now := q.o.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -133,6 +140,7 @@ func (q *Queue) Match(agent, method, host, path string) *Grant {
 
 // Grants lists the live grants: "agent" ones, then the "always" ones of approved.json.
 func (q *Queue) Grants() []Grant {
+	q.sync()
 	now := q.o.Now()
 	q.mu.Lock()
 	q.grants = slices.DeleteFunc(q.grants, func(g Grant) bool { return g.Expires != nil && !now.Before(*g.Expires) })
@@ -153,6 +161,7 @@ func (q *Queue) Grants() []Grant {
 
 // Revoke ends a grant.
 func (q *Queue) Revoke(id, by string) error {
+	q.sync()
 	q.mu.Lock()
 	i := slices.IndexFunc(q.grants, func(g Grant) bool { return g.ID == id })
 	var g Grant
@@ -161,7 +170,11 @@ func (q *Queue) Revoke(id, by string) error {
 		q.grants = slices.Delete(q.grants, i, i+1)
 	}
 	q.mu.Unlock()
-	if i >= 0 {
+	if i >= 0 && q.o.Grants != nil {
+		if err := q.o.Grants.Delete(id); err != nil {
+			return fmt.Errorf("the grants store: %w", err)
+		}
+	} else if i >= 0 {
 		if err := q.save(); err != nil {
 			return fmt.Errorf("approvals.state_file: %w", err)
 		}
@@ -199,6 +212,14 @@ type stateFile struct {
 // load reads the state file's grants, dropping expired ones. A missing file is no grants; an
 // unreadable one is an error: grants must not vanish silently.
 func (q *Queue) load() error {
+	if q.o.Grants != nil {
+		gs, err := q.o.Grants.List()
+		if err != nil {
+			return fmt.Errorf("the grants store: %w", err)
+		}
+		q.grants = gs
+		return nil
+	}
 	if q.o.StateFile == "" {
 		return nil
 	}

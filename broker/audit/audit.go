@@ -52,6 +52,9 @@ type Event struct {
 	AWS *AWSCall
 	// Approval is how a held request (decision "ask") was decided, or nil.
 	Approval *Approval
+	// Budget names the budget that refused the request (429 budget_exceeded, or 503 when its
+	// shared store failed and it fails closed), or "".
+	Budget string
 }
 
 // AWSCall is the audit event's "aws" object.
@@ -115,6 +118,9 @@ func (l *Logger) Write(e *Event) {
 	}
 	if e.Approval != nil {
 		ev = ev.Object("approval", e.Approval)
+	}
+	if e.Budget != "" {
+		ev = ev.Str("budget", e.Budget)
 	}
 	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
 		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))

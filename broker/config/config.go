@@ -24,6 +24,7 @@ type Config struct {
 	Vault       *Vault       `yaml:"vault"`
 	Credentials []Credential `yaml:"credentials"`
 	Approvals   Approvals    `yaml:"approvals"`
+	Budgets     Budgets      `yaml:"budgets"`
 }
 
 type Proxy struct {

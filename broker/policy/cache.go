@@ -83,6 +83,27 @@ func (c *decisionCache) reads(refs ...ast.Ref) bool {
 	return false
 }
 
+// usagePath is input.usage, the budgets' counters (Input.ReadUsage).
+var usagePath = ast.MustParseRef("input.usage")
+
+// readsInput reports whether the compiled policy refers to ref, a part of it, or a document
+// holding it (input itself).
+func readsInput(c *ast.Compiler, ref ast.Ref) bool {
+	reads := false
+	for _, m := range c.Modules {
+		ast.WalkRefs(m, func(r ast.Ref) bool {
+			if r[0].Equal(ast.InputRootDocument) {
+				p := r.GroundPrefix()
+				if p.HasPrefix(ref) || ref.HasPrefix(p) {
+					reads = true
+				}
+			}
+			return reads
+		})
+	}
+	return reads
+}
+
 // bodyPaths are the input paths that need the request body read; headersPath, the headers.
 var (
 	bodyPaths   = []ast.Ref{ast.MustParseRef("input.request.body"), ast.MustParseRef("input.request.body_size")}

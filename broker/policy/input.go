@@ -50,8 +50,12 @@ type Input struct {
 	// AWS, when set, is input.aws: what an AWS request does (service, region, operation,
 	// bucket, key), for requests to hosts an aws_sigv4 credential is bound to.
 	AWS map[string]any
+	// ReadUsage, when set, supplies input.usage: the counters of the budgets that apply to
+	// the agent. The Engine calls it only when the policy refers to input.usage.
+	ReadUsage func() map[string]any
 
-	bodyText []byte // from ReadBody, not yet parsed into Body
+	usage    map[string]any // from ReadUsage
+	bodyText []byte         // from ReadBody, not yet parsed into Body
 	// bodyMembers, when set, are the only paths into the body the policy deciding reads
 	// (decisionCache.bodyMembers): astValue builds a body of these alone from bodyText.
 	bodyMembers []ast.Ref
@@ -83,6 +87,45 @@ func (in *Input) loadHeaders() {
 	if in.ReadHeaders != nil {
 		in.Headers, in.ReadHeaders = in.ReadHeaders(), nil
 	}
+}
+
+// loadUsage fills usage from ReadUsage, if that has not been done.
+func (in *Input) loadUsage() {
+	if in.ReadUsage != nil {
+		in.usage, in.ReadUsage = in.ReadUsage(), nil
+	}
+}
+
+// BodyString returns the top-level string member name of a JSON object body (an LLM
+// request's model), reading the body as the policy would (ReadBody) if it has not been read;
+// "" when there is none. The text is scanned, not decoded.
+func (in *Input) BodyString(name string) string {
+	in.loadBody()
+	switch {
+	case in.bodyText != nil:
+		if !in.textValid() {
+			return ""
+		}
+		text := bytes.Trim(in.bodyText, " \t\r\n")
+		if text[0] != '{' {
+			return ""
+		}
+		member, ok := objectMember(text, name)
+		if !ok {
+			return ""
+		}
+		if s, ok := plainString(member); ok {
+			return string(s)
+		}
+		var s string
+		_ = json.Unmarshal(member, &s)
+		return s
+	case in.Body != nil:
+		m, _ := in.Body.(map[string]any)
+		s, _ := m[name].(string)
+		return s
+	}
+	return ""
 }
 
 // parseBody turns the text loadBody read into Body: nil when it is not valid JSON.
@@ -143,6 +186,9 @@ func (in *Input) value() map[string]any {
 	}
 	if in.AWS != nil {
 		doc["aws"] = in.AWS
+	}
+	if in.usage != nil {
+		doc["usage"] = in.usage
 	}
 	return doc
 }
@@ -221,6 +267,13 @@ func (in *Input) astValue() (ast.Value, error) {
 			return nil, err
 		}
 		more = append(more, ast.Item(ast.StringTerm("aws"), ast.NewTerm(v)))
+	}
+	if in.usage != nil {
+		v, err := ast.InterfaceToValue(in.usage)
+		if err != nil {
+			return nil, err
+		}
+		more = append(more, ast.Item(ast.StringTerm("usage"), ast.NewTerm(v)))
 	}
 	return ast.NewObject(append([][2]*ast.Term{
 		ast.Item(ast.StringTerm("phase"), ast.StringTerm(in.Phase)),
@@ -320,6 +373,15 @@ func (in *Input) find(path ast.Ref) (found, error) {
 	switch key(1) {
 	case "phase":
 		return findString(in.Phase, path[2:])
+	case "usage":
+		if in.usage == nil {
+			return found{}, errNoValue
+		}
+		v, err := ast.InterfaceToValue(in.usage)
+		if err != nil {
+			return found{}, err
+		}
+		return findIn(v, path[2:])
 	case "aws":
 		if in.AWS == nil {
 			return found{}, errNoValue

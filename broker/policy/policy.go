@@ -68,6 +68,25 @@ type prepared struct {
 	query    rego.PreparedEvalQuery
 	revision string
 	cache    *decisionCache // nil when this policy's decisions cannot be cached
+	data     map[string]any
+	// readsUsage: the policy refers to input.usage (or the whole input), which is then
+	// computed for each decision.
+	readsUsage bool
+}
+
+// dataChecks check a policy's data document before it is loaded (RegisterDataCheck).
+var dataChecks []func(data map[string]any) error
+
+// RegisterDataCheck adds a check of the data document that every policy must pass to load
+// (the budgets' data.budgets and data.prices). Call from an init function.
+func RegisterDataCheck(f func(data map[string]any) error) { dataChecks = append(dataChecks, f) }
+
+// Data returns the current policy's revision and data document (not to be modified).
+func (e *Engine) Data() (revision string, data map[string]any) {
+	if p := e.cur.Load(); p != nil {
+		return p.revision, p.data
+	}
+	return "", nil
 }
 
 // New compiles the policy in fsys. A policy that does not compile is an error.
@@ -128,6 +147,11 @@ func compile(ctx context.Context, src *source) (*prepared, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compiling policies: %w", err)
 	}
+	for _, check := range dataChecks {
+		if err := check(src.data); err != nil {
+			return nil, fmt.Errorf("policy data: %w", err)
+		}
+	}
 	pq, err := rego.New(
 		rego.Query(Query),
 		rego.Compiler(c),
@@ -138,7 +162,8 @@ func compile(ctx context.Context, src *source) (*prepared, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compiling policies: %w", err)
 	}
-	return &prepared{query: pq, revision: src.revision, cache: newDecisionCache(c)}, nil
+	return &prepared{query: pq, revision: src.revision, cache: newDecisionCache(c), data: src.data,
+		readsUsage: readsInput(c, usagePath)}, nil
 }
 
 // compileModules parses (Rego v1) and compiles modules with the broker's capabilities.
@@ -193,6 +218,11 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	}
 	if c == nil || c.readsHeaders {
 		in.loadHeaders()
+	}
+	if p != nil && p.readsUsage {
+		// Usage changes with every request: the cache keys on the counters the policy
+		// reads, so a decision is reused only for the same counters, never a stale one.
+		in.loadUsage()
 	}
 	if c == nil {
 		return evaluateInput(ctx, p, in)

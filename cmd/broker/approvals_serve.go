@@ -80,7 +80,7 @@ func adminTLS(t *config.AdminTLS) (*tls.Config, error) {
 // buildApprovals makes the approvals queue (its grants loaded from the state file), its
 // webhook, and the admin API. policyDir is "" when the policy is not a directory.
 func buildApprovals(ctx context.Context, cfg *config.Config, configPath, policyDir string, adminAddr net.Addr,
-	token string, mtls bool, auditLog *audit.Logger, metrics *broker.Metrics, log zerolog.Logger) (*approvalsSetup, error) {
+	token string, mtls bool, auditLog *audit.Logger, metrics *broker.Metrics, log zerolog.Logger, grants approvals.GrantStore) (*approvalsSetup, error) {
 	a := cfg.Approvals
 	state := a.StateFile
 	if state == "" && configPath != "" {
@@ -96,7 +96,7 @@ func buildApprovals(ctx context.Context, cfg *config.Config, configPath, policyD
 	}
 	m := approvals.NewMetrics(metrics.Registry())
 	o := approvals.Options{Timeout: a.Timeout, MaxPending: a.MaxPending, MaxPendingPerAgent: a.MaxPendingPerAgent,
-		StateFile: state, PolicyDir: policyDir, Audit: auditLog, Metrics: m, Log: log}
+		StateFile: state, PolicyDir: policyDir, Audit: auditLog, Metrics: m, Log: log, Grants: grants}
 	if w := a.Webhook; w != nil {
 		hook := &approvals.Webhook{URL: w.URL, ConsoleURL: consoleURL, Metrics: m, Log: log}
 		if w.SecretEnv != "" {

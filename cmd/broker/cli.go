@@ -31,6 +31,7 @@ Usage:
   broker healthcheck [--admin ADDR] [--path /readyz] exit 0 when the broker's admin endpoint answers 200
   broker approvals list|approve ID|deny ID|grants|revoke ID [--admin URL] [--token-env VAR]
                                                       decide on requests held for approval
+  broker usage [--admin URL] [--token-env VAR] [--json]  every budget's counter now
   broker version | --version
 `
 
@@ -58,6 +59,8 @@ func runCLI(args []string, stdout, stderr io.Writer) int {
 		err = cmdAgentEnv(rest, stdout, stderr)
 	case "approvals":
 		err = cmdApprovals(rest, stdout, stderr)
+	case "usage":
+		err = cmdUsage(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		cmdVersion(stdout)
 	case "-h", "--help", "help":

@@ -148,6 +148,7 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	keep("admin.listen", old.Admin.Listen, cfg.Admin.Listen, func() { cfg.Admin.Listen = old.Admin.Listen })
 	keep("admin", old.Admin, cfg.Admin, func() { cfg.Admin = old.Admin })
 	keep("approvals", old.Approvals, cfg.Approvals, func() { cfg.Approvals = old.Approvals })
+	keep("budgets", old.Budgets, cfg.Budgets, func() { cfg.Budgets = old.Budgets })
 	keep("ca", old.CA, cfg.CA, func() { cfg.CA = old.CA })
 	keep("policy.dir", old.Policy.Dir, cfg.Policy.Dir, func() { cfg.Policy.Dir = old.Policy.Dir })
 	keep("policy.bundle", old.Policy.Bundle, cfg.Policy.Bundle, func() { cfg.Policy.Bundle = old.Policy.Bundle })

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/capbroker/capbroker/broker"
+	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
@@ -186,17 +187,30 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if watch {
 		approvalsPolicyDir = cfg.Policy.Dir
 	}
-	ap, err := buildApprovals(ctx, cfg, o.configPath, approvalsPolicyDir, adminLn.Addr(), token, adminTLSConfig != nil, auditLog, metrics, log)
+	budgets, budgetStore, err := buildBudgets(cfg, engine, metrics, log)
 	if err != nil {
 		proxyLn.Close()
 		adminLn.Close()
 		return err
 	}
+	var grants approvals.GrantStore
+	if budgetStore != nil {
+		defer budgetStore.Close()
+		grants = &approvals.RedisGrants{Client: budgetStore.Client(), Key: budgetStore.Prefix() + "grants"}
+	}
+	ap, err := buildApprovals(ctx, cfg, o.configPath, approvalsPolicyDir, adminLn.Addr(), token, adminTLSConfig != nil, auditLog, metrics, log, grants)
+	if err != nil {
+		proxyLn.Close()
+		adminLn.Close()
+		return err
+	}
+	ap.api.SetUsage(func(ctx context.Context) (any, error) { return budgets.Summary(ctx, agentLabels(cfg)) })
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
-		Self:      append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...),
+		Self:      append(append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...), redisAddrs(cfg)...),
 		Approvals: ap.queue,
+		Budgets:   budgets,
 	})
 	if err != nil {
 		proxyLn.Close()

@@ -1,0 +1,75 @@
+package approvals
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/capbroker/capbroker/broker/budget/redistest"
+)
+
+// TestRedisGrantsShared: a grant made on one broker lets the same request through another
+// that shares the Redis store, survives a broker restart (a new queue) and a Redis restart,
+// and a revoke on either ends it for both.
+func TestRedisGrantsShared(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { c.Close() })
+	store := func() GrantStore { return &RedisGrants{Client: c, Key: "t:grants"} }
+	q1, err := New(Options{Grants: store()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q2, err := New(Options{Grants: store()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := time.Now().Add(time.Hour)
+	q1.addAgentGrant(Grant{ID: "gr-1", Kind: ScopeAgent, Agent: "a", Host: "api.example.com", Method: "POST", PathPrefix: "/v1/", Expires: &exp})
+	old := time.Now().Add(-time.Minute)
+	q1.addAgentGrant(Grant{ID: "gr-old", Kind: ScopeAgent, Agent: "a", Host: "old.example.com", Expires: &old})
+	if g := q2.Match("a", "POST", "api.example.com", "/v1/x"); g == nil || g.ID != "gr-1" {
+		t.Fatalf("the other broker's match: %+v", g)
+	}
+	if q2.Match("a", "GET", "old.example.com", "/") != nil {
+		t.Fatal("an expired grant matched")
+	}
+	srv.Restart()
+	q3, err := New(Options{Grants: store()}) // a broker restarted, after Redis restarted
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs := q3.Grants(); len(gs) != 1 || gs[0].ID != "gr-1" {
+		t.Fatalf("grants after restarts: %+v", gs)
+	}
+	if err := q3.Revoke("gr-1", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	if g := q1.Match("a", "POST", "api.example.com", "/v1/x"); g != nil {
+		t.Fatalf("a revoked grant still matches on another broker: %+v", g)
+	}
+}
+
+// TestAPIUsage: GET /api/usage answers what SetUsage reports, behind the admin API's auth.
+func TestAPIUsage(t *testing.T) {
+	_, c := newAPI(t, "s3cret-admin")
+	bearer := map[string]string{"Authorization": "Bearer s3cret-admin"}
+	if code, body, _ := c.do("GET", "/api/usage", "", bearer); code != 200 || len(body["usage"].([]any)) != 0 {
+		t.Fatalf("without budgets: %d %v", code, body)
+	}
+	api := c.srv.Config.Handler.(*API)
+	api.SetUsage(func(context.Context) (any, error) {
+		return []map[string]any{{"budget": "b", "usage": map[string]any{"used": 3}}}, nil
+	})
+	if code, _, _ := c.do("GET", "/api/usage", "", nil); code != 401 {
+		t.Fatalf("no auth: %d", code)
+	}
+	code, body, _ := c.do("GET", "/api/usage", "", bearer)
+	if code != 200 || !strings.Contains(fmt.Sprint(body["usage"]), "budget:b") {
+		t.Fatalf("usage: %d %v", code, body)
+	}
+}

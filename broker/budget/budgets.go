@@ -1,0 +1,608 @@
+package budget
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/capbroker/capbroker/broker/usage"
+)
+
+// keyMargin is how long a counter outlives its window: brokers whose clocks differ a little
+// still find it.
+const keyMargin = time.Hour
+
+// downFor is how long the broker stops asking a shared store that failed: requests in that
+// time apply on_store_error at once instead of waiting for a timeout each.
+const downFor = time.Second
+
+// Options configure Budgets.
+type Options struct {
+	// Data returns the current policy's revision and data document (data.budgets, data.prices).
+	Data func() (revision string, data map[string]any)
+	// Store is the shared store; nil keeps counters in memory.
+	Store Store
+	// OnStoreError is what a budget without its own on_store_error does when Store fails:
+	// FailClosed (the default) or Local.
+	OnStoreError string
+	// Providers names more LLM API hosts (host -> provider), beside the built-in ones.
+	Providers map[string]string
+	Metrics   prometheus.Registerer
+	Log       zerolog.Logger
+	Now       func() time.Time
+}
+
+// Budgets checks requests against the budgets of the current policy and records their usage.
+// Safe for concurrent use. It is the broker's usage.Recorder.
+type Budgets struct {
+	o      Options
+	shared Store   // nil when counters are in memory only
+	local  *Memory // the counters in memory: the store itself, or the last values of the shared one
+	// fetched holds, by counter, when this broker last read it from the shared store (unix ns).
+	fetched    *Memory
+	refreshing atomic.Bool // a background read of the shared store is running
+
+	cur  atomic.Pointer[parsed]
+	down atomic.Int64 // unix nanoseconds until which the shared store is not asked
+
+	owedMu sync.Mutex
+	owed   map[string]owedAdd // adds made locally while the shared store failed, replayed after
+
+	work    chan func()
+	pending sync.WaitGroup
+
+	remaining  *prometheus.GaugeVec
+	refused    *prometheus.CounterVec
+	storeError *prometheus.CounterVec
+}
+
+type owedAdd struct {
+	n   int64
+	ttl time.Duration
+}
+
+type parsed struct {
+	revision string
+	set      *Set
+	err      error
+}
+
+var _ usage.Recorder = (*Budgets)(nil)
+
+// New returns Budgets. With a shared store, usage is written to it by a goroutine of its own.
+func New(o Options) *Budgets {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.OnStoreError == "" {
+		o.OnStoreError = FailClosed
+	}
+	b := &Budgets{o: o, local: NewMemory(), fetched: NewMemory(), owed: map[string]owedAdd{}}
+	b.local.now, b.fetched.now = o.Now, o.Now
+	if o.Store != nil {
+		b.shared = o.Store
+		b.work = make(chan func(), 4096)
+		go func() {
+			for f := range b.work {
+				f()
+				b.pending.Done()
+			}
+		}()
+	}
+	b.remaining = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "capbroker_budget_remaining",
+		Help: "What is left of a budget in its current window (requests, tokens, or cost in the price table's unit), by budget and scope (the agent, for a per-agent budget).",
+	}, []string{"budget", "scope"})
+	b.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capbroker_budget_refused_total",
+		Help: "Requests refused for a budget: over it (429), or its shared store unreachable and the budget failing closed (503).",
+	}, []string{"budget", "reason"})
+	b.storeError = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capbroker_budget_store_errors_total",
+		Help: "Failed round trips to the shared budget store, by operation (take, add, get).",
+	}, []string{"op"})
+	if o.Metrics != nil {
+		o.Metrics.MustRegister(b.remaining, b.refused, b.storeError)
+	}
+	return b
+}
+
+// Flush waits until the usage recorded so far has been written to the shared store, and
+// background reads of it have ended.
+func (b *Budgets) Flush() { b.pending.Wait() }
+
+// set returns the parsed budgets of the current policy (nil and the error when its data is
+// malformed: Check then refuses).
+func (b *Budgets) set() (*Set, error) {
+	if b.o.Data == nil {
+		return &Set{}, nil
+	}
+	rev, data := b.o.Data()
+	if p := b.cur.Load(); p != nil && p.revision == rev {
+		return p.set, p.err
+	}
+	s, err := Parse(data)
+	b.cur.Store(&parsed{rev, s, err})
+	return s, err
+}
+
+// Active reports whether the current policy declares any budget.
+func (b *Budgets) Active() bool {
+	s, err := b.set()
+	return err != nil || len(s.Budgets) > 0
+}
+
+// builtinProviders are the LLM APIs known by host.
+var builtinProviders = map[string]string{
+	"api.openai.com":                    "openai",
+	"api.anthropic.com":                 "anthropic",
+	"generativelanguage.googleapis.com": "gemini",
+}
+
+// Provider names the LLM API at host, or "".
+func (b *Budgets) Provider(host string) string {
+	host = strings.ToLower(host)
+	if p, ok := b.o.Providers[host]; ok {
+		return p
+	}
+	return builtinProviders[host]
+}
+
+// Exceeded refuses a request over a budget.
+type Exceeded struct {
+	Budget, Unit, Window string
+	Limit, Used          int64
+	// RetryAfter is the time left in the budget's window.
+	RetryAfter time.Duration
+}
+
+func (e *Exceeded) Error() string {
+	return fmt.Sprintf("budget %q exceeded: %s of %s %s this %s (UTC); it resets in %s",
+		e.Budget, amount(e.Unit, e.Used), amount(e.Unit, e.Limit), e.Unit, e.Window, e.RetryAfter.Round(time.Second))
+}
+
+// RetryAfterSeconds is the Retry-After header's value: whole seconds, rounded up.
+func (e *Exceeded) RetryAfterSeconds() int {
+	return int(math.Ceil(e.RetryAfter.Seconds()))
+}
+
+// Unavailable refuses a request whose budget fails closed when its shared store failed.
+type Unavailable struct {
+	Budget string
+	Err    error
+}
+
+func (e *Unavailable) Error() string {
+	return fmt.Sprintf("budget %q: its shared store could not be reached and the budget fails closed: %v", e.Budget, e.Err)
+}
+
+func (e *Unavailable) Unwrap() error { return e.Err }
+
+func amount(unit string, n int64) string {
+	if unit == UnitCost {
+		return fmt.Sprintf("%.6g", float64(n)/microDollars)
+	}
+	return fmt.Sprint(n)
+}
+
+func (b *Budgets) onStoreError(bu *Budget) string {
+	if bu.OnStoreError != "" {
+		return bu.OnStoreError
+	}
+	return b.o.OnStoreError
+}
+
+// Check counts a request against the budgets that apply to it, before it is forwarded: a
+// requests budget counts it now; tokens and cost budgets only refuse it when they are already
+// spent (their usage is recorded when the call ends). It returns *Exceeded when a budget is
+// spent, *Unavailable when the shared store failed and a budget fails closed, or the policy
+// data's error.
+func (b *Budgets) Check(ctx context.Context, r Request) error {
+	s, err := b.set()
+	if err != nil {
+		return fmt.Errorf("budgets: the policy's data is malformed: %w", err)
+	}
+	if len(s.Budgets) == 0 {
+		return nil
+	}
+	bs := s.Match(r)
+	if len(bs) == 0 {
+		return nil
+	}
+	now := b.o.Now()
+	cs := make([]Counter, len(bs))
+	ends := make([]time.Time, len(bs))
+	for i, bu := range bs {
+		start, end := Window(bu.Window, now)
+		ends[i] = end
+		cs[i] = Counter{Key: bu.key(r.Agent, start), Limit: bu.Limit, TTL: end.Sub(now) + keyMargin}
+		if bu.Unit == UnitRequests {
+			cs[i].Add = 1
+		}
+	}
+	vals, over, err := b.take(ctx, cs, bs)
+	if err != nil {
+		return err
+	}
+	for i, bu := range bs {
+		b.remaining.WithLabelValues(bu.Name, scope(bu, r.Agent)).Set(remaining(bu, vals[i]))
+	}
+	if over < 0 {
+		return nil
+	}
+	bu := bs[over]
+	b.refused.WithLabelValues(bu.Name, "exceeded").Inc()
+	return &Exceeded{Budget: bu.Name, Unit: bu.Unit, Window: bu.Window, Limit: bu.Limit, Used: vals[over],
+		RetryAfter: ends[over].Sub(now)}
+}
+
+// take runs a check's counters through the shared store, or locally: always without one;
+// when the store failed, for budgets that fall back to local counters.
+func (b *Budgets) take(ctx context.Context, cs []Counter, bs []*Budget) ([]int64, int, error) {
+	if b.shared == nil {
+		return b.local.Take(ctx, cs)
+	}
+	if vals, over, ok := b.cached(ctx, cs); ok {
+		return vals, over, nil
+	}
+	var err error
+	if d := b.down.Load(); d == 0 || b.o.Now().UnixNano() >= d {
+		var vals []int64
+		var over int
+		// Adds made locally while the store failed go to it first, so this check sees them.
+		if err = b.replay(ctx); err == nil {
+			vals, over, err = b.shared.Take(ctx, cs)
+		}
+		if err == nil {
+			b.down.Store(0)
+			now := b.o.Now().UnixNano()
+			for i, c := range cs {
+				b.local.seed(c.Key, vals[i], c.TTL)
+				b.fetched.seed(c.Key, now, c.TTL)
+			}
+			return vals, over, nil
+		}
+		b.storeError.WithLabelValues("take").Inc()
+		b.down.Store(b.o.Now().Add(downFor).UnixNano())
+		b.o.Log.Warn().Err(err).Msg("budget store failed; budgets apply on_store_error")
+	} else {
+		err = fmt.Errorf("the store failed less than %s ago", downFor)
+	}
+	for _, bu := range bs {
+		if b.onStoreError(bu) == FailClosed {
+			b.refused.WithLabelValues(bu.Name, "store_unavailable").Inc()
+			return nil, 0, &Unavailable{Budget: bu.Name, Err: err}
+		}
+	}
+	// Local counters, from the last values the store gave: each broker can let through at
+	// most what was left of a budget then, so a fleet of N overshoots by at most N-1 times it.
+	vals, over, _ := b.local.Take(ctx, cs)
+	if over < 0 {
+		for _, c := range cs {
+			if c.Add != 0 {
+				b.owe(c.Key, c.Add, c.TTL)
+			}
+		}
+	}
+	return vals, over, nil
+}
+
+// refreshEvery is how old the counters of a tokens or cost budget may be when a request is
+// checked against them: such a check counts nothing, so it reads the values this broker holds
+// and has them read again from the shared store in the background, off the request's path.
+const refreshEvery = 100 * time.Millisecond
+
+// cached checks counters that nothing is added to (tokens and cost budgets) against the
+// values this broker holds, and starts a refresh from the shared store when they are older
+// than refreshEvery. It reports false, for a round trip instead, when one of them has never
+// been read here or the store is down.
+func (b *Budgets) cached(ctx context.Context, cs []Counter) ([]int64, int, bool) {
+	if d := b.down.Load(); d != 0 && b.o.Now().UnixNano() < d {
+		return nil, 0, false
+	}
+	keys := make([]string, len(cs))
+	for i, c := range cs {
+		if c.Add != 0 {
+			return nil, 0, false
+		}
+		keys[i] = c.Key
+	}
+	at, _ := b.fetched.Get(ctx, keys)
+	now := b.o.Now().UnixNano()
+	stale := false
+	for _, t := range at {
+		if t == 0 {
+			return nil, 0, false
+		}
+		stale = stale || now-t > int64(refreshEvery)
+	}
+	vals, _ := b.local.Get(ctx, keys)
+	over := -1
+	for i, c := range cs {
+		if vals[i] >= c.Limit {
+			over = i
+			break
+		}
+	}
+	if stale && b.refreshing.CompareAndSwap(false, true) {
+		for _, c := range cs {
+			b.fetched.seed(c.Key, now, c.TTL)
+		}
+		b.pending.Add(1)
+		go func() {
+			defer b.pending.Done()
+			defer b.refreshing.Store(false)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			vs, err := b.shared.Get(ctx, keys)
+			if err != nil {
+				b.storeError.WithLabelValues("get").Inc()
+				b.down.Store(b.o.Now().Add(downFor).UnixNano())
+				return
+			}
+			for i, c := range cs {
+				b.local.seed(c.Key, vs[i], c.TTL)
+			}
+		}()
+	}
+	return vals, over, true
+}
+
+// owe keeps an add made locally for the shared store, to be replayed when it answers again.
+func (b *Budgets) owe(key string, n int64, ttl time.Duration) {
+	b.owedMu.Lock()
+	defer b.owedMu.Unlock()
+	o := b.owed[key]
+	o.n += n
+	o.ttl = max(o.ttl, ttl)
+	b.owed[key] = o
+}
+
+// replay writes the owed adds to the shared store; those it could not write stay owed.
+func (b *Budgets) replay(ctx context.Context) error {
+	b.owedMu.Lock()
+	if len(b.owed) == 0 {
+		b.owedMu.Unlock()
+		return nil
+	}
+	owed := b.owed
+	b.owed = map[string]owedAdd{}
+	b.owedMu.Unlock()
+	var err error
+	for k, o := range owed {
+		if err == nil {
+			err = b.shared.Add(ctx, k, o.n, o.ttl)
+			if err == nil {
+				continue
+			}
+		}
+		b.owe(k, o.n, o.ttl)
+	}
+	return err
+}
+
+// async adds to a counter of the shared store by the usage goroutine; a failed add is owed.
+func (b *Budgets) async(key string, n int64, ttl time.Duration) {
+	b.pending.Add(1)
+	f := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := b.shared.Add(ctx, key, n, ttl); err != nil {
+			b.storeError.WithLabelValues("add").Inc()
+			b.owe(key, n, ttl)
+		}
+	}
+	select {
+	case b.work <- f:
+	default:
+		// The queue is full (the store is slow): owed, not waited for.
+		b.owe(key, n, ttl)
+		b.pending.Done()
+	}
+}
+
+func scope(bu *Budget, agent string) string {
+	if bu.PerAgent {
+		return agent
+	}
+	return ""
+}
+
+func remaining(bu *Budget, used int64) float64 {
+	r := float64(bu.Limit - used)
+	if r < 0 {
+		r = 0
+	}
+	if bu.Unit == UnitCost {
+		r /= microDollars
+	}
+	return r
+}
+
+// Record counts a metered call's tokens and cost against the tokens and cost budgets that
+// apply to it, in the window it ends in, and returns its cost by data.prices (0 when the
+// model has no price). A call that started within a budget and ended over it is counted
+// whole: the next request is refused.
+func (b *Budgets) Record(c usage.Call) float64 {
+	s, err := b.set()
+	if err != nil {
+		return 0
+	}
+	cost, _ := s.Cost(c.Model, c.In, c.Out, c.Cached)
+	now := b.o.Now()
+	for _, bu := range s.Budgets {
+		if bu.Unit == UnitRequests || !bu.appliesToAgent(c.Agent, c.Labels) || !bu.appliesToCall(c.Provider, c.Model) {
+			continue
+		}
+		n := c.In + c.Out
+		if bu.Unit == UnitCost {
+			n = cost
+		}
+		if n == 0 {
+			continue
+		}
+		start, end := Window(bu.Window, now)
+		key, ttl := bu.key(c.Agent, start), end.Sub(now)+keyMargin
+		_ = b.local.Add(context.Background(), key, n, ttl)
+		if b.shared != nil {
+			b.async(key, n, ttl)
+		}
+		v, _ := b.local.Get(context.Background(), []string{key})
+		b.remaining.WithLabelValues(bu.Name, scope(bu, c.Agent)).Set(remaining(bu, v[0]))
+	}
+	return float64(cost) / microDollars
+}
+
+// Within reports whether a call still in progress (its tokens so far in c) keeps within the
+// hard budgets (hard: true) that apply to it, and names the first it would overrun. It reads
+// the counters this broker holds (the shared store's values as of its last answer, plus the
+// usage recorded here since): no round trip, so a stream wrapper may ask at every event.
+func (b *Budgets) Within(c usage.Call) (ok bool, budget string) {
+	s, err := b.set()
+	if err != nil {
+		return true, ""
+	}
+	var cost int64
+	costDone := false
+	now := b.o.Now()
+	for _, bu := range s.Budgets {
+		if !bu.Hard || !bu.appliesToAgent(c.Agent, c.Labels) || !bu.appliesToCall(c.Provider, c.Model) {
+			continue
+		}
+		n := c.In + c.Out
+		if bu.Unit == UnitCost {
+			if !costDone {
+				cost, _ = s.Cost(c.Model, c.In, c.Out, c.Cached)
+				costDone = true
+			}
+			n = cost
+		}
+		start, _ := Window(bu.Window, now)
+		v, _ := b.local.Get(context.Background(), []string{bu.key(c.Agent, start)})
+		if v[0]+n > bu.Limit {
+			return false, bu.Name
+		}
+	}
+	return true, ""
+}
+
+// Usage is input.usage: the budgets that apply to the agent (whatever the provider or
+// model), each with its counter now. It reads the shared store once; when that fails, the
+// counters this broker holds.
+func (b *Budgets) Usage(ctx context.Context, agent string, labels map[string]string) map[string]any {
+	s, err := b.set()
+	if err != nil || len(s.Budgets) == 0 {
+		return map[string]any{}
+	}
+	now := b.o.Now()
+	var bs []*Budget
+	var keys []string
+	for _, bu := range s.Budgets {
+		if bu.appliesToAgent(agent, labels) {
+			start, _ := Window(bu.Window, now)
+			bs = append(bs, bu)
+			keys = append(keys, bu.key(agent, start))
+		}
+	}
+	vals := b.read(ctx, keys)
+	out := make(map[string]any, len(bs))
+	for i, bu := range bs {
+		out[bu.Name] = entry(bu, vals[i], now)
+	}
+	return out
+}
+
+// read gets counters from the shared store, or from memory.
+func (b *Budgets) read(ctx context.Context, keys []string) []int64 {
+	if b.shared != nil {
+		if d := b.down.Load(); d == 0 || b.o.Now().UnixNano() >= d {
+			vals, err := b.shared.Get(ctx, keys)
+			if err == nil {
+				for i, k := range keys {
+					b.local.seed(k, vals[i], time.Hour) // refreshed with its real TTL by the next check
+				}
+				return vals
+			}
+			b.storeError.WithLabelValues("get").Inc()
+			b.down.Store(b.o.Now().Add(downFor).UnixNano())
+		}
+	}
+	vals, _ := b.local.Get(ctx, keys)
+	return vals
+}
+
+// entry is one budget's counter as input.usage and the usage summary show it.
+func entry(bu *Budget, used int64, now time.Time) map[string]any {
+	_, end := Window(bu.Window, now)
+	e := map[string]any{
+		"unit":      bu.Unit,
+		"window":    bu.Window,
+		"resets_at": end.Format(time.RFC3339),
+	}
+	if bu.Unit == UnitCost {
+		e["limit"] = float64(bu.Limit) / microDollars
+		e["used"] = float64(used) / microDollars
+		e["remaining"] = remaining(bu, used)
+	} else {
+		e["limit"] = bu.Limit
+		e["used"] = used
+		e["remaining"] = max(bu.Limit-used, 0)
+	}
+	if bu.Provider != "" {
+		e["provider"] = bu.Provider
+	}
+	if bu.Model != "" {
+		e["model"] = bu.Model
+	}
+	return e
+}
+
+// Line is one counter of the usage summary (GET /api/usage).
+type Line struct {
+	Budget string         `json:"budget"`
+	Agent  string         `json:"agent,omitempty"` // a per-agent budget's agent
+	Usage  map[string]any `json:"usage"`
+}
+
+// Summary lists every budget's counter now: one for a budget kept for all the agents it
+// selects, one per agent it selects in agents (ID -> labels) for a per-agent budget.
+func (b *Budgets) Summary(ctx context.Context, agents map[string]map[string]string) ([]Line, error) {
+	s, err := b.set()
+	if err != nil {
+		return nil, err
+	}
+	now := b.o.Now()
+	var lines []Line
+	var keys []string
+	var bs []*Budget
+	for _, bu := range s.Budgets {
+		start, _ := Window(bu.Window, now)
+		if !bu.PerAgent {
+			lines = append(lines, Line{Budget: bu.Name})
+			keys = append(keys, bu.key("", start))
+			bs = append(bs, bu)
+			continue
+		}
+		for _, a := range slices.Sorted(maps.Keys(agents)) {
+			if bu.appliesToAgent(a, agents[a]) {
+				lines = append(lines, Line{Budget: bu.Name, Agent: a})
+				keys = append(keys, bu.key(a, start))
+				bs = append(bs, bu)
+			}
+		}
+	}
+	vals := b.read(ctx, keys)
+	for i := range lines {
+		lines[i].Usage = entry(bs[i], vals[i], now)
+	}
+	return lines, nil
+}

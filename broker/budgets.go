@@ -1,0 +1,88 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/capbroker/capbroker/broker/budget"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/policy"
+)
+
+// readUsage makes input.usage available to the policy: the counters of the budgets that
+// apply to the agent, computed only if the policy refers to them.
+func (b *Broker) readUsage(x *exchange, r *http.Request, in *policy.Input) {
+	if b.budgets == nil {
+		return
+	}
+	ctx := r.Context()
+	in.ReadUsage = func() map[string]any { return b.budgets.Usage(ctx, x.agent.ID, x.agent.Labels) }
+}
+
+// checkBudgets counts an allowed request against the budgets that apply to it, before it is
+// sent: over one, it is refused (429 budget_exceeded, with Retry-After); a budget whose shared
+// store failed and that fails closed refuses it with 503. The request's model is read from
+// its JSON body (as the policy reads it) only when a budget naming a model applies. In
+// monitor mode a request a budget would refuse is recorded as would_deny and sent.
+func (b *Broker) checkBudgets(x *exchange, r *http.Request, t target, in *policy.Input, body *policyBody) error {
+	if b.budgets == nil {
+		return nil
+	}
+	provider := b.budgets.Provider(t.host)
+	err := b.budgets.Check(r.Context(), budget.Request{
+		Agent: x.agent.ID, Labels: x.agent.Labels, Provider: provider,
+		Model: func() string { return requestModel(provider, in) },
+	})
+	if body.err != nil {
+		return body.err
+	}
+	var ex *budget.Exceeded
+	var un *budget.Unavailable
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ex):
+		x.ev.Budget = ex.Budget
+	case errors.As(err, &un):
+		x.ev.Budget = un.Budget
+	default:
+		return fmt.Errorf("%w: %v", policy.ErrEvaluation, err)
+	}
+	if x.g.mode == config.ModeMonitor {
+		x.ev.WouldDeny = true
+		x.ev.Reason = err.Error()
+		return nil
+	}
+	return err
+}
+
+// requestModel is the model an LLM request names: in the path for Gemini
+// (/v1beta/models/MODEL:generateContent), else the body's "model".
+func requestModel(provider string, in *policy.Input) string {
+	if provider == "gemini" {
+		_, rest, ok := strings.Cut(in.Path, "/models/")
+		if !ok {
+			return ""
+		}
+		m, _, _ := strings.Cut(rest, ":")
+		m, _, _ = strings.Cut(m, "/")
+		return m
+	}
+	return in.BodyString("model")
+}
+
+// setRetryAfter tells an agent refused for a budget when to try again: when the budget's
+// window ends, or in a second when its store failed.
+func setRetryAfter(resp *http.Response, err error) {
+	var ex *budget.Exceeded
+	var un *budget.Unavailable
+	switch {
+	case errors.As(err, &ex):
+		resp.Header.Set("Retry-After", strconv.Itoa(max(ex.RetryAfterSeconds(), 1)))
+	case errors.As(err, &un):
+		resp.Header.Set("Retry-After", "1")
+	}
+}
