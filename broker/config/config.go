@@ -24,6 +24,7 @@ type Config struct {
 	Vault       *Vault       `yaml:"vault"`
 	Credentials []Credential `yaml:"credentials"`
 	Approvals   Approvals    `yaml:"approvals"`
+	LLM         LLM          `yaml:"llm"`
 }
 
 type Proxy struct {

@@ -81,6 +81,7 @@ func (c *Config) Validate() []error {
 		c.Vault.validate(&e)
 	}
 	c.validateApprovals(&e)
+	c.validateLLM(&e)
 	return e
 }
 
