@@ -22,6 +22,7 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/broker/usage"
 	"github.com/capbroker/capbroker/credentials"
 )
 
@@ -67,6 +68,9 @@ type Deps struct {
 	Self []netip.AddrPort
 	// Approvals holds the requests a decision asks a person about; nil refuses them.
 	Approvals *approvals.Queue
+	// Recorder is given the usage of each metered LLM call (broker/llm) and prices it; nil
+	// meters for the audit event and metrics alone, at cost 0.
+	Recorder usage.Recorder
 }
 
 // Limits of the agent-facing side.
@@ -96,6 +100,7 @@ type Broker struct {
 	proxy     *goproxy.ProxyHttpServer
 	admission *admission
 	approvals *approvals.Queue
+	recorder  usage.Recorder
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -126,6 +131,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		metrics:   m,
 		log:       deps.Log,
 		approvals: deps.Approvals,
+		recorder:  deps.Recorder,
 		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
 	b.gen.Store(g)
