@@ -10,6 +10,9 @@ import (
 // are known without it.
 type LLM struct {
 	OpenAICompatible []OpenAICompatible `yaml:"openai_compatible"`
+	// AnthropicCompatible are endpoints that speak Anthropic's messages API
+	// ({path_prefix}/messages); request_usage does not apply to them.
+	AnthropicCompatible []OpenAICompatible `yaml:"anthropic_compatible"`
 }
 
 // OpenAICompatible is an endpoint that speaks OpenAI's chat completions and responses APIs.
@@ -37,8 +40,14 @@ var providerNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 
 func (c *Config) validateLLM(e *errs) {
 	seen := map[string]bool{"openai": true, "anthropic": true, "gemini": true}
-	for i, oc := range c.LLM.OpenAICompatible {
+	for i, oc := range append(c.LLM.OpenAICompatible[:len(c.LLM.OpenAICompatible):len(c.LLM.OpenAICompatible)], c.LLM.AnthropicCompatible...) {
 		p := fmt.Sprintf("llm.openai_compatible[%d]", i)
+		if j := i - len(c.LLM.OpenAICompatible); j >= 0 {
+			p = fmt.Sprintf("llm.anthropic_compatible[%d]", j)
+			if oc.RequestUsage != nil {
+				e.add(p+".request_usage", "only for openai_compatible: Anthropic streams always report usage")
+			}
+		}
 		switch {
 		case !providerNameRe.MatchString(oc.Name):
 			e.add(p+".name", "must be 1 to 32 lower-case letters, digits, - or _, not %q", oc.Name)

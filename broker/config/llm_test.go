@@ -20,6 +20,9 @@ func TestValidateLLM(t *testing.T) {
 		"no hosts":     {`[{name: a}]`, []string{"llm.openai_compatible[0].hosts"}},
 		"bad host":     {`[{name: a, hosts: ["https://a.internal/"]}]`, []string{"llm.openai_compatible[0].hosts[0]"}},
 		"bad prefix":   {`[{name: a, hosts: [a.internal], path_prefix: v1}]`, []string{"llm.openai_compatible[0].path_prefix"}},
+		"anthropic":    {"[{name: a, hosts: [a.internal]}]\n  anthropic_compatible: [{name: b, hosts: [a.internal]}]", nil},
+		"anthropic dup": {"[{name: a, hosts: [a.internal]}]\n  anthropic_compatible: [{name: a, hosts: [a.internal], request_usage: true}]",
+			[]string{"llm.anthropic_compatible[0].request_usage", "llm.anthropic_compatible[0].name"}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -4,6 +4,7 @@
 package llm
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/capbroker/capbroker/broker/config"
@@ -43,6 +44,7 @@ type compatible struct {
 	hosts    []string
 	prefix   string
 	askUsage bool
+	api      API // ChatCompletions (and Responses), or Messages
 }
 
 // Endpoints recognises LLM calls. The zero value, and nil, know the built-in providers.
@@ -61,8 +63,15 @@ func NewEndpoints(cfg config.LLM) *Endpoints {
 		}
 		e.compatible = append(e.compatible, compatible{
 			name: c.Name, hosts: hosts, prefix: strings.TrimSuffix(c.PathOrDefault(), "/"),
-			askUsage: c.RequestUsage == nil || *c.RequestUsage,
+			askUsage: c.RequestUsage == nil || *c.RequestUsage, api: ChatCompletions,
 		})
+	}
+	for _, c := range cfg.AnthropicCompatible {
+		hosts := make([]string, len(c.Hosts))
+		for i, h := range c.Hosts {
+			hosts[i] = strings.ToLower(h)
+		}
+		e.compatible = append(e.compatible, compatible{name: c.Name, hosts: hosts, prefix: strings.TrimSuffix(c.PathOrDefault(), "/"), api: Messages})
 	}
 	return e
 }
@@ -85,10 +94,15 @@ func (e *Endpoints) Match(host, path string) (Endpoint, bool) {
 		return Endpoint{}, false
 	}
 	for _, c := range e.compatible {
-		for _, h := range c.hosts {
-			if hostMatches(h, host) {
-				return openAIPath(c.name, c.prefix, path, c.askUsage)
+		if !slices.ContainsFunc(c.hosts, func(h string) bool { return hostMatches(h, host) }) {
+			continue
+		}
+		if c.api == Messages {
+			if path == c.prefix+"/messages" {
+				return Endpoint{Provider: c.name, API: Messages}, true
 			}
+		} else if ep, ok := openAIPath(c.name, c.prefix, path, c.askUsage); ok {
+			return ep, true
 		}
 	}
 	return Endpoint{}, false

@@ -29,29 +29,33 @@ func TestMatch(t *testing.T) {
 	e := NewEndpoints(config.LLM{OpenAICompatible: []config.OpenAICompatible{
 		{Name: "vllm", Hosts: []string{"llm.internal", "*.inference.example"}, PathPrefix: "/openai/v1"},
 		{Name: "old", Hosts: []string{"old.internal"}, RequestUsage: &no},
+	}, AnthropicCompatible: []config.OpenAICompatible{
+		{Name: "claude-gw", Hosts: []string{"llm.internal"}, PathPrefix: "/anthropic/v1"},
 	}})
 	cases := map[string]struct {
 		host, path string
 		want       Endpoint
 		ok         bool
 	}{
-		"openai chat":       {"api.openai.com", "/v1/chat/completions", Endpoint{Provider: OpenAI, API: ChatCompletions, AskUsage: true}, true},
-		"openai responses":  {"api.openai.com", "/v1/responses", Endpoint{Provider: OpenAI, API: Responses}, true},
-		"openai models":     {"api.openai.com", "/v1/models", Endpoint{}, false},
-		"openai sub-path":   {"api.openai.com", "/v1/chat/completions/x", Endpoint{}, false},
-		"anthropic":         {"api.anthropic.com", "/v1/messages", Endpoint{Provider: Anthropic, API: Messages}, true},
-		"anthropic count":   {"api.anthropic.com", "/v1/messages/count_tokens", Endpoint{}, false},
-		"gemini":            {"generativelanguage.googleapis.com", "/v1beta/models/gemini-2.5-flash:generateContent", Endpoint{Provider: Gemini, API: GenerateContent, Model: "gemini-2.5-flash"}, true},
-		"gemini stream":     {"generativelanguage.googleapis.com", "/v1/models/gemini-2.0-flash:streamGenerateContent", Endpoint{Provider: Gemini, API: GenerateContent, Model: "gemini-2.0-flash"}, true},
-		"gemini count":      {"generativelanguage.googleapis.com", "/v1beta/models/gemini-2.0-flash:countTokens", Endpoint{}, false},
-		"gemini no model":   {"generativelanguage.googleapis.com", "/v1beta/models/:generateContent", Endpoint{}, false},
-		"compatible":        {"llm.internal", "/openai/v1/chat/completions", Endpoint{Provider: "vllm", API: ChatCompletions, AskUsage: true}, true},
-		"compatible wild":   {"a.inference.example", "/openai/v1/responses", Endpoint{Provider: "vllm", API: Responses}, true},
-		"compatible apex":   {"inference.example", "/openai/v1/responses", Endpoint{}, false},
-		"compatible prefix": {"llm.internal", "/v1/chat/completions", Endpoint{}, false},
-		"compatible no ask": {"old.internal", "/v1/chat/completions", Endpoint{Provider: "old", API: ChatCompletions}, true},
-		"another host":      {"example.com", "/v1/chat/completions", Endpoint{}, false},
-		"openai look-alike": {"api.openai.com.evil", "/v1/chat/completions", Endpoint{}, false},
+		"openai chat":           {"api.openai.com", "/v1/chat/completions", Endpoint{Provider: OpenAI, API: ChatCompletions, AskUsage: true}, true},
+		"openai responses":      {"api.openai.com", "/v1/responses", Endpoint{Provider: OpenAI, API: Responses}, true},
+		"openai models":         {"api.openai.com", "/v1/models", Endpoint{}, false},
+		"openai sub-path":       {"api.openai.com", "/v1/chat/completions/x", Endpoint{}, false},
+		"anthropic":             {"api.anthropic.com", "/v1/messages", Endpoint{Provider: Anthropic, API: Messages}, true},
+		"anthropic count":       {"api.anthropic.com", "/v1/messages/count_tokens", Endpoint{}, false},
+		"gemini":                {"generativelanguage.googleapis.com", "/v1beta/models/gemini-2.5-flash:generateContent", Endpoint{Provider: Gemini, API: GenerateContent, Model: "gemini-2.5-flash"}, true},
+		"gemini stream":         {"generativelanguage.googleapis.com", "/v1/models/gemini-2.0-flash:streamGenerateContent", Endpoint{Provider: Gemini, API: GenerateContent, Model: "gemini-2.0-flash"}, true},
+		"gemini count":          {"generativelanguage.googleapis.com", "/v1beta/models/gemini-2.0-flash:countTokens", Endpoint{}, false},
+		"gemini no model":       {"generativelanguage.googleapis.com", "/v1beta/models/:generateContent", Endpoint{}, false},
+		"compatible":            {"llm.internal", "/openai/v1/chat/completions", Endpoint{Provider: "vllm", API: ChatCompletions, AskUsage: true}, true},
+		"compatible wild":       {"a.inference.example", "/openai/v1/responses", Endpoint{Provider: "vllm", API: Responses}, true},
+		"compatible apex":       {"inference.example", "/openai/v1/responses", Endpoint{}, false},
+		"compatible prefix":     {"llm.internal", "/v1/chat/completions", Endpoint{}, false},
+		"compatible no ask":     {"old.internal", "/v1/chat/completions", Endpoint{Provider: "old", API: ChatCompletions}, true},
+		"anthropic compatible":  {"llm.internal", "/anthropic/v1/messages", Endpoint{Provider: "claude-gw", API: Messages}, true},
+		"anthropic compat path": {"llm.internal", "/anthropic/v1/chat/completions", Endpoint{}, false},
+		"another host":          {"example.com", "/v1/chat/completions", Endpoint{}, false},
+		"openai look-alike":     {"api.openai.com.evil", "/v1/chat/completions", Endpoint{}, false},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
