@@ -2,7 +2,7 @@
 # Installs the clients the end-to-end tests use as an agent would, if they are missing: curl,
 # git, python3, node and the AWS CLI (Debian's awscli, which brings botocore: the AWS tests'
 # S3 stand-in checks signatures with it) from the system's packages, and the Node packages
-# the client tests drive (openai, undici; integration/testdata/node/package-lock.json) into
+# the client tests drive (openai, @anthropic-ai/sdk, undici; integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
