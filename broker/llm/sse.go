@@ -32,7 +32,7 @@ func (s *sse) feed(b []byte, cut func(i int, keep bool)) {
 	}
 	s.cr = false
 	for pos < len(b) {
-		j := bytes.IndexAny(b[pos:], "\r\n")
+		j := lineEnd(b[pos:])
 		if j < 0 {
 			s.appendLine(b[pos:])
 			return
@@ -123,4 +123,18 @@ func (s *sse) processLine(line []byte, over bool) (keep, ended bool) {
 	}
 	s.data = append(s.data, v...)
 	return false, false
+}
+
+// lineEnd is the index of the first CR or LF in b, or -1: two vectorised searches, the one for
+// CR (rare) only up to the first LF.
+func lineEnd(b []byte) int {
+	lf := bytes.IndexByte(b, '\n')
+	upTo := b
+	if lf >= 0 {
+		upTo = b[:lf]
+	}
+	if cr := bytes.IndexByte(upTo, '\r'); cr >= 0 {
+		return cr
+	}
+	return lf
 }
