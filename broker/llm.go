@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"io"
 	"net/http"
-	"strconv"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/llm"
@@ -19,7 +18,8 @@ import (
 // instead of r's, when the broker asks for usage the agent did not, or nil.
 func (x *exchange) meterRequest(in *policy.Input, t target, small []byte, body *policyBody) []byte {
 	ep, ok := x.g.llm.Match(t.host, in.Path)
-	if !ok {
+	if !ok || in.Method != http.MethodPost { // GET /v1/chat/completions lists stored ones: no call
+
 		return nil
 	}
 	text := small
@@ -48,8 +48,8 @@ func (x *exchange) prepareMetered(out *http.Request, nb []byte) {
 	}
 	if nb != nil {
 		out.Body = io.NopCloser(bytes.NewReader(nb))
-		out.ContentLength = int64(len(nb))
-		out.Header.Set("Content-Length", strconv.Itoa(len(nb)))
+		out.ContentLength, out.TransferEncoding = int64(len(nb)), nil
+		out.Header.Del("Content-Length")
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(nb)), nil }
 	}
 }

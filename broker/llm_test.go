@@ -58,6 +58,16 @@ func (streamUpstream) CloseIdleConnections() {}
 // stream it asked for, the recorder the call with the agent's identity, and the audit event
 // the call with the recorder's cost.
 func TestMeteredStream(t *testing.T) {
+	for name, messages := range map[string]string{
+		"small body": `[]`,
+		// Over maxSmallBody, and not read by the (allow-all) policy: read here for the model.
+		"large body": `[{"role":"user","content":"` + strings.Repeat("x", maxSmallBody+1) + `"}]`,
+	} {
+		t.Run(name, func(t *testing.T) { testMeteredStream(t, messages) })
+	}
+}
+
+func testMeteredStream(t *testing.T, messages string) {
 	br, tun := benchBroker(t, false)
 	var auditLog bytes.Buffer
 	lg := audit.New(&auditLog)
@@ -66,7 +76,8 @@ func TestMeteredStream(t *testing.T) {
 	up := streamUpstream{sent: make(chan []byte, 1)}
 	br.setTransport(up)
 
-	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o-mini","stream":true,"messages":[]}`))
+	reqBody := `{"model":"gpt-4o-mini","stream":true,"messages":` + messages + `}`
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(reqBody))
 	r.Host = "api.openai.com"
 	r.Header.Set("Content-Type", "application/json")
 	r.Header.Set("Accept-Encoding", "gzip, br")
@@ -74,8 +85,8 @@ func TestMeteredStream(t *testing.T) {
 	br.serveTunnel(w, r, tun)
 	lg.Close()
 
-	if sent := <-up.sent; !bytes.Contains(sent, []byte(`"stream_options":{"include_usage":true}`)) {
-		t.Errorf("the upstream was sent %s", sent)
+	if sent := <-up.sent; string(sent) != `{"stream_options":{"include_usage":true},`+reqBody[1:] {
+		t.Errorf("the upstream was sent %.200s", sent)
 	}
 	if got := w.Body.String(); strings.Contains(got, "usage") || !strings.Contains(got, `"content":"ok"`) || !strings.HasSuffix(got, "data: [DONE]\n\n") {
 		t.Errorf("the agent got %q", got)
