@@ -403,3 +403,37 @@ func TestNoDelay(t *testing.T) {
 		})
 	}
 }
+
+func TestParseRequest(t *testing.T) {
+	cases := map[string]struct {
+		body string
+		want Request
+	}{
+		"usual":         {`{"model":"gpt-4o","messages":[{"role":"user","content":"a \"model\": \"x\" }"}],"stream":true}`, Request{Model: "gpt-4o", Stream: true}},
+		"include usage": {` {"stream" : true, "stream_options": {"include_usage": true}, "model": "m"} `, Request{Model: "m", Stream: true, IncludeUsage: true}},
+		"nested model":  {`{"x":{"model":"no"},"model":"yes"}`, Request{Model: "yes"}},
+		"last wins":     {`{"model":"first","model":"last"}`, Request{Model: "last"}},
+		"escaped name":  {`{"model":"a","mod\u0065l":"b"}`, Request{Model: "b"}},
+		"escaped value": {`{"model":"gpt\u002d4"}`, Request{Model: "gpt-4"}},
+		"not an object": {`["model"]`, Request{}},
+		"broken":        {`{"model":"m"`, Request{}},
+		"model number":  {`{"model":4}`, Request{}},
+		"stream string": {`{"stream":"true"}`, Request{}},
+		"empty":         {`{}`, Request{}},
+		"backslashes":   {`{"p":"a\\","model":"m","q":"b\"\\\"}","stream":true}`, Request{Model: "m", Stream: true}},
+		"quote in name": {`{"a\"model":"x","model":"m"}`, Request{Model: "m"}},
+	}
+	for name, c := range cases {
+		if got := ParseRequest(chatEP, []byte(c.body)); got != c.want {
+			t.Errorf("%s: %+v, want %+v", name, got, c.want)
+		}
+	}
+}
+
+func BenchmarkParseRequest(b *testing.B) {
+	body := []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"` + strings.Repeat("Say ok. ", 4096) + `"}],"max_tokens":8,"stream":true}`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		ParseRequest(chatEP, body)
+	}
+}
