@@ -36,6 +36,7 @@ var llmUsage = map[string]struct{ in, out, cacheRead, cacheWrite int }{
 	"gpt-stream":       {13, 5, 0, 0},
 	"gpt-stream-usage": {17, 9, 4, 0},
 	"gpt-resp":         {30, 6, 1, 0},
+	"gpt-resp-stream":  {31, 12, 0, 0},
 	"claude-json":      {21, 8, 3, 0},
 	"claude-stream":    {25, 15, 100, 10},
 }
@@ -94,6 +95,13 @@ func (s *llmStandIn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				req.Model, u.in, u.out, u.in+u.out, u.cacheRead)
 		}
 		event("data: [DONE]\n\n")
+	case strings.HasSuffix(r.URL.Path, "/v1/responses") && req.Stream:
+		w.Header().Set("Content-Type", "text/event-stream")
+		event("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_2\",\"object\":\"response\",\"created_at\":1741290958,\"status\":\"in_progress\",\"model\":\"%s-2025\",\"output\":[],\"usage\":null}}\n\n", req.Model)
+		event("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_2\",\"output_index\":0,\"content_index\":0,\"delta\":\"hel\"}\n\n")
+		event("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":2,\"item_id\":\"msg_2\",\"output_index\":0,\"content_index\":0,\"delta\":\"lo\"}\n\n")
+		event("event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":3,\"response\":{\"id\":\"resp_2\",\"object\":\"response\",\"created_at\":1741290958,\"status\":\"completed\",\"model\":\"%s-2025\",\"output\":[{\"id\":\"msg_2\",\"type\":\"message\",\"status\":\"completed\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"hello\",\"annotations\":[]}]}],\"usage\":{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d},\"output_tokens\":%d,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":%d}}}\n\n",
+			req.Model, u.in, u.cacheRead, u.out, u.in+u.out)
 	case strings.HasSuffix(r.URL.Path, "/v1/responses"):
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":"resp_1","object":"response","created_at":1741476777,"status":"completed","error":null,"incomplete_details":null,"model":"%s-2025","output":[{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"hello","annotations":[]}]}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":{"input_tokens":%d,"input_tokens_details":{"cached_tokens":%d},"output_tokens":%d,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":%d}}`,
@@ -149,6 +157,13 @@ for await (const c of await openai.chat.completions.create({ model: 'gpt-stream-
 out.streamUsage = { text, usage };
 const resp = await openai.responses.create({ model: 'gpt-resp', input: 'hi' });
 out.responses = { text: resp.output_text, usage: resp.usage };
+text = '';
+let completed = null;
+for await (const ev of await openai.responses.create({ model: 'gpt-resp-stream', input: 'hi', stream: true })) {
+  if (ev.type === 'response.output_text.delta') text += ev.delta;
+  if (ev.type === 'response.completed') completed = ev.response.usage;
+}
+out.responsesStream = { text, usage: completed };
 const msg = await anthropic.messages.create({ model: 'claude-json', max_tokens: 16, messages });
 out.claude = { text: msg.content[0].text, usage: msg.usage };
 const stream = anthropic.messages.stream({ model: 'claude-stream', max_tokens: 16, messages });
@@ -194,6 +209,10 @@ func TestLLMMetering(t *testing.T) {
 			Text  string
 			Usage map[string]any
 		}
+		ResponsesStream struct {
+			Text  string
+			Usage map[string]any
+		}
 		Claude struct {
 			Text  string
 			Usage map[string]any
@@ -208,7 +227,7 @@ func TestLLMMetering(t *testing.T) {
 	}
 	// What the agent saw.
 	for name, text := range map[string]string{"chat": got.Chat.Text, "nousage": got.Nousage.Text, "stream": got.Stream.Text,
-		"streamUsage": got.StreamUsage.Text, "responses": got.Responses.Text, "claude": got.Claude.Text, "claudeStream": got.ClaudeStream.Text} {
+		"streamUsage": got.StreamUsage.Text, "responses": got.Responses.Text, "responsesStream": got.ResponsesStream.Text, "claude": got.Claude.Text, "claudeStream": got.ClaudeStream.Text} {
 		if text != "hello" {
 			t.Errorf("%s: the agent got text %q", name, text)
 		}
@@ -221,6 +240,9 @@ func TestLLMMetering(t *testing.T) {
 	}
 	if n := got.StreamUsage.Usage["prompt_tokens"]; n != float64(17) {
 		t.Errorf("the agent that asked for usage got %v", got.StreamUsage.Usage)
+	}
+	if n := got.ResponsesStream.Usage["output_tokens"]; n != float64(12) {
+		t.Errorf("the responses stream's usage: %v", got.ResponsesStream.Usage)
 	}
 	if n := got.ClaudeStream.Usage["output_tokens"]; n != float64(15) {
 		t.Errorf("the Anthropic stream's usage: %v", got.ClaudeStream.Usage)
@@ -238,6 +260,7 @@ func TestLLMMetering(t *testing.T) {
 		"gpt-stream":       {"openai-local", "gpt-stream", 13, 5, 0, true},
 		"gpt-stream-usage": {"openai-local", "gpt-stream-usage", 17, 9, 4, true},
 		"gpt-resp":         {"openai-local", "gpt-resp", 30, 6, 1, true},
+		"gpt-resp-stream":  {"openai-local", "gpt-resp-stream", 31, 12, 0, true},
 		"claude-json":      {"anthropic-local", "claude-json", 24, 8, 3, true},
 		"claude-stream":    {"anthropic-local", "claude-stream", 135, 15, 100, true},
 	}
