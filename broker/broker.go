@@ -23,6 +23,7 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/broker/usage"
 	"github.com/capbroker/capbroker/credentials"
 )
 
@@ -70,6 +71,9 @@ type Deps struct {
 	Approvals *approvals.Queue
 	// Budgets checks requests against the policy's budgets (broker/budget); nil: none.
 	Budgets *budget.Budgets
+	// Recorder is given the usage of each metered LLM call (broker/llm) and prices it; nil
+	// meters for the audit event and metrics alone, at cost 0.
+	Recorder usage.Recorder
 }
 
 // Limits of the agent-facing side.
@@ -100,6 +104,7 @@ type Broker struct {
 	admission *admission
 	approvals *approvals.Queue
 	budgets   *budget.Budgets
+	recorder  usage.Recorder
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -131,6 +136,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		log:       deps.Log,
 		approvals: deps.Approvals,
 		budgets:   deps.Budgets,
+		recorder:  deps.Recorder,
 		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
 	b.gen.Store(g)

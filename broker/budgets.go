@@ -31,7 +31,12 @@ func (b *Broker) checkBudgets(x *exchange, r *http.Request, t target, in *policy
 	if b.budgets == nil {
 		return nil
 	}
+	// A metered endpoint (broker/llm: built-in, or one the config names) says its provider;
+	// other requests to an LLM API's host count for that API too.
 	provider := b.budgets.Provider(t.host)
+	if ep, ok := x.g.llm.Match(t.host, in.Path); ok {
+		provider = ep.Provider
+	}
 	err := b.budgets.Check(r.Context(), budget.Request{
 		Agent: x.agent.ID, Labels: x.agent.Labels, Provider: provider,
 		Model: func() string { return requestModel(provider, in) },

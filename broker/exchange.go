@@ -13,6 +13,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/identity"
+	"github.com/capbroker/capbroker/broker/llm"
 	"github.com/capbroker/capbroker/broker/scrub"
 )
 
@@ -33,6 +34,8 @@ type exchange struct {
 	// event's text from the upstream or the agent (an error quoting a malformed response
 	// line, a reason, the path) passes through it too.
 	scrub *scrub.Replacer
+	// meter reads the usage of a call to an LLM API, or is nil (llm.go).
+	meter *llm.Meter
 	// code is the agent-facing error code of a failed exchange (metrics outcome).
 	code string
 }

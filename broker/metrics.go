@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/llm"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/credentials"
 )
@@ -50,6 +51,8 @@ type Metrics struct {
 	children map[egressKey]prometheus.Counter
 
 	watched sync.Once
+
+	llm *llm.Metrics // metered LLM calls
 }
 
 // Label values for what is outside the configured sets.
@@ -111,6 +114,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 	m.build.WithLabelValues("dev", "unknown", runtime.Version()).Set(1)
 	reg.MustRegister(m.requests, m.latency, m.reloads, m.egress, m.upstreamErrors, m.reloadFailures, m.inflight, m.build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.llm = llm.NewMetrics(reg)
 	return m
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/inject"
+	"github.com/capbroker/capbroker/broker/llm"
 	"github.com/capbroker/capbroker/broker/upstream"
 )
 
@@ -40,6 +41,9 @@ type generation struct {
 	derived       Derivers // the minters and signers among secrets
 	transport     upstreamClient
 	dialer        *upstream.Dialer
+
+	// llm recognises the LLM APIs metered (llm.openai_compatible).
+	llm *llm.Endpoints
 
 	// upstream is what transport and dialer were built from: a new generation keeps them
 	// (and their pools of connections) when it has not changed.
@@ -88,6 +92,7 @@ func newGeneration(cfg *config.Config, secrets Secrets, self []netip.AddrPort, p
 		auditInput: cfg.Audit.IncludeInput,
 		agents:     agents,
 		bindings:   inject.NewSet(cfg.Credentials),
+		llm:        llm.NewEndpoints(cfg.LLM),
 		scrubbers:  newScrubbers(cfg.Credentials),
 		secrets:    secrets,
 		upstream:   key,

@@ -96,6 +96,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err := b.checkBudgets(x, r, t, in, &body); err != nil {
 		return nil, err
 	}
+	metered := x.meterRequest(in, t, small, &body)
 
 	out := outbound(r, t, in.Path)
 	if small != nil {
@@ -103,6 +104,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		// connection, when its kept-alive one turns out closed before any response.
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(small)), nil }
 	}
+	x.prepareMetered(out, metered)
 	toks, err := x.g.inject(r.Context(), out, granted, d.Scopes)
 	if err != nil {
 		return nil, err
@@ -324,7 +326,7 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 			}
 		}
 		text, size, err := readPolicyBody(r, small, x.g.maxPolicyBody)
-		body.err = err
+		body.err, body.text = err, text
 		if err != nil || text == nil {
 			body.hold.release()
 		} else if small == nil {
@@ -340,6 +342,7 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 type policyBody struct {
 	hold *bodyHold
 	err  error
+	text []byte // the body's text, when read (metering reads its model)
 }
 
 // policyHeaders are the request's headers as the policy sees them: lower-case names, values

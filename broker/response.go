@@ -31,6 +31,9 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer, rng *byteRang
 	}
 	resp.Header.Set("X-Broker-Request-Id", x.ev.RequestID)
 	x.ev.Status = resp.StatusCode
+	if x.meter != nil && !upgraded {
+		x.meter.Wrap(resp, x.metered) // after scrubbing, which decodes: the meter reads plain text
+	}
 	body := &countingBody{ReadCloser: resp.Body, n: &x.bytesOut, done: x.finish}
 	if w, ok := resp.Body.(io.Writer); ok && upgraded {
 		resp.Body = &upgradedBody{countingBody: body, w: w, in: &x.bytesIn}

@@ -101,6 +101,7 @@ type envOpts struct {
 	mode         string
 	handler      http.Handler // extra routes on the upstream, tried before the default echo
 	policy       string
+	policyFiles  map[string]string // more files in the policy directory (data), by name
 	includeInput bool
 	inputLevel   string // audit.include_input when set, over includeInput (bodies_test.go)
 	proxy        string // extra proxy config keys
@@ -139,6 +140,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	}
 	e.broker = startBroker(t, brokerOpts{
 		policy: o.policy,
+		files:  o.policyFiles,
 		config: fmt.Sprintf(`upstream:
   ca_file: %q
   allow_private: ["127.0.0.1/32"]

@@ -102,7 +102,7 @@ func nodeModules(t *testing.T) string {
 			requireTool(t, tool+" is missing")
 		}
 	}
-	for _, pkg := range []string{"openai", "undici"} {
+	for _, pkg := range []string{"openai", "undici", "@anthropic-ai/sdk"} {
 		if _, err := os.Stat(filepath.Join(dir, pkg, "package.json")); err != nil {
 			requireTool(t, "the Node package "+pkg+" is missing from "+dir)
 		}

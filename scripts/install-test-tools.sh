@@ -3,7 +3,7 @@
 # git, python3, node, redis-server (the budget tests' shared store) and the AWS CLI (Debian's
 # awscli, which brings botocore: the AWS tests' S3 stand-in checks signatures with it) from the
 # system's packages, chromium for the console's browser tests (integration/console_test.go),
-# and the Node packages the client tests drive (openai, undici;
+# and the Node packages the client tests drive (openai, @anthropic-ai/sdk, undici;
 # integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
 set -euo pipefail

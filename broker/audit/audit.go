@@ -50,6 +50,8 @@ type Event struct {
 	InputLevel Level
 	// AWS names the AWS service and operation of a request to AWS (CONTRACT §8), when known.
 	AWS *AWSCall
+	// LLM is the model and usage of a metered LLM call (CONTRACT §8), or nil.
+	LLM *LLMCall
 	// Approval is how a held request (decision "ask") was decided, or nil.
 	Approval *Approval
 	// Budget names the budget that refused the request (429 budget_exceeded, or 503 when its
@@ -60,6 +62,16 @@ type Event struct {
 // AWSCall is the audit event's "aws" object.
 type AWSCall struct {
 	Service, Operation string
+}
+
+// LLMCall is the audit event's "llm" object. Reported false: the response carried no usage
+// that could be read (tokens 0, usage_reported false).
+type LLMCall struct {
+	Provider, Model     string
+	TokensIn, TokensOut int64
+	TokensCached        int64
+	Cost                float64
+	Reported            bool
 }
 
 // Logger writes events. Safe for concurrent use.
@@ -115,6 +127,11 @@ func (l *Logger) Write(e *Event) {
 	}
 	if a := e.AWS; a != nil {
 		ev = ev.Dict("aws", zerolog.Dict().Str("service", a.Service).Str("operation", a.Operation))
+	}
+	if l := e.LLM; l != nil {
+		ev = ev.Dict("llm", zerolog.Dict().Str("provider", l.Provider).Str("model", l.Model).
+			Int64("tokens_in", l.TokensIn).Int64("tokens_out", l.TokensOut).Int64("tokens_cached", l.TokensCached).Float64("cost", l.Cost).
+			Bool("usage_reported", l.Reported))
 	}
 	if e.Approval != nil {
 		ev = ev.Object("approval", e.Approval)

@@ -25,6 +25,7 @@ type Config struct {
 	Credentials []Credential `yaml:"credentials"`
 	Approvals   Approvals    `yaml:"approvals"`
 	Budgets     Budgets      `yaml:"budgets"`
+	LLM         LLM          `yaml:"llm"`
 }
 
 type Proxy struct {

@@ -82,6 +82,7 @@ func (c *Config) Validate() []error {
 	}
 	c.validateApprovals(&e)
 	c.validateBudgets(&e)
+	c.validateLLM(&e)
 	return e
 }
 

@@ -211,6 +211,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Self:      append(append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...), redisAddrs(cfg)...),
 		Approvals: ap.queue,
 		Budgets:   budgets,
+		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
 	})
 	if err != nil {
 		proxyLn.Close()
