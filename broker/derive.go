@@ -113,32 +113,32 @@ func (g *generation) sign(ctx context.Context, out *http.Request, granted []*inj
 	return nil
 }
 
-// retryRejected handles an upstream's 401 to a request sent with minted tokens: a token can be
-// revoked or expire early. When the request can be sent again (no body, or one held whole), the
-// tokens are retired, fresh ones minted, and the request sent once more; resend does that. It
-// returns the response the agent gets.
-func retryRejected(resp *http.Response, out *http.Request, toks []minted, resend func() (*http.Response, error)) (*http.Response, error) {
+// renewRejected handles an upstream's 401 to a request sent with minted tokens: a token can be
+// revoked or expire early. When the request can be sent again (no body, or one held whole), it
+// closes resp, retires the tokens, puts fresh ones in out, rewinds out's body and reports true:
+// out is to be sent once more. Otherwise resp is the agent's answer.
+func renewRejected(resp *http.Response, out *http.Request, toks []minted) (bool, error) {
 	if resp.StatusCode != http.StatusUnauthorized || len(toks) == 0 {
-		return resp, nil
+		return false, nil
 	}
 	// An HTTP/2 request without a body still has a Body (empty, ContentLength 0).
 	hasBody := out.Body != nil && out.Body != http.NoBody && out.ContentLength != 0
 	if hasBody && out.GetBody == nil {
-		return resp, nil // the body went upstream as it streamed: it cannot be sent again
+		return false, nil // the body went upstream as it streamed: it cannot be sent again
 	}
 	_ = resp.Body.Close()
 	for i := range toks {
 		toks[i].minter.Reject(toks[i].tok)
 		if err := toks[i].put(out.Context(), out); err != nil {
-			return nil, err
+			return false, err
 		}
 	}
 	if hasBody {
 		body, err := out.GetBody()
 		if err != nil {
-			return nil, err
+			return false, err
 		}
 		out.Body = body
 	}
-	return resend()
+	return true, nil
 }

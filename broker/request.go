@@ -77,23 +77,8 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 
 	var body policyBody // the body as read for the policy, if it is
 	defer func() { body.hold.release() }()
-	in, err := b.requestInput(x, r, t, small, &body)
+	in, d, granted, err := b.decide(x, r, t, small, &body)
 	if err != nil {
-		return nil, err
-	}
-	b.readUsage(x, r, in)
-	d, err := b.policy.Decide(r.Context(), in)
-	if body.err != nil {
-		return nil, body.err
-	}
-	if err == nil && d.Ask != nil {
-		d, err = b.ask(x, r, in, d, small, &body)
-	}
-	granted, err := b.authorize(x, in, d, err)
-	if err != nil {
-		return nil, err
-	}
-	if err := b.checkBudgets(x, r, t, in, &body); err != nil {
 		return nil, err
 	}
 	metered := x.meterRequest(in, t, small, &body)
@@ -109,46 +94,76 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err != nil {
 		return nil, err
 	}
-	s := x.g.responseScrubber(t.host)
-	x.scrub = s
+	x.scrub = x.g.responseScrubber(t.host)
 	var rng *byteRange // a range the broker widened, to cut from the answer
-	if !s.Empty() {
+	if !x.scrub.Empty() {
 		// Ask for an unencoded body, and WebSocket frames without compression, so the response
 		// can be scrubbed; and for the whole of it: a secret split across ranges would be
 		// scrubbed in neither.
 		for _, h := range encodingOffers {
 			delete(out.Header, h)
 		}
-		rng = narrowRange(out, s)
+		rng = narrowRange(out, x.scrub)
 	}
 	x.g.forwardTrailers(r, out)
 	if err := x.g.sign(r.Context(), out, granted); err != nil {
 		return nil, err
 	}
 
-	send := func() (*http.Response, error) {
-		resp, err := x.g.transport.RoundTrip(out, poolFor(x.agent.ID, granted))
-		if err != nil {
-			return nil, upstreamFailure(t.hostPort(), err)
-		}
-		return resp, nil
-	}
-	resp, err := send()
-	if err == nil {
-		resp, err = retryRejected(resp, out, toks, func() (*http.Response, error) {
-			// The fresh tokens are scrubbed as well as the retired ones.
-			s = x.g.responseScrubber(t.host)
-			x.scrub = s
-			return send()
-		})
-	}
+	resp, err := x.send(out, t, granted, toks)
 	if err != nil {
 		return nil, err
 	}
 	if err := checkSwitch(out, resp); err != nil {
 		return nil, err
 	}
-	return x.respond(resp, s, rng)
+	return x.respond(resp, x.scrub, rng)
+}
+
+// decide asks the policy about the request (and a person, when the policy asks), applies the
+// decision and the budgets, and returns the policy input, the decision and the credentials
+// granted.
+func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, body *policyBody) (*policy.Input, policy.Decision, []*inject.Binding, error) {
+	in, err := b.requestInput(x, r, t, small, body)
+	if err != nil {
+		return nil, policy.Decision{}, nil, err
+	}
+	b.readUsage(x, r, in)
+	d, err := b.policy.Decide(r.Context(), in)
+	if body.err != nil {
+		return nil, d, nil, body.err
+	}
+	if err == nil && d.Ask != nil {
+		d, err = b.ask(x, r, in, d, small, body)
+	}
+	granted, err := b.authorize(x, in, d, err)
+	if err == nil {
+		err = b.checkBudgets(x, r, t, in, body)
+	}
+	return in, d, granted, err
+}
+
+// send sends out upstream. An upstream's 401 to minted tokens retires them, and a request that
+// can be sent again is sent once more with fresh ones (renewRejected), which the response is
+// then scrubbed of as well.
+func (x *exchange) send(out *http.Request, t target, granted []*inject.Binding, toks []minted) (*http.Response, error) {
+	pool := poolFor(x.agent.ID, granted)
+	for try := 0; ; try++ {
+		resp, err := x.g.transport.RoundTrip(out, pool)
+		if err != nil {
+			return nil, upstreamFailure(t.hostPort(), err)
+		}
+		again := false
+		if try == 0 {
+			if again, err = renewRejected(resp, out, toks); err != nil {
+				return nil, err
+			}
+		}
+		if !again {
+			return resp, nil
+		}
+		x.scrub = x.g.responseScrubber(t.host)
+	}
 }
 
 // encodingOffers are the request headers that let an upstream encode a response in a way the
