@@ -576,6 +576,7 @@
   function amount(v, unit) {
     const n = Number(v);
     if (!Number.isFinite(n)) return str(v);
+    if (unit === 'cost' && n > 0 && n < 0.0001) return '< $0.0001';
     if (unit === 'cost') return '$' + (n >= 100 ? n.toFixed(0) : n >= 1 ? n.toFixed(2) : n.toFixed(4).replace(/0+$/, '').replace(/\.$/, ''));
     return n.toLocaleString('en-US');
   }
