@@ -11,6 +11,7 @@
   const MAX_AGENTS = 500;      // options in the agent filter
   const REFRESH_MS = 10000;    // approvals and grants, besides the events that announce changes
   const STATUS_MS = 15000;
+  const USAGE_MS = 1000;       // the usage panel reloads at most this often on metered decisions
 
   const state = {
     csrf: '',
@@ -31,6 +32,9 @@
     events: null,
     reloadTimer: 0,
     retry: 0,
+    usageTimer: 0,             // a usage reload is scheduled
+    usageAt: 0,                // when the last one started (Date.now())
+    usageSeq: 0,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -170,6 +174,7 @@
     loadStatus();
     loadApprovals();
     loadGrants();
+    loadUsage();
   }
 
   // signedIn names who is deciding: the API calls a bearer-token session "token".
@@ -529,6 +534,78 @@
       revoke);
   }
 
+  // ---- usage (budgets) ---------------------------------------------------------------
+
+  // scheduleUsage reloads the usage panel soon, at most once every USAGE_MS: a broker serving
+  // many metered calls a second costs the admin API one call a second from this page.
+  function scheduleUsage() {
+    if (state.usageTimer) return;
+    const wait = Math.max(0, state.usageAt + USAGE_MS - Date.now());
+    state.usageTimer = setTimeout(() => { state.usageTimer = 0; loadUsage(); }, wait);
+  }
+
+  async function loadUsage() {
+    if (!state.started) return;
+    state.usageAt = Date.now();
+    const seq = ++state.usageSeq;
+    let r;
+    try {
+      r = await api('GET', '/api/usage');
+    } catch (e) {
+      if (e.status === 401 || seq !== state.usageSeq) return;
+      const empty = $('usage-empty');
+      empty.textContent = 'Usage unavailable: ' + e.message;
+      empty.hidden = false;
+      empty.classList.add('error');
+      return;
+    }
+    if (seq !== state.usageSeq) return; // a newer load is under way
+    const list = Array.isArray(r.usage) ? r.usage.filter((l) => l && typeof l === 'object') : [];
+    const ul = $('usage');
+    ul.replaceChildren(...list.map(usageItem));
+    const spent = ul.querySelectorAll('li.spent').length;
+    $('usage-count').textContent = spent ? list.length + ' · ' + spent + ' spent' : String(list.length);
+    $('usage-count').classList.toggle('spent', spent > 0);
+    const empty = $('usage-empty');
+    empty.classList.remove('error');
+    empty.textContent = 'No budgets: the policy\'s data declares none.';
+    empty.hidden = list.length > 0;
+  }
+
+  // amount shows a counter in its unit: cost in dollars, requests and tokens as counts.
+  function amount(v, unit) {
+    const n = Number(v);
+    if (!Number.isFinite(n)) return str(v);
+    if (unit === 'cost' && n > 0 && n < 0.0001) return '< $0.0001';
+    if (unit === 'cost') return '$' + (n >= 100 ? n.toFixed(0) : n >= 1 ? n.toFixed(2) : n.toFixed(4).replace(/0+$/, '').replace(/\.$/, ''));
+    return n.toLocaleString('en-US');
+  }
+
+  function usageItem(l) {
+    const u = l.usage && typeof l.usage === 'object' ? l.usage : {};
+    const unit = str(u.unit);
+    const used = Number(u.used) || 0;
+    const limit = Number(u.limit) || 0;
+    const spent = Number(u.remaining) <= 0;
+    const scope = [];
+    if (u.provider) scope.push(str(u.provider));
+    if (u.model) scope.push(str(u.model));
+    const sub = [str(u.window) ? 'per ' + str(u.window) : '', 'remaining ' + amount(u.remaining, unit)];
+    const resets = Date.parse(str(u.resets_at));
+    if (!Number.isNaN(resets)) sub.push('resets in ' + fmtLeft(resets - Date.now() - state.skew));
+    const meter = el('meter', { min: 0, max: Math.max(limit, 1), value: Math.min(used, Math.max(limit, 1)),
+      low: limit * 0.75, high: limit * 0.9, optimum: 0, 'aria-label': str(l.budget) + ' used' });
+    return el('li', { class: spent ? 'spent' : '', 'data-budget': str(l.budget), 'data-agent': str(l.agent) },
+      el('div', { class: 'head' },
+        el('strong', { class: 'mono', text: str(l.budget) }),
+        el('span', { class: 'who', text: l.agent ? 'agent ' + str(l.agent) : 'all agents' }),
+        scope.length ? el('span', { class: 'who', text: scope.join(' ') }) : null,
+        spent ? el('span', { class: 'badge bad', text: 'spent' }) : null),
+      el('div', { class: 'used', text: amount(u.used, unit) + ' of ' + amount(u.limit, unit) + (unit === 'cost' ? '' : ' ' + unit) }),
+      meter,
+      el('div', { class: 'sub', text: sub.filter(Boolean).join(' · ') }));
+  }
+
   // ---- live decisions -----------------------------------------------------------------
 
   function startStream() {
@@ -616,10 +693,13 @@
     state.frame = 0;
     const batch = state.queue;
     state.queue = [];
+    let metered = false;
     for (const ev of batch) {
       state.rows.push(ev);
       noteAgent(str(ev.agent));
+      if (ev.llm || ev.budget) metered = true;
     }
+    if (metered) scheduleUsage(); // a metered call or a budget's refusal moved a counter
     // Decisions name the policy revision that made them: a reload shows at once.
     const last = batch.length ? str(batch[batch.length - 1].policy_revision) : '';
     if (last && last !== state.revision) loadStatus();
@@ -674,6 +754,18 @@
       if (a.comment) t += ' “' + str(a.comment) + '”';
       detail.append(detail.childNodes.length ? ' · ' : '', el('span', { class: 'approval', text: t }));
     }
+    if (ev.llm && typeof ev.llm === 'object') {
+      const l = ev.llm;
+      let t = (str(l.model) || str(l.provider) || 'LLM call') + ': ';
+      if (l.usage_reported === false) t += 'usage not reported';
+      else {
+        t += amount(l.tokens_in, 'tokens') + ' in, ' + amount(l.tokens_out, 'tokens') + ' out';
+        if (Number(l.tokens_cached) > 0) t += ' (' + amount(l.tokens_cached, 'tokens') + ' cached)';
+      }
+      if (Number(l.cost) > 0) t += ', ' + amount(l.cost, 'cost');
+      detail.append(detail.childNodes.length ? ' · ' : '', el('span', { class: 'llm', text: t }));
+    }
+    if (ev.budget) detail.append(detail.childNodes.length ? ' · ' : '', el('span', { class: 'budget', text: 'budget ' + str(ev.budget) }));
     if (ev.would_deny) detail.append(detail.childNodes.length ? ' · ' : '', el('span', { text: 'would deny (monitor mode)' }));
     return el('li', { class: connect ? 'connect' : '' },
       el('span', { class: 't', text: clock(ev.time) }),
@@ -704,7 +796,7 @@
     });
     window.addEventListener('hashchange', focusLinked);
     setInterval(tick, 1000);
-    setInterval(() => { loadApprovals(); loadGrants(); }, REFRESH_MS);
+    setInterval(() => { loadApprovals(); loadGrants(); loadUsage(); }, REFRESH_MS); // usage: windows reset
     setInterval(loadStatus, STATUS_MS);
     boot();
   });
