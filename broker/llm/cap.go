@@ -3,7 +3,6 @@ package llm
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
 
 	"github.com/capbroker/capbroker/broker/usage"
 )
@@ -94,79 +93,48 @@ func (m *Meter) cutEvent() []byte {
 	return append(append([]byte("data: "), b...), "\n\n"...)
 }
 
-// deltaText is the length of the generated text an event carries: content, reasoning and
-// tool-call arguments.
+// deltaKeys are the members whose string values are generated text, by API: content,
+// reasoning and tool-call arguments of a chat chunk; a Responses delta event's delta (the
+// ".done" events restate the text under other names); Anthropic's text, JSON and thinking
+// deltas; Gemini's parts.
+var deltaKeys = map[API][]string{
+	ChatCompletions: {`"content"`, `"reasoning_content"`, `"reasoning"`, `"refusal"`, `"arguments"`},
+	Responses:       {`"delta"`},
+	Messages:        {`"text"`, `"partial_json"`, `"thinking"`},
+	GenerateContent: {`"text"`},
+}
+
+// deltaText is the length of the generated text an event carries, as written in its JSON (an
+// escape counts its bytes): the string values of the API's deltaKeys, found without decoding
+// the event. A quote inside a JSON string is escaped, so a match is a member name.
 func deltaText(api API, data []byte) int64 {
-	if !bytes.Contains(data, []byte(`"delta"`)) && !bytes.Contains(data, []byte(`"parts"`)) {
-		return 0
-	}
-	var n int
-	switch api {
-	case ChatCompletions:
-		var v struct {
-			Choices []struct {
-				Delta struct {
-					Content   string `json:"content"`
-					Reasoning string `json:"reasoning_content"`
-					Refusal   string `json:"refusal"`
-					ToolCalls []struct {
-						Function struct {
-							Arguments string `json:"arguments"`
-						} `json:"function"`
-					} `json:"tool_calls"`
-				} `json:"delta"`
-			} `json:"choices"`
-		}
-		if json.Unmarshal(data, &v) != nil {
-			return 0
-		}
-		for _, c := range v.Choices {
-			n += len(c.Delta.Content) + len(c.Delta.Reasoning) + len(c.Delta.Refusal)
-			for _, t := range c.Delta.ToolCalls {
-				n += len(t.Function.Arguments)
+	var n int64
+	for _, key := range deltaKeys[api] {
+		rest := data
+		for {
+			i := bytes.Index(rest, []byte(key))
+			if i < 0 {
+				break
 			}
-		}
-	case Responses:
-		var v struct {
-			Type  string          `json:"type"`
-			Delta json.RawMessage `json:"delta"`
-		}
-		var s string
-		if json.Unmarshal(data, &v) != nil || !strings.HasSuffix(v.Type, ".delta") || json.Unmarshal(v.Delta, &s) != nil {
-			return 0
-		}
-		n = len(s)
-	case Messages:
-		var v struct {
-			Type  string `json:"type"`
-			Delta struct {
-				Text        string `json:"text"`
-				PartialJSON string `json:"partial_json"`
-				Thinking    string `json:"thinking"`
-			} `json:"delta"`
-		}
-		if json.Unmarshal(data, &v) != nil || v.Type != "content_block_delta" {
-			return 0
-		}
-		n = len(v.Delta.Text) + len(v.Delta.PartialJSON) + len(v.Delta.Thinking)
-	case GenerateContent:
-		var v struct {
-			Candidates []struct {
-				Content struct {
-					Parts []struct {
-						Text string `json:"text"`
-					} `json:"parts"`
-				} `json:"content"`
-			} `json:"candidates"`
-		}
-		if json.Unmarshal(data, &v) != nil {
-			return 0
-		}
-		for _, c := range v.Candidates {
-			for _, p := range c.Content.Parts {
-				n += len(p.Text)
+			rest = bytes.TrimLeft(rest[i+len(key):], " \t\r\n")
+			if len(rest) == 0 || rest[0] != ':' {
+				continue
 			}
+			rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+			if len(rest) == 0 || rest[0] != '"' {
+				continue
+			}
+			rest = rest[1:]
+			j := 0
+			for j < len(rest) && rest[j] != '"' {
+				if rest[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			n += int64(min(j, len(rest)))
+			rest = rest[min(j+1, len(rest)):]
 		}
 	}
-	return int64(n)
+	return n
 }

@@ -18,7 +18,9 @@ type tokenLimit struct {
 }
 
 func (l *tokenLimit) Within(c usage.Call) (bool, string) {
-	l.asked = append(l.asked, c)
+	if len(l.asked) < 100 {
+		l.asked = append(l.asked, c)
+	}
 	return c.In+c.Out <= l.limit, "cap"
 }
 
@@ -77,7 +79,7 @@ func TestCapChatCompletions(t *testing.T) {
 	if call.Reported || call.In != 0 || call.Out != 0 || call.Model != "gpt-4o" {
 		t.Errorf("call %+v", call)
 	}
-	last := l.asked[len(l.asked)-1]
+	last := l.asked[len(l.asked)-1] // fewer than 100 asked
 	if last.Out != 8 || last.Agent != "agent-1" || last.Labels["team"] != "a" || last.Provider != OpenAI || last.Model != "gpt-4o" {
 		t.Errorf("last asked %+v", last)
 	}
@@ -113,6 +115,28 @@ func TestCapNotApplied(t *testing.T) {
 		got, _, _, m := capStream(t, ep, `{"model":"gpt-4o","stream":true}`, stream, l)
 		if got != stream || m.CutBy() != "" {
 			t.Errorf("%s: agent read\n%s\nwant the stream as it was", name, got)
+		}
+	}
+}
+
+func TestDeltaText(t *testing.T) {
+	cases := []struct {
+		api  API
+		data string
+		want int64
+	}{
+		{ChatCompletions, `{"choices":[{"delta":{"content":"abc\"d","tool_calls":[{"function":{"arguments":"{\"x\":1}"}}]}}]}`, 6 + 9},
+		{ChatCompletions, `{"choices":[{"delta":{"role":"assistant","content": null}}]}`, 0},
+		{ChatCompletions, `{"choices":[{"delta":{"content":"say \"content\":\"x\""}}]}`, 21}, // the escaped quotes hide the name
+		{Responses, `{"type":"response.output_text.delta","delta":"hello"}`, 5},
+		{Responses, `{"type":"response.output_text.done","text":"hello"}`, 0},
+		{Messages, `{"type":"content_block_delta","delta":{"type":"text_delta","text":"hi there"}}`, 8},
+		{Messages, `{"type":"content_block_delta","delta":{"type":"input_json_delta","partial_json":"{\"a\""}}`, 6},
+		{GenerateContent, `{"candidates":[{"content":{"parts":[{"text":"ab"},{"text":"cd"}]}}],"usageMetadata":{}}`, 4},
+	}
+	for _, c := range cases {
+		if got := deltaText(c.api, []byte(c.data)); got != c.want {
+			t.Errorf("deltaText(%s) = %d, want %d", c.data, got, c.want)
 		}
 	}
 }
