@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/llm"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/usage"
@@ -33,6 +34,10 @@ func (x *exchange) meterRequest(in *policy.Input, t target, small []byte, body *
 		}
 	}
 	m, nb := llm.Start(ep, text)
+	// A hard budget cuts a stream that would overrun it; in monitor mode nothing is cut.
+	if x.b.budgets != nil && x.g.mode != config.ModeMonitor && x.b.budgets.HardApplies(x.agent.ID, x.agent.Labels, ep.Provider) {
+		m.Cap(x.b.budgets, x.agent.ID, x.agent.Labels)
+	}
 	x.meter = m
 	return nb
 }
@@ -61,6 +66,10 @@ func (x *exchange) metered(c usage.Call) {
 	var cost float64
 	if x.b.recorder != nil {
 		cost = x.b.recorder.Record(c)
+	}
+	if name := x.meter.CutBy(); name != "" {
+		x.ev.Budget = name
+		x.ev.Error = "stream cut: it would overrun the hard budget " + name
 	}
 	x.ev.LLM = &audit.LLMCall{Provider: c.Provider, Model: c.Model, TokensIn: c.In, TokensOut: c.Out, TokensCached: c.Cached, Cost: cost, Reported: c.Reported}
 	x.b.metrics.llm.Observe(c, cost)

@@ -391,3 +391,26 @@ func TestTokensChecksReadCachedCounters(t *testing.T) {
 		t.Errorf("%d Take round trips, want 1: tokens checks read the cache", st.trips.Load())
 	}
 }
+
+func TestHardApplies(t *testing.T) {
+	b := newBudgets(t, `{"budgets": {
+	    "soft": {"agent": "a", "tokens": 10, "window": "day"},
+	    "hard": {"labels": {"team": "x"}, "provider": "anthropic", "tokens": 10, "window": "day", "hard": true}
+	}}`, Options{})
+	cases := []struct {
+		agent    string
+		labels   map[string]string
+		provider string
+		want     bool
+	}{
+		{"a", nil, "anthropic", false},
+		{"a", map[string]string{"team": "x"}, "anthropic", true},
+		{"a", map[string]string{"team": "x"}, "openai", false},
+		{"b", map[string]string{"team": "y"}, "anthropic", false},
+	}
+	for _, c := range cases {
+		if got := b.HardApplies(c.agent, c.labels, c.provider); got != c.want {
+			t.Errorf("HardApplies(%q, %v, %q) = %v", c.agent, c.labels, c.provider, got)
+		}
+	}
+}

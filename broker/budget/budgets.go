@@ -495,6 +495,21 @@ func (b *Budgets) Within(c usage.Call) (ok bool, budget string) {
 	return true, ""
 }
 
+// HardApplies reports whether a hard budget may apply to a call of agent to provider (of
+// whichever model: Within reads it as the call goes).
+func (b *Budgets) HardApplies(agent string, labels map[string]string, provider string) bool {
+	s, err := b.set()
+	if err != nil {
+		return false
+	}
+	for _, bu := range s.Budgets {
+		if bu.Hard && bu.appliesToAgent(agent, labels) && (bu.Provider == "" || bu.Provider == provider) {
+			return true
+		}
+	}
+	return false
+}
+
 // Usage is input.usage: the budgets that apply to the agent (whatever the provider or
 // model), each with its counter now. It reads the shared store once; when that fails, the
 // counters this broker holds.

@@ -10,7 +10,8 @@ import (
 // BenchmarkStream reads a chat completion stream of 200 content chunks and the usage chunk, one
 // event per read as an upstream sends them: unmetered (the bare body), metered and passed
 // through (the agent asked for usage), and metered with the usage chunk taken out (the broker
-// asked). ns/event is the cost each event pays.
+// asked), and that with a hard budget that applies (an answer from the limiter after each
+// event). ns/event is the cost each event pays.
 func BenchmarkStream(b *testing.B) {
 	var events [][]byte
 	chunk := []byte(`data: {"id":"chatcmpl-123","object":"chat.completion.chunk","created":1694268190,"model":"gpt-4o-mini","system_fingerprint":"fp_44709d6fcb","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n")
@@ -45,6 +46,13 @@ func BenchmarkStream(b *testing.B) {
 	b.Run("metered_asked", func(b *testing.B) {
 		run(b, func(r *http.Response) {
 			m, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`))
+			m.Wrap(r, nil)
+		})
+	})
+	b.Run("metered_capped", func(b *testing.B) {
+		run(b, func(r *http.Response) {
+			m, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`))
+			m.Cap(&tokenLimit{limit: 1 << 40}, "a", nil)
 			m.Wrap(r, nil)
 		})
 	})

@@ -26,8 +26,9 @@ type Meter struct {
 	respModel string
 	in, out   int64
 	cached    int64
-	have      bool // usage was read
-	bad       bool // usage that did not parse, or an event too large to read
+	have      bool      // usage was read
+	bad       bool      // usage that did not parse, or an event too large to read
+	cap       *capState // a hard budget applies (cap.go), or nil
 }
 
 // Start meters a call to ep whose request body is body (nil when it is not in memory). When
@@ -79,8 +80,11 @@ func (m *Meter) Wrap(resp *http.Response, done func(usage.Call)) {
 		resp.Body = &passBody{src: bodyOrEmpty(resp.Body), f: f}
 	case isEventStream(resp.Header.Get("Content-Type")):
 		s := &sse{event: m.event}
-		if m.asked {
-			resp.Body = &filterBody{src: resp.Body, s: s, f: f, buf: make([]byte, 32<<10)}
+		if m.cap != nil {
+			s.event = m.capEvent
+		}
+		if m.asked || m.cap != nil { // events are passed on whole: a cut stream ends on one
+			resp.Body = &filterBody{src: resp.Body, s: s, f: f, buf: make([]byte, 32<<10), strip: m.asked}
 			resp.Header.Del("Content-Length")
 			resp.ContentLength = -1
 		} else {
@@ -171,6 +175,9 @@ type filterBody struct {
 	off     int
 	hold    []byte // the current event, not yet ended
 	passing bool   // the current event is too large to hold
+	strip   bool   // the broker asked for usage: `"usage":null` is removed from chunks
+	cut     bool   // the stream was cut (a hard budget): the upstream body is closed
+	closed  bool
 	err     error
 }
 
@@ -179,11 +186,20 @@ func (b *filterBody) Read(p []byte) (int, error) {
 		b.out, b.off = b.out[:0], 0
 		n, err := b.src.Read(b.buf)
 		b.process(b.buf[:n])
+		if b.cut {
+			b.closed, b.err = true, io.EOF
+			b.src.Close()
+			break
+		}
 		if err != nil {
 			b.err = err
 			if err == io.EOF {
 				b.s.end()
-				b.out = append(b.out, b.hold...) // an event the stream ended in
+				if b.f.m.CutBy() != "" { // the event the stream ended in overran
+					b.out = append(b.out, b.f.m.cutEvent()...)
+				} else {
+					b.out = append(b.out, b.hold...) // an event the stream ended in
+				}
 				b.hold = b.hold[:0]
 			}
 		}
@@ -200,16 +216,29 @@ func (b *filterBody) process(chunk []byte) {
 	start := 0
 	b.s.feed(chunk, func(i int, keep bool) {
 		switch {
+		case b.cut:
 		case b.passing:
 			b.out = append(b.out, chunk[start:i]...)
 		case keep:
 			b.hold = append(b.hold, chunk[start:i]...)
-			// With include_usage, every other chunk carries "usage": null too; OpenAI writes
-			// it compactly, and a quote inside a JSON string is escaped.
-			b.out = append(b.out, bytes.ReplaceAll(b.hold, []byte(`,"usage":null`), nil)...)
+			if b.strip {
+				// With include_usage, every other chunk carries "usage": null too; OpenAI
+				// writes it compactly, and a quote inside a JSON string is escaped.
+				b.out = append(b.out, bytes.ReplaceAll(b.hold, []byte(`,"usage":null`), nil)...)
+			} else {
+				b.out = append(b.out, b.hold...)
+			}
+		}
+		if !b.cut && b.f.m.CutBy() != "" {
+			b.cut = true
+			b.out = append(b.out, b.f.m.cutEvent()...)
 		}
 		b.hold, b.passing, start = b.hold[:0], false, i
 	})
+	if b.cut {
+		b.hold = b.hold[:0]
+		return
+	}
 	rest := chunk[start:]
 	if b.passing {
 		b.out = append(b.out, rest...)
@@ -223,7 +252,11 @@ func (b *filterBody) process(chunk []byte) {
 }
 
 func (b *filterBody) Close() error {
-	err := b.src.Close()
+	var err error
+	if !b.closed {
+		b.closed = true
+		err = b.src.Close()
+	}
 	if b.s.skipped {
 		b.f.m.bad = true
 	}

@@ -1,0 +1,140 @@
+package llm
+
+import (
+	"bytes"
+	"encoding/json"
+
+	"github.com/capbroker/capbroker/broker/usage"
+)
+
+// A Limiter answers whether a call in progress, with its tokens so far, stays within the hard
+// budgets that apply to it, and names the one it overruns when not (broker/budget's Budgets).
+type Limiter interface {
+	Within(c usage.Call) (ok bool, budget string)
+}
+
+// capState is what a meter with a hard cap keeps: set only when a hard budget applies, so a
+// call without one does no per-event work for it.
+type capState struct {
+	lim   Limiter
+	call  usage.Call // agent, labels, provider
+	text  int64      // bytes of the content deltas' text so far
+	asked int64      // the tokens last asked about
+	cutBy string     // the budget the stream was cut for
+}
+
+// bytesPerToken is the estimate of output tokens from the text of content deltas: used only
+// to cut a stream whose output tokens are not reported as it goes, never to count a call.
+const bytesPerToken = 4
+
+// Cap makes a streamed response be cut when its tokens so far overrun a hard budget l
+// enforces; agent and labels are the caller's. Call it before Wrap, and only when a hard
+// budget applies to the call: a nil l does nothing.
+func (m *Meter) Cap(l Limiter, agent string, labels map[string]string) {
+	if l == nil {
+		return
+	}
+	m.cap = &capState{lim: l, call: usage.Call{Agent: agent, Labels: labels, Provider: m.ep.Provider}}
+}
+
+// CutBy names the budget the stream was cut for, or "".
+func (m *Meter) CutBy() string {
+	if m.cap == nil {
+		return ""
+	}
+	return m.cap.cutBy
+}
+
+// capEvent reads one event of a capped stream, then asks the limiter whether the tokens so
+// far (reported, or for output the estimate when larger) still fit. The event that overruns
+// is not passed on; after it, nothing is read.
+func (m *Meter) capEvent(data []byte) bool {
+	c := m.cap
+	if c.cutBy != "" {
+		return false
+	}
+	keep := m.event(data)
+	c.text += deltaText(m.ep.API, data)
+	call := c.call
+	call.Model = m.req.Model
+	if call.Model == "" {
+		call.Model = m.respModel
+	}
+	call.In, call.Out, call.Cached = m.in, max(m.out, c.text/bytesPerToken), m.cached
+	if n := call.In + call.Out; n != c.asked {
+		c.asked = n
+		if ok, name := c.lim.Within(call); !ok {
+			c.cutBy = name
+			return false
+		}
+	}
+	return keep
+}
+
+// cutEvent is the event that ends a cut stream, in the stream error shape of the API:
+// Anthropic's error event, or (the others) an OpenAI-style error object.
+func (m *Meter) cutEvent() []byte {
+	msg := "the response was cut by the broker: it would overrun the hard budget " + m.cap.cutBy
+	type detail struct {
+		Type    string `json:"type"`
+		Code    string `json:"code,omitempty"`
+		Message string `json:"message"`
+	}
+	if m.ep.API == Messages {
+		b, _ := json.Marshal(struct {
+			Type  string `json:"type"`
+			Error detail `json:"error"`
+		}{"error", detail{Type: "budget_exceeded", Message: msg}})
+		return append(append([]byte("event: error\ndata: "), b...), "\n\n"...)
+	}
+	b, _ := json.Marshal(struct {
+		Error detail `json:"error"`
+	}{detail{"budget_exceeded", "budget_exceeded", msg}})
+	return append(append([]byte("data: "), b...), "\n\n"...)
+}
+
+// deltaKeys are the members whose string values are generated text, by API: content,
+// reasoning and tool-call arguments of a chat chunk; a Responses delta event's delta (the
+// ".done" events restate the text under other names); Anthropic's text, JSON and thinking
+// deltas; Gemini's parts.
+var deltaKeys = map[API][]string{
+	ChatCompletions: {`"content"`, `"reasoning_content"`, `"reasoning"`, `"refusal"`, `"arguments"`},
+	Responses:       {`"delta"`},
+	Messages:        {`"text"`, `"partial_json"`, `"thinking"`},
+	GenerateContent: {`"text"`},
+}
+
+// deltaText is the length of the generated text an event carries, as written in its JSON (an
+// escape counts its bytes): the string values of the API's deltaKeys, found without decoding
+// the event. A quote inside a JSON string is escaped, so a match is a member name.
+func deltaText(api API, data []byte) int64 {
+	var n int64
+	for _, key := range deltaKeys[api] {
+		rest := data
+		for {
+			i := bytes.Index(rest, []byte(key))
+			if i < 0 {
+				break
+			}
+			rest = bytes.TrimLeft(rest[i+len(key):], " \t\r\n")
+			if len(rest) == 0 || rest[0] != ':' {
+				continue
+			}
+			rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+			if len(rest) == 0 || rest[0] != '"' {
+				continue
+			}
+			rest = rest[1:]
+			j := 0
+			for j < len(rest) && rest[j] != '"' {
+				if rest[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			n += int64(min(j, len(rest)))
+			rest = rest[min(j+1, len(rest)):]
+		}
+	}
+	return n
+}
