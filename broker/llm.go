@@ -71,6 +71,6 @@ func (x *exchange) metered(c usage.Call) {
 		x.ev.Budget = name
 		x.ev.Error = "stream cut: it would overrun the hard budget " + name
 	}
-	x.ev.LLM = &audit.LLMCall{Provider: c.Provider, Model: c.Model, TokensIn: c.In, TokensOut: c.Out, TokensCached: c.Cached, Cost: cost, Reported: c.Reported}
+	x.ev.LLM = &audit.LLMCall{Provider: c.Provider, Model: c.Model, TokensIn: c.In, TokensOut: c.Out, TokensCached: c.Cached, Cost: cost, Reported: c.Reported, Estimated: c.Estimated}
 	x.b.metrics.llm.Observe(c, cost)
 }

@@ -65,5 +65,9 @@ func TestHardCapCutsStream(t *testing.T) {
 	if ev["budget"] != "stream-cap" || ev["status"] != float64(200) || !strings.Contains(fmt.Sprint(ev["error"]), "stream cut") {
 		t.Errorf("the cut call's audit event: %v", ev)
 	}
+	// What the broker let through counts against the budget, marked as estimated.
+	if l, _ := ev["llm"].(map[string]any); l["usage_estimated"] != true || l["tokens_out"].(float64) <= 0 {
+		t.Errorf("the cut call's llm object: %v", l)
+	}
 	e.assertNoCanaryLeaked()
 }

@@ -72,6 +72,7 @@ type LLMCall struct {
 	TokensCached        int64
 	Cost                float64
 	Reported            bool
+	Estimated           bool // a stream cut at a hard budget: tokens let through, output estimated
 }
 
 // Logger writes events. Safe for concurrent use.
@@ -129,9 +130,13 @@ func (l *Logger) Write(e *Event) {
 		ev = ev.Dict("aws", zerolog.Dict().Str("service", a.Service).Str("operation", a.Operation))
 	}
 	if l := e.LLM; l != nil {
-		ev = ev.Dict("llm", zerolog.Dict().Str("provider", l.Provider).Str("model", l.Model).
+		d := zerolog.Dict().Str("provider", l.Provider).Str("model", l.Model).
 			Int64("tokens_in", l.TokensIn).Int64("tokens_out", l.TokensOut).Int64("tokens_cached", l.TokensCached).Float64("cost", l.Cost).
-			Bool("usage_reported", l.Reported))
+			Bool("usage_reported", l.Reported)
+		if l.Estimated {
+			d = d.Bool("usage_estimated", true)
+		}
+		ev = ev.Dict("llm", d)
 	}
 	if e.Approval != nil {
 		ev = ev.Object("approval", e.Approval)

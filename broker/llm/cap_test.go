@@ -75,8 +75,9 @@ func TestCapChatCompletions(t *testing.T) {
 	if !up.closed || m.CutBy() != "cap" {
 		t.Errorf("upstream closed %v, cut by %q", up.closed, m.CutBy())
 	}
-	// The estimate cuts; it is never counted: no usage was reported.
-	if call.Reported || call.In != 0 || call.Out != 0 || call.Model != "gpt-4o" {
+	// No usage was reported: the call counts what the broker let through, estimated and
+	// marked so (a cut call must not leave the budget's counter where it was).
+	if call.Reported || !call.Estimated || call.In != 0 || call.Out != 8 || call.Model != "gpt-4o" {
 		t.Errorf("call %+v", call)
 	}
 	last := l.asked[len(l.asked)-1] // fewer than 100 asked
@@ -103,8 +104,8 @@ func TestCapMessages(t *testing.T) {
 	if !up.closed {
 		t.Error("upstream not closed")
 	}
-	if !call.Reported || call.In != 5 || call.Out != 1 {
-		t.Errorf("call %+v, want the tokens reported so far", call)
+	if !call.Reported || !call.Estimated || call.In != 5 || call.Out != 8 {
+		t.Errorf("call %+v, want the input reported and the output let through (estimated)", call)
 	}
 }
 

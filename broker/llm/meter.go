@@ -117,6 +117,11 @@ func (m *Meter) Call() usage.Call {
 	if c.Reported {
 		c.In, c.Out, c.Cached = m.in, m.out, m.cached
 	}
+	if m.cap != nil && m.cap.cutBy != "" {
+		// Cut at a hard budget: what was let through counts, estimated where not reported.
+		c.In, c.Out, c.Cached = m.in, max(m.out, m.cap.text/bytesPerToken), m.cached
+		c.Estimated = c.Out != m.out || !c.Reported
+	}
 	return c
 }
 

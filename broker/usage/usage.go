@@ -17,6 +17,10 @@ type Call struct {
 	// Reported is false when the response carried no usage, or usage that did not parse: the
 	// call is counted as such, never guessed.
 	Reported bool
+	// Estimated is true for a stream the broker cut at a hard budget before its usage came:
+	// In and Out are then what it let through, the output estimated from the text, and are
+	// counted, so that cut calls cannot each take a budget's whole remainder again.
+	Estimated bool
 }
 
 // A Recorder takes the usage of each metered call and returns what it cost (0 when the price
