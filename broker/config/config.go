@@ -26,6 +26,7 @@ type Config struct {
 	Approvals   Approvals    `yaml:"approvals"`
 	Budgets     Budgets      `yaml:"budgets"`
 	LLM         LLM          `yaml:"llm"`
+	Protocols   Protocols    `yaml:"protocols"`
 }
 
 type Proxy struct {

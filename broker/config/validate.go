@@ -83,6 +83,7 @@ func (c *Config) Validate() []error {
 	c.validateApprovals(&e)
 	c.validateBudgets(&e)
 	c.validateLLM(&e)
+	c.validateProtocols(&e)
 	return e
 }
 
