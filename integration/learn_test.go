@@ -109,6 +109,36 @@ func TestPolicyLearn(t *testing.T) {
 		t.Errorf("another agent: %s", out)
 	}
 
+	// A request the recording policy would have denied is learned, and replay shows it as a
+	// change; with --skip-denied it is left out, and replay passes.
+	out, err = e.curl("-i", e.url("/not-allowed/thing"))
+	if err != nil || !hasStatus(out, 200) {
+		t.Fatalf("monitor mode lets a would-deny request through: %v\n%s", err, out)
+	}
+	if ev := e.broker.waitAudit(t, headerValue(out, "X-Broker-Request-Id")); ev["would_deny"] != true {
+		t.Fatalf("not a would_deny event: %v", ev)
+	}
+	if err := os.WriteFile(logFile, []byte(strings.Join(e.broker.auditLog.snapshot(), "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run(t, dir, "policy", "learn", "--from", logFile, "--out", draft, "--force"); code != 0 {
+		t.Fatalf("policy learn --force: exit %d\n%s", code, out)
+	}
+	out, code = run(t, dir, "policy", "replay", "--policies", draft, "--log", logFile)
+	if code == 0 || !strings.Contains(out, "GET 127.0.0.1 /not-allowed/thing: deny") || !strings.Contains(out, "-> allow\n") {
+		t.Errorf("replay of a draft that learned a would_deny request: exit %d\n%s", code, out)
+	}
+	strict := filepath.Join(dir, "strict")
+	if out, code := run(t, dir, "policy", "learn", "--skip-denied", "--from", logFile, "--out", strict); code != 0 || !strings.Contains(out, "1 denied skipped") {
+		t.Fatalf("policy learn --skip-denied: exit %d\n%s", code, out)
+	}
+	if out, code := run(t, dir, "policy", "test", strict); code != 0 {
+		t.Errorf("policy test of the --skip-denied draft: exit %d\n%s", code, out)
+	}
+	if out, code := run(t, dir, "policy", "replay", "--policies", strict, "--log", logFile); code != 0 || !strings.Contains(out, "replay: 10 re-decided, 0 changed") {
+		t.Errorf("replay of the --skip-denied draft: exit %d\n%s", code, out)
+	}
+
 	// A log whose events carry no input is refused, and nothing is written.
 	bare := filepath.Join(dir, "bare.jsonl")
 	if err := os.WriteFile(bare, []byte(`{"msg":"decision","agent":"coder-1","decision":"allow"}`+"\n"), 0o644); err != nil {

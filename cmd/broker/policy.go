@@ -38,7 +38,8 @@ const policyUsage = `Usage:
                                                           (CONNECT host:port for the connect phase)
   broker policy replay [--policies DIR] --log FILE [--reasons]
                                                           re-decide audit events; exit 1 if any changed
-  broker policy learn --from FILE --out DIR [--force]     draft a policy from a monitor-mode audit log
+  broker policy learn --from FILE --out DIR [--force] [--skip-denied]
+                                                          draft a policy from a monitor-mode audit log
 FILE may be - for standard input.
 `
 

@@ -32,6 +32,8 @@ type Draft struct {
 	Agents map[string]*Agent `json:"agents"`
 	// Events is the number of decision events with input that were read.
 	Events int `json:"-"`
+	// Skipped is the number of events left out by Options.SkipDenied.
+	Skipped int `json:"-"`
 }
 
 // Agent is what one agent was seen doing.
@@ -87,9 +89,16 @@ type event struct {
 	Input       map[string]any `json:"input"`
 }
 
+// Options change what Read learns.
+type Options struct {
+	// SkipDenied leaves out the events whose request the recording policy denied (decision
+	// "deny", or would_deny in monitor mode): the draft then allows only what was allowed.
+	SkipDenied bool
+}
+
 // Read learns from an audit log, one JSON event a line; lines that are not decision events are
 // skipped. It fails with ErrNoInput when no decision event carries its input.
-func Read(r io.Reader) (*Draft, error) {
+func Read(r io.Reader, o Options) (*Draft, error) {
 	d := &Draft{Agents: map[string]*Agent{}}
 	br := bufio.NewReader(r)
 	for n := 1; ; n++ {
@@ -99,7 +108,9 @@ func Read(r io.Reader) (*Draft, error) {
 			dec := json.NewDecoder(bytes.NewReader(line))
 			dec.UseNumber()
 			if dec.Decode(&ev) == nil && (ev.Msg == "decision" || ev.Message == "decision") && ev.Input != nil {
-				if lerr := d.add(&ev); lerr != nil {
+				if o.SkipDenied && (ev.Decision != "allow" || ev.WouldDeny) {
+					d.Skipped++
+				} else if lerr := d.add(&ev); lerr != nil {
 					return nil, fmt.Errorf("line %d: %w", n, lerr)
 				}
 			}
@@ -110,6 +121,9 @@ func Read(r io.Reader) (*Draft, error) {
 		if err != nil {
 			return nil, err
 		}
+	}
+	if d.Events == 0 && d.Skipped > 0 {
+		return nil, fmt.Errorf("all %d decision events with input were denied, and denied ones are skipped", d.Skipped)
 	}
 	if d.Events == 0 {
 		return nil, ErrNoInput
@@ -244,6 +258,13 @@ func graphqlOps(in map[string]any, ev *event) []GraphQLOp {
 
 func (d *Draft) sort() {
 	for _, a := range d.Agents {
+		// An HTTPS request was made inside an intercepted tunnel: its CONNECT is allowed too,
+		// even when the log does not hold it.
+		for _, r := range a.Requests {
+			if e := (Endpoint{Host: r.Host, Port: r.Port}); r.Scheme == "https" && !slices.Contains(a.Connect, e) {
+				a.Connect = append(a.Connect, e)
+			}
+		}
 		slices.SortFunc(a.Connect, func(x, y Endpoint) int {
 			if c := strings.Compare(x.Host, y.Host); c != 0 {
 				return c

@@ -105,7 +105,7 @@ func sample() string {
 }
 
 func TestLearnDraftPassesItsTestsAndReplay(t *testing.T) {
-	d, err := Read(strings.NewReader(sample()))
+	d, err := Read(strings.NewReader(sample()), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,8 +194,35 @@ func TestLearnDraftPassesItsTestsAndReplay(t *testing.T) {
 
 func TestLearnRefusesALogWithoutInputs(t *testing.T) {
 	for _, log := range []string{"", sampleLog, `{"msg":"decision","agent":"a","decision":"allow"}` + "\n"} {
-		if _, err := Read(strings.NewReader(log)); !errors.Is(err, ErrNoInput) {
+		if _, err := Read(strings.NewReader(log), Options{}); !errors.Is(err, ErrNoInput) {
 			t.Errorf("Read(%q) = %v, want ErrNoInput", log, err)
 		}
+	}
+}
+
+func TestSkipDeniedAndConnectFromRequests(t *testing.T) {
+	log := ev("request", "coder-1", "GET", "api.github.com", 443, "/user", []string{"gh"}, nil) + "\n" +
+		strings.Replace(ev("request", "coder-3", "GET", "evil.example", 443, "/x", nil, nil), `"decision":"allow"`, `"decision":"allow","would_deny":true`, 1) + "\n"
+	d, err := Read(strings.NewReader(log), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No CONNECT in the log: the HTTPS requests' tunnels are allowed all the same.
+	if c := d.Agents["coder-1"].Connect; len(c) != 1 || c[0] != (Endpoint{"api.github.com", 443}) {
+		t.Errorf("coder-1 connect: %v", c)
+	}
+	if d.Agents["coder-3"] == nil || len(d.Agents["coder-3"].Requests[0].Credentials) != 0 {
+		t.Errorf("a would_deny request is learned, without credentials: %+v", d.Agents["coder-3"])
+	}
+	d, err = Read(strings.NewReader(log), Options{SkipDenied: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Agents["coder-3"] != nil || d.Skipped != 1 || d.Events != 1 {
+		t.Errorf("SkipDenied: agents %v, skipped %d, events %d", d.Agents, d.Skipped, d.Events)
+	}
+	only := strings.SplitN(log, "\n", 2)[1]
+	if _, err := Read(strings.NewReader(only), Options{SkipDenied: true}); err == nil || !strings.Contains(err.Error(), "were denied") {
+		t.Errorf("a log of denied events only, skipped: %v", err)
 	}
 }
