@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/format"
+
 	"github.com/capbroker/capbroker/broker/policy"
 )
 
@@ -224,5 +227,36 @@ func TestSkipDeniedAndConnectFromRequests(t *testing.T) {
 	only := strings.SplitN(log, "\n", 2)[1]
 	if _, err := Read(strings.NewReader(only), Options{SkipDenied: true}); err == nil || !strings.Contains(err.Error(), "were denied") {
 		t.Errorf("a log of denied events only, skipped: %v", err)
+	}
+}
+
+// The module and the tests are written as opa fmt would write them.
+func TestDraftIsFormatted(t *testing.T) {
+	d, err := Read(strings.NewReader(sample()), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, src := range map[string][]byte{ModuleFile: module, TestFile: []byte(Tests(d))} {
+		got, err := format.SourceWithOpts(name, src, format.Opts{RegoVersion: ast.RegoV1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, src) {
+			t.Errorf("%s is not opa fmt-formatted; formatted:\n%s", name, got)
+		}
+	}
+}
+
+func TestSibling(t *testing.T) {
+	for _, c := range [][3]string{
+		{"/a/b/c", "/a/b/c", "/a/b/" + otherSeg},
+		{"/a/b/*", "/a/b/123", "/a/" + otherSeg + "/123"},
+		{"/a/", "/a/", "/" + otherSeg + "/"},
+		{"/*", "/123", ""},
+		{"/", "/", ""},
+	} {
+		if got := sibling(c[0], c[1]); got != c[2] {
+			t.Errorf("sibling(%q, %q) = %q, want %q", c[0], c[1], got, c[2])
+		}
 	}
 }

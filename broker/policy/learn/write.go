@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/format"
 )
 
 //go:embed module.rego
@@ -97,15 +100,18 @@ func requestInput(agent string, r *Rule, method, host, path string) map[string]a
 	}
 }
 
-func sibling(path string) string {
-	i := strings.LastIndex(path, "/")
-	if i < 0 {
-		return "/" + otherSeg
+// sibling is path with its last segment that the pattern fixes (not a wildcard, not empty)
+// replaced: "/a/b/123" under "/a/b/*" is "/a/not-seen-sibling/123". It returns "" when the
+// pattern fixes no segment.
+func sibling(pattern, path string) string {
+	ps, xs := strings.Split(pattern, "/"), strings.Split(path, "/")
+	for i := len(ps) - 1; i >= 0; i-- {
+		if ps[i] != Wildcard && ps[i] != "" && i < len(xs) {
+			xs[i] = otherSeg
+			return strings.Join(xs, "/")
+		}
 	}
-	if i == len(path)-1 { // "/a/" → "/a/not-seen-sibling/"
-		return path + otherSeg + "/"
-	}
-	return path[:i+1] + otherSeg
+	return ""
 }
 
 // cases are the tests: every observed connect and request is allowed; near misses (another
@@ -153,7 +159,7 @@ func (d *Draft) cases() []testCase {
 					break
 				}
 			}
-			if s := sibling(path); !d.allows(id, r.Method, r.Scheme, r.Host, r.Port, s) {
+			if s := sibling(r.Path, path); s != "" && !d.allows(id, r.Method, r.Scheme, r.Host, r.Port, s) {
 				out = append(out, testCase{p + "_sibling_path_denied", false, requestInput(id, r, r.Method, r.Host, s)})
 			}
 			out = append(out,
@@ -185,8 +191,16 @@ func (d *Draft) rulesFor(agent string, r *Rule, path string) []*Rule {
 	return out
 }
 
-// Tests returns the _test.rego module of the draft.
+// Tests returns the _test.rego module of the draft, formatted as opa fmt does.
 func Tests(d *Draft) string {
+	src := tests(d)
+	if b, err := format.SourceWithOpts(TestFile, []byte(src), format.Opts{RegoVersion: ast.RegoV1}); err == nil {
+		return string(b)
+	}
+	return src
+}
+
+func tests(d *Draft) string {
 	var b strings.Builder
 	b.WriteString("# Drafted by `broker policy learn`: each observed connect and request is allowed; near\n")
 	b.WriteString("# misses (another method, a sibling path, another host or port, another agent, an unseen\n")
