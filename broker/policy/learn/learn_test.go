@@ -260,3 +260,22 @@ func TestSibling(t *testing.T) {
 		}
 	}
 }
+
+// Without input.mcp or input.graphql, the event's own mcp and graphql objects are read.
+func TestEventObjectsWhenTheInputHasNoList(t *testing.T) {
+	line := ev("request", "coder-1", "POST", "mcp.example.com", 443, "/mcp", nil, nil)
+	line = strings.Replace(line, `"msg":"decision"`, `"msg":"decision","mcp":{"method":"tools/call","tool":"search"},"graphql":{"type":"query","name":""}`, 1)
+	d, err := Read(strings.NewReader(line+"\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := d.Agents["coder-1"].Requests[0]
+	if len(r.MCP) != 1 || r.MCP[0] != (MCPCall{"tools/call", "search"}) || len(r.GraphQL) != 1 || r.GraphQL[0] != (GraphQLOp{"query", ""}) {
+		t.Errorf("rule %+v", r)
+	}
+	// An empty input.mcp list is the input's word: the event's object is not used.
+	line = strings.Replace(line, `"input":{`, `"input":{"mcp":[],`, 1)
+	if d, err = Read(strings.NewReader(line+"\n"), Options{}); err != nil || len(d.Agents["coder-1"].Requests[0].MCP) != 0 {
+		t.Errorf("with an empty input.mcp: %v %+v", err, d.Agents["coder-1"].Requests[0])
+	}
+}
