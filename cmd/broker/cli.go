@@ -26,6 +26,7 @@ Usage:
   broker policy test [DIR]                            run the *_test.rego tests (default ./policies)
   broker policy eval --policies DIR --input FILE      print the decision for one policy input
   broker policy replay --policies DIR --log FILE      re-decide audit events; exit 1 if any changed
+  broker policy learn --from FILE --out DIR          draft a policy from a monitor-mode audit log
   broker agent-env --agent ID [--config FILE] [--proxy HOST:PORT] [--format sh|env]
                                                       print an agent shell's proxy, CA and SDK variables
   broker healthcheck [--admin ADDR] [--path /readyz] exit 0 when the broker's admin endpoint answers 200

@@ -38,10 +38,12 @@ const policyUsage = `Usage:
                                                           (CONNECT host:port for the connect phase)
   broker policy replay [--policies DIR] --log FILE [--reasons]
                                                           re-decide audit events; exit 1 if any changed
+  broker policy learn --from FILE --out DIR [--force] [--skip-denied]
+                                                          draft a policy from a monitor-mode audit log
 FILE may be - for standard input.
 `
 
-// cmdPolicy is the policy authoring toolbox: test, eval, replay.
+// cmdPolicy is the policy authoring toolbox: test, eval, replay, learn.
 func cmdPolicy(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, policyUsage)
@@ -54,6 +56,8 @@ func cmdPolicy(args []string, stdout, stderr io.Writer) error {
 		return cmdPolicyEval(args[1:], stdout, stderr)
 	case "replay":
 		return cmdPolicyReplay(args[1:], stdout, stderr)
+	case "learn":
+		return cmdPolicyLearn(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, policyUsage)
 		return nil
