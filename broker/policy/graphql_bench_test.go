@@ -10,8 +10,8 @@ import (
 	"github.com/capbroker/capbroker/policies"
 )
 
-// GraphQL bodies for BenchmarkDecideGraphQL: a GitHub query as clients send it (about 400
-// bytes), and a large one (about 64 KB: 600 aliased repository lookups through a fragment).
+// GraphQL bodies for BenchmarkDecideGraphQL: a GitHub query as clients send it (about 300
+// bytes), and a large one (about 42 KB: 600 aliased repository lookups through a fragment).
 var (
 	graphqlTypical = []byte(`{"query":"query Issues($owner: String!, $name: String!) { repository(owner: $owner, name: $name) { issues(first: 20, states: OPEN) { nodes { number title author { login } labels(first: 5) { nodes { name } } } } } rateLimit { remaining } }","variables":{"owner":"capbroker","name":"capbroker"}}`)
 	graphqlLarge   = func() []byte {
