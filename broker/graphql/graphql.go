@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"strings"
 
@@ -141,13 +142,13 @@ func Describe(r Request) ([]Operation, error) {
 	}
 	// Any other content type is read as JSON, as servers do (GitHub's documented curl
 	// example sends its JSON as a form).
-	var v any
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	if err := dec.Decode(&v); err != nil {
-		return nil, errorf("the GraphQL request body is not JSON: %v", err)
+	v, err := readValue(dec)
+	if err != nil {
+		return nil, err
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, errorf("the GraphQL request body is not JSON: text after the value")
 	}
 	switch v := v.(type) {
@@ -320,4 +321,81 @@ func first(q map[string][]string, k string) string {
 func isGraphQLType(ct string) bool {
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && strings.EqualFold(mt, "application/graphql")
+}
+
+// readValue reads the body's value: an object, or an array of objects, each read by
+// readObject; any other value as it is.
+func readValue(dec *json.Decoder) (any, error) {
+	t, err := dec.Token()
+	if err != nil {
+		return nil, errorf("the GraphQL request body is not JSON: %v", err)
+	}
+	switch t {
+	case json.Delim('{'):
+		return readObject(dec)
+	case json.Delim('['):
+		l := []any{}
+		for dec.More() {
+			var item any
+			if t, err := dec.Token(); err != nil {
+				return nil, errorf("the GraphQL request body is not JSON: %v", err)
+			} else if t == json.Delim('{') {
+				if item, err = readObject(dec); err != nil {
+					return nil, err
+				}
+			} else {
+				item = t // not an object: refused by the caller
+				if d, ok := t.(json.Delim); ok {
+					return nil, errorf("the GraphQL batch has an item that is not an object (%v)", d)
+				}
+			}
+			l = append(l, item)
+		}
+		if _, err := dec.Token(); err != nil {
+			return nil, errorf("the GraphQL request body is not JSON: %v", err)
+		}
+		return l, nil
+	}
+	return t, nil
+}
+
+// readObject reads the members of an object whose "{" has been read. A member name given
+// twice, in any case, is refused: servers differ on which one counts ("query" and "Query"
+// are one member to a Go server decoding into a struct, the last of two to most others), and
+// the policy must see the one the server runs.
+func readObject(dec *json.Decoder) (map[string]any, error) {
+	obj := map[string]any{}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, errorf("the GraphQL request body is not JSON: %v", err)
+		}
+		k, _ := t.(string)
+		folded := strings.ToLower(k)
+		if seen[folded] {
+			return nil, errorf("the GraphQL request has the member %q twice (in some case)", k)
+		}
+		seen[folded] = true
+		if known, ok := knownMembers[folded]; ok && known != k {
+			return nil, errorf("the GraphQL request has the member %q: did you mean %q?", k, known)
+		}
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			return nil, errorf("the GraphQL request body is not JSON: %v", err)
+		}
+		obj[k] = v
+	}
+	if _, err := dec.Token(); err != nil { // the closing "}"
+		return nil, errorf("the GraphQL request body is not JSON: %v", err)
+	}
+	return obj, nil
+}
+
+// knownMembers are the members of a request object the broker reads, by their lower case: a
+// member that is one of them in another case is refused (a case-insensitive server would
+// read it).
+var knownMembers = map[string]string{
+	"query": "query", "operationname": "operationName", "variables": "variables",
+	"extensions": "extensions", "documentid": "documentId", "id": "id",
 }

@@ -90,6 +90,13 @@ func TestDescribeBadInput(t *testing.T) {
 		{"URL and body", Request{Query: map[string][]string{"query": {"{ a }"}}, Body: []byte(`{"query":"mutation { b }"}`)}, "both the URL and the body"},
 		{"repeated URL parameter", Request{Query: map[string][]string{"query": {"{ a }", "mutation { b }"}}}, "query 2 times"},
 		{"bad extensions", Request{Query: map[string][]string{"extensions": {"{"}}}, "extensions parameter is not JSON"},
+		{"member twice", Request{Body: []byte(`{"query":"{ a }","query":"mutation { b }"}`)}, `member "query" twice`},
+		{"member twice in another case", Request{Body: []byte(`{"query":"{ a }","QUERY":"mutation { b }"}`)}, `member "QUERY" twice`},
+		{"member in another case", Request{Body: []byte(`{"Query":"mutation { b }"}`)}, `member "Query": did you mean "query"?`},
+		{"member escaped twice", Request{Body: []byte(`{"query":"{ a }","\u0071uery":"mutation { b }"}`)}, `member "query" twice`},
+		{"batch item member twice", Request{Body: []byte(`[{"query":"{ a }"},{"operationName":"A","OperationName":"B","query":"query A { a } mutation B { b }"}]`)}, "twice"},
+		{"nested batch", Request{Body: []byte(`[[{"query":"{ a }"}]]`)}, "not an object"},
+		{"trailing garbage", Request{Body: []byte(`{"query":"{ a }"}]`)}, "text after the value"},
 		{"empty application/graphql", Request{ContentType: "application/graphql"}, "no document"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
