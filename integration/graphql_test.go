@@ -71,6 +71,10 @@ func TestGraphQLThroughBroker(t *testing.T) {
 		{"application/graphql", []string{"-H", "Content-Type: application/graphql", "-d", "query Q { viewer { login } }", e.url("/graphql")}, 200, "GitHub GraphQL API", map[string]any{"type": "query", "name": "Q"}},
 		{"does not parse", []string{"-H", "Content-Type: application/json", "-d", broken, e.url("/graphql")}, 403,
 			"the GraphQL document does not parse: input:1:25: Expected Name, found <EOF>", nil},
+		// Not the configured endpoint: the body is not read as GraphQL.
+		{"another path", []string{"-H", "Content-Type: application/json", "-d", broken, e.url("/graphql/x")}, 403, "not GraphQL", nil},
+		{"member twice", []string{"-H", "Content-Type: application/json", "-d", `{"query":"{ viewer { login } }","Query":"mutation { deleteRepository(input: {repositoryId: \"R_1\"}) { clientMutationId } }"}`, e.url("/graphql")}, 403,
+			`the GraphQL request has the member "Query" twice (in some case)`, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before := len(e.received())
