@@ -24,15 +24,16 @@ decision := graphql.github_decision if {
 }
 `
 
-// TestGraphQLThroughBroker: GraphQL requests as clients send them (curl with GitHub's JSON
-// bodies, a batch, an Apollo persisted-query GET, a document that does not parse) reach the
-// shipped rule set with their operations read, and the audit event names the first one.
-func TestGraphQLThroughBroker(t *testing.T) {
+// graphqlEnv is a broker in mode with the shipped GraphQL rules for the test upstream's
+// /graphql.
+func graphqlEnv(t *testing.T, mode string) *env {
+	t.Helper()
 	rules, err := os.ReadFile("../policies/graphql.rego")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, envOpts{
+	return newEnv(t, envOpts{
+		mode:   mode,
 		policy: graphqlPolicy,
 		policyFiles: map[string]string{"graphql.rego": string(rules), "data.yaml": `settings:
   github:
@@ -42,6 +43,30 @@ func TestGraphQLThroughBroker(t *testing.T) {
 `},
 		extraConfig: "protocols:\n  graphql: [{hosts: [\"127.0.0.1\"], path: /graphql}]\n",
 	})
+}
+
+// TestGraphQLBadInputMonitor: in monitor mode a document that does not parse goes through
+// without credentials, recorded as would_deny with the reason.
+func TestGraphQLBadInputMonitor(t *testing.T) {
+	e := graphqlEnv(t, "monitor")
+	out, err := e.curl("-i", "-H", "Content-Type: application/json", "-d", `{"query":"mutation {"}`, e.url("/graphql"))
+	if err != nil || !hasStatus(out, 200) {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	ev := e.broker.waitAudit(t, headerValue(out, "X-Broker-Request-Id"))
+	if ev["would_deny"] != true || !strings.HasPrefix(ev["reason"].(string), "the GraphQL document does not parse: ") {
+		t.Fatalf("audit: %v", ev)
+	}
+	if got := e.received(); len(got) != 1 || got[0].Header.Get("Authorization") != "" {
+		t.Fatalf("the upstream received %d requests, the last with credentials", len(got))
+	}
+}
+
+// TestGraphQLThroughBroker: GraphQL requests as clients send them (curl with GitHub's JSON
+// bodies, a batch, an Apollo persisted-query GET, a document that does not parse) reach the
+// shipped rule set with their operations read, and the audit event names the first one.
+func TestGraphQLThroughBroker(t *testing.T) {
+	e := graphqlEnv(t, "enforce")
 	const (
 		query    = `{"query":"query Viewer { viewer { login } rateLimit { remaining } }"}`
 		comment  = `{"query":"mutation AddComment($id: ID!, $body: String!) { addComment(input: {subjectId: $id, body: $body}) { clientMutationId } }","variables":{"id":"I_kwDOA","body":"LGTM"}}`
@@ -68,6 +93,10 @@ func TestGraphQLThroughBroker(t *testing.T) {
 		{"batch", []string{"-H", "Content-Type: application/json", "-d", batch, e.url("/graphql")}, 403,
 			"GraphQL mutation mergePullRequest is not allowed for agent " + agentID + " (policies/data.yaml settings.github.graphql.mutations)", map[string]any{"type": "query", "name": "A"}},
 		{"persisted GET", []string{persisted}, 403, "persisted GraphQL queries are not allowed: send the query document", map[string]any{"type": "persisted", "name": "Viewer"}},
+		{"chunked body", []string{"-H", "Content-Type: application/json", "-H", "Transfer-Encoding: chunked", "-d", comment, e.url("/graphql")}, 200, "GitHub GraphQL API", map[string]any{"type": "mutation", "name": "AddComment"}},
+		{"GET query", []string{"-G", "--data-urlencode", "query=query Repo { repository(owner: \"o\", name: \"n\") { id } }", e.url("/graphql")}, 200, "GitHub GraphQL API", map[string]any{"type": "query", "name": "Repo"}},
+		{"GET mutation", []string{"-G", "--data-urlencode", "query=mutation { deleteRepository(input: {repositoryId: \"R_1\"}) { clientMutationId } }", e.url("/graphql")}, 403,
+			"GraphQL mutation deleteRepository is not allowed for agent " + agentID + " (policies/data.yaml settings.github.graphql.mutations)", map[string]any{"type": "mutation", "name": ""}},
 		{"application/graphql", []string{"-H", "Content-Type: application/graphql", "-d", "query Q { viewer { login } }", e.url("/graphql")}, 200, "GitHub GraphQL API", map[string]any{"type": "query", "name": "Q"}},
 		{"does not parse", []string{"-H", "Content-Type: application/json", "-d", broken, e.url("/graphql")}, 403,
 			"the GraphQL document does not parse: input:1:25: Expected Name, found <EOF>", nil},
