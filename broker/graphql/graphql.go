@@ -105,6 +105,9 @@ func Describe(r Request) ([]Operation, error) {
 				return nil, errorf("the GraphQL request has a document in both the URL (%s) and the body", p)
 			}
 		}
+		if n := len(r.Query["operationName"]); n > 1 {
+			return nil, errorf("the GraphQL request has the URL parameter operationName %d times", n)
+		}
 		op, err := operation(string(body), first(r.Query, "operationName"))
 		if err != nil {
 			return nil, err

@@ -97,6 +97,7 @@ func TestDescribeBadInput(t *testing.T) {
 		{"batch item member twice", Request{Body: []byte(`[{"query":"{ a }"},{"operationName":"A","OperationName":"B","query":"query A { a } mutation B { b }"}]`)}, "twice"},
 		{"nested batch", Request{Body: []byte(`[[{"query":"{ a }"}]]`)}, "not an object"},
 		{"trailing garbage", Request{Body: []byte(`{"query":"{ a }"}]`)}, "text after the value"},
+		{"application/graphql, operationName twice", Request{ContentType: "application/graphql", Query: map[string][]string{"operationName": {"A", "B"}}, Body: []byte("query A { a } mutation B { b }")}, "operationName 2 times"},
 		{"empty application/graphql", Request{ContentType: "application/graphql"}, "no document"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
