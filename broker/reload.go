@@ -44,6 +44,9 @@ type generation struct {
 
 	// llm recognises the LLM APIs metered (llm.openai_compatible).
 	llm *llm.Endpoints
+	// graphql are the GraphQL endpoints (protocols.graphql), whose requests the policy sees
+	// as input.graphql.
+	graphql []config.ProtocolEndpoint
 
 	// upstream is what transport and dialer were built from: a new generation keeps them
 	// (and their pools of connections) when it has not changed.
@@ -93,6 +96,7 @@ func newGeneration(cfg *config.Config, secrets Secrets, self []netip.AddrPort, p
 		agents:     agents,
 		bindings:   inject.NewSet(cfg.Credentials),
 		llm:        llm.NewEndpoints(cfg.LLM),
+		graphql:    cfg.Protocols.GraphQL,
 		scrubbers:  newScrubbers(cfg.Credentials),
 		secrets:    secrets,
 		upstream:   key,

@@ -323,12 +323,14 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 	if err := x.g.describeAWS(x, r, in); err != nil {
 		return nil, err
 	}
+	graphQL := x.describeGraphQL(r, in)
 	if r.Body == nil || r.Body == http.NoBody {
 		in.BodySize = 0
 		return in, nil
 	}
 	in.ReadBody = func() ([]byte, int64) {
-		if small == nil && isJSON(r.Header.Get("Content-Type")) && r.ContentLength <= x.g.maxPolicyBody {
+		readable := graphQL || isJSON(r.Header.Get("Content-Type")) // a GraphQL body is read whatever its type
+		if small == nil && readable && r.ContentLength <= x.g.maxPolicyBody {
 			// The bytes about to be held count against the agent's budget until the
 			// request has been sent (bodyBudget); unknown length counts as the limit.
 			n := r.ContentLength
@@ -340,7 +342,7 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 				return nil, r.ContentLength
 			}
 		}
-		text, size, err := readPolicyBody(r, small, x.g.maxPolicyBody)
+		text, size, err := readPolicyBody(r, small, x.g.maxPolicyBody, readable)
 		body.err, body.text = err, text
 		if err != nil || text == nil {
 			body.hold.release()
@@ -373,16 +375,17 @@ func (g *generation) policyHeaders(h http.Header) map[string]string {
 	return headers
 }
 
-// readPolicyBody reads a JSON body up to limit bytes for the policy: small, when readSmallBody
+// readPolicyBody reads a JSON body (any body, when readable says so: a GraphQL request's) up to
+// limit bytes for the policy: small, when readSmallBody
 // has read it; otherwise it reads the body here, into one buffer of the body's length when
 // that is known, and puts the bytes back in front of the rest of r's body, so the upstream is
 // sent them from that same buffer. It returns the body's text (nil if it is not JSON or
-// unreadable), which the policy parses as far as it needs, and the body's size (-1 when
+// unreadable, or not readable), which the policy parses as far as it needs, and the body's size (-1 when
 // unknown). A JSON body over limit is an error (bodyTooLarge): the policy would see null
 // where the body is, and a policy that allows what it cannot see would let it through.
-func readPolicyBody(r *http.Request, small []byte, limit int64) ([]byte, int64, error) {
+func readPolicyBody(r *http.Request, small []byte, limit int64, readable bool) ([]byte, int64, error) {
 	size := r.ContentLength
-	if !isJSON(r.Header.Get("Content-Type")) {
+	if !readable {
 		return nil, size, nil
 	}
 	if size > limit {

@@ -4,6 +4,7 @@
 #   registries.rego  read-only package registries (GET, HEAD)
 #   git.rego         git hosting: clone and fetch, never push
 #   github.rego      the GitHub API with the github credential, scoped to repositories
+#   graphql.rego     GitHub's GraphQL API: queries, and the mutations listed per agent
 #   llm.rego         LLM APIs with their credentials, for listed models only
 #   aws.rego         AWS with the aws credential: read one bucket, write one prefix, no IAM/STS
 #   agents.rego      per-agent profiles (label `profile`): which of those an agent may use

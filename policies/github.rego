@@ -2,9 +2,10 @@
 #
 # data.settings.github (policies/data.yaml) lists the repositories an agent may read and
 # those it may also write, and the few paths outside /repos/ it may read. DELETE is never
-# allowed, nor GraphQL (a GraphQL query cannot be limited to repositories by its path).
+# allowed. POST /graphql is decided by its operations (graphql.rego).
 package github
 
+import data.graphql
 import data.paths
 import data.settings
 
@@ -69,8 +70,8 @@ decision := deny(sprintf("%s is not allowed on api.github.com", [method])) if {
 	not method in (read_methods | write_methods)
 } else := deny(sprintf("the path %s is not in canonical form (empty, . or .. segments, ; or backslash, in any encoding); send /repos/OWNER/NAME/...", [path])) if {
 	not canonical
-} else := deny("the GitHub GraphQL API (/graphql) is not allowed: it cannot be limited to repositories; use the REST API") if {
-	segments[0] == "graphql"
+} else := graphql.github_decision if {
+	path == "/graphql"
 } else := grant if {
 	method in read_methods
 	readable

@@ -50,6 +50,9 @@ type Event struct {
 	InputLevel Level
 	// AWS names the AWS service and operation of a request to AWS (CONTRACT §8), when known.
 	AWS *AWSCall
+	// GraphQL names the first operation of a GraphQL request (CONTRACT §8), when the policy
+	// read it.
+	GraphQL *GraphQLCall
 	// LLM is the model and usage of a metered LLM call (CONTRACT §8), or nil.
 	LLM *LLMCall
 	// Approval is how a held request (decision "ask") was decided, or nil.
@@ -62,6 +65,12 @@ type Event struct {
 // AWSCall is the audit event's "aws" object.
 type AWSCall struct {
 	Service, Operation string
+}
+
+// GraphQLCall is the audit event's "graphql" object: the type (query, mutation, subscription,
+// persisted) and name of a GraphQL request's first operation.
+type GraphQLCall struct {
+	Type, Name string
 }
 
 // LLMCall is the audit event's "llm" object. Reported false: the response carried no usage
@@ -128,6 +137,9 @@ func (l *Logger) Write(e *Event) {
 	}
 	if a := e.AWS; a != nil {
 		ev = ev.Dict("aws", zerolog.Dict().Str("service", a.Service).Str("operation", a.Operation))
+	}
+	if g := e.GraphQL; g != nil {
+		ev = ev.Dict("graphql", zerolog.Dict().Str("type", g.Type).Str("name", g.Name))
 	}
 	if l := e.LLM; l != nil {
 		d := zerolog.Dict().Str("provider", l.Provider).Str("model", l.Model).

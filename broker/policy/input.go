@@ -54,8 +54,16 @@ type Input struct {
 	// the agent. The Engine calls it only when the policy refers to input.usage.
 	ReadUsage func() map[string]any
 
-	usage    map[string]any // from ReadUsage
-	bodyText []byte         // from ReadBody, not yet parsed into Body
+	// ReadGraphQL, when set, supplies input.graphql (CONTRACT §8) from the body's text (nil
+	// when there is none), for a request to a GraphQL endpoint. The Engine calls it only when
+	// the policy refers to input.graphql; an error denies the request, with its text as the
+	// reason.
+	ReadGraphQL func(body []byte) ([]any, error)
+
+	graphql    []any          // from ReadGraphQL
+	graphqlErr string         // ReadGraphQL's error
+	usage      map[string]any // from ReadUsage
+	bodyText   []byte         // from ReadBody, not yet parsed into Body
 	// bodyMembers, when set, are the only paths into the body the policy deciding reads
 	// (decisionCache.bodyMembers): astValue builds a body of these alone from bodyText.
 	bodyMembers []ast.Ref
@@ -190,6 +198,9 @@ func (in *Input) value() map[string]any {
 	if in.usage != nil {
 		doc["usage"] = in.usage
 	}
+	if in.graphql != nil {
+		doc["graphql"] = in.graphql
+	}
 	return doc
 }
 
@@ -274,6 +285,13 @@ func (in *Input) astValue() (ast.Value, error) {
 			return nil, err
 		}
 		more = append(more, ast.Item(ast.StringTerm("usage"), ast.NewTerm(v)))
+	}
+	if in.graphql != nil {
+		v, err := ast.InterfaceToValue(in.graphql)
+		if err != nil {
+			return nil, err
+		}
+		more = append(more, ast.Item(ast.StringTerm("graphql"), ast.NewTerm(v)))
 	}
 	return ast.NewObject(append([][2]*ast.Term{
 		ast.Item(ast.StringTerm("phase"), ast.StringTerm(in.Phase)),
@@ -378,6 +396,15 @@ func (in *Input) find(path ast.Ref) (found, error) {
 			return found{}, errNoValue
 		}
 		v, err := ast.InterfaceToValue(in.usage)
+		if err != nil {
+			return found{}, err
+		}
+		return findIn(v, path[2:])
+	case "graphql":
+		if in.graphql == nil {
+			return found{}, errNoValue
+		}
+		v, err := ast.InterfaceToValue(in.graphql)
 		if err != nil {
 			return found{}, err
 		}
