@@ -50,6 +50,9 @@ type Event struct {
 	InputLevel Level
 	// AWS names the AWS service and operation of a request to AWS (CONTRACT §8), when known.
 	AWS *AWSCall
+	// MCP names the method and tool of the first message of a request to an MCP server
+	// (CONTRACT §8), when the policy read input.mcp.
+	MCP *MCPCall
 	// LLM is the model and usage of a metered LLM call (CONTRACT §8), or nil.
 	LLM *LLMCall
 	// Approval is how a held request (decision "ask") was decided, or nil.
@@ -62,6 +65,11 @@ type Event struct {
 // AWSCall is the audit event's "aws" object.
 type AWSCall struct {
 	Service, Operation string
+}
+
+// MCPCall is the audit event's "mcp" object.
+type MCPCall struct {
+	Method, Tool string
 }
 
 // LLMCall is the audit event's "llm" object. Reported false: the response carried no usage
@@ -128,6 +136,9 @@ func (l *Logger) Write(e *Event) {
 	}
 	if a := e.AWS; a != nil {
 		ev = ev.Dict("aws", zerolog.Dict().Str("service", a.Service).Str("operation", a.Operation))
+	}
+	if m := e.MCP; m != nil {
+		ev = ev.Dict("mcp", zerolog.Dict().Str("method", m.Method).Str("tool", m.Tool))
 	}
 	if l := e.LLM; l != nil {
 		d := zerolog.Dict().Str("provider", l.Provider).Str("model", l.Model).

@@ -53,9 +53,15 @@ type Input struct {
 	// ReadUsage, when set, supplies input.usage: the counters of the budgets that apply to
 	// the agent. The Engine calls it only when the policy refers to input.usage.
 	ReadUsage func() map[string]any
+	// ReadMCP and ReadJSONRPC, when set, derive input.mcp and input.jsonrpc from the body's
+	// text (nil when there is no JSON body), for a request to an endpoint configured under
+	// protocols (broker/rpc). The Engine calls them only when the policy refers to those
+	// parts; an error (a body that is not JSON-RPC) is a deny with the error as its reason.
+	ReadMCP, ReadJSONRPC func(text []byte) ([]any, error)
 
-	usage    map[string]any // from ReadUsage
-	bodyText []byte         // from ReadBody, not yet parsed into Body
+	usage        map[string]any // from ReadUsage
+	mcp, jsonrpc []any          // from ReadMCP, ReadJSONRPC
+	bodyText     []byte         // from ReadBody, not yet parsed into Body
 	// bodyMembers, when set, are the only paths into the body the policy deciding reads
 	// (decisionCache.bodyMembers): astValue builds a body of these alone from bodyText.
 	bodyMembers []ast.Ref
@@ -95,6 +101,34 @@ func (in *Input) loadUsage() {
 		in.usage, in.ReadUsage = in.ReadUsage(), nil
 	}
 }
+
+// loadRPC fills input.mcp (when mcp) and input.jsonrpc (when jsonrpc) from ReadMCP and
+// ReadJSONRPC, reading the body first.
+func (in *Input) loadRPC(mcp, jsonrpc bool) error {
+	if !(mcp && in.ReadMCP != nil || jsonrpc && in.ReadJSONRPC != nil) {
+		return nil
+	}
+	in.loadBody()
+	text := in.bodyText
+	if mcp && in.ReadMCP != nil {
+		l, err := in.ReadMCP(text)
+		if err != nil {
+			return err
+		}
+		in.mcp, in.ReadMCP = l, nil
+	}
+	if jsonrpc && in.ReadJSONRPC != nil {
+		l, err := in.ReadJSONRPC(text)
+		if err != nil {
+			return err
+		}
+		in.jsonrpc, in.ReadJSONRPC = l, nil
+	}
+	return nil
+}
+
+// MCP returns input.mcp, if the policy deciding has read it.
+func (in *Input) MCP() []any { return in.mcp }
 
 // BodyString returns the top-level string member name of a JSON object body (an LLM
 // request's model), reading the body as the policy would (ReadBody) if it has not been read;
@@ -190,6 +224,12 @@ func (in *Input) value() map[string]any {
 	if in.usage != nil {
 		doc["usage"] = in.usage
 	}
+	if in.mcp != nil {
+		doc["mcp"] = in.mcp
+	}
+	if in.jsonrpc != nil {
+		doc["jsonrpc"] = in.jsonrpc
+	}
 	return doc
 }
 
@@ -274,6 +314,15 @@ func (in *Input) astValue() (ast.Value, error) {
 			return nil, err
 		}
 		more = append(more, ast.Item(ast.StringTerm("usage"), ast.NewTerm(v)))
+	}
+	for name, l := range map[string][]any{"mcp": in.mcp, "jsonrpc": in.jsonrpc} {
+		if l != nil {
+			v, err := ast.InterfaceToValue(l)
+			if err != nil {
+				return nil, err
+			}
+			more = append(more, ast.Item(ast.StringTerm(name), ast.NewTerm(v)))
+		}
 	}
 	return ast.NewObject(append([][2]*ast.Term{
 		ast.Item(ast.StringTerm("phase"), ast.StringTerm(in.Phase)),
@@ -378,6 +427,19 @@ func (in *Input) find(path ast.Ref) (found, error) {
 			return found{}, errNoValue
 		}
 		v, err := ast.InterfaceToValue(in.usage)
+		if err != nil {
+			return found{}, err
+		}
+		return findIn(v, path[2:])
+	case "mcp", "jsonrpc":
+		l := in.mcp
+		if key(1) == "jsonrpc" {
+			l = in.jsonrpc
+		}
+		if l == nil {
+			return found{}, errNoValue
+		}
+		v, err := ast.InterfaceToValue(l)
 		if err != nil {
 			return found{}, err
 		}

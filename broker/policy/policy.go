@@ -72,6 +72,9 @@ type prepared struct {
 	// readsUsage: the policy refers to input.usage (or the whole input), which is then
 	// computed for each decision.
 	readsUsage bool
+	// readsMCP, readsJSONRPC: the policy refers to input.mcp, input.jsonrpc (or the whole
+	// input), which are then derived from the body (Input.ReadMCP).
+	readsMCP, readsJSONRPC bool
 }
 
 // dataChecks check a policy's data document before it is loaded (RegisterDataCheck).
@@ -163,7 +166,7 @@ func compile(ctx context.Context, src *source) (*prepared, error) {
 		return nil, fmt.Errorf("compiling policies: %w", err)
 	}
 	return &prepared{query: pq, revision: src.revision, cache: newDecisionCache(c), data: src.data,
-		readsUsage: readsInput(c, usagePath)}, nil
+		readsUsage: readsInput(c, usagePath), readsMCP: readsInput(c, mcpPath), readsJSONRPC: readsInput(c, jsonrpcPath)}, nil
 }
 
 // compileModules parses (Rego v1) and compiles modules with the broker's capabilities.
@@ -223,6 +226,13 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 		// Usage changes with every request: the cache keys on the counters the policy
 		// reads, so a decision is reused only for the same counters, never a stale one.
 		in.loadUsage()
+	}
+	if p != nil {
+		// The MCP and JSON-RPC meaning is derived from the body: the cache keys on it as it
+		// does on any other part of the input the policy reads.
+		if err := in.loadRPC(p.readsMCP, p.readsJSONRPC); err != nil {
+			return Decision{ID: newDecisionID(), Reason: err.Error(), Revision: p.revision}, nil
+		}
 	}
 	if c == nil {
 		return evaluateInput(ctx, p, in)
