@@ -44,6 +44,8 @@ type generation struct {
 
 	// llm recognises the LLM APIs metered (llm.openai_compatible).
 	llm *llm.Endpoints
+	// protocols are the endpoints whose meaning the policy sees (broker/mcp.go).
+	protocols config.Protocols
 
 	// upstream is what transport and dialer were built from: a new generation keeps them
 	// (and their pools of connections) when it has not changed.
@@ -93,6 +95,7 @@ func newGeneration(cfg *config.Config, secrets Secrets, self []netip.AddrPort, p
 		agents:     agents,
 		bindings:   inject.NewSet(cfg.Credentials),
 		llm:        llm.NewEndpoints(cfg.LLM),
+		protocols:  cfg.Protocols,
 		scrubbers:  newScrubbers(cfg.Credentials),
 		secrets:    secrets,
 		upstream:   key,
