@@ -61,7 +61,10 @@ type Input struct {
 
 	usage        map[string]any // from ReadUsage
 	mcp, jsonrpc []any          // from ReadMCP, ReadJSONRPC
-	bodyText     []byte         // from ReadBody, not yet parsed into Body
+	// mcpValue, jsonrpcValue are mcp and jsonrpc as the evaluator's values, converted once:
+	// the cache's key and a miss's evaluation both read them.
+	mcpValue, jsonrpcValue ast.Value
+	bodyText               []byte // from ReadBody, not yet parsed into Body
 	// bodyMembers, when set, are the only paths into the body the policy deciding reads
 	// (decisionCache.bodyMembers): astValue builds a body of these alone from bodyText.
 	bodyMembers []ast.Ref
@@ -115,14 +118,22 @@ func (in *Input) loadRPC(mcp, jsonrpc bool) error {
 		if err != nil {
 			return err
 		}
-		in.mcp, in.ReadMCP = l, nil
+		v, err := ast.InterfaceToValue(l)
+		if err != nil {
+			return err
+		}
+		in.mcp, in.mcpValue, in.ReadMCP = l, v, nil
 	}
 	if jsonrpc && in.ReadJSONRPC != nil {
 		l, err := in.ReadJSONRPC(text)
 		if err != nil {
 			return err
 		}
-		in.jsonrpc, in.ReadJSONRPC = l, nil
+		v, err := ast.InterfaceToValue(l)
+		if err != nil {
+			return err
+		}
+		in.jsonrpc, in.jsonrpcValue, in.ReadJSONRPC = l, v, nil
 	}
 	return nil
 }
@@ -315,14 +326,11 @@ func (in *Input) astValue() (ast.Value, error) {
 		}
 		more = append(more, ast.Item(ast.StringTerm("usage"), ast.NewTerm(v)))
 	}
-	for name, l := range map[string][]any{"mcp": in.mcp, "jsonrpc": in.jsonrpc} {
-		if l != nil {
-			v, err := ast.InterfaceToValue(l)
-			if err != nil {
-				return nil, err
-			}
-			more = append(more, ast.Item(ast.StringTerm(name), ast.NewTerm(v)))
-		}
+	if in.mcpValue != nil {
+		more = append(more, ast.Item(ast.StringTerm("mcp"), ast.NewTerm(in.mcpValue)))
+	}
+	if in.jsonrpcValue != nil {
+		more = append(more, ast.Item(ast.StringTerm("jsonrpc"), ast.NewTerm(in.jsonrpcValue)))
 	}
 	return ast.NewObject(append([][2]*ast.Term{
 		ast.Item(ast.StringTerm("phase"), ast.StringTerm(in.Phase)),
@@ -432,16 +440,12 @@ func (in *Input) find(path ast.Ref) (found, error) {
 		}
 		return findIn(v, path[2:])
 	case "mcp", "jsonrpc":
-		l := in.mcp
+		v := in.mcpValue
 		if key(1) == "jsonrpc" {
-			l = in.jsonrpc
+			v = in.jsonrpcValue
 		}
-		if l == nil {
+		if v == nil {
 			return found{}, errNoValue
-		}
-		v, err := ast.InterfaceToValue(l)
-		if err != nil {
-			return found{}, err
 		}
 		return findIn(v, path[2:])
 	case "aws":
