@@ -175,3 +175,37 @@ func TestMCPStreamedResponse(t *testing.T) {
 		t.Errorf("rest: %q, %v", rest, err)
 	}
 }
+
+// TestJSONRPCRequests: for a protocols.jsonrpc endpoint the policy sees the methods of a
+// message or a batch, a body that is not JSON-RPC is refused with the reason, and an MCP
+// policy's input.mcp is not there.
+func TestJSONRPCRequests(t *testing.T) {
+	e, err := policy.New(context.Background(), fstest.MapFS{"p.rego": {Data: []byte(`package broker
+default decision := {"allow": false, "reason": "method not allowed"}
+decision := {"allow": true} if {
+	not input.mcp
+	every m in input.jsonrpc { startswith(m.method, "eth_get") }
+}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	cfg.Protocols.JSONRPC = []config.ProtocolEndpoint{{Hosts: []string{mcpHost}, Path: "/rpc/"}}
+	br, tun := testBroker(t, cfg, Deps{Policy: e, Secrets: benchSecrets{}}, mcpUpstream(sessionUpstream), mcpHost)
+	for _, tc := range []struct {
+		path, body string
+		code       int
+		reason     string
+	}{
+		{"/rpc/v1", `{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0x0","latest"]}`, 200, ""},
+		{"/rpc/v1", `[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance"},{"jsonrpc":"2.0","id":2,"method":"eth_sendRawTransaction","params":["0x00"]}]`, 403, "method not allowed"},
+		{"/rpc/v1", `{"id":1,"method":"eth_getBalance"}`, 403, "the body is not a JSON-RPC message"},
+		{"/other", `{"jsonrpc":"2.0","id":1,"method":"eth_getBalance"}`, 403, "method not allowed"},
+	} {
+		w := httptest.NewRecorder()
+		br.serveTunnel(w, mcpPost(tc.path, tc.body, ""), tun)
+		if w.Code != tc.code || !strings.Contains(w.Body.String(), tc.reason) {
+			t.Errorf("%s %s: %d %s; want %d %q", tc.path, tc.body, w.Code, w.Body, tc.code, tc.reason)
+		}
+	}
+}
