@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -122,4 +123,56 @@ func TestMCPThroughBroker(t *testing.T) {
 	e.broker.auditLog.waitFrom(t, mark, `"mcp":{"method":"tools/call","tool":"get-sum"}`)
 	e.broker.auditLog.waitFrom(t, mark, `"mcp":{"method":"tools/call","tool":"echo"}`)
 	e.broker.auditLog.waitFrom(t, mark, `"mcp":{"method":"initialize","tool":""}`)
+}
+
+// TestMCPSessionNeverCrossesAgents: a session server-everything issued to coder-1 through
+// the broker serves coder-1, is refused to coder-2 (403), and a made-up one is unknown (404).
+func TestMCPSessionNeverCrossesAgents(t *testing.T) {
+	modules := nodeModules(t)
+	addr := startMCPEverything(t, modules)
+	pki := newUpstreamPKI(t)
+	up := pki.serve(t, httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: addr}), false, nil)
+	tok1, tok2 := randHex(16), randHex(16)
+	b := startBroker(t, brokerOpts{
+		policy: mcpPolicy,
+		files:  map[string]string{"mcp.rego": readShipped(t, "mcp.rego"), "data.yaml": mcpData},
+		config: canaryConfig(pki.File, []string{"coder-1", "coder-2"}, "protocols:\n  mcp: [{hosts: [127.0.0.1], path: /mcp}]\n"),
+		env:    []string{tokenEnv("coder-1") + "=" + tok1, tokenEnv("coder-2") + "=" + tok2, "CANARY_SECRET=sk-canary-" + randHex(8)},
+	})
+	post := func(c *http.Client, body, session string) *http.Response {
+		t.Helper()
+		r, _ := http.NewRequest(http.MethodPost, up.URL+"/mcp", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Accept", "application/json, text/event-stream")
+		r.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+		if session != "" {
+			r.Header.Set("Mcp-Session-Id", session)
+		}
+		resp, err := c.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	c1, c2 := b.client(t, "coder-1", tok1), b.client(t, "coder-2", tok2)
+	resp := post(c1, `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`, "")
+	session := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != 200 || session == "" {
+		t.Fatalf("initialize: %d, session %q", resp.StatusCode, session)
+	}
+	list := `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`
+	if resp := post(c1, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, session); resp.StatusCode != 202 {
+		t.Errorf("coder-1 initialized: %d", resp.StatusCode)
+	}
+	if resp := post(c1, list, session); resp.StatusCode != 200 {
+		t.Errorf("coder-1 in its own session: %d", resp.StatusCode)
+	}
+	if resp := post(c2, list, session); resp.StatusCode != 403 {
+		t.Errorf("coder-2 in coder-1's session: %d", resp.StatusCode)
+	}
+	if resp := post(c2, list, "made-up-"+randHex(8)); resp.StatusCode != 404 {
+		t.Errorf("a session never issued: %d", resp.StatusCode)
+	}
 }
