@@ -250,13 +250,38 @@ func (in *Input) value() map[string]any {
 func (in *Input) Document(withBody bool) map[string]any {
 	in.loadHeaders()
 	if !withBody {
-		text, body := in.bodyText, in.Body
-		in.bodyText, in.Body = nil, nil
-		defer func() { in.bodyText, in.Body = text, body }()
+		// input.mcp's arguments are the body's: left out with it.
+		text, body, mcp := in.bodyText, in.Body, in.mcp
+		in.bodyText, in.Body, in.mcp = nil, nil, withoutArguments(in.mcp)
+		defer func() { in.bodyText, in.Body, in.mcp = text, body, mcp }()
 		return in.value()
 	}
 	in.loadBody()
 	return in.value()
+}
+
+// withoutArguments is input.mcp with each item's arguments empty.
+func withoutArguments(l []any) []any {
+	if l == nil {
+		return nil
+	}
+	out := make([]any, len(l))
+	for i, item := range l {
+		m, ok := item.(map[string]any)
+		if !ok {
+			out[i] = item
+			continue
+		}
+		c := make(map[string]any, len(m))
+		for k, v := range m {
+			c[k] = v
+		}
+		if _, ok := c["arguments"]; ok {
+			c["arguments"] = map[string]any{}
+		}
+		out[i] = c
+	}
+	return out
 }
 
 // astValue builds the same document as value, directly as the evaluator's value: converting a

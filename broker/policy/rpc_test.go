@@ -117,6 +117,15 @@ func TestRPCInput(t *testing.T) {
 	if l := in.value()["mcp"].([]any); l[0].(map[string]any)["tool"] != "search" {
 		t.Errorf("value: %v", l)
 	}
+	if l := in.Document(false)["mcp"].([]any); len(l[0].(map[string]any)["arguments"].(map[string]any)) != 0 {
+		t.Errorf("the audit's input without the body has the arguments: %v", l)
+	}
+	if l := in.Document(true)["mcp"].([]any); l[0].(map[string]any)["arguments"].(map[string]any)["repository"] != "acme/web" {
+		t.Errorf("the audit's input with the body lacks the arguments: %v", l)
+	}
+	if l := in.value()["mcp"].([]any); l[0].(map[string]any)["arguments"].(map[string]any)["repository"] != "acme/web" {
+		t.Errorf("Document(false) changed the input: %v", l)
+	}
 	if _, ok := req().value()["mcp"]; ok {
 		t.Error("input.mcp present for a request that has none")
 	}
