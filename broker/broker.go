@@ -22,6 +22,7 @@ import (
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/rpc"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/broker/usage"
 	"github.com/capbroker/capbroker/credentials"
@@ -105,6 +106,7 @@ type Broker struct {
 	approvals *approvals.Queue
 	budgets   *budget.Budgets
 	recorder  usage.Recorder
+	sessions  *rpc.Sessions // which agent each MCP session was issued to (broker/mcp.go)
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -137,6 +139,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		approvals: deps.Approvals,
 		budgets:   deps.Budgets,
 		recorder:  deps.Recorder,
+		sessions:  rpc.NewSessions(mcpSessionsMax),
 		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
 	b.gen.Store(g)

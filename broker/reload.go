@@ -47,6 +47,8 @@ type generation struct {
 	// graphql are the GraphQL endpoints (protocols.graphql), whose requests the policy sees
 	// as input.graphql.
 	graphql []config.ProtocolEndpoint
+	// protocols are the endpoints whose meaning the policy sees (broker/mcp.go).
+	protocols config.Protocols
 
 	// upstream is what transport and dialer were built from: a new generation keeps them
 	// (and their pools of connections) when it has not changed.
@@ -97,6 +99,7 @@ func newGeneration(cfg *config.Config, secrets Secrets, self []netip.AddrPort, p
 		bindings:   inject.NewSet(cfg.Credentials),
 		llm:        llm.NewEndpoints(cfg.LLM),
 		graphql:    cfg.Protocols.GraphQL,
+		protocols:  cfg.Protocols,
 		scrubbers:  newScrubbers(cfg.Credentials),
 		secrets:    secrets,
 		upstream:   key,

@@ -81,6 +81,9 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err != nil {
 		return nil, err
 	}
+	if err := b.checkMCPSession(x, r, in); err != nil {
+		return nil, err
+	}
 	metered := x.meterRequest(in, t, small, &body)
 
 	out := outbound(r, t, in.Path)
@@ -114,6 +117,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err != nil {
 		return nil, err
 	}
+	b.noteMCPSession(x, in, resp)
 	if err := checkSwitch(out, resp); err != nil {
 		return nil, err
 	}
@@ -324,6 +328,7 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		return nil, err
 	}
 	graphQL := x.describeGraphQL(r, in)
+	x.g.describeRPC(x, r, in)
 	if r.Body == nil || r.Body == http.NoBody {
 		in.BodySize = 0
 		return in, nil

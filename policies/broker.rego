@@ -7,6 +7,7 @@
 #   graphql.rego     GitHub's GraphQL API: queries, and the mutations listed per agent
 #   llm.rego         LLM APIs with their credentials, for listed models only
 #   aws.rego         AWS with the aws credential: read one bucket, write one prefix, no IAM/STS
+#   mcp.rego         MCP servers: listed tools, resources and prompts; arguments per agent
 #   agents.rego      per-agent profiles (label `profile`): which of those an agent may use
 #   paths.rego       reading paths by segments, and refusing every spelling of "." and ".."
 #
@@ -21,6 +22,7 @@ import data.aws
 import data.git
 import data.github
 import data.llm
+import data.mcp
 import data.registries
 
 host := input.request.host
@@ -36,6 +38,8 @@ concern := "github" if github.governs(host)
 concern := "llm" if llm.governs(host)
 
 concern := "aws" if aws.governs(host)
+
+concern := "mcp" if mcp.governs(host)
 
 default decision := {"allow": false, "reason": "the policy does not know this kind of request (phase must be connect or request)"}
 
@@ -65,6 +69,9 @@ decision := {"allow": false, "reason": sprintf("host %s is not on the allow-list
 } else := aws.decision if {
 	input.phase == "request"
 	concern == "aws"
+} else := mcp.decision if {
+	input.phase == "request"
+	concern == "mcp"
 }
 
 connect := {"allow": true, "intercept": true} if {

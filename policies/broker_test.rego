@@ -36,6 +36,8 @@ cases := {
 	"builder profile: registry": {"input": as_builder(req("GET", "pypi.org", "/simple/")), "allow": true},
 	"builder profile: no GitHub API": {"input": as_builder(connect("api.github.com", 443)), "allow": false, "reason": "agent coder-1 (profile builder) may not use github (api.github.com); its profile allows: git, registries"},
 	"AWS S3 read with its credential": {"input": object.union(req("GET", "example-data.s3.eu-west-1.amazonaws.com", "/x"), {"aws": {"service": "s3", "region": "eu-west-1", "operation": "GetObject", "bucket": "example-data", "key": "x"}}), "allow": true, "credentials": ["aws"]},
+	"MCP tool listed": {"input": object.union(req("POST", "mcp.example.com", "/mcp"), {"mcp": [{"method": "tools/call", "tool": "echo", "arguments": {}, "uri": ""}]}), "allow": true},
+	"MCP tool not listed": {"input": object.union(req("POST", "mcp.example.com", "/mcp"), {"mcp": [{"method": "tools/call", "tool": "delete_repository", "arguments": {}, "uri": ""}]}), "allow": false, "reason": "MCP tool delete_repository is not allowed on mcp.example.com: agents may call echo, search_issues"},
 	"AWS IAM": {"input": object.union(req("POST", "iam.amazonaws.com", "/"), {"aws": {"service": "iam", "region": "us-east-1", "operation": "CreateAccessKey", "bucket": "", "key": ""}}), "allow": false, "reason": "AWS iam is never allowed for agents (CreateAccessKey)"},
 	"unknown phase": {"input": {"phase": "other", "agent": agent({}), "request": {"host": "pypi.org"}}, "allow": false},
 }
@@ -65,7 +67,7 @@ explained(d) if {
 
 # A host in two concerns would make `concern` conflict, and every decision for it an error.
 test_concerns_do_not_overlap if {
-	lists := [data.registries.hosts, data.git.hosts, data.github.hosts, data.llm.hosts, data.settings.aws.hosts]
+	lists := [data.registries.hosts, data.git.hosts, data.github.hosts, data.llm.hosts, data.settings.aws.hosts, object.keys(data.settings.mcp.servers)]
 	hosts := {h | some l in lists; some h in l}
 	count(hosts) == sum([count(l) | some l in lists])
 }

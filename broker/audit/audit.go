@@ -53,6 +53,9 @@ type Event struct {
 	// GraphQL names the first operation of a GraphQL request (CONTRACT §8), when the policy
 	// read it.
 	GraphQL *GraphQLCall
+	// MCP names the method and tool of the first message of a request to an MCP server
+	// (CONTRACT §8), when the policy read input.mcp.
+	MCP *MCPCall
 	// LLM is the model and usage of a metered LLM call (CONTRACT §8), or nil.
 	LLM *LLMCall
 	// Approval is how a held request (decision "ask") was decided, or nil.
@@ -71,6 +74,11 @@ type AWSCall struct {
 // persisted) and name of a GraphQL request's first operation.
 type GraphQLCall struct {
 	Type, Name string
+}
+
+// MCPCall is the audit event's "mcp" object.
+type MCPCall struct {
+	Method, Tool string
 }
 
 // LLMCall is the audit event's "llm" object. Reported false: the response carried no usage
@@ -140,6 +148,9 @@ func (l *Logger) Write(e *Event) {
 	}
 	if g := e.GraphQL; g != nil {
 		ev = ev.Dict("graphql", zerolog.Dict().Str("type", g.Type).Str("name", g.Name))
+	}
+	if m := e.MCP; m != nil {
+		ev = ev.Dict("mcp", zerolog.Dict().Str("method", m.Method).Str("tool", m.Tool))
 	}
 	if l := e.LLM; l != nil {
 		d := zerolog.Dict().Str("provider", l.Provider).Str("model", l.Model).

@@ -33,11 +33,14 @@ func TestEventFields(t *testing.T) {
 	buf.Reset()
 	l = New(&buf)
 	l.Write(&Event{Start: time.Now(), WouldDeny: true, Input: map[string]any{"phase": "request"}, InputLevel: InputFull,
-		AWS: &AWSCall{Service: "s3", Operation: "GetObject"}})
+		AWS: &AWSCall{Service: "s3", Operation: "GetObject"}, MCP: &MCPCall{Method: "tools/call", Tool: "echo"}})
 	l.Close()
 	_ = json.Unmarshal(buf.Bytes(), &ev)
 	if aws, _ := ev["aws"].(map[string]any); aws["service"] != "s3" || aws["operation"] != "GetObject" {
 		t.Errorf("aws: %v", ev["aws"])
+	}
+	if m, _ := ev["mcp"].(map[string]any); m["method"] != "tools/call" || m["tool"] != "echo" {
+		t.Errorf("mcp: %v", ev["mcp"])
 	}
 	if ev["would_deny"] != true || ev["input"] == nil {
 		t.Errorf("include_input/would_deny: %v", ev)

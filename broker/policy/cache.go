@@ -86,6 +86,12 @@ func (c *decisionCache) reads(refs ...ast.Ref) bool {
 // usagePath is input.usage, the budgets' counters (Input.ReadUsage).
 var usagePath = ast.MustParseRef("input.usage")
 
+// mcpPath and jsonrpcPath are input.mcp and input.jsonrpc (Input.ReadMCP, ReadJSONRPC).
+var (
+	mcpPath     = ast.MustParseRef("input.mcp")
+	jsonrpcPath = ast.MustParseRef("input.jsonrpc")
+)
+
 // readsInput reports whether the compiled policy refers to ref, a part of it, or a document
 // holding it (input itself).
 func readsInput(c *ast.Compiler, ref ast.Ref) bool {

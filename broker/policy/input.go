@@ -53,6 +53,11 @@ type Input struct {
 	// ReadUsage, when set, supplies input.usage: the counters of the budgets that apply to
 	// the agent. The Engine calls it only when the policy refers to input.usage.
 	ReadUsage func() map[string]any
+	// ReadMCP and ReadJSONRPC, when set, derive input.mcp and input.jsonrpc from the body's
+	// text (nil when there is no JSON body), for a request to an endpoint configured under
+	// protocols (broker/rpc). The Engine calls them only when the policy refers to those
+	// parts; an error (a body that is not JSON-RPC) is a deny with the error as its reason.
+	ReadMCP, ReadJSONRPC func(text []byte) ([]any, error)
 
 	// ReadGraphQL, when set, supplies input.graphql (CONTRACT §8) from the body's text (nil
 	// when there is none), for a request to a GraphQL endpoint. The Engine calls it only when
@@ -60,10 +65,14 @@ type Input struct {
 	// reason.
 	ReadGraphQL func(body []byte) ([]any, error)
 
-	graphql    []any          // from ReadGraphQL
-	graphqlErr string         // ReadGraphQL's error
-	usage      map[string]any // from ReadUsage
-	bodyText   []byte         // from ReadBody, not yet parsed into Body
+	graphql      []any          // from ReadGraphQL
+	graphqlErr   string         // ReadGraphQL's error
+	usage        map[string]any // from ReadUsage
+	mcp, jsonrpc []any          // from ReadMCP, ReadJSONRPC
+	// mcpValue, jsonrpcValue are mcp and jsonrpc as the evaluator's values, converted once:
+	// the cache's key and a miss's evaluation both read them.
+	mcpValue, jsonrpcValue ast.Value
+	bodyText               []byte // from ReadBody, not yet parsed into Body
 	// bodyMembers, when set, are the only paths into the body the policy deciding reads
 	// (decisionCache.bodyMembers): astValue builds a body of these alone from bodyText.
 	bodyMembers []ast.Ref
@@ -103,6 +112,42 @@ func (in *Input) loadUsage() {
 		in.usage, in.ReadUsage = in.ReadUsage(), nil
 	}
 }
+
+// loadRPC fills input.mcp (when mcp) and input.jsonrpc (when jsonrpc) from ReadMCP and
+// ReadJSONRPC, reading the body first.
+func (in *Input) loadRPC(mcp, jsonrpc bool) error {
+	if !(mcp && in.ReadMCP != nil || jsonrpc && in.ReadJSONRPC != nil) {
+		return nil
+	}
+	in.loadBody()
+	text := in.bodyText
+	if mcp && in.ReadMCP != nil {
+		l, err := in.ReadMCP(text)
+		if err != nil {
+			return err
+		}
+		v, err := ast.InterfaceToValue(l)
+		if err != nil {
+			return err
+		}
+		in.mcp, in.mcpValue, in.ReadMCP = l, v, nil
+	}
+	if jsonrpc && in.ReadJSONRPC != nil {
+		l, err := in.ReadJSONRPC(text)
+		if err != nil {
+			return err
+		}
+		v, err := ast.InterfaceToValue(l)
+		if err != nil {
+			return err
+		}
+		in.jsonrpc, in.jsonrpcValue, in.ReadJSONRPC = l, v, nil
+	}
+	return nil
+}
+
+// MCP returns input.mcp, if the policy deciding has read it.
+func (in *Input) MCP() []any { return in.mcp }
 
 // BodyString returns the top-level string member name of a JSON object body (an LLM
 // request's model), reading the body as the policy would (ReadBody) if it has not been read;
@@ -201,6 +246,12 @@ func (in *Input) value() map[string]any {
 	if in.graphql != nil {
 		doc["graphql"] = in.graphql
 	}
+	if in.mcp != nil {
+		doc["mcp"] = in.mcp
+	}
+	if in.jsonrpc != nil {
+		doc["jsonrpc"] = in.jsonrpc
+	}
 	return doc
 }
 
@@ -210,13 +261,38 @@ func (in *Input) value() map[string]any {
 func (in *Input) Document(withBody bool) map[string]any {
 	in.loadHeaders()
 	if !withBody {
-		text, body := in.bodyText, in.Body
-		in.bodyText, in.Body = nil, nil
-		defer func() { in.bodyText, in.Body = text, body }()
+		// input.mcp's arguments are the body's: left out with it.
+		text, body, mcp := in.bodyText, in.Body, in.mcp
+		in.bodyText, in.Body, in.mcp = nil, nil, withoutArguments(in.mcp)
+		defer func() { in.bodyText, in.Body, in.mcp = text, body, mcp }()
 		return in.value()
 	}
 	in.loadBody()
 	return in.value()
+}
+
+// withoutArguments is input.mcp with each item's arguments empty.
+func withoutArguments(l []any) []any {
+	if l == nil {
+		return nil
+	}
+	out := make([]any, len(l))
+	for i, item := range l {
+		m, ok := item.(map[string]any)
+		if !ok {
+			out[i] = item
+			continue
+		}
+		c := make(map[string]any, len(m))
+		for k, v := range m {
+			c[k] = v
+		}
+		if _, ok := c["arguments"]; ok {
+			c["arguments"] = map[string]any{}
+		}
+		out[i] = c
+	}
+	return out
 }
 
 // astValue builds the same document as value, directly as the evaluator's value: converting a
@@ -292,6 +368,12 @@ func (in *Input) astValue() (ast.Value, error) {
 			return nil, err
 		}
 		more = append(more, ast.Item(ast.StringTerm("graphql"), ast.NewTerm(v)))
+	}
+	if in.mcpValue != nil {
+		more = append(more, ast.Item(ast.StringTerm("mcp"), ast.NewTerm(in.mcpValue)))
+	}
+	if in.jsonrpcValue != nil {
+		more = append(more, ast.Item(ast.StringTerm("jsonrpc"), ast.NewTerm(in.jsonrpcValue)))
 	}
 	return ast.NewObject(append([][2]*ast.Term{
 		ast.Item(ast.StringTerm("phase"), ast.StringTerm(in.Phase)),
@@ -407,6 +489,15 @@ func (in *Input) find(path ast.Ref) (found, error) {
 		v, err := ast.InterfaceToValue(in.graphql)
 		if err != nil {
 			return found{}, err
+		}
+		return findIn(v, path[2:])
+	case "mcp", "jsonrpc":
+		v := in.mcpValue
+		if key(1) == "jsonrpc" {
+			v = in.jsonrpcValue
+		}
+		if v == nil {
+			return found{}, errNoValue
 		}
 		return findIn(v, path[2:])
 	case "aws":

@@ -75,6 +75,9 @@ type prepared struct {
 	// readsGraphQL: the policy refers to input.graphql (or the whole input), which is then
 	// read from a GraphQL request (Input.ReadGraphQL).
 	readsGraphQL bool
+	// readsMCP, readsJSONRPC: the policy refers to input.mcp, input.jsonrpc (or the whole
+	// input), which are then derived from the body (Input.ReadMCP).
+	readsMCP, readsJSONRPC bool
 }
 
 // dataChecks check a policy's data document before it is loaded (RegisterDataCheck).
@@ -166,7 +169,8 @@ func compile(ctx context.Context, src *source) (*prepared, error) {
 		return nil, fmt.Errorf("compiling policies: %w", err)
 	}
 	return &prepared{query: pq, revision: src.revision, cache: newDecisionCache(c), data: src.data,
-		readsUsage: readsInput(c, usagePath), readsGraphQL: readsInput(c, graphqlPath)}, nil
+		readsUsage: readsInput(c, usagePath), readsGraphQL: readsInput(c, graphqlPath),
+		readsMCP: readsInput(c, mcpPath), readsJSONRPC: readsInput(c, jsonrpcPath)}, nil
 }
 
 // compileModules parses (Rego v1) and compiles modules with the broker's capabilities.
@@ -230,6 +234,13 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	if p != nil && p.readsGraphQL {
 		if reason, ok := in.loadGraphQL(); !ok {
 			return Decision{ID: newDecisionID(), Reason: reason, Revision: p.revision}, nil
+		}
+	}
+	if p != nil {
+		// The MCP and JSON-RPC meaning is derived from the body: the cache keys on it as it
+		// does on any other part of the input the policy reads.
+		if err := in.loadRPC(p.readsMCP, p.readsJSONRPC); err != nil {
+			return Decision{ID: newDecisionID(), Reason: err.Error(), Revision: p.revision}, nil
 		}
 	}
 	if c == nil {

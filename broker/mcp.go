@@ -1,0 +1,91 @@
+package broker
+
+import (
+	"net/http"
+
+	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/rpc"
+)
+
+// mcpSessionsMax bounds the MCP sessions the broker remembers the agent of (rpc.Sessions).
+const mcpSessionsMax = 1 << 16
+
+// protocolAt reports whether a request to host and path is to one of endpoints.
+func protocolAt(endpoints []config.ProtocolEndpoint, host, path string) bool {
+	for _, e := range endpoints {
+		if e.Matches(host, path) {
+			return true
+		}
+	}
+	return false
+}
+
+// describeRPC lets the policy see what a request to a configured MCP server or JSON-RPC
+// endpoint asks for: input.mcp and input.jsonrpc, derived from the body only if the policy
+// reads them (policy.Input.ReadMCP). A request without a body (an MCP client's GET for the
+// server's stream, its DELETE of the session) has no messages; a body that is not JSON-RPC
+// (or not JSON, or not sent as JSON) is rpc.ErrNotJSONRPC, which denies it.
+func (g *generation) describeRPC(x *exchange, r *http.Request, in *policy.Input) {
+	hasBody := r.Body != nil && r.Body != http.NoBody
+	derive := func(meaning func([]rpc.Message) []any, isMCP bool) func([]byte) ([]any, error) {
+		return func(text []byte) ([]any, error) {
+			if !hasBody {
+				return []any{}, nil
+			}
+			msgs, err := rpc.Parse(text)
+			if err != nil {
+				return nil, err
+			}
+			l := meaning(msgs)
+			if isMCP {
+				first := l[0].(map[string]any)
+				x.ev.MCP = &audit.MCPCall{Method: first["method"].(string), Tool: first["tool"].(string)}
+			}
+			return l, nil
+		}
+	}
+	if protocolAt(g.protocols.MCP, in.Host, in.Path) {
+		in.ReadMCP = derive(rpc.MCP, true)
+	}
+	if protocolAt(g.protocols.JSONRPC, in.Host, in.Path) {
+		in.ReadJSONRPC = derive(rpc.JSONRPC, false)
+	}
+}
+
+// errMCPSessionUnknown answers a request carrying an MCP session id the broker does not know
+// to be the agent's: as a server answers a session it no longer has (404), so that the
+// client starts a new session.
+var errMCPSessionUnknown = approvalRefusal{http.StatusNotFound, "mcp_session_unknown",
+	"the broker knows of no MCP session with this id for this agent",
+	"Start a new MCP session (initialize without the Mcp-Session-Id header)."}
+
+// checkMCPSession refuses a request to an MCP server carrying a session id the server issued
+// to another agent (403), or one the broker has no record of (404): a session never serves an
+// agent it was not issued to.
+func (b *Broker) checkMCPSession(x *exchange, r *http.Request, in *policy.Input) error {
+	ids := r.Header.Values(rpc.SessionHeader)
+	if len(ids) == 0 || !protocolAt(x.g.protocols.MCP, in.Host, in.Path) {
+		return nil
+	}
+	for _, id := range ids {
+		owner, ok := b.sessions.Owner(in.Host, id)
+		if !ok {
+			return errMCPSessionUnknown
+		}
+		if owner != x.agent.ID {
+			return denial{"this MCP session was issued to another agent"}
+		}
+	}
+	return nil
+}
+
+// noteMCPSession remembers the agent an MCP server's response issues a session to.
+func (b *Broker) noteMCPSession(x *exchange, in *policy.Input, resp *http.Response) {
+	id := resp.Header.Get(rpc.SessionHeader)
+	if id == "" || !protocolAt(x.g.protocols.MCP, in.Host, in.Path) {
+		return
+	}
+	b.sessions.Issued(in.Host, id, x.agent.ID)
+}
