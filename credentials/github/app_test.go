@@ -1,7 +1,6 @@
 package github
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/capbroker/capbroker/credentials"
 	"github.com/capbroker/capbroker/credentials/github/githubtest"
+	"github.com/capbroker/capbroker/internal/testkit"
 )
 
 const appID = "4242"
@@ -65,23 +65,8 @@ func (c *clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// syncBuf collects log output.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuf collects what goroutines write, for the test to read.
+type syncBuf = testkit.Buffer
 
 type fixture struct {
 	srv  *githubtest.Server

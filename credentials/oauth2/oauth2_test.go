@@ -1,7 +1,6 @@
 package oauth2
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/capbroker/capbroker/credentials"
 	"github.com/capbroker/capbroker/credentials/oauth2/oauth2test"
+	"github.com/capbroker/capbroker/internal/testkit"
 )
 
 // Canaries: the client secret and the private keys' PEM. None may appear in an error or a
@@ -34,23 +34,8 @@ const (
 	canaryBody   = "CANARY-response-body-77d2c0"
 )
 
-// syncBuffer is a log sink safe for the minter's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer collects what goroutines write, for the test to read.
+type syncBuffer = testkit.Buffer
 
 // clock is a test clock that only moves when told.
 type clock struct {
