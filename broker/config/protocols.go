@@ -36,11 +36,7 @@ func (e ProtocolEndpoint) Matches(host, path string) bool {
 		return false
 	}
 	for _, h := range e.Hosts {
-		if suffix, ok := strings.CutPrefix(h, "*"); ok {
-			if strings.HasSuffix(host, suffix) && len(host) > len(suffix) {
-				return true
-			}
-		} else if h == host {
+		if HostMatches(h, host) {
 			return true
 		}
 	}

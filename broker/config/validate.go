@@ -372,6 +372,16 @@ func validateInject(e *errs, p string, in Inject) {
 	}
 }
 
+// HostMatches reports whether host (lower case, no port) is one pattern names, as the config's
+// hosts lists spell them (checkHostPattern): a name or IP literal names itself, "*.example.com"
+// any name below example.com, not example.com itself.
+func HostMatches(pattern, host string) bool {
+	if suffix, ok := strings.CutPrefix(pattern, "*"); ok {
+		return strings.HasSuffix(host, suffix) && len(host) > len(suffix)
+	}
+	return pattern == host
+}
+
 // checkHostPattern accepts a lower-case DNS name, "*." followed by one, or an IP literal.
 func checkHostPattern(h string) error {
 	if _, err := netip.ParseAddr(h); err == nil {

@@ -109,11 +109,7 @@ func (s *Set) CredentialHeader(name string) bool {
 // "*.example.com" matches any name below example.com, not example.com itself.
 func (b *Binding) Matches(host string) bool {
 	for _, h := range b.hosts {
-		if suffix, ok := strings.CutPrefix(h, "*"); ok {
-			if strings.HasSuffix(host, suffix) && len(host) > len(suffix) {
-				return true
-			}
-		} else if h == host {
+		if config.HostMatches(h, host) {
 			return true
 		}
 	}

@@ -94,7 +94,7 @@ func (e *Endpoints) Match(host, path string) (Endpoint, bool) {
 		return Endpoint{}, false
 	}
 	for _, c := range e.compatible {
-		if !slices.ContainsFunc(c.hosts, func(h string) bool { return hostMatches(h, host) }) {
+		if !slices.ContainsFunc(c.hosts, func(h string) bool { return config.HostMatches(h, host) }) {
 			continue
 		}
 		if c.api == Messages {
@@ -137,12 +137,4 @@ func geminiPath(path string) (Endpoint, bool) {
 		return Endpoint{}, false
 	}
 	return Endpoint{Provider: Gemini, API: GenerateContent, Model: model}, true
-}
-
-// hostMatches: pattern is a host name, or *.domain for any name under domain.
-func hostMatches(pattern, host string) bool {
-	if suffix, ok := strings.CutPrefix(pattern, "*"); ok {
-		return strings.HasSuffix(host, suffix) && len(host) > len(suffix)
-	}
-	return pattern == host
 }
