@@ -13,6 +13,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/policy"
 )
@@ -31,6 +32,9 @@ type tunnel struct {
 	gen       *generation
 	proxyAuth string
 	source    netip.Addr
+	// mode is how the tunnel's connection came: audit.ModeExplicit (a CONNECT) or
+	// audit.ModeTransparent (a redirected connection). Its requests carry it.
+	mode string
 }
 
 // reidentify returns the tunnel's agent as g knows it. Under the generation of the CONNECT
@@ -84,6 +88,7 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 		AgentID:     agent.ID,
 		Labels:      agent.Labels,
 		SourceIP:    x.ev.SourceIP,
+		Mode:        x.ev.Mode,
 		Method:      http.MethodConnect,
 		Host:        host,
 		Port:        port,
@@ -103,7 +108,7 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 	if d.Intercept || x.ev.WouldDeny {
 		x.ev.Status = http.StatusOK
 		x.finish()
-		tun := &tunnel{agent: agent, target: t, gen: x.g, proxyAuth: proxyAuth, source: sourceAddr(r)}
+		tun := &tunnel{agent: agent, target: t, gen: x.g, proxyAuth: proxyAuth, source: sourceAddr(r), mode: audit.ModeExplicit}
 		return &goproxy.ConnectAction{
 			Action: goproxy.ConnectHijack,
 			Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {

@@ -45,12 +45,13 @@ func (b *Broker) begin(phase string, r *http.Request) *exchange {
 	b.metrics.started()
 	x := &exchange{b: b, g: b.gen.Load()}
 	x.ev = audit.Event{
-		RequestID: newRequestID(),
-		Phase:     phase,
-		Method:    r.Method,
-		Start:     time.Now(),
-		Mode:      x.g.mode,
-		SourceIP:  sourceAddr(r).String(),
+		RequestID:  newRequestID(),
+		Phase:      phase,
+		Method:     r.Method,
+		Start:      time.Now(),
+		Mode:       audit.ModeExplicit,
+		PolicyMode: x.g.mode,
+		SourceIP:   sourceAddr(r).String(),
 	}
 	return x
 }

@@ -179,6 +179,7 @@ var encodingOffers = [...]string{"Accept-Encoding", "Grpc-Accept-Encoding", "Sec
 // must be the CONNECT host, and the request is always sent to the CONNECT target.
 func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (target, error) {
 	if tun != nil {
+		x.ev.Mode = tun.mode
 		agent, err := tun.reidentify(x.g)
 		if err != nil {
 			x.identify(tun.agent)
@@ -313,6 +314,7 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		AgentID:     x.agent.ID,
 		Labels:      x.agent.Labels,
 		SourceIP:    x.ev.SourceIP,
+		Mode:        x.ev.Mode,
 		Method:      r.Method,
 		Scheme:      t.scheme,
 		Host:        t.host,

@@ -725,7 +725,7 @@ func TestMonitorModeNeverBlocks(t *testing.T) {
 		t.Fatalf("monitor mode blocked: %v\n%s", err, out)
 	}
 	ev := e.broker.waitAudit(t, headerValue(out, "X-Broker-Request-Id"))
-	if ev["decision"] != "allow" || ev["would_deny"] != true || ev["mode"] != "monitor" {
+	if ev["decision"] != "allow" || ev["would_deny"] != true || ev["policy_mode"] != "monitor" || ev["mode"] != "explicit" {
 		t.Fatalf("audit: %v", ev)
 	}
 	if r := e.received(); len(r) != 1 || r[0].Header.Get("Authorization") != "" {

@@ -40,8 +40,13 @@ type Event struct {
 	Start          time.Time
 	PolicyRevision string
 	DecisionID     string
-	Mode           string
-	WouldDeny      bool
+	// Mode is which way the connection came (CONTRACT §8): ModeExplicit (the agent asked the
+	// proxy) or ModeTransparent (its connection was redirected to the broker).
+	Mode string
+	// PolicyMode is policy.mode, "enforce" or "monitor" (then WouldDeny marks a denial not
+	// enforced).
+	PolicyMode string
+	WouldDeny  bool
 	// Error is the internal cause of a failure, for operators; never shown to the agent.
 	Error string
 	// Input is the policy input, written as much as InputLevel says (audit.include_input of
@@ -64,6 +69,13 @@ type Event struct {
 	// shared store failed and it fails closed), or "".
 	Budget string
 }
+
+// The ways a connection reaches the broker: the audit event's mode, the policy's
+// input.source.mode (CONTRACT §8).
+const (
+	ModeExplicit    = "explicit"
+	ModeTransparent = "transparent"
+)
 
 // AWSCall is the audit event's "aws" object.
 type AWSCall struct {
@@ -136,7 +148,8 @@ func (l *Logger) Write(e *Event) {
 		Float64("duration_ms", float64(l.now().Sub(e.Start).Microseconds())/1000).
 		Str("policy_revision", e.PolicyRevision).
 		Str("decision_id", e.DecisionID).
-		Str("mode", e.Mode)
+		Str("mode", e.Mode).
+		Str("policy_mode", e.PolicyMode)
 	if e.WouldDeny {
 		ev = ev.Bool("would_deny", true)
 	}

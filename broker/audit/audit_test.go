@@ -13,7 +13,7 @@ func TestEventFields(t *testing.T) {
 	l.Write(&Event{
 		RequestID: "r1", Agent: "a", SourceIP: "10.0.0.1", Phase: "request", Method: "GET", Scheme: "https",
 		Host: "api.example.com", Port: 443, Path: "/x", Decision: Allow, Credentials: []string{"gh"}, Status: 200,
-		BytesIn: 1, BytesOut: 2, Start: time.Now(), PolicyRevision: "rev", Mode: "enforce",
+		BytesIn: 1, BytesOut: 2, Start: time.Now(), PolicyRevision: "rev", Mode: "explicit", PolicyMode: "enforce",
 		Input: map[string]any{"not": "logged without include_input"},
 	})
 	l.Close()
@@ -22,7 +22,7 @@ func TestEventFields(t *testing.T) {
 		t.Fatalf("not one JSON line: %q", buf.String())
 	}
 	for _, k := range []string{"time", "level", "msg", "request_id", "agent", "source_ip", "phase", "method", "scheme", "host",
-		"port", "path", "decision", "reason", "credentials", "status", "bytes_in", "bytes_out", "duration_ms", "policy_revision", "mode"} {
+		"port", "path", "decision", "reason", "credentials", "status", "bytes_in", "bytes_out", "duration_ms", "policy_revision", "mode", "policy_mode"} {
 		if _, ok := ev[k]; !ok {
 			t.Errorf("event lacks %q", k)
 		}

@@ -27,6 +27,7 @@ type Config struct {
 	Budgets     Budgets      `yaml:"budgets"`
 	LLM         LLM          `yaml:"llm"`
 	Protocols   Protocols    `yaml:"protocols"`
+	Transparent Transparent  `yaml:"transparent"`
 }
 
 type Proxy struct {
@@ -300,6 +301,7 @@ func (c *Config) SetDefaults() {
 	if c.Approvals.MaxPendingPerAgent == 0 {
 		c.Approvals.MaxPendingPerAgent = DefaultMaxPendingPerAgent
 	}
+	c.Transparent.defaults()
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}

@@ -84,6 +84,7 @@ func (c *Config) Validate() []error {
 	c.validateBudgets(&e)
 	c.validateLLM(&e)
 	c.validateProtocols(&e)
+	c.validateTransparent(&e)
 	return e
 }
 

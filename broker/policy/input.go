@@ -23,10 +23,13 @@ type Input struct {
 	AgentID  string
 	Labels   map[string]string
 	SourceIP string
-	Method   string
-	Scheme   string
-	Host     string
-	Port     int
+	// Mode is input.source.mode: "explicit" (the agent asked the proxy) or "transparent"
+	// (its connection was redirected to the broker). Empty is "explicit".
+	Mode   string
+	Method string
+	Scheme string
+	Host   string
+	Port   int
 	// Path is the normalised path, which the broker sends upstream: dot-segments removed,
 	// escapes of unreserved characters decoded, other escapes' hex upper-case (RFC 3986
 	// §6.2.2). RawPath is the path as the agent sent it.
@@ -233,7 +236,7 @@ func (in *Input) value() map[string]any {
 	doc := map[string]any{
 		"phase":       in.Phase,
 		"agent":       map[string]any{"id": in.AgentID, "labels": labels},
-		"source":      map[string]any{"ip": in.SourceIP},
+		"source":      map[string]any{"ip": in.SourceIP, "mode": in.mode()},
 		"request":     req,
 		"credentials": creds,
 	}
@@ -381,10 +384,21 @@ func (in *Input) astValue() (ast.Value, error) {
 			ast.Item(ast.StringTerm("id"), ast.StringTerm(in.AgentID)),
 			ast.Item(ast.StringTerm("labels"), ast.ObjectTerm(labels...)),
 		)),
-		ast.Item(ast.StringTerm("source"), ast.ObjectTerm(ast.Item(ast.StringTerm("ip"), ast.StringTerm(in.SourceIP)))),
+		ast.Item(ast.StringTerm("source"), ast.ObjectTerm(
+			ast.Item(ast.StringTerm("ip"), ast.StringTerm(in.SourceIP)),
+			ast.Item(ast.StringTerm("mode"), ast.StringTerm(in.mode())),
+		)),
 		ast.Item(ast.StringTerm("request"), ast.ObjectTerm(req...)),
 		ast.Item(ast.StringTerm("credentials"), ast.ArrayTerm(creds...)),
 	}, more...)...), nil
+}
+
+// mode is input.source.mode.
+func (in *Input) mode() string {
+	if in.Mode == "" {
+		return "explicit"
+	}
+	return in.Mode
 }
 
 // prunedBody returns the body as the evaluator needs it when the policy reads only
