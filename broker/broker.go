@@ -23,6 +23,7 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/rpc"
+	"github.com/capbroker/capbroker/broker/transparent"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/broker/usage"
 	"github.com/capbroker/capbroker/credentials"
@@ -107,6 +108,9 @@ type Broker struct {
 	budgets   *budget.Budgets
 	recorder  usage.Recorder
 	sessions  *rpc.Sessions // which agent each MCP session was issued to (broker/mcp.go)
+	// names maps the addresses the sandbox's resolver answered to their names (transparent
+	// mode): shared by the resolver and the transparent listener.
+	names *transparent.Names
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -140,6 +144,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		budgets:   deps.Budgets,
 		recorder:  deps.Recorder,
 		sessions:  rpc.NewSessions(mcpSessionsMax),
+		names:     transparent.NewNames(cfg.Transparent.DNS.Prefixes()),
 		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
 	b.gen.Store(g)

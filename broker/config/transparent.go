@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 )
 
@@ -51,6 +52,17 @@ const (
 	DefaultDNSTTL              = 30 * time.Second
 	DefaultDNSQueriesPerSecond = 20
 )
+
+// Prefixes returns Pool parsed (entries that do not parse are left out: Validate reports them).
+func (d TransparentDNS) Prefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range d.Pool {
+		if p, err := ParsePrefix(s); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
 
 func (t *Transparent) defaults() {
 	if t.Listen == "" && t.DNS.Listen == "" {
