@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -56,4 +57,22 @@ func writeCurve(c Curve) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(curvesDir, c.Name+".json"), append(b, '\n'), 0o644)
+}
+
+// curveEnv is what a curve's measurement is given: the broker binary built for this run and a
+// scratch directory of its own (removed afterwards). Each curve starts its own upstream,
+// brokers and clients (see setup.go), so curves run one at a time and apart from the rest.
+type curveEnv struct {
+	bin string
+	dir string
+	// quick asks for fewer and shorter points (make bench's quick mode).
+	quick bool
+}
+
+// curveRuns are the curves `go run ./bench -curves NAME,...` measures, registered by each
+// curve's file in its init function.
+var curveRuns = map[string]func(ctx context.Context, env curveEnv) (Curve, error){}
+
+func registerCurve(name string, run func(ctx context.Context, env curveEnv) (Curve, error)) {
+	curveRuns[name] = run
 }
