@@ -91,8 +91,10 @@ const (
 	// maxUDPHandlers bounds the UDP queries being answered at once; the socket's reader
 	// waits for a free one (the kernel's buffer absorbs, then drops, the excess).
 	maxUDPHandlers = 64
-	// maxTCPConns bounds the TCP connections served at once; more are closed at once.
-	maxTCPConns = 256
+	// maxTCPConns bounds the TCP connections served at once, and maxTCPPerSource those of
+	// one source address; more are closed at once.
+	maxTCPConns     = 256
+	maxTCPPerSource = 16
 	// tcpIdle ends a TCP connection that sends no query for this long.
 	tcpIdle = 10 * time.Second
 	// decideTimeout bounds one query's policy decision.
@@ -152,6 +154,7 @@ type Server struct {
 	tcpSem chan struct{}
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	perSrc map[netip.Addr]int // TCP connections by source
 	closed bool
 }
 
@@ -167,6 +170,7 @@ func Serve(l *Listener, o Options) *Server {
 		udpSem: make(chan struct{}, maxUDPHandlers),
 		tcpSem: make(chan struct{}, maxTCPConns),
 		conns:  map[net.Conn]struct{}{},
+		perSrc: map[netip.Addr]int{},
 	}
 	s.rate = newRateBound(o.QueriesPerSecond, o.Now, o.Policy.Audit)
 	s.wg.Add(2)
@@ -248,25 +252,25 @@ func (s *Server) serveTCP() {
 			_ = c.Close()
 			continue
 		}
-		if !s.track(c, true) {
+		src := sourceOf(c)
+		if ok, closed := s.track(c, src, true); !ok {
 			<-s.tcpSem
 			_ = c.Close()
-			return
+			if closed {
+				return
+			}
+			continue
 		}
 		s.wg.Add(1)
 		go func() {
-			defer func() { s.track(c, false); _ = c.Close(); <-s.tcpSem; s.wg.Done() }()
-			s.serveConn(c)
+			defer func() { s.track(c, src, false); _ = c.Close(); <-s.tcpSem; s.wg.Done() }()
+			s.serveConn(c, src)
 		}()
 	}
 }
 
 // serveConn answers the queries of one TCP connection, each a 2-byte length and a message.
-func (s *Server) serveConn(c net.Conn) {
-	src := netip.Addr{}
-	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
-		src = ap.Addr().Unmap()
-	}
+func (s *Server) serveConn(c net.Conn, src netip.Addr) {
 	var lenBuf [2]byte
 	for {
 		_ = c.SetDeadline(time.Now().Add(tcpIdle))
@@ -294,18 +298,34 @@ func (s *Server) serveConn(c net.Conn) {
 	}
 }
 
-func (s *Server) track(c net.Conn, add bool) bool {
+// track adds c (add true) to the connections served, or removes it. ok false: not added,
+// because the server is closed (closed true) or src has maxTCPPerSource connections.
+func (s *Server) track(c net.Conn, src netip.Addr, add bool) (ok, closed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !add {
 		delete(s.conns, c)
-		return true
+		if s.perSrc[src]--; s.perSrc[src] <= 0 {
+			delete(s.perSrc, src)
+		}
+		return true, s.closed
 	}
 	if s.closed {
-		return false
+		return false, true
+	}
+	if s.perSrc[src] >= maxTCPPerSource {
+		return false, false
 	}
 	s.conns[c] = struct{}{}
-	return true
+	s.perSrc[src]++
+	return true, false
+}
+
+func sourceOf(c net.Conn) netip.Addr {
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		return ap.Addr().Unmap()
+	}
+	return netip.Addr{}
 }
 
 func (s *Server) isClosed() bool {

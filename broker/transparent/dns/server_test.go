@@ -516,3 +516,40 @@ func TestTunnellingAttempt(t *testing.T) {
 		t.Fatalf("audit: %d allowed, %d denied, %d over the rate in %d events", allowed, denied, overRate, len(events))
 	}
 }
+
+func TestTCPConnectionsPerSource(t *testing.T) {
+	ts := newTestServer(t, 1000)
+	dial := func(src string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := d.Dial("tcp", ts.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	for range maxTCPPerSource {
+		dial("127.0.0.6")
+	}
+	// Those are accepted, in order, before the next: one more from the same source is closed
+	// without an answer, while another source is served.
+	query := func(c net.Conn) error {
+		m := new(mdns.Msg)
+		m.SetQuestion("api.allowed.test.", mdns.TypeA)
+		out, _ := m.Pack()
+		if _, err := c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(out))), out...)); err != nil {
+			return err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var l [2]byte
+		_, err := io.ReadFull(c, l[:])
+		return err
+	}
+	extra := dial("127.0.0.6")
+	if err := query(extra); err == nil {
+		t.Fatal("a connection over the per-source bound was served")
+	}
+	if err := query(dial("127.0.0.7")); err != nil {
+		t.Fatalf("another source: %v", err)
+	}
+}
