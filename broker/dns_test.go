@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
@@ -95,5 +96,38 @@ func TestResolverPolicy(t *testing.T) {
 		if ev[k] != want {
 			t.Errorf("%s = %v, want %v", k, ev[k], want)
 		}
+	}
+}
+
+// BenchmarkResolverDecide is the broker's side of one query with a real Rego policy: an
+// allowed name (decided on the first port) and a denied one (decided on each port).
+func BenchmarkResolverDecide(b *testing.B) {
+	e, err := policy.New(context.Background(), fstest.MapFS{"p.rego": {Data: []byte(`package broker
+
+default decision := {"allow": false, "reason": "not on the allow-list"}
+
+decision := {"allow": true} if {
+	input.phase == "connect"
+	input.source.mode == "transparent"
+	input.request.host in {"api.example.com", "registry.npmjs.org"}
+}
+`)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := testConfig(b)
+	cfg.Agents = append(cfg.Agents, config.Agent{ID: "sidecar", Addresses: []string{"10.250.0.2/32"}})
+	cfg.Transparent.DNS.Listen = "127.0.0.1:0"
+	br, _ := testBroker(b, cfg, Deps{Policy: e, Secrets: benchSecrets{}}, memoryUpstream{}, "example.com")
+	rp := resolverPolicy{b: br, ports: cfg.Transparent.Ports}
+	for name, want := range map[string]bool{"api.example.com": true, "evil.example": false} {
+		b.Run(map[bool]string{true: "allowed", false: "denied"}[want], func(b *testing.B) {
+			q := sandboxdns.Query{Source: netip.MustParseAddr("10.250.0.2"), Name: name, Type: "A"}
+			for b.Loop() {
+				if v := rp.Decide(context.Background(), q); v.Allow != want {
+					b.Fatalf("%+v", v)
+				}
+			}
+		})
 	}
 }

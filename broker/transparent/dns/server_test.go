@@ -73,7 +73,7 @@ type testServer struct {
 	srv    *Server
 }
 
-func newTestServer(t *testing.T, qps int) *testServer {
+func newTestServer(t testing.TB, qps int) *testServer {
 	t.Helper()
 	l, err := Listen("127.0.0.1:0")
 	if err != nil {
