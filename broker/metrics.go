@@ -74,7 +74,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		reg: reg,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "capbroker_requests_total",
-			Help: "Decisions made, by phase (connect, request) and decision (allow, deny, error).",
+			Help: "Decisions made, by phase (connect, request, dns) and decision (allow, deny, error).",
 		}, []string{"phase", "decision"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "capbroker_request_duration_seconds",

@@ -24,6 +24,7 @@ import (
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
+	sandboxdns "github.com/capbroker/capbroker/broker/transparent/dns"
 )
 
 // drainGrace is how long SIGTERM waits for requests in flight.
@@ -181,6 +182,17 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		proxyLn.Close()
 		return fmt.Errorf("admin.listen: %w", err)
 	}
+	self := selfAddrs(proxyLn.Addr(), adminLn.Addr())
+	var dnsLn *sandboxdns.Listener // the sandbox's resolver (transparent.dns.listen)
+	if cfg.Transparent.DNS.Listen != "" {
+		if dnsLn, err = sandboxdns.Listen(cfg.Transparent.DNS.Listen); err != nil {
+			proxyLn.Close()
+			adminLn.Close()
+			return fmt.Errorf("transparent.dns.listen: %w", err)
+		}
+		defer dnsLn.Close()
+		self = append(self, selfAddrs(dnsLn.Addr())...)
+	}
 	metrics := broker.NewMetrics(nil)
 	metrics.SetBuild(version, buildCommit())
 	approvalsPolicyDir := ""
@@ -208,7 +220,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
-		Self:      append(append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...), redisAddrs(cfg)...),
+		Self:      append(append(self, vaultAddrs(cfg)...), redisAddrs(cfg)...),
 		Approvals: ap.queue,
 		Budgets:   budgets,
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
@@ -219,6 +231,9 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	rl.b = b
+	if dnsLn != nil {
+		defer b.StartResolver(dnsLn, cfg.Transparent).Close() // after the drain, before the audit log closes
+	}
 	if adminTLSConfig != nil {
 		adminLn = tls.NewListener(adminLn, adminTLSConfig)
 	}

@@ -1,0 +1,137 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/policy"
+	sandboxdns "github.com/capbroker/capbroker/broker/transparent/dns"
+)
+
+// PhaseDNS is the audit phase of the sandbox resolver's events.
+const PhaseDNS = "dns"
+
+// ReasonNoAgentAddress is why a query from an address no agent has is refused.
+const ReasonNoAgentAddress = "no agent is configured with this source address"
+
+// StartResolver serves the sandbox's resolver (transparent.dns) on l's sockets, answering
+// names with the addresses the transparent listener maps back. Close the server to stop it.
+func (b *Broker) StartResolver(l *sandboxdns.Listener, t config.Transparent) *sandboxdns.Server {
+	ports := t.Ports
+	if len(ports) == 0 {
+		ports = config.DefaultTransparentPorts
+	}
+	s := sandboxdns.Serve(l, sandboxdns.Options{
+		Policy:           resolverPolicy{b: b, ports: ports},
+		Names:            b.names,
+		TTL:              t.DNS.TTL,
+		QueriesPerSecond: t.DNS.QueriesPerSecond,
+		Log:              b.log,
+	})
+	b.log.Info().Str("dns", l.Addr().String()).Msg("resolver listening")
+	return s
+}
+
+// resolverPolicy is the broker's side of the resolver: whether a name could be allowed, and
+// the audit events.
+type resolverPolicy struct {
+	b     *Broker
+	ports []int
+}
+
+var _ sandboxdns.Policy = resolverPolicy{}
+
+// Decide identifies the agent by the query's source address and asks the policy the
+// connect-phase question a redirected connection to the name would ask (input.source.mode
+// "transparent", method CONNECT), for each port the transparent listener serves: the name
+// is answered when any of them is allowed or asked about. In monitor mode a denied name is
+// answered too (WouldDeny).
+func (p resolverPolicy) Decide(ctx context.Context, q sandboxdns.Query) sandboxdns.Verdict {
+	g := p.b.gen.Load()
+	agent, err := g.agents.Identify("", q.Source)
+	if err != nil {
+		return sandboxdns.Verdict{Reason: ReasonNoAgentAddress}
+	}
+	v := sandboxdns.Verdict{Agent: agent.ID}
+	creds := g.bindings.Matching(q.Name)
+	for _, port := range p.ports {
+		in := &policy.Input{
+			Phase:       policy.PhaseConnect,
+			AgentID:     agent.ID,
+			Labels:      agent.Labels,
+			SourceIP:    q.Source.String(),
+			Mode:        audit.ModeTransparent,
+			Method:      http.MethodConnect,
+			Host:        q.Name,
+			Port:        port,
+			Credentials: creds,
+		}
+		d, err := p.b.policy.Decide(ctx, in)
+		if err != nil {
+			p.b.log.Warn().Err(err).Str("agent", agent.ID).Str("host", q.Name).Msg("resolver: policy evaluation failed")
+			if v.Reason == "" {
+				v.Reason = "the policy could not be evaluated"
+			}
+			continue
+		}
+		v.Revision, v.DecisionID = d.Revision, d.ID
+		opaqueWithCredentials := d.Allow && !d.Intercept && len(d.Credentials) > 0 // connect() refuses it
+		if (d.Allow && !opaqueWithCredentials) || d.Ask != nil {
+			v.Allow, v.Reason = true, d.Reason
+			return v
+		}
+		if v.Reason == "" || port == p.ports[0] {
+			v.Reason = d.Reason
+		}
+	}
+	if v.Reason == "" {
+		v.Reason = policy.ReasonNoAllow
+	}
+	if g.mode == config.ModeMonitor {
+		v.Allow, v.WouldDeny = true, true
+	}
+	return v
+}
+
+// Audit writes the event of a refused query, or of a name's answer.
+func (p resolverPolicy) Audit(e sandboxdns.Event) {
+	g := p.b.gen.Load()
+	agent := e.Agent
+	if agent == "" {
+		if a, err := g.agents.Identify("", e.Source); err == nil {
+			agent = a.ID
+		}
+	}
+	decision := audit.Deny
+	if e.Allow {
+		decision = audit.Allow
+	}
+	reason := e.Reason
+	if reason == "" && !e.Allow {
+		reason = fmt.Sprintf("refused by the resolver (%s)", e.Proto)
+	}
+	ev := audit.Event{
+		RequestID:      newRequestID(),
+		Agent:          agent,
+		SourceIP:       e.Source.String(),
+		Phase:          PhaseDNS,
+		Method:         e.Type,
+		Scheme:         "dns",
+		Host:           e.Name,
+		Port:           53,
+		Decision:       decision,
+		Reason:         reason,
+		Start:          time.Now(),
+		Mode:           audit.ModeTransparent,
+		PolicyMode:     g.mode,
+		WouldDeny:      e.WouldDeny,
+		PolicyRevision: e.Revision,
+		DecisionID:     e.DecisionID,
+	}
+	p.b.metrics.requests.WithLabelValues(PhaseDNS, decision).Add(float64(max(e.Count, 1)))
+	p.b.audit.Write(&ev)
+}
