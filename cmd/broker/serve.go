@@ -219,6 +219,15 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	rl.b = b
+	if g := cfg.Transparent.LogGroup; g != 0 {
+		stopRefused, err := readRefused(ctx, b, g, log)
+		if err != nil {
+			proxyLn.Close()
+			adminLn.Close()
+			return fmt.Errorf("transparent.log_group: %w", err)
+		}
+		defer stopRefused()
+	}
 	if adminTLSConfig != nil {
 		adminLn = tls.NewListener(adminLn, adminTLSConfig)
 	}

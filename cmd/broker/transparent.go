@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +11,11 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rs/zerolog"
+
+	"github.com/capbroker/capbroker/broker"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/transparent/nflog"
 	"github.com/capbroker/capbroker/broker/transparent/rules"
 )
 
@@ -168,4 +173,36 @@ func runNft(script string) error {
 		return fmt.Errorf("nft -f -: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// Reasons of the audit events of packets the rules refused.
+const (
+	reasonUDP       = "UDP is not carried by the broker (QUIC/HTTP3 falls back to TCP)"
+	reasonNotRouted = "not routed: only the broker is reachable"
+)
+
+// readRefused reads the netfilter log group the rules send refused packets to
+// (transparent.log_group), and audits each flow once per nflog.Window. The returned stop
+// ends it.
+func readRefused(ctx context.Context, b *broker.Broker, group int, log zerolog.Logger) (stop func(), err error) {
+	r, err := nflog.Open(uint16(group))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := nflog.Run(ctx, r, func(p nflog.Packet) {
+			reason := reasonNotRouted
+			if p.Proto == "udp" {
+				reason = reasonUDP
+			}
+			b.RefuseFlow(broker.Flow{Proto: p.Proto, Source: p.Source, Dest: p.Dest}, reason)
+		}, func(err error) { log.Warn().Err(err).Int("log_group", group).Msg("refused packets went unaudited") })
+		if err != nil {
+			log.Error().Err(err).Int("log_group", group).Msg("reading refused packets stopped; they are refused, no longer audited")
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
