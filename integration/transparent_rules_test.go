@@ -446,3 +446,81 @@ transparent:
 		t.Logf("broker log:\n%s", b.logs.String())
 	}
 }
+
+// TestNetnsTransparentRulesPodForm applies the pod form (--hook output, the Kubernetes init
+// container's) in the agent's namespace, standing for a pod the agent shares with the broker,
+// and checks: the agent's UDP leaves nowhere; its DNS, to any server and to a resolver on
+// loopback (Docker's 127.0.0.11), lands at the broker's resolver port; its TCP lands at the
+// transparent listener; the broker's user reaches the outside unchanged.
+func TestNetnsTransparentRulesPodForm(t *testing.T) {
+	sn := newSandboxNet(t)
+	if _, err := exec.LookPath("nft"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("nft is missing (scripts/install-test-tools.sh installs nftables)")
+		}
+		t.Skip("skipped: nft is missing (apt-get install nftables)")
+	}
+	const brokerUID = "4242"
+	pod := sn.agentNS
+	ipCmd(t, "-n", pod, "route", "add", "default", "via", brokerSideIP)
+	// The outside, on the other end of the pod's link.
+	outUDP := serveUDP(t, sn.brokerNS, brokerSideIP+":443", "")
+	outTCP := serveTCP(t, sn.brokerNS, brokerSideIP+":0")
+	// The broker's listeners in the pod, on loopback: its resolver and transparent listener
+	// (stand-ins that answer and count).
+	dns := serveUDP(t, pod, "127.0.0.1:0", "pod-dns")
+	listener := serveTCP(t, pod, "127.0.0.1:0")
+
+	out, err := exec.Command("ip", "netns", "exec", pod, brokerBin, "transparent", "rules", "--hook", "output",
+		"--broker-uid", brokerUID, "--transparent-port", fmt.Sprint(listener.port()), "--dns-port", fmt.Sprint(dns.port()), "--apply").CombinedOutput()
+	if err != nil {
+		t.Fatalf("broker transparent rules --hook output --apply: %v\n%s", err, out)
+	}
+	probeAs := func(uid string, targets ...string) map[string]string {
+		t.Helper()
+		argv := append([]string{"netns", "exec", pod, "setpriv", "--reuid", uid, "--regid", uid, "--clear-groups",
+			"python3", "-c", packetProbe}, targets...)
+		cmd := exec.Command("ip", argv...)
+		cmd.Env = []string{"PATH=" + agentPath}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("probe as %s: %v\n%s", uid, err, out)
+		}
+		got := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			target, result, _ := strings.Cut(l, " ")
+			got[target] = result
+		}
+		return got
+	}
+	udpOut := "udp:" + brokerSideIP + ":443"
+	tcpOut := fmt.Sprintf("tcp:%s:%d", brokerSideIP, outTCP.port())
+	got := probeAs(agentUID, udpOut, "udp:"+brokerSideIP+":53", "udp:127.0.0.11:53", "udp:127.0.0.11:5353", tcpOut)
+	// A packet refused as it leaves fails the send at once: EPERM.
+	want := map[string]string{
+		udpOut:                        "EPERM",
+		"udp:" + brokerSideIP + ":53": "answered pod-dns",
+		"udp:127.0.0.11:53":           "answered pod-dns",
+		"udp:127.0.0.11:5353":         "EPERM",
+		tcpOut:                        "connected",
+	}
+	for target, w := range want {
+		if got[target] != w {
+			t.Errorf("the agent's %s: %q, want %q", target, got[target], w)
+		}
+	}
+	if n := outUDP.got.Load(); n != 0 {
+		t.Errorf("the outside received %d of the agent's datagrams", n)
+	}
+	if n := outTCP.accepted.Load(); n != 0 {
+		t.Errorf("the outside accepted %d of the agent's connections", n)
+	}
+	if n := listener.accepted.Load(); n != 1 {
+		t.Errorf("the transparent listener accepted %d connections, want the agent's one", n)
+	}
+
+	got = probeAs(brokerUID, udpOut, tcpOut)
+	if got[udpOut] != "answered probe" || got[tcpOut] != "connected" || outTCP.accepted.Load() != 1 {
+		t.Errorf("the broker's user should reach the outside unchanged: %v (outside accepted %d)", got, outTCP.accepted.Load())
+	}
+}
