@@ -259,9 +259,9 @@ func pod(w *writer, o Options) {
 	w.line(2, "ip daddr 127.0.0.1 accept")
 	w.line(2, "ip6 daddr ::1 accept")
 	w.line(2, "# Replies on connections made to the pod (probes, services), ICMP errors, and the")
-	w.line(2, "# kernel's own neighbour discovery.")
+	w.line(2, "# kernel's own neighbour discovery and multicast listener reports.")
 	w.line(2, "ct state established,related accept")
-	w.line(2, "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } accept")
+	w.line(2, "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, mld-listener-report, mld2-listener-report } accept")
 	if o.LogGroup != 0 {
 		w.line(2, "log group %d snaplen %d", o.LogGroup, SnapLen)
 	}
