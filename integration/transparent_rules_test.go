@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"net"
@@ -167,6 +168,7 @@ func serveTCP(t *testing.T, ns, addr string) *tcpService {
 func (s *tcpService) port() int { return s.srv.Listener.Addr().(*net.TCPAddr).Port }
 
 // packetProbe sends to each udp:HOST:PORT argument three datagrams on one socket and
+// an echo request to each icmp:HOST:0 (an unprivileged ICMP socket: ping_group_range), and
 // prints what came back ("answered <reply>", "timeout", or the errno: EHOSTUNREACH or EACCES
 // is an ICMP refusal), and connects to each tcp:HOST:PORT ("connected" or the errno).
 const packetProbe = `import errno, socket, sys
@@ -175,11 +177,17 @@ for target in sys.argv[1:]:
     host, port = rest.rsplit(":", 1)
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM)
+    if proto == "icmp":
+        s = socket.socket(family, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+    else:
+        s = socket.socket(family, socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM)
     s.settimeout(3)
     try:
         s.connect((host, int(port)))
-        if proto == "udp":
+        if proto == "icmp":
+            s.send(b"\x08\x00\x00\x00\x00\x00\x00\x01probe")  # an echo request
+            print(target, "answered", "echo-reply" if s.recv(512)[0] == 0 else "other")
+        elif proto == "udp":
             for i in range(3):
                 s.send(b"probe")
             print(target, "answered", s.recv(512).decode())
@@ -196,9 +204,10 @@ for target in sys.argv[1:]:
 // TestNetnsTransparentRules applies `broker transparent rules --apply` in the broker's
 // namespace of the gateway topology and checks, from the agent: UDP (QUIC's transport) to
 // the outside and to the name pool goes nowhere and is audited once per flow, as refused
-// UDP in transparent mode; DNS to any server lands at the broker's resolver port; no service
-// of the broker's host but the broker's listeners is reachable; explicit-proxy clients work
-// unchanged; --remove takes it all away again. Before the rules, the same probes get through:
+// UDP in transparent mode, and ICMP as not routed; DNS to any server lands at the broker's
+// resolver port; no service of the broker's host but the broker's listeners is reachable;
+// explicit-proxy clients work unchanged; a second broker cannot take the log group;
+// --remove takes it all away again. Before the rules, the same probes get through:
 // the topology would carry them.
 func TestNetnsTransparentRules(t *testing.T) {
 	sn := newSandboxNet(t)
@@ -286,9 +295,16 @@ transparent:
 		return sn.agent(t, []string{"PATH=" + agentPath}, "curl", "--noproxy", "*", "-sS", "--max-time", "5", url)
 	}
 	tcpOut := fmt.Sprintf("tcp:%s:%d", outsideIP, outTCP.port())
+	icmpOut := "icmp:" + outsideIP + ":0"
+	if out, err := exec.Command("ip", "netns", "exec", sn.agentNS, "sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647").CombinedOutput(); err != nil {
+		t.Fatalf("ping_group_range: %v %s", err, out)
+	}
 
 	t.Run("without the rules, everything gets through", func(t *testing.T) {
-		got := probe(append(udpTargets, tcpOut)...)
+		got := probe(append(udpTargets, tcpOut, icmpOut)...)
+		if got[icmpOut] != "answered echo-reply" {
+			t.Errorf("%s: %q, want the outside's echo reply", icmpOut, got[icmpOut])
+		}
 		for _, target := range udpTargets[:3] {
 			if got[target] != "answered probe" {
 				t.Errorf("%s: %q, want the outside's echo", target, got[target])
@@ -398,6 +414,17 @@ transparent:
 		}
 	})
 
+	t.Run("ICMP goes nowhere, refused and audited as not routed", func(t *testing.T) {
+		got := probe(icmpOut)
+		if got[icmpOut] != "EHOSTUNREACH" {
+			t.Errorf("%s: %q, want EHOSTUNREACH (an ICMP refusal)", icmpOut, got[icmpOut])
+		}
+		b.waitAuditWhere(t, 1, "the refused ICMP echo to "+outsideIP, func(ev auditEvent) bool {
+			return ev["scheme"] == "icmp" && ev["method"] == "ICMP" && ev["mode"] == "transparent" && ev["decision"] == "deny" &&
+				ev["host"] == outsideIP && ev["agent"] == "sandbox" && ev["reason"] == "not routed: only the broker is reachable"
+		})
+	})
+
 	t.Run("no TCP service but the broker's is reachable", func(t *testing.T) {
 		probe(tcpOut)
 		for _, url := range []string{
@@ -430,6 +457,17 @@ transparent:
 		}
 	})
 
+	t.Run("a second broker cannot read the same log group, and says so", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", sn.brokerNS, brokerBin, "run", "--config", filepath.Join(b.dir, "broker.yaml"))
+		cmd.Env = []string{"PATH=" + agentPath, "CANARY_SECRET=" + canary}
+		out, err := cmd.CombinedOutput()
+		if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "transparent.log_group") || !strings.Contains(string(out), "bound by another process") {
+			t.Fatalf("a second broker on log group %d: %v\n%s", nflogGroup, err, out)
+		}
+	})
+
 	t.Run("--remove takes the rules away", func(t *testing.T) {
 		if out := rulesCmd("--remove"); !strings.Contains(out, "removed table inet capbroker") {
 			t.Fatalf("--remove said %q", out)
@@ -442,6 +480,9 @@ transparent:
 			t.Fatalf("after --remove, %s: %q", udpTargets[0], got[udpTargets[0]])
 		}
 	})
+	if text := strings.Join(b.auditLog.snapshot(), "\n") + b.logs.String(); strings.Contains(text, canary) {
+		t.Error("the canary is in the broker's logs")
+	}
 	if t.Failed() {
 		t.Logf("broker log:\n%s", b.logs.String())
 	}
