@@ -52,6 +52,13 @@ USER 10001:10001
 WORKDIR /home/agent
 CMD ["sleep", "infinity"]
 
+# The Kubernetes init container of transparent mode (deploy/kubernetes/transparent/pod.yaml):
+# the broker beside nft, for `broker transparent rules --hook output --apply`.
+FROM alpine:3.20 AS rules-init
+RUN apk add --no-cache nftables
+COPY --from=build /out/broker /usr/local/bin/broker
+ENTRYPOINT ["/usr/local/bin/broker"]
+
 # --- the broker image: one static binary on distroless, user nonroot (65532) ----------------
 FROM gcr.io/distroless/static-debian12:nonroot AS broker
 COPY --from=build /out/broker /broker

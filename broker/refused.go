@@ -16,8 +16,8 @@ type Flow struct {
 	Proto  string // "tcp" or "udp"
 	Source netip.AddrPort
 	Dest   netip.AddrPort
-	// Host names the destination when it is known (the name a pool address was answered
-	// for, a TLS server name); else the audit event names the address.
+	// Host names the destination when it is known (a TLS server name); else the audit event
+	// names the name the resolver answered the pool address for, or the address.
 	Host string
 }
 
@@ -29,6 +29,9 @@ func (b *Broker) RefuseFlow(f Flow, reason string) {
 	host := f.Host
 	if host == "" {
 		host = f.Dest.Addr().Unmap().String()
+		if name, ok := b.names.Name(f.Dest.Addr()); ok {
+			host = name // a pool address the resolver answered for this name
+		}
 	}
 	ev := audit.Event{
 		RequestID:  newRequestID(),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the clients the end-to-end tests use as an agent would, if they are missing: curl,
-# git, python3, node, redis-server (the budget tests' shared store) and the AWS CLI (Debian's
+# git, python3, node, redis-server (the budget tests' shared store), nft (nftables: transparent
+# mode's rules, checked and applied in network namespaces) and the AWS CLI (Debian's
 # awscli, which brings botocore: the AWS tests' S3 stand-in checks signatures with it) from the
 # system's packages, chromium for the console's browser tests (integration/console_test.go),
 # and the Node packages the client tests drive (openai, @anthropic-ai/sdk, undici;
@@ -9,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for tool in curl git python3 node npm aws chromium redis-server; do
+for tool in curl git python3 node npm aws chromium redis-server nft; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
@@ -25,6 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     case "$tool" in
       node) pkgs+=(nodejs) ;;
       aws | botocore) pkgs+=(awscli) ;;
+      nft) pkgs+=(nftables) ;;
       *) pkgs+=("$tool") ;;
     esac
   done

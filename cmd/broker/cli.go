@@ -33,6 +33,8 @@ Usage:
   broker approvals list|approve ID|deny ID|grants|revoke ID [--admin URL] [--token-env VAR]
                                                       decide on requests held for approval
   broker usage [--admin URL] [--token-env VAR] [--json]  every budget's counter now
+  broker transparent rules [--sandbox-cidr CIDR]... [--config FILE] [--hook prerouting|output]
+         [--apply | --remove]                         print, apply or remove transparent mode's nftables rules
   broker version | --version
 `
 
@@ -62,6 +64,8 @@ func runCLI(args []string, stdout, stderr io.Writer) int {
 		err = cmdApprovals(rest, stdout, stderr)
 	case "usage":
 		err = cmdUsage(rest, stdout, stderr)
+	case "transparent":
+		err = cmdTransparent(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		cmdVersion(stdout)
 	case "-h", "--help", "help":

@@ -234,6 +234,15 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if dnsLn != nil {
 		defer b.StartResolver(dnsLn, cfg.Transparent).Close() // after the drain, before the audit log closes
 	}
+	if g := cfg.Transparent.LogGroup; g != 0 {
+		stopRefused, err := readRefused(ctx, b, g, log)
+		if err != nil {
+			proxyLn.Close()
+			adminLn.Close()
+			return fmt.Errorf("transparent.log_group: %w", err)
+		}
+		defer stopRefused()
+	}
 	if adminTLSConfig != nil {
 		adminLn = tls.NewListener(adminLn, adminTLSConfig)
 	}
