@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -31,6 +32,25 @@ func (w Warning) String() string { return fmt.Sprintf("%s:%d: %s", w.File, w.Lin
 // not read or compile has no warnings: Check reports why.
 func Warnings(fsys fs.FS, display string) []Warning {
 	src, err := readDir(fsys, display, false)
+	if err != nil {
+		return nil
+	}
+	return lint(src)
+}
+
+// BundleWarnings downloads the bundle once, verifies it as the poller would and reports what
+// Warnings does for a directory. A bundle that does not download, verify or compile has no
+// warnings: CheckBundle reports why.
+func BundleWarnings(ctx context.Context, o BundleOptions) []Warning {
+	p, err := NewBundlePoller(&Engine{}, o)
+	if err != nil {
+		return nil
+	}
+	body, _, _, err := p.download(ctx)
+	if err != nil {
+		return nil
+	}
+	src, err := readBundle(body, p.verify)
 	if err != nil {
 		return nil
 	}
@@ -186,9 +206,8 @@ func (l *linter) body(b ast.Body) {
 	}
 	for _, e := range b {
 		switch {
-		case e.IsCall() && (e.Operator().Equal(ast.Member.Ref()) || e.Operator().Equal(ast.MemberWithKey.Ref())):
-			ops := e.Operands()
-			if d, ok := resolve(ops[len(ops)-1]); ok {
+		case e.IsCall() && collectionOf(e) != nil:
+			if d, ok := resolve(collectionOf(e)); ok {
 				l.warn(e, d, "tests membership in")
 			}
 		case isEvery(e):
@@ -221,6 +240,19 @@ func (l *linter) body(b ast.Body) {
 		}
 		bound.Update(e.Vars(ast.VarVisitorParams{SkipClosures: true}))
 	}
+}
+
+// collectionOf returns the collection a membership test (`x in c`, `k, v in c`) looks in, or
+// nil. The call may carry one more operand, its result captured (`a := x in c`).
+func collectionOf(e *ast.Expr) *ast.Term {
+	ops := e.Operands()
+	switch {
+	case e.Operator().Equal(ast.Member.Ref()) && len(ops) >= 2:
+		return ops[1]
+	case e.Operator().Equal(ast.MemberWithKey.Ref()) && len(ops) >= 3:
+		return ops[2]
+	}
+	return nil
 }
 
 func isEvery(e *ast.Expr) bool {

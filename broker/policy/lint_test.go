@@ -49,6 +49,15 @@ k if {
 	data.allow.hosts[i] == input.request.host
 }
 
+l := {"listed": input.request.host in data.allow.hosts}
+
+m if {
+	some _, v in data.allow.hosts
+	v == input.request.host
+}
+
+n if "a", input.request.host in data.allow.hosts
+
 decision := {"allow": a}
 `
 
@@ -84,6 +93,9 @@ func TestWarningsOnLargeDataArrays(t *testing.T) {
 		21: "`every x in data.allow.hosts {",
 		34: "`some x in data.allow.hosts` iterates over data.allow.hosts",
 		37: "`some i, _ in data.allow.hosts` iterates over data.allow.hosts",
+		41: "`input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
+		44: "`some _, v in data.allow.hosts` iterates over data.allow.hosts",
+		48: "`\"a\", input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
 	}
 	for line, prefix := range want {
 		if !strings.HasPrefix(got[line], prefix) {
@@ -109,5 +121,20 @@ func TestNoWarningsForSmallArrays(t *testing.T) {
 	fsys := fstest.MapFS{"p.rego": {Data: []byte(lintPolicy)}, "data.json": {Data: data}}
 	for _, w := range Warnings(fsys, "pol") {
 		t.Error(w)
+	}
+}
+
+// TestBundleWarnings: a bundle's policy is warned of as a directory's is, with the file as
+// the bundle names it.
+func TestBundleWarnings(t *testing.T) {
+	srv := newBundleServer(t)
+	srv.serve(buildBundle(t, "r1", map[string]string{"/broker/broker.rego": `package broker
+
+decision := {"allow": input.request.host in data.allow.hosts}
+`}, map[string]any{"allow": map[string]any{"hosts": allowListHosts(LargeArray + 1)}}, nil), `"r1"`)
+	ws := BundleWarnings(t.Context(), BundleOptions{URL: srv.URL})
+	if len(ws) != 1 || ws[0].File != "broker/broker.rego" || ws[0].Line != 3 ||
+		!strings.Contains(ws[0].Message, "tests membership in data.allow.hosts, an array of 1001 entries") {
+		t.Fatalf("warnings %v, want one for broker/broker.rego:3", ws)
 	}
 }
