@@ -96,8 +96,13 @@ func lint(src *source) []Warning {
 		}
 	}
 	for _, name := range names {
-		ast.WalkBodies(c.Modules[name], func(b ast.Body) bool {
-			l.body(b)
+		ast.WalkRules(c.Modules[name], func(r *ast.Rule) bool {
+			// A function's arguments are bound by its caller, in each of its bodies.
+			args := r.Head.Args.Vars()
+			ast.WalkBodies(r, func(b ast.Body) bool {
+				l.body(b, args)
+				return false
+			})
 			return false
 		})
 	}
@@ -189,9 +194,10 @@ func assigned(e *ast.Expr, v ast.Var) (ast.Ref, bool) {
 	return ref, ok
 }
 
-// body checks one body's expressions in their (compiled) order.
-func (l *linter) body(b ast.Body) {
-	bound := ast.NewVarSet()
+// body checks one body's expressions in their (compiled) order; the variables in args are
+// bound before it.
+func (l *linter) body(b ast.Body, args ast.VarSet) {
+	bound := args.Copy()
 	locals := map[ast.Var]largeDoc{}
 	// resolve: t is a large array, as a ref or as a local bound to one.
 	resolve := func(t *ast.Term) (largeDoc, bool) {

@@ -58,6 +58,8 @@ m if {
 
 n if "a", input.request.host in data.allow.hosts
 
+nth(i) := data.allow.hosts[i]
+
 decision := {"allow": a}
 `
 
