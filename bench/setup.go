@@ -224,7 +224,7 @@ func writeShipped(dir string, port int) error {
 			s = strings.Replace(s, old, fmt.Sprintf("input.request.port in {443, %d}", port), 1)
 		case "data.yaml":
 			for _, kv := range [][2]string{
-				{"  git:\n", "  git:\n    - " + hostGit + "\n"},
+				{"  git:\n", "  git:\n    " + hostGit + ": true\n"},
 				{"  llm:\n", "  llm:\n    " + hostIntercept + ":\n      credential: openai\n      endpoints: [/v1/chat/completions]\n      models: [gpt-4.1*]\n      read_paths: [/v1/models]\n"},
 			} {
 				if !strings.Contains(s, kv[0]) {

@@ -70,7 +70,7 @@ decision := aws.decision if {
 const awsData = `settings:
   aws:
     credential: aws
-    hosts: [localhost]
+    hosts: {localhost: true}
     list_buckets: true
     read: [data]
     write: [data/out/]

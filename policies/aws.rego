@@ -10,13 +10,18 @@ package aws
 
 import data.settings
 
-# governs(host): the host is one of settings.aws.hosts ("*.suffix" matches any name under it).
-governs(host) if host in settings.aws.hosts
+hosts := {h | settings.aws.hosts[h] == true}
+
+# governs(host): the host is a key of settings.aws.hosts (host: true), or a name under a
+# "*.suffix" key. Each is a lookup by key, one per label of the host, never a scan of the
+# list: a.b.example.com looks up a.b.example.com, *.b.example.com, *.example.com and *.com.
+governs(host) if settings.aws.hosts[host] == true
 
 governs(host) if {
-	some p in settings.aws.hosts
-	startswith(p, "*.")
-	endswith(host, substring(p, 1, -1))
+	labels := split(host, ".")
+	some i, _ in labels
+	i > 0
+	settings.aws.hosts[concat(".", array.concat(["*"], array.slice(labels, i, count(labels))))] == true
 }
 
 never := {"iam", "sts", "organizations", "sso", "sso-oauth", "identitystore", "account"}

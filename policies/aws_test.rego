@@ -8,7 +8,7 @@ s3(op, bucket, key) := req({"service": "s3", "region": "eu-west-1", "operation":
 
 settings := {
 	"credential": "aws",
-	"hosts": ["s3.eu-west-1.amazonaws.com", "*.s3.eu-west-1.amazonaws.com", "iam.amazonaws.com"],
+	"hosts": {"s3.eu-west-1.amazonaws.com": true, "*.s3.eu-west-1.amazonaws.com": true, "iam.amazonaws.com": true, "off.amazonaws.com": false},
 	"list_buckets": true,
 	"read": ["data"],
 	"write": ["data/out/", "scratch/"],
@@ -57,6 +57,31 @@ test_governs if {
 	aws.governs("iam.amazonaws.com") with data.settings.aws as settings
 	not aws.governs("s3.amazonaws.com.evil.example") with data.settings.aws as settings
 	not aws.governs("x.s3.us-east-1.amazonaws.com") with data.settings.aws as settings
+	aws.governs("a.b.s3.eu-west-1.amazonaws.com") with data.settings.aws as settings
+	not aws.governs("off.amazonaws.com") with data.settings.aws as settings
+}
+
+# The lookup by key decides as the scan of a list of hosts and "*.suffix" patterns did.
+scanned(host, hosts) if host in hosts
+
+else if {
+	some p in hosts
+	startswith(p, "*.")
+	endswith(host, substring(p, 1, -1))
+} else := false
+
+looked_up(host, hosts) if {
+	aws.governs(host) with data.settings.aws.hosts as {p: true | some p in hosts}
+} else := false
+
+test_governs_as_a_scan_did[host] if {
+	patterns := ["s3.amazonaws.com", "*.s3.amazonaws.com", "*.", "*..x", "*.com", "iam.amazonaws.com"]
+	some host in [
+		"s3.amazonaws.com", "b.s3.amazonaws.com", "a.b.s3.amazonaws.com", ".s3.amazonaws.com", "x..s3.amazonaws.com",
+		"amazonaws.com", "s3.amazonaws.com.evil", "evils3.amazonaws.com", "x.", "x", "", ".", "a..x", "..x", "e.com", "com",
+		"iam.amazonaws.com", "x.iam.amazonaws.com",
+	]
+	looked_up(host, patterns) == scanned(host, patterns)
 }
 
 test_shipped_settings if {

@@ -67,7 +67,7 @@ explained(d) if {
 
 # A host in two concerns would make `concern` conflict, and every decision for it an error.
 test_concerns_do_not_overlap if {
-	lists := [data.registries.hosts, data.git.hosts, data.github.hosts, data.llm.hosts, data.settings.aws.hosts, object.keys(data.settings.mcp.servers)]
+	lists := [data.registries.hosts, data.git.hosts, data.github.hosts, data.llm.hosts, data.aws.hosts, object.keys(data.settings.mcp.servers)]
 	hosts := {h | some l in lists; some h in l}
 	count(hosts) == sum([count(l) | some l in lists])
 }

@@ -10,10 +10,11 @@ package git
 import data.paths
 import data.settings
 
-hosts := {h | some h in settings.git}
+hosts := {h | settings.git[h] == true}
 
-# governs(host): the host is git hosting (a lookup in the list, no set built per decision).
-governs(host) if host in settings.git
+# governs(host): the host is git hosting: one lookup by key in settings.git, an object
+# (host: true); no list scanned, no set built per decision.
+governs(host) if settings.git[host] == true
 
 decision := {"allow": false, "reason": sprintf("the path %s is not in canonical form (. or .. segments, ; or backslash, in any encoding)", [input.request.path])} if {
 	not paths.canonical(input.request.path)

@@ -10,10 +10,11 @@ package registries
 import data.paths
 import data.settings
 
-hosts := {h | some h in settings.registries}
+hosts := {h | settings.registries[h] == true}
 
-# governs(host): the host is a registry (a lookup in the list, no set built per decision).
-governs(host) if host in settings.registries
+# governs(host): the host is a registry: one lookup by key in settings.registries, an
+# object (host: true), whatever its length; no list scanned, no set built per decision.
+governs(host) if settings.registries[host] == true
 
 read_methods := {"GET", "HEAD"}
 

@@ -42,5 +42,11 @@ test_paths[name] if {
 test_hosts_come_from_data if {
 	registries.hosts["pypi.org"]
 	not registries.hosts["example.org"]
-	registries.hosts["example.org"] with data.settings.registries as ["example.org"]
+	registries.hosts["example.org"] with data.settings.registries as {"example.org": true}
+	not registries.hosts["pypi.org"] with data.settings.registries as {"pypi.org": false}
+	registries.governs("example.org") with data.settings.registries as {"example.org": true}
+	not registries.governs("pypi.org") with data.settings.registries as {"pypi.org": false}
+
+	# A value other than true lists nothing.
+	not registries.governs("pypi.org") with data.settings.registries as {"pypi.org": "yes"}
 }

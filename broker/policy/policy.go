@@ -18,7 +18,6 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
-	"github.com/open-policy-agent/opa/v1/storage/inmem"
 )
 
 // Query is the rule every policy defines.
@@ -163,7 +162,7 @@ func compile(ctx context.Context, src *source) (*prepared, error) {
 		rego.Compiler(c),
 		rego.Capabilities(Capabilities()),
 		rego.StrictBuiltinErrors(true),
-		rego.Store(inmem.NewFromObject(src.data)),
+		rego.Store(newStore(src.data)),
 	).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("compiling policies: %w", err)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"github.com/open-policy-agent/opa/v1/tester"
 )
 
@@ -45,7 +44,7 @@ func RunTests(ctx context.Context, fsys fs.FS, display string, o TestOptions) (c
 	compiler := ast.NewCompiler().WithCapabilities(Capabilities()).WithEnablePrintStatements(true)
 	return tester.NewRunner().
 		SetCompiler(compiler).
-		SetStore(inmem.NewFromObject(src.data)).
+		SetStore(newStore(src.data)).
 		RaiseBuiltinErrors(true).
 		CapturePrintOutput(true).
 		SetTimeout(timeout).

@@ -42,6 +42,7 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 		problems = append(problems, err)
 	}
 	problems = append(problems, checkPolicy(cfg)...)
+	warnPolicy(cfg, stderr)
 	if creds, err := buildCredentials(cfg, zerolog.Nop()); err != nil {
 		problems = append(problems, err)
 	} else {

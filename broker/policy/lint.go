@@ -1,0 +1,306 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"sort"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// LargeArray is the length above which a data array that a policy tests membership in, or
+// iterates over, is worth a warning (Warnings).
+const LargeArray = 1000
+
+// A Warning is a costly construct in a policy that still loads: it names the file and line
+// of the Rego expression, and says what to write instead.
+type Warning struct {
+	File    string
+	Line    int
+	Message string
+}
+
+func (w Warning) String() string { return fmt.Sprintf("%s:%d: %s", w.File, w.Line, w.Message) }
+
+// Warnings reads the policy in fsys as the broker would and reports the expressions whose
+// cost grows with a data array of more than LargeArray entries: a membership test
+// (`x in data.a.b`), an iteration (`data.a.b[_] == x`, `some x in data.a.b`, `every x in
+// data.a.b`), directly or through a rule that is the array (`hosts := data.a.b`). Each such
+// expression visits every entry on every evaluation the decision cache misses; an object
+// keyed by entry, looked up as data.a.b[x], costs the same at any length. A policy that does
+// not read or compile has no warnings: Check reports why.
+func Warnings(fsys fs.FS, display string) []Warning {
+	src, err := readDir(fsys, display, false)
+	if err != nil {
+		return nil
+	}
+	return lint(src)
+}
+
+// BundleWarnings downloads the bundle once, verifies it as the poller would and reports what
+// Warnings does for a directory. A bundle that does not download, verify or compile has no
+// warnings: CheckBundle reports why.
+func BundleWarnings(ctx context.Context, o BundleOptions) []Warning {
+	p, err := NewBundlePoller(&Engine{}, o)
+	if err != nil {
+		return nil
+	}
+	body, _, _, err := p.download(ctx)
+	if err != nil {
+		return nil
+	}
+	src, err := readBundle(body, p.verify)
+	if err != nil {
+		return nil
+	}
+	return lint(src)
+}
+
+// largeDoc is a data array of more than LargeArray entries, by the data path that holds it.
+type largeDoc struct {
+	path string // data.a.b
+	n    int
+}
+
+// linter finds the large arrays of one policy's data and the expressions that scan them.
+type linter struct {
+	data map[string]any
+	// aliases are complete rules (data.pkg.name) whose value is a large array.
+	aliases map[string]largeDoc
+	found   map[Warning]bool
+}
+
+func lint(src *source) []Warning {
+	c, err := compileModules(src.modules)
+	if err != nil {
+		return nil
+	}
+	l := &linter{data: src.data, aliases: map[string]largeDoc{}, found: map[Warning]bool{}}
+	names := make([]string, 0, len(c.Modules))
+	for name := range c.Modules {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	// A rule may be another rule that is the array: follow such chains a few links deep.
+	for range 4 {
+		before := len(l.aliases)
+		for _, name := range names {
+			ast.WalkRules(c.Modules[name], func(r *ast.Rule) bool {
+				l.alias(r)
+				return false
+			})
+		}
+		if len(l.aliases) == before {
+			break
+		}
+	}
+	for _, name := range names {
+		ast.WalkRules(c.Modules[name], func(r *ast.Rule) bool {
+			// A function's arguments are bound by its caller, in each of its bodies.
+			args := r.Head.Args.Vars()
+			ast.WalkBodies(r, func(b ast.Body) bool {
+				l.body(b, args)
+				return false
+			})
+			return false
+		})
+	}
+	out := make([]Warning, 0, len(l.found))
+	for w := range l.found {
+		out = append(out, w)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.File != b.File {
+			return a.File < b.File
+		}
+		if a.Line != b.Line {
+			return a.Line < b.Line
+		}
+		return a.Message < b.Message
+	})
+	return out
+}
+
+// large reports whether ref is a large data array, or a rule that is one.
+func (l *linter) large(ref ast.Ref) (largeDoc, bool) {
+	if len(ref) < 2 || !ref[0].Equal(ast.DefaultRootDocument) {
+		return largeDoc{}, false
+	}
+	if d, ok := l.aliases[ref.String()]; ok {
+		return d, true
+	}
+	var v any = l.data
+	for _, t := range ref[1:] {
+		s, ok := t.Value.(ast.String)
+		if !ok {
+			return largeDoc{}, false
+		}
+		m, ok := v.(map[string]any)
+		if !ok {
+			return largeDoc{}, false
+		}
+		if v, ok = m[string(s)]; !ok {
+			return largeDoc{}, false
+		}
+	}
+	if a, ok := v.([]any); ok && len(a) > LargeArray {
+		return largeDoc{path: ref.String(), n: len(a)}, true
+	}
+	return largeDoc{}, false
+}
+
+// alias records r if it is a complete rule, without arguments, whose value is a large array.
+func (l *linter) alias(r *ast.Rule) {
+	if r.Module == nil || len(r.Head.Args) > 0 || r.Head.Key != nil || r.Head.Value == nil {
+		return
+	}
+	path := r.Ref()
+	if !path.IsGround() {
+		return
+	}
+	var d largeDoc
+	var ok bool
+	switch v := r.Head.Value.Value.(type) {
+	case ast.Ref:
+		d, ok = l.large(v)
+	case ast.Var:
+		// The compiler binds the value in the body: `__local0__ = data.a.b`.
+		for _, e := range r.Body {
+			if ref, bound := assigned(e, v); bound {
+				d, ok = l.large(ref)
+			}
+		}
+	}
+	if ok {
+		l.aliases[path.String()] = d
+	}
+}
+
+// assigned reports the ref that expression e binds to v (`v = ref` or `ref = v`), if any.
+func assigned(e *ast.Expr, v ast.Var) (ast.Ref, bool) {
+	if !e.IsEquality() || e.Negated {
+		return nil, false
+	}
+	a, b := e.Operand(0), e.Operand(1)
+	if b.Value.Compare(v) == 0 {
+		a, b = b, a
+	}
+	if a.Value.Compare(v) != 0 {
+		return nil, false
+	}
+	ref, ok := b.Value.(ast.Ref)
+	return ref, ok
+}
+
+// body checks one body's expressions in their (compiled) order; the variables in args are
+// bound before it.
+func (l *linter) body(b ast.Body, args ast.VarSet) {
+	bound := args.Copy()
+	locals := map[ast.Var]largeDoc{}
+	// resolve: t is a large array, as a ref or as a local bound to one.
+	resolve := func(t *ast.Term) (largeDoc, bool) {
+		switch v := t.Value.(type) {
+		case ast.Ref:
+			return l.large(v)
+		case ast.Var:
+			d, ok := locals[v]
+			return d, ok
+		}
+		return largeDoc{}, false
+	}
+	for _, e := range b {
+		switch {
+		case e.IsCall() && collectionOf(e) != nil:
+			if d, ok := resolve(collectionOf(e)); ok {
+				l.warn(e, d, "tests membership in")
+			}
+		case isEvery(e):
+			if d, ok := resolve(e.Terms.(*ast.Every).Domain); ok {
+				l.warn(e, d, "iterates over")
+			}
+		}
+		for _, ref := range refsOf(e) {
+			for k := 2; k < len(ref); k++ {
+				v, isVar := ref[k].Value.(ast.Var)
+				if !isVar || bound.Contains(v) {
+					continue
+				}
+				if d, ok := l.large(ref[:k]); ok {
+					l.warn(e, d, "iterates over")
+				}
+				break
+			}
+		}
+		if !e.Negated && e.IsEquality() {
+			for _, v := range []*ast.Term{e.Operand(0), e.Operand(1)} {
+				if name, ok := v.Value.(ast.Var); ok {
+					if ref, bound := assigned(e, name); bound {
+						if d, ok := l.large(ref); ok {
+							locals[name] = d
+						}
+					}
+				}
+			}
+		}
+		bound.Update(e.Vars(ast.VarVisitorParams{SkipClosures: true}))
+	}
+}
+
+// collectionOf returns the collection a membership test (`x in c`, `k, v in c`) looks in, or
+// nil. The call may carry one more operand, its result captured (`a := x in c`).
+func collectionOf(e *ast.Expr) *ast.Term {
+	ops := e.Operands()
+	switch {
+	case e.Operator().Equal(ast.Member.Ref()) && len(ops) >= 2:
+		return ops[1]
+	case e.Operator().Equal(ast.MemberWithKey.Ref()) && len(ops) >= 3:
+		return ops[2]
+	}
+	return nil
+}
+
+func isEvery(e *ast.Expr) bool {
+	_, ok := e.Terms.(*ast.Every)
+	return ok
+}
+
+// refsOf returns the refs in e's own terms, not inside comprehensions or an every's body
+// (their bodies are checked on their own).
+func refsOf(e *ast.Expr) []ast.Ref {
+	var refs []ast.Ref
+	vis := ast.NewGenericVisitor(func(x any) bool {
+		switch x := x.(type) {
+		case *ast.ArrayComprehension, *ast.SetComprehension, *ast.ObjectComprehension, *ast.Every:
+			return true
+		case ast.Ref:
+			refs = append(refs, x)
+		}
+		return false
+	})
+	switch t := e.Terms.(type) {
+	case *ast.Term:
+		vis.Walk(t)
+	case []*ast.Term:
+		for _, x := range t[1:] { // the operator is a builtin's or function's name
+			vis.Walk(x)
+		}
+	}
+	return refs
+}
+
+// warn records expression e's cost over the large array d.
+func (l *linter) warn(e *ast.Expr, d largeDoc, what string) {
+	loc := e.Location
+	if loc == nil {
+		return
+	}
+	text := string(loc.Text)
+	l.found[Warning{File: loc.File, Line: loc.Row, Message: fmt.Sprintf(
+		"`%s` %s %s, an array of %d entries: every evaluation the decision cache misses "+
+			"visits each entry (about 1 ms per 100,000); store it as an object keyed by entry "+
+			"({\"entry\": true, ...}) and look the value up, %s[x], which costs the same at any "+
+			"length (docs/policy.md, Large allow-lists)",
+		text, what, d.path, d.n, d.path)}] = true
+}

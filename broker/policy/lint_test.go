@@ -1,0 +1,142 @@
+package policy
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"testing/fstest"
+)
+
+// lintPolicy reads and iterates over data.allow.hosts, a 1,001-entry array, in every way
+// an author writes it, and looks up data.allow.set, an object of as many entries.
+const lintPolicy = `package broker
+
+import data.allow
+
+hosts := data.allow.hosts
+
+also := hosts
+
+a if input.request.host in data.allow.hosts
+
+b if data.allow.hosts[_] == input.request.host
+
+c if {
+	some x in allow.hosts
+	x == input.request.host
+}
+
+d if input.request.host in also
+
+e if {
+	every x in data.allow.hosts {
+		x != ""
+	}
+}
+
+f if data.allow.set[input.request.host]
+
+g(x) if x in data.allow.short
+
+h if data.allow.hosts[0] == "a"
+
+i := count(data.allow.hosts)
+
+j := [x | some x in data.allow.hosts]
+
+k if {
+	some i, _ in data.allow.hosts
+	data.allow.hosts[i] == input.request.host
+}
+
+l := {"listed": input.request.host in data.allow.hosts}
+
+m if {
+	some _, v in data.allow.hosts
+	v == input.request.host
+}
+
+n if "a", input.request.host in data.allow.hosts
+
+nth(i) := data.allow.hosts[i]
+
+decision := {"allow": a}
+`
+
+func TestWarningsOnLargeDataArrays(t *testing.T) {
+	hosts := allowListHosts(LargeArray + 1)
+	set := map[string]any{}
+	for _, h := range hosts {
+		set[h] = true
+	}
+	data, err := json.Marshal(map[string]any{"allow": map[string]any{"hosts": hosts, "set": set, "short": hosts[:LargeArray]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys := fstest.MapFS{"p.rego": {Data: []byte(lintPolicy)}, "data.json": {Data: data}}
+	if _, err := New(t.Context(), fsys); err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]string{}
+	for _, w := range Warnings(fsys, "pol") {
+		if w.File != "pol/p.rego" {
+			t.Errorf("warning in %s, want pol/p.rego: %s", w.File, w)
+		}
+		if prev, dup := got[w.Line]; dup {
+			t.Errorf("line %d warned twice:\n%s\n%s", w.Line, prev, w.Message)
+		}
+		got[w.Line] = w.Message
+	}
+	want := map[int]string{
+		9:  "`input.request.host in data.allow.hosts` tests membership in data.allow.hosts, an array of 1001 entries",
+		11: "`data.allow.hosts[_] == input.request.host` iterates over data.allow.hosts",
+		14: "`some x in allow.hosts` iterates over data.allow.hosts",
+		18: "`input.request.host in also` tests membership in data.allow.hosts",
+		21: "`every x in data.allow.hosts {",
+		34: "`some x in data.allow.hosts` iterates over data.allow.hosts",
+		37: "`some i, _ in data.allow.hosts` iterates over data.allow.hosts",
+		41: "`input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
+		44: "`some _, v in data.allow.hosts` iterates over data.allow.hosts",
+		48: "`\"a\", input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
+	}
+	for line, prefix := range want {
+		if !strings.HasPrefix(got[line], prefix) {
+			t.Errorf("line %d: got %q, want it to start with %q", line, got[line], prefix)
+		}
+		if !strings.Contains(got[line], "data.allow.hosts[x]") {
+			t.Errorf("line %d: %q does not say the lookup to use", line, got[line])
+		}
+	}
+	for line, msg := range got {
+		if _, ok := want[line]; !ok {
+			t.Errorf("line %d warned, want no warning: %s", line, msg)
+		}
+	}
+}
+
+// TestNoWarningsForSmallArrays: the same policy over 1,000 entries has nothing to warn about.
+func TestNoWarningsForSmallArrays(t *testing.T) {
+	data, err := json.Marshal(map[string]any{"allow": map[string]any{"hosts": allowListHosts(LargeArray), "set": map[string]any{}, "short": []string{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys := fstest.MapFS{"p.rego": {Data: []byte(lintPolicy)}, "data.json": {Data: data}}
+	for _, w := range Warnings(fsys, "pol") {
+		t.Error(w)
+	}
+}
+
+// TestBundleWarnings: a bundle's policy is warned of as a directory's is, with the file as
+// the bundle names it.
+func TestBundleWarnings(t *testing.T) {
+	srv := newBundleServer(t)
+	srv.serve(buildBundle(t, "r1", map[string]string{"/broker/broker.rego": `package broker
+
+decision := {"allow": input.request.host in data.allow.hosts}
+`}, map[string]any{"allow": map[string]any{"hosts": allowListHosts(LargeArray + 1)}}, nil), `"r1"`)
+	ws := BundleWarnings(t.Context(), BundleOptions{URL: srv.URL})
+	if len(ws) != 1 || ws[0].File != "broker/broker.rego" || ws[0].Line != 3 ||
+		!strings.Contains(ws[0].Message, "tests membership in data.allow.hosts, an array of 1001 entries") {
+		t.Fatalf("warnings %v, want one for broker/broker.rego:3", ws)
+	}
+}
