@@ -11,6 +11,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -35,11 +36,14 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice)")
+	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); curves: only the curves of -curves; charts: only draw the charts")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
 	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
 	relayUpstreamCA := flag.String("relay-upstream-ca", "", "with -relay: the upstream's CA certificate")
+	curves := flag.String("curves", "none", "curves to measure after the main run (or instead of it, with -only curves): names, comma-separated, all, or none; each is written to "+curvesDir+"/NAME.json")
+	curvesQuick := flag.Bool("curves-quick", false, "fewer and shorter points on each curve")
+	charts := flag.Bool("charts", true, "draw the charts under "+chartsDir+"/ from "+curvesDir+"/ and -out (-only charts: only that)")
 	flag.Parse()
 	if *relay != "" {
 		if err := serveRelay(*relay, *relayCA, *relayUpstreamCA); err != nil {
@@ -49,7 +53,17 @@ func main() {
 		return
 	}
 	o.peers = strings.Split(*peers, ",")
-	if err := run(context.Background(), o); err != nil {
+	names, err := selectCurves(*curves)
+	if err == nil && o.only == "curves" && len(names) == 0 {
+		err = errors.New("-only curves: no curve selected (-curves NAME,... or all)")
+	}
+	if err == nil && o.only != "curves" && o.only != "charts" {
+		err = run(context.Background(), o)
+	}
+	if err == nil && (o.only == "" || o.only == "curves" || o.only == "charts") {
+		err = afterMain(context.Background(), names, *curvesQuick, *charts || o.only == "charts", o.out)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -102,7 +116,7 @@ func run(ctx context.Context, o options) error {
 	defer full.stop()
 
 	s := &summary{
-		Machine: machine(), Started: start.UTC().Format(time.RFC3339),
+		Machine: machine(), Started: start.UTC().Format(time.RFC3339), Commit: gitCommit(),
 		Throughput: map[string]map[int]float64{}, CPUPerRequestUS: map[string]float64{},
 		Latency: map[string]latency{}, LatencyRate: o.rate, SSE: map[string]sseResult{}, Transfer: map[string]transfer{},
 	}

@@ -15,6 +15,7 @@ var stderr io.Writer = os.Stderr
 type summary struct {
 	Machine string  `json:"machine"`
 	Started string  `json:"started"`
+	Commit  string  `json:"commit,omitempty"`
 	Seconds float64 `json:"seconds"`
 	// Throughput is requests per second by path and number of connections.
 	Throughput map[string]map[int]float64 `json:"throughput_rps"`
