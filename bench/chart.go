@@ -95,7 +95,8 @@ func drawCharts(results, curves, out string) ([]string, error) {
 // curveCharts draws c as out/<name>.svg: Y by X for each series, solid, and each series'
 // baseline, dashed, in the same colour. Every figure its points carry in Extra is drawn
 // the same way as out/<name>-<figure>.svg, with "baseline_<figure>" as its baseline and
-// "<figure>_min" and "<figure>_max", when present, as its range.
+// "<figure>_min" and "<figure>_max", when present, as its range. Figures named "info_..."
+// are recorded in the JSON only.
 func curveCharts(c Curve, out string) ([]string, error) {
 	var drawn []string
 	name := filepath.Join(out, c.Name+".svg")
@@ -137,7 +138,7 @@ func extraKeys(c Curve) []string {
 	for _, s := range c.Series {
 		for _, p := range s.Points {
 			for k := range p.Extra {
-				if strings.HasPrefix(k, "baseline_") || strings.HasSuffix(k, "_min") || strings.HasSuffix(k, "_max") {
+				if strings.HasPrefix(k, "baseline_") || strings.HasPrefix(k, "info_") || strings.HasSuffix(k, "_min") || strings.HasSuffix(k, "_max") {
 					continue
 				}
 				seen[k] = true

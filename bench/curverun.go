@@ -54,7 +54,7 @@ const curveFiles = 65536
 // that fails is reported and the others still run; the error names the ones that failed.
 func runCurves(ctx context.Context, names []string, quick bool) error {
 	if n, err := raiseFileLimit(curveFiles); err != nil || n < curveFiles {
-		fmt.Fprintf(stderr, "curves: open files limited to %d (%v); curves holding more connections are cut short\n", n, err)
+		fmt.Fprintf(stderr, "curves: open files limited to %d (raising the limit to %d: %v)\n", n, curveFiles, err)
 	}
 	dir, err := os.MkdirTemp("", "brokerbench-curves-")
 	if err != nil {
@@ -146,12 +146,15 @@ func raiseFileLimit(want uint64) (uint64, error) {
 	}
 	n := r
 	n.Cur, n.Max = want, max(r.Max, want)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &n); err == nil {
+	err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &n)
+	if err == nil {
 		return want, nil
 	}
 	n = r
 	n.Cur = r.Max
-	err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &n)
+	if err2 := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &n); err2 != nil {
+		err = err2
+	}
 	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r)
 	return r.Cur, err
 }

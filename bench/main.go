@@ -27,7 +27,7 @@ func main() {
 	o := options{}
 	flag.DurationVar(&o.phase, "phase", time.Second, "duration of each throughput phase")
 	flag.IntVar(&o.rounds, "rounds", 3, "throughput rounds over all paths; each figure is a path's best round")
-	flag.IntVar(&o.pairs, "pairs", 20, "pairs of adjacent slices for each of the ratios the targets are stated in (full/intercept, intercept/direct)")
+	flag.IntVar(&o.pairs, "pairs", 20, "pairs of adjacent slices for each of the ratios the targets are stated in (full/intercept, intercept/relay, tunnel/smokescreen; half as many for intercept/direct and the margins over squid and mitmproxy)")
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "duration of each slice of -pairs")
 	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
 	flag.DurationVar(&o.latencyFor, "latency-for", 3*time.Second, "duration of each latency phase")
@@ -143,7 +143,7 @@ func run(ctx context.Context, o options) error {
 			pa.client = pa.withConns(p, conns)
 		}
 		s.FullOverIntercept = pairedRatio(ctx, fullPath, intercept, conns, max(o.pairs, 1), o.slice)
-		s.InterceptOverDirect = pairedRatio(ctx, intercept, direct, conns, max(o.pairs, 1), o.slice)
+		s.InterceptOverDirect = pairedRatio(ctx, intercept, direct, conns, max(o.pairs/2, 3), o.slice)
 	}
 	if o.only == "pairs" {
 		pairs(o.conns)
@@ -204,11 +204,6 @@ func run(ctx context.Context, o options) error {
 	// The best rounds above are each path's own, taken seconds apart; the targets' ratios
 	// are measured in adjacent slices.
 	pairs(32)
-	if i := slices.IndexFunc(peerPaths, func(pa *path) bool { return pa.name == "relay" }); i >= 0 {
-		relay := peerPaths[i]
-		relay.client = relay.withConns(p, 32)
-		s.RelayOverDirect = pairedRatio(ctx, relay, direct, 32, max(o.pairs, 1), o.slice)
-	}
 
 	var procs []*process
 	for _, pa := range all {
@@ -227,6 +222,8 @@ func run(ctx context.Context, o options) error {
 		pa.client = pa.withConns(p, 256)
 		s.Latency[pa.name] = pa.openLoop(ctx, o.rate, o.latencyFor)
 	}
+	// The rest of the targets' pairs: the broker over the relay and the peers, added p50.
+	s.measureTargets(ctx, p, all, procs, max(o.pairs, 1), o.slice, o.rate)
 
 	fmt.Fprintln(os.Stderr, "new hosts, SSE...")
 	s.NewHost = newHostCost(ctx, bare, p, up, o.newHosts)
