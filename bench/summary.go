@@ -54,6 +54,7 @@ type target struct {
 	Value float64 `json:"value"`
 	Limit float64 `json:"limit"`
 	Unit  string  `json:"unit"`
+	Op    string  `json:"op"` // >= or <=: how Value is held against Limit
 	Met   bool    `json:"met"`
 	// Min, Max and Pairs are the range of the pairs the value is the median of.
 	Min   float64 `json:"min,omitempty"`

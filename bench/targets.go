@@ -37,7 +37,10 @@ var peerMargins = []struct {
 	{"full", "squid", 1.65, false},          // 13,065 / 7,934
 	{"full", "mitmproxy", 15.3, false},      // 13,065 / 855
 	{"squid", "full", 2.3, true},            // added p50 0.65 / 0.28 ms
-	{"mitmproxy", "full", 6000, true},       // 1,727 / 0.28 ms: over its capacity, requests queue
+	// mitmproxy's added p50 was 1,727 ms: at 1,000 req/s it is over its capacity (best 917
+	// req/s) and requests queue, for as long as the phase lasts. The margin kept is that: its
+	// best throughput stays under the rate (checked as its best over the rate, at most 1x).
+	{"mitmproxy", "full", 1, true},
 }
 
 // pairedDiff is one path's p50 minus another's at an open-loop rate, in pairs of slices.
@@ -102,9 +105,9 @@ func (s *summary) checkTargets() {
 		case skipped != "":
 			t.Skipped = skipped
 		case atLeast:
-			t.Met = t.Value >= t.Limit
+			t.Met, t.Op = t.Value >= t.Limit, ">="
 		default:
-			t.Met = t.Value <= t.Limit
+			t.Met, t.Op = t.Value <= t.Limit, "<="
 		}
 		s.Targets = append(s.Targets, t)
 	}
@@ -143,6 +146,14 @@ func (s *summary) checkTargets() {
 		switch full := s.AddedP50MS["full"]; {
 		case !ok || s.Peers[m.num].Skipped != "":
 			add(t, true, "not measured: "+s.whyMissing(m.num+"/full"))
+		case m.num == "mitmproxy":
+			t.Name = "mitmproxy's best throughput / the latency rate (over capacity on 2026-12-03)"
+			best := 0.0
+			for _, v := range s.Throughput[m.num] {
+				best = max(best, v)
+			}
+			t.Value = best / float64(max(s.LatencyRate, 1))
+			add(t, false, "")
 		case full <= 0:
 			t.Value = peer
 			add(t, true, "the full pipeline added nothing measurable to the median")
@@ -189,17 +200,13 @@ func (s *summary) printTargets(out io.Writer) {
 			verdict = "met"
 		}
 		if t.Skipped != "" {
-			fmt.Fprintf(out, "  %-62s %s\n", t.Name, t.Skipped)
+			fmt.Fprintf(out, "  %-66s %s\n", t.Name, t.Skipped)
 			continue
 		}
 		rng := ""
 		if t.Pairs > 0 {
 			rng = fmt.Sprintf("(%.2f to %.2f, %d pairs)", t.Min, t.Max, t.Pairs)
 		}
-		op := ">="
-		if t.Unit == "ms" || t.Unit == "KiB" {
-			op = "<="
-		}
-		fmt.Fprintf(out, "  %-62s %9.3f %-3s %-26s %s %-6g %s\n", t.Name, t.Value, t.Unit, rng, op, t.Limit, verdict)
+		fmt.Fprintf(out, "  %-66s %9.3f %-3s %-26s %s %-6g %s\n", t.Name, t.Value, t.Unit, rng, t.Op, t.Limit, verdict)
 	}
 }
