@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"image/color"
@@ -42,13 +43,20 @@ func orUnknown(s string) string {
 	return s
 }
 
-// gitCommit is the commit the bench runs at, short, with "-dirty" when the tree has changes.
+// gitCommit is the commit the bench runs at, short, with "-dirty" when tracked files other
+// than the bench's own results and charts (which a run rewrites) have changes.
 func gitCommit() string {
-	out, err := exec.Command("git", "describe", "--always", "--dirty", "--abbrev=12", "--exclude", "*").Output()
+	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(out))
+	commit := strings.TrimSpace(string(out))
+	st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+		":(exclude)"+filepath.Dir(curvesDir), ":(exclude)"+chartsDir).Output()
+	if err == nil && len(bytes.TrimSpace(st)) > 0 {
+		commit += "-dirty"
+	}
+	return commit
 }
 
 // drawCharts draws a chart for every curve stored in curves and the peer comparison from
