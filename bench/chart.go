@@ -175,6 +175,7 @@ func curveChart(c Curve, title, ylabel string, get func(Point) (y, base, lo, hi 
 	p.Add(plotter.NewGrid())
 	var xmin, ymin = math.Inf(1), math.Inf(1)
 	logY := c.LogY
+	var drawnBase []plotter.XYs
 	for i, s := range c.Series {
 		col := seriesColors[i%len(seriesColors)]
 		var pts, base plotter.XYs
@@ -208,7 +209,13 @@ func curveChart(c Curve, title, ylabel string, get func(Point) (y, base, lo, hi 
 		sc.Shape = draw.CircleGlyph{}
 		p.Add(l, sc)
 		p.Legend.Add(s.Name, l, sc)
+		// Series measured beside the same baseline (the same points) draw it once.
+		shared := slices.IndexFunc(drawnBase, func(b plotter.XYs) bool { return slices.Equal(b, base) }) >= 0
+		if len(base) > 0 && shared {
+			base = nil
+		}
 		if len(base) > 0 {
+			drawnBase = append(drawnBase, base)
 			bl, err := plotter.NewLine(base)
 			if err != nil {
 				return err
@@ -301,7 +308,7 @@ func (plainTicks) Ticks(lo, hi float64) []plot.Tick {
 	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
 	for i, t := range ticks {
 		if t.Label != "" {
-			ticks[i].Label = strconv.FormatFloat(t.Value, 'f', -1, 64)
+			ticks[i].Label = strconv.FormatFloat(t.Value, 'g', 6, 64)
 		}
 	}
 	return ticks

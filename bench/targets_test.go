@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -62,6 +64,32 @@ func TestCheckTargets(t *testing.T) {
 	for _, want := range []string{"bare intercepted / relay, c=32", "0.970 x   (0.90 to 1.10, 3 pairs)", ">= 0.95   met", "not met", "squid: not installed"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("printed targets lack %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestLatencyMargin(t *testing.T) {
+	const name = "squid's added p50 / full pipeline's (margin of 2026-12-03)"
+	for _, c := range []struct {
+		paired, phase, squid, want float64
+		met                        bool
+	}{
+		{paired: 0.2, phase: 0.5, squid: 0.65, want: 3.25, met: true}, // the pairs' figure, not the phase's
+		{paired: 0.5, phase: 0.2, squid: 0.65, want: 1.3, met: false},
+		{paired: -0.1, phase: 0.2, squid: 0.65, want: 65, met: true}, // nothing measurable: 10 µs
+	} {
+		s := &summary{
+			AddedP50Paired: pairedDiff{Rate: 1000, DiffsMS: []float64{c.paired}, Median: c.paired},
+			AddedP50MS:     map[string]float64{"full": c.phase, "squid": c.squid},
+			Peers:          map[string]peerResult{"squid": {}},
+		}
+		s.checkTargets()
+		i := slices.IndexFunc(s.Targets, func(tg target) bool { return tg.Name == name })
+		if i < 0 {
+			t.Fatalf("no target %q", name)
+		}
+		if tg := s.Targets[i]; math.Abs(tg.Value-c.want) > 1e-9 || tg.Met != c.met || tg.Skipped != "" {
+			t.Errorf("paired %v, phase %v: %+v, want %v (met %v)", c.paired, c.phase, tg, c.want, c.met)
 		}
 	}
 }
