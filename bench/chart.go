@@ -479,5 +479,7 @@ func barPlot(rows []int, labels []string, xlabel string, value func(path string)
 	p.Add(ls)
 	p.X.Max = top * 1.45 // room for the labels
 	p.NominalY(labels...)
+	// Every row keeps its place, with a bar or without, so that the two plots' rows align.
+	p.Y.Min, p.Y.Max = -0.5, float64(len(rows))-0.5
 	return p, nil
 }
