@@ -45,8 +45,13 @@ func TestCurveChart(t *testing.T) {
 			}
 		}
 	}
-	if b, _ := os.ReadFile(want[0]); !strings.Contains(string(b), "full pipeline") {
+	main, _ := os.ReadFile(want[0])
+	if !strings.Contains(string(main), "full pipeline") {
 		t.Error("the curve's chart lacks its second series")
+	}
+	// The baseline is dashed: one line in the plot and one in the legend.
+	if n := strings.Count(string(main), "stroke-dasharray"); n != 2 {
+		t.Errorf("the curve's chart has %d dashed lines, want 2 (the baseline and its legend)", n)
 	}
 }
 
