@@ -4,7 +4,7 @@
 
 GO ?= go
 
-.PHONY: test tools fmt-check vet build bench
+.PHONY: test tools fmt-check vet build bench bench-curves
 
 test: tools fmt-check vet
 	$(GO) test -race -count=1 ./...
@@ -32,3 +32,9 @@ tools:
 bench:
 	@./scripts/install-bench-peers.sh
 	$(GO) run ./bench
+
+# `make bench-curves` measures how the broker's costs grow as a deployment grows (agents, policy
+# data and rules, hosts, idle connections, credentials, concurrency; longer than `make bench`):
+# bench/results/curves/*.json, and the charts under docs/benchmarks/.
+bench-curves:
+	$(GO) run ./bench -only curves -curves all

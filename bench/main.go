@@ -11,6 +11,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -26,7 +27,7 @@ func main() {
 	o := options{}
 	flag.DurationVar(&o.phase, "phase", time.Second, "duration of each throughput phase")
 	flag.IntVar(&o.rounds, "rounds", 3, "throughput rounds over all paths; each figure is a path's best round")
-	flag.IntVar(&o.pairs, "pairs", 20, "pairs of adjacent slices for each of the ratios the targets are stated in (full/intercept, intercept/direct)")
+	flag.IntVar(&o.pairs, "pairs", 20, "pairs of adjacent slices for each of the ratios the targets are stated in (full/intercept, intercept/relay, tunnel/smokescreen; half as many for intercept/direct and the margins over squid and mitmproxy)")
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "duration of each slice of -pairs")
 	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
 	flag.DurationVar(&o.latencyFor, "latency-for", 3*time.Second, "duration of each latency phase")
@@ -35,11 +36,14 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice)")
+	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); curves: only the curves of -curves; charts: only draw the charts")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
 	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
 	relayUpstreamCA := flag.String("relay-upstream-ca", "", "with -relay: the upstream's CA certificate")
+	curves := flag.String("curves", "none", "curves to measure after the main run (or instead of it, with -only curves): names, comma-separated, all, or none; each is written to "+curvesDir+"/NAME.json")
+	curvesQuick := flag.Bool("curves-quick", false, "fewer and shorter points on each curve")
+	charts := flag.Bool("charts", true, "draw the charts under "+chartsDir+"/ from "+curvesDir+"/ and -out (-only charts: only that)")
 	flag.Parse()
 	if *relay != "" {
 		if err := serveRelay(*relay, *relayCA, *relayUpstreamCA); err != nil {
@@ -49,7 +53,17 @@ func main() {
 		return
 	}
 	o.peers = strings.Split(*peers, ",")
-	if err := run(context.Background(), o); err != nil {
+	names, err := selectCurves(*curves)
+	if err == nil && o.only == "curves" && len(names) == 0 {
+		err = errors.New("-only curves: no curve selected (-curves NAME,... or all)")
+	}
+	if err == nil && o.only != "curves" && o.only != "charts" {
+		err = run(context.Background(), o)
+	}
+	if err == nil && (o.only == "" || o.only == "curves" || o.only == "charts") {
+		err = afterMain(context.Background(), names, *curvesQuick, *charts || o.only == "charts", o.out)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -102,7 +116,7 @@ func run(ctx context.Context, o options) error {
 	defer full.stop()
 
 	s := &summary{
-		Machine: machine(), Started: start.UTC().Format(time.RFC3339),
+		Machine: machine(), Started: start.UTC().Format(time.RFC3339), Commit: gitCommit(),
 		Throughput: map[string]map[int]float64{}, CPUPerRequestUS: map[string]float64{},
 		Latency: map[string]latency{}, LatencyRate: o.rate, SSE: map[string]sseResult{}, Transfer: map[string]transfer{},
 	}
@@ -129,7 +143,7 @@ func run(ctx context.Context, o options) error {
 			pa.client = pa.withConns(p, conns)
 		}
 		s.FullOverIntercept = pairedRatio(ctx, fullPath, intercept, conns, max(o.pairs, 1), o.slice)
-		s.InterceptOverDirect = pairedRatio(ctx, intercept, direct, conns, max(o.pairs, 1), o.slice)
+		s.InterceptOverDirect = pairedRatio(ctx, intercept, direct, conns, max(o.pairs/2, 3), o.slice)
 	}
 	if o.only == "pairs" {
 		pairs(o.conns)
@@ -190,11 +204,6 @@ func run(ctx context.Context, o options) error {
 	// The best rounds above are each path's own, taken seconds apart; the targets' ratios
 	// are measured in adjacent slices.
 	pairs(32)
-	if i := slices.IndexFunc(peerPaths, func(pa *path) bool { return pa.name == "relay" }); i >= 0 {
-		relay := peerPaths[i]
-		relay.client = relay.withConns(p, 32)
-		s.RelayOverDirect = pairedRatio(ctx, relay, direct, 32, max(o.pairs, 1), o.slice)
-	}
 
 	var procs []*process
 	for _, pa := range all {
@@ -213,6 +222,8 @@ func run(ctx context.Context, o options) error {
 		pa.client = pa.withConns(p, 256)
 		s.Latency[pa.name] = pa.openLoop(ctx, o.rate, o.latencyFor)
 	}
+	// The rest of the targets' pairs: the broker over the relay and the peers, added p50.
+	s.measureTargets(ctx, p, all, procs, max(o.pairs, 1), o.slice, o.rate)
 
 	fmt.Fprintln(os.Stderr, "new hosts, SSE...")
 	s.NewHost = newHostCost(ctx, bare, p, up, o.newHosts)

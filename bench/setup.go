@@ -237,6 +237,10 @@ func writeShipped(dir string, port int) error {
 	})
 }
 
+// proxyLimits are the proxy limits of the brokers started; a curve that holds more
+// connections or requests raises them for its own brokers (see withLimits).
+var proxyLimits = "max_connections_per_agent: 1024"
+
 // startBroker initialises a CA, writes the config and starts `broker run`. full selects the
 // realistic pipeline: shipped policy, a credential for the upstream, audit to a file.
 func startBroker(bin, dir string, up *upstream, p *pki, full bool) (*broker, error) {
@@ -251,7 +255,7 @@ func startBroker(bin, dir string, up *upstream, p *pki, full bool) (*broker, err
 		return nil, err
 	}
 	b := &broker{token: "bench-token"}
-	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0", max_connections_per_agent: 1024}
+	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0", %s}
 admin: {listen: "127.0.0.1:0"}
 ca: {cert_file: %q, key_file: %q}
 policy: {dir: %q, mode: enforce}
@@ -261,7 +265,7 @@ upstream:
 agents:
   - id: %s
     token_env: BENCH_AGENT_TOKEN
-`, filepath.Join(dir, "ca", "ca.crt"), filepath.Join(dir, "ca", "ca.key"), polDir, p.caFile, agentID)
+`, proxyLimits, filepath.Join(dir, "ca", "ca.crt"), filepath.Join(dir, "ca", "ca.key"), polDir, p.caFile, agentID)
 	if full {
 		if err := writeShipped(polDir, up.port); err != nil {
 			return nil, err

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestCheckTargets(t *testing.T) {
+	pair := func(r ...float64) paired { return paired{Conns: 32, Ratios: r, Median: median(r)} }
+	s := &summary{
+		FullOverIntercept: pair(0.88, 0.93, 0.95),
+		Paired: map[string]paired{
+			"intercept/relay": pair(0.9, 0.97, 1.1), "tunnel/smokescreen": pair(0.97, 0.99, 1.0),
+			"intercept/mitmproxy": pair(17, 18, 19), "full/mitmproxy": pair(14, 15, 16),
+		},
+		AddedP50Paired: pairedDiff{Rate: 1000, DiffsMS: []float64{0.2, 0.25, 0.4}},
+		AddedP50MS:     map[string]float64{"full": 0.25, "mitmproxy": 1500},
+		Throughput:     map[string]map[int]float64{"mitmproxy": {8: 900, 32: 850}},
+		LatencyRate:    1000,
+		Peers:          map[string]peerResult{"squid": {Skipped: "not installed"}, "mitmproxy": {}, "relay": {}, "smokescreen": {}},
+	}
+	s.AddedP50Paired.Median = median(s.AddedP50Paired.DiffsMS)
+	s.checkTargets()
+	got := map[string]target{}
+	for _, tg := range s.Targets {
+		got[tg.Name] = tg
+	}
+	for name, want := range map[string]struct {
+		met       bool
+		value     float64
+		skipped   bool
+		op        string
+		lo, hi    float64
+		pairCount int
+	}{
+		"bare intercepted / relay, c=32":                                               {true, 0.97, false, ">=", 0.9, 1.1, 3},
+		"full pipeline / bare intercepted, c=32":                                       {true, 0.93, false, ">=", 0.88, 0.95, 3},
+		"opaque tunnel / smokescreen, c=32":                                            {false, 0.99, false, ">=", 0.97, 1.0, 3},
+		"added p50, full pipeline, 1000 req/s":                                         {true, 0.25, false, "<=", 0.2, 0.4, 3},
+		"bare intercepted / mitmproxy, c=32 (margin of 2026-12-03)":                    {true, 18, false, ">=", 17, 19, 3},
+		"full pipeline / mitmproxy, c=32 (margin of 2026-12-03)":                       {false, 15, false, ">=", 14, 16, 3},
+		"bare intercepted / squid, c=32 (margin of 2026-12-03)":                        {false, 0, true, "", 0, 0, 0},
+		"squid's added p50 / full pipeline's (margin of 2026-12-03)":                   {false, 0, true, "", 0, 0, 0},
+		"mitmproxy's best throughput / the latency rate (over capacity on 2026-12-03)": {true, 0.9, false, "<=", 0, 0, 0},
+	} {
+		tg, ok := got[name]
+		if !ok {
+			t.Errorf("no target %q", name)
+			continue
+		}
+		if tg.Met != want.met || tg.Value != want.value || (tg.Skipped != "") != want.skipped || tg.Op != want.op ||
+			tg.Min != want.lo || tg.Max != want.hi || tg.Pairs != want.pairCount {
+			t.Errorf("%s: %+v, want %+v", name, tg, want)
+		}
+	}
+	if tg := got["bare intercepted / squid, c=32 (margin of 2026-12-03)"]; !strings.Contains(tg.Skipped, "squid: not installed") {
+		t.Errorf("skipped squid target says %q", tg.Skipped)
+	}
+	var out bytes.Buffer
+	s.printTargets(&out)
+	for _, want := range []string{"bare intercepted / relay, c=32", "0.970 x   (0.90 to 1.10, 3 pairs)", ">= 0.95   met", "not met", "squid: not installed"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("printed targets lack %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestLatencyMargin(t *testing.T) {
+	const name = "squid's added p50 / full pipeline's (margin of 2026-12-03)"
+	for _, c := range []struct {
+		paired, phase, squid, want float64
+		met                        bool
+	}{
+		{paired: 0.2, phase: 0.5, squid: 0.65, want: 3.25, met: true}, // the pairs' figure, not the phase's
+		{paired: 0.5, phase: 0.2, squid: 0.65, want: 1.3, met: false},
+		{paired: -0.1, phase: 0.2, squid: 0.65, want: 65, met: true}, // nothing measurable: 10 µs
+	} {
+		s := &summary{
+			AddedP50Paired: pairedDiff{Rate: 1000, DiffsMS: []float64{c.paired}, Median: c.paired},
+			AddedP50MS:     map[string]float64{"full": c.phase, "squid": c.squid},
+			Peers:          map[string]peerResult{"squid": {}},
+		}
+		s.checkTargets()
+		i := slices.IndexFunc(s.Targets, func(tg target) bool { return tg.Name == name })
+		if i < 0 {
+			t.Fatalf("no target %q", name)
+		}
+		if tg := s.Targets[i]; math.Abs(tg.Value-c.want) > 1e-9 || tg.Met != c.met || tg.Skipped != "" {
+			t.Errorf("paired %v, phase %v: %+v, want %v (met %v)", c.paired, c.phase, tg, c.want, c.met)
+		}
+	}
+}
