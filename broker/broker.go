@@ -111,6 +111,10 @@ type Broker struct {
 	// names maps the addresses the sandbox's resolver answered to their names (transparent
 	// mode): shared by the resolver and the transparent listener.
 	names *transparent.Names
+	// origDst and lookup are transparent.OriginalDst and the system resolver, unless a test
+	// replaces them (see broker/transparent.go).
+	origDst func(net.Conn) (netip.AddrPort, error)
+	lookup  func(ctx context.Context, host string) ([]netip.Addr, error)
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
