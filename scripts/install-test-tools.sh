@@ -6,10 +6,11 @@
 # and the Node packages the client tests drive (openai, @anthropic-ai/sdk, undici;
 # integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
+# nft (nftables) writes the transparent-mode test's redirect rules (integration/transparent_test.go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for tool in curl git python3 node npm aws chromium redis-server; do
+for tool in curl git python3 node npm aws chromium redis-server nft; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
@@ -25,6 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     case "$tool" in
       node) pkgs+=(nodejs) ;;
       aws | botocore) pkgs+=(awscli) ;;
+      nft) pkgs+=(nftables) ;;
       *) pkgs+=("$tool") ;;
     esac
   done

@@ -205,10 +205,21 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	ap.api.SetUsage(func(ctx context.Context) (any, error) { return budgets.Summary(ctx, agentLabels(cfg)) })
+	self := selfAddrs(proxyLn.Addr(), adminLn.Addr())
+	var transparentLn net.Listener // connections the sandbox's rules redirect (transparent mode)
+	if cfg.Transparent.Listen != "" {
+		if transparentLn, err = net.Listen("tcp", cfg.Transparent.Listen); err != nil {
+			proxyLn.Close()
+			adminLn.Close()
+			return fmt.Errorf("transparent.listen: %w", err)
+		}
+		defer transparentLn.Close()
+		self = append(self, selfAddrs(transparentLn.Addr())...)
+	}
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
-		Self:      append(append(selfAddrs(proxyLn.Addr(), adminLn.Addr()), vaultAddrs(cfg)...), redisAddrs(cfg)...),
+		Self:      append(append(self, vaultAddrs(cfg)...), redisAddrs(cfg)...),
 		Approvals: ap.queue,
 		Budgets:   budgets,
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
@@ -260,6 +271,14 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Str("policy_revision", engine.Revision()).Str("mode", cfg.Policy.Mode).Msg("listening")
 	if o.onListen != nil {
 		o.onListen(proxyLn.Addr(), adminLn.Addr())
+	}
+	if transparentLn != nil {
+		log.Info().Str("transparent", transparentLn.Addr().String()).Msg("listening for redirected connections")
+		go func() {
+			if err := b.ServeTransparent(ctx, transparentLn); err != nil {
+				log.Error().Err(err).Msg("transparent listener stopped")
+			}
+		}()
 	}
 	err = b.Serve(ctx, proxyLn, drainGrace)
 	log.Info().Msg("stopped")
