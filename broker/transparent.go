@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/capbroker/capbroker/broker/audit"
@@ -79,6 +80,9 @@ func (b *Broker) serveRedirected(ctx context.Context, c net.Conn) {
 	flow.Dest = dst
 	if host, ok := b.names.Name(dst.Addr()); ok {
 		flow.Host = host
+	}
+	if b.handOff(c, dst) {
+		return
 	}
 	if slices.Contains(b.self, dst) {
 		// The broker's own services are reached directly (the rules leave the explicit
@@ -295,4 +299,77 @@ func (c *replayConn) CloseWrite() error {
 		return cw.CloseWrite()
 	}
 	return c.Conn.Close()
+}
+
+// acceptHandoffs returns ln, which also accepts the connections the transparent listener
+// hands over (handOff), for the explicit proxy's server.
+func (b *Broker) acceptHandoffs(ln net.Listener) net.Listener {
+	h := &handoffListener{Listener: ln, addr: addrPort(ln.Addr()), conns: make(chan net.Conn), accepted: make(chan acceptResult), done: make(chan struct{})}
+	go h.pump()
+	b.explicit.Store(h)
+	return h
+}
+
+// handOff gives c to the explicit proxy when c was sent to the proxy's own address (a rules
+// variant that redirects it too cannot break explicit clients), and reports whether it did.
+func (b *Broker) handOff(c net.Conn, dst netip.AddrPort) bool {
+	h := b.explicit.Load()
+	if h == nil || dst != h.addr {
+		return false
+	}
+	select {
+	case h.conns <- c:
+	case <-h.done:
+		_ = c.Close()
+	}
+	return true
+}
+
+// handoffListener is the explicit proxy's listener, with the connections handed over.
+type handoffListener struct {
+	net.Listener
+	addr      netip.AddrPort
+	conns     chan net.Conn
+	accepted  chan acceptResult
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+type acceptResult struct {
+	c   net.Conn
+	err error
+}
+
+// pump accepts from the real listener until it fails.
+func (h *handoffListener) pump() {
+	for {
+		c, err := h.Listener.Accept()
+		select {
+		case h.accepted <- acceptResult{c, err}:
+		case <-h.done:
+			if c != nil {
+				_ = c.Close()
+			}
+			return
+		}
+		if err != nil && errors.Is(err, net.ErrClosed) {
+			return
+		}
+	}
+}
+
+func (h *handoffListener) Accept() (net.Conn, error) {
+	select {
+	case r := <-h.accepted:
+		return r.c, r.err
+	case c := <-h.conns:
+		return c, nil
+	case <-h.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (h *handoffListener) Close() error {
+	h.closeOnce.Do(func() { close(h.done) })
+	return h.Listener.Close()
 }

@@ -12,8 +12,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -346,5 +348,48 @@ func TestTransparentRefusedFlows(t *testing.T) {
 	}
 	if n := len(e.pol.modes()); n != 0 {
 		t.Fatalf("the policy was asked %d times", n)
+	}
+}
+
+// A connection redirected from the explicit proxy's own address (rules that redirect that
+// port too) is served by the explicit proxy: its clients keep working, as explicit ones.
+func TestTransparentHandsExplicitProxyConnections(t *testing.T) {
+	e := newTransparentEnv(t)
+	proxyLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- e.b.Serve(ctx, proxyLn, time.Second) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	e.dst.Store(netip.MustParseAddrPort(proxyLn.Addr().String()))
+	proxyURL, _ := url.Parse("http://dev-agent:test-token@" + proxyLn.Addr().String())
+	c := &http.Client{Transport: &http.Transport{
+		Proxy: http.ProxyURL(proxyURL),
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", e.ln.Addr().String()) // "redirected"
+		},
+		TLSClientConfig: &tls.Config{RootCAs: e.roots},
+	}, Timeout: 10 * time.Second}
+	for e.b.explicit.Load() == nil { // Serve has not taken its listener yet
+		runtime.Gosched()
+	}
+	resp, err := c.Get("https://api.github.com/user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), redacted) {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if ev := e.event(t, phase("request")); ev["mode"] != "explicit" || ev["decision"] != "allow" {
+		t.Fatalf("event: %v", ev)
 	}
 }
