@@ -8,9 +8,11 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"net/url"
 	"os"
@@ -25,6 +27,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/certs"
+	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
 )
@@ -45,6 +48,8 @@ func (p *hostPolicy) Decide(_ context.Context, in *policy.Input) (policy.Decisio
 		return policy.Decision{Allow: true, Intercept: true, Credentials: []string{"github"}, Revision: "t"}, nil
 	case "plain.test":
 		return policy.Decision{Allow: true, Intercept: true, Revision: "t"}, nil
+	case "localhost":
+		return policy.Decision{Allow: true, Intercept: false, Revision: "t"}, nil // opaque
 	}
 	return policy.Decision{Reason: "host not allowed", Revision: "t"}, nil
 }
@@ -82,11 +87,14 @@ type transparentEnv struct {
 	events chan map[string]any
 }
 
-func newTransparentEnv(t testing.TB) *transparentEnv {
+func newTransparentEnv(t testing.TB, configure ...func(*config.Config)) *transparentEnv {
 	t.Helper()
 	cfg := testConfig(t)
 	cfg.Agents[0].Addresses = []string{"127.0.0.1/32"}
 	cfg.Transparent.Listen = "127.0.0.1:0"
+	for _, f := range configure {
+		f(cfg)
+	}
 	dir := t.TempDir()
 	if err := certs.WriteCA(dir, false); err != nil {
 		t.Fatal(err)
@@ -391,5 +399,50 @@ func TestTransparentHandsExplicitProxyConnections(t *testing.T) {
 	}
 	if ev := e.event(t, phase("request")); ev["mode"] != "explicit" || ev["decision"] != "allow" {
 		t.Fatalf("event: %v", ev)
+	}
+}
+
+// intercept: false pipes the connection, bytes untouched (the peeked ones first), to the
+// host the policy decided on, dialled by name.
+func TestTransparentOpaque(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "opaque "+r.Host+" "+r.Header.Get("Authorization"))
+	}))
+	defer up.Close()
+	port := up.Listener.Addr().(*net.TCPAddr).Port
+	e := newTransparentEnv(t, func(cfg *config.Config) {
+		cfg.Transparent.Ports = []int{80, 443, port}
+		cfg.Upstream.AllowPrivate = []string{"127.0.0.1/32", "::1/128"}
+	})
+	e.redirect(t, "localhost", uint16(port))
+	c := e.client()
+	resp, err := c.Get(fmt.Sprintf("http://localhost:%d/x", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != fmt.Sprintf("opaque localhost:%d ", port) {
+		t.Fatalf("%d %q", resp.StatusCode, body)
+	}
+	c.CloseIdleConnections() // the tunnel's event is written when it ends
+	if ev := e.event(t, phase("connect")); ev["decision"] != "allow" || ev["mode"] != "transparent" || ev["bytes_in"].(float64) == 0 {
+		t.Fatalf("event: %v", ev)
+	}
+}
+
+// A source address no agent has is refused before anything is read.
+func TestTransparentNoAgent(t *testing.T) {
+	e := newTransparentEnv(t, func(cfg *config.Config) { cfg.Agents[0].Addresses = []string{"127.0.0.2/32"} })
+	e.redirect(t, "api.github.com", 443)
+	if _, err := e.client().Get("https://api.github.com/user"); err == nil {
+		t.Fatal("served without an agent")
+	}
+	ev := e.event(t, phase("connect"))
+	if ev["reason"] != "no agent is configured with source address 127.0.0.1" || ev["agent"] != "" || ev["mode"] != "transparent" {
+		t.Fatalf("event: %v", ev)
+	}
+	if n := len(e.pol.modes()); n != 0 {
+		t.Fatalf("the policy was asked %d times", n)
 	}
 }
