@@ -446,3 +446,80 @@ func TestTransparentNoAgent(t *testing.T) {
 		t.Fatalf("the policy was asked %d times", n)
 	}
 }
+
+// gatedUpstream holds each response until release is closed.
+type gatedUpstream struct {
+	echoUpstream
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func (u *gatedUpstream) RoundTrip(r *http.Request, p upstream.Pool) (*http.Response, error) {
+	u.arrived <- struct{}{}
+	<-u.release
+	return u.echoUpstream.RoundTrip(r, p)
+}
+
+// On shutdown the transparent listener stops accepting, and a request in flight in one of its
+// tunnels is answered before Serve returns: they drain with the explicit proxy's.
+func TestTransparentDrains(t *testing.T) {
+	e := newTransparentEnv(t)
+	up := &gatedUpstream{arrived: make(chan struct{}, 1), release: make(chan struct{})}
+	e.b.setTransport(up)
+	e.redirect(t, "api.github.com", 443)
+	proxyLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- e.b.Serve(ctx, proxyLn, 10*time.Second) }()
+	// ServeTransparent under the same ctx: the env's own runs under another, so a second
+	// listener is served here.
+	tln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tdone := make(chan error, 1)
+	go func() { tdone <- e.b.ServeTransparent(ctx, tln) }()
+	c := e.client()
+	c.Transport.(*http.Transport).DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", tln.Addr().String())
+	}
+	type result struct {
+		status int
+		err    error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := c.Get("https://api.github.com/user")
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got <- result{status: resp.StatusCode}
+	}()
+	<-up.arrived // the request is in the pipeline
+	cancel()
+	if err := <-tdone; err != nil {
+		t.Fatalf("ServeTransparent: %v", err)
+	}
+	if c, err := net.Dial("tcp", tln.Addr().String()); err == nil {
+		c.Close()
+		t.Fatal("the transparent listener still accepts after shutdown")
+	}
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned with a request in flight: %v", err)
+	default:
+	}
+	close(up.release)
+	if r := <-got; r.err != nil || r.status != 200 {
+		t.Fatalf("the request in flight: %d %v", r.status, r.err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+}
