@@ -137,11 +137,12 @@ func (b *Broker) connectDecision(x *exchange, r *http.Request, agent identity.Ag
 
 // pipe is an opaque tunnel: bytes are copied both ways, uninspected, to the checked address.
 // Its audit event is written when both directions have ended.
-// A redirected connection (transparent) gets no "200 Connection established" line.
 func (b *Broker) pipe(x *exchange, req *http.Request, client net.Conn, t target) {
 	b.pipeConn(x, req, client, t, true)
 }
 
+// pipeConn is pipe; greet false leaves out the 200 line and the refusal a failed dial would
+// get (a redirected connection, in transparent mode, did not ask for a tunnel).
 func (b *Broker) pipeConn(x *exchange, req *http.Request, client net.Conn, t target, greet bool) {
 	defer client.Close()
 	up, err := x.g.dialer.DialContext(context.Background(), "tcp", t.hostPort())
