@@ -236,9 +236,12 @@ transparent:
 	if err := os.WriteFile(src, []byte(goClient), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	build := exec.Command("go", "build", "-o", goBin, src)
+	if err := os.WriteFile(filepath.Join(filepath.Dir(src), "go.mod"), []byte("module goclient\n\ngo 1.22\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-o", goBin, ".")
 	build.Dir = filepath.Dir(src)
-	build.Env = append(os.Environ(), "GO111MODULE=off", "CGO_ENABLED=0")
+	build.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off", "CGO_ENABLED=0", "GOTOOLCHAIN=local")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the Go client: %v\n%s", err, out)
 	}
