@@ -111,6 +111,13 @@ type Broker struct {
 	// names maps the addresses the sandbox's resolver answered to their names (transparent
 	// mode): shared by the resolver and the transparent listener.
 	names *transparent.Names
+	// origDst and lookup are transparent.OriginalDst and the system resolver, unless a test
+	// replaces them (see broker/transparent.go).
+	origDst func(net.Conn) (netip.AddrPort, error)
+	lookup  func(ctx context.Context, host string) ([]netip.Addr, error)
+	// explicit is the explicit proxy's listener while Serve runs: a redirected connection
+	// to its address is handed to it (see handOff).
+	explicit atomic.Pointer[handoffListener]
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
@@ -195,7 +202,7 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		ConnContext:       withAdmitted,
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(admittingListener{Listener: ln, a: b.admission}) }()
+	go func() { errc <- srv.Serve(admittingListener{Listener: b.acceptHandoffs(ln), a: b.admission}) }()
 	select {
 	case err := <-errc:
 		return err

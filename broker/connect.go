@@ -83,25 +83,8 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 	t := newTarget("https", host, port)
 	x.ev.Host, x.ev.Port = host, port
 
-	in := &policy.Input{
-		Phase:       policy.PhaseConnect,
-		AgentID:     agent.ID,
-		Labels:      agent.Labels,
-		SourceIP:    x.ev.SourceIP,
-		Mode:        x.ev.Mode,
-		Method:      http.MethodConnect,
-		Host:        host,
-		Port:        port,
-		Credentials: x.g.bindings.Matching(host),
-	}
-	d, err := b.policy.Decide(r.Context(), in)
-	if err == nil && d.Ask != nil {
-		d, err = b.ask(x, r, in, d, nil, &policyBody{}) // before any TLS
-	}
-	if err == nil && d.Allow && !d.Intercept && len(d.Credentials) > 0 {
-		d.Allow, d.Reason = false, "credentials cannot be injected into an opaque tunnel (intercept: false)"
-	}
-	if _, err := b.authorize(x, in, d, err); err != nil {
+	d, err := b.connectDecision(x, r, agent, host, port)
+	if err != nil {
 		return nil, err
 	}
 
@@ -126,23 +109,59 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 	}, nil
 }
 
+// connectDecision decides whether agent may open a tunnel to host:port (a CONNECT, or a
+// redirected connection in transparent mode: x.ev.Mode says which): the policy's connect
+// phase, a person when it asks, and the decision applied (authorize).
+func (b *Broker) connectDecision(x *exchange, r *http.Request, agent identity.Agent, host string, port int) (policy.Decision, error) {
+	in := &policy.Input{
+		Phase:       policy.PhaseConnect,
+		AgentID:     agent.ID,
+		Labels:      agent.Labels,
+		SourceIP:    x.ev.SourceIP,
+		Mode:        x.ev.Mode,
+		Method:      http.MethodConnect,
+		Host:        host,
+		Port:        port,
+		Credentials: x.g.bindings.Matching(host),
+	}
+	d, err := b.policy.Decide(r.Context(), in)
+	if err == nil && d.Ask != nil {
+		d, err = b.ask(x, r, in, d, nil, &policyBody{}) // before any TLS
+	}
+	if err == nil && d.Allow && !d.Intercept && len(d.Credentials) > 0 {
+		d.Allow, d.Reason = false, "credentials cannot be injected into an opaque tunnel (intercept: false)"
+	}
+	_, err = b.authorize(x, in, d, err)
+	return d, err
+}
+
 // pipe is an opaque tunnel: bytes are copied both ways, uninspected, to the checked address.
 // Its audit event is written when both directions have ended.
 func (b *Broker) pipe(x *exchange, req *http.Request, client net.Conn, t target) {
+	b.pipeConn(x, req, client, t, true)
+}
+
+// pipeConn is pipe; greet false leaves out the 200 line and the refusal a failed dial would
+// get (a redirected connection, in transparent mode, did not ask for a tunnel).
+func (b *Broker) pipeConn(x *exchange, req *http.Request, client net.Conn, t target, greet bool) {
 	defer client.Close()
 	up, err := x.g.dialer.DialContext(context.Background(), "tcp", t.hostPort())
 	if err != nil {
 		resp := x.fail(req, fmt.Errorf("tunnel dial: %w", err))
-		_ = resp.Write(client)
+		if greet {
+			_ = resp.Write(client)
+		}
 		return
 	}
 	defer up.Close()
 	b.metrics.tunnelOpened()
 	defer b.metrics.tunnelClosed()
 	x.ev.Status = http.StatusOK
-	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-		x.finish()
-		return
+	if greet {
+		if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+			x.finish()
+			return
+		}
 	}
 	var wg sync.WaitGroup
 	var active atomic.Int64

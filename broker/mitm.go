@@ -27,6 +27,12 @@ const tlsHandshakeTimeout = 10 * time.Second
 // HTTP/2 stream, is decided again (b.exchange with the tunnel). An HTTP/1.1 tunnel is put
 // aside between requests (parkingConn).
 func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
+	b.interceptConn(client, tun, release, true)
+}
+
+// interceptConn is intercept; greet false leaves out the 200 line (a redirected connection,
+// in transparent mode, did not ask for a tunnel).
+func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), greet bool) {
 	var once sync.Once
 	done := func() { once.Do(release) }
 	served := false
@@ -38,15 +44,18 @@ func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	}()
 	// A host's first certificate is issued while the agent prepares its ClientHello, rather
 	// than after it arrives; the handshake below waits on the same issue (single flight).
-	go func() { _, _ = b.certs.Get(tun.target.host) }()
+	host := tun.target.host // the handshake below may change tun.target (plain HTTP)
+	go func() { _, _ = b.certs.Get(host) }()
 	// Likewise the host's first upstream connection, when the pool has none: dialled now (a
 	// TCP and TLS handshake only; nothing is sent before a request has been decided), not
 	// after the agent's first request. Port 80 is left out: what follows there is plain HTTP.
-	if tun.target.port != 80 {
+	if tun.target.port != 80 && tun.target.scheme != "http" {
 		b.gen.Load().transport.Prepare(tun.target.hostPort())
 	}
-	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-		return
+	if greet {
+		if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+			return
+		}
 	}
 	_ = client.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
 	// Only one byte is peeked, and the reader lives as long as the tunnel: the smallest

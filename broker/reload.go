@@ -41,6 +41,8 @@ type generation struct {
 	derived       Derivers // the minters and signers among secrets
 	transport     upstreamClient
 	dialer        *upstream.Dialer
+	// transparentPorts are the destination ports redirected connections may go to.
+	transparentPorts []int
 
 	// llm recognises the LLM APIs metered (llm.openai_compatible).
 	llm *llm.Endpoints
@@ -108,6 +110,7 @@ func newGeneration(cfg *config.Config, secrets Secrets, self []netip.AddrPort, p
 		maxPolicyBody: cfg.Policy.MaxBodyBytes,
 		bodies:        newBodyBudget(cfg.Policy.MaxBodyBytes),
 	}
+	g.transparentPorts = cfg.Transparent.Ports
 	if d, ok := secrets.(Derivers); ok {
 		g.derived = d
 	}

@@ -55,6 +55,7 @@ const agentPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 type sandboxNet struct {
 	brokerNS, agentNS string
 	agentDir          string // the agent's home: the only folder it writes to
+	vethB, vethA      string // the link's ends, in the broker's and the agent's namespace
 }
 
 // requireNetns skips the test where network namespaces cannot be made: not root, or no
@@ -93,6 +94,7 @@ func newSandboxNet(t *testing.T) *sandboxNet {
 		_ = os.Remove("/etc/netns") // only if empty: another user's namespaces keep it
 	})
 	vethB, vethA := "cb"+id+"b", "cb"+id+"a"
+	s.vethB, s.vethA = vethB, vethA
 	ipCmd(t, "netns", "add", s.brokerNS)
 	ipCmd(t, "netns", "add", s.agentNS)
 	ipCmd(t, "link", "add", vethB, "type", "veth", "peer", "name", vethA)

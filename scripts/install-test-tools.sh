@@ -7,6 +7,7 @@
 # and the Node packages the client tests drive (openai, @anthropic-ai/sdk, undici;
 # integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
+# nft (nftables) writes the transparent-mode test's redirect rules (integration/transparent_test.go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()

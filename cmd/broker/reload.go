@@ -124,7 +124,7 @@ func (r *reloader) reload(ctx context.Context, trigger string, force bool) {
 	r.cur, r.creds, r.last = cfg, creds, raw
 	log.Info().Int("agents", len(cfg.Agents)).Int("credentials", len(cfg.Credentials)).
 		Strs("credentials_added", stats.added).Strs("credentials_changed", stats.changed).
-		Strs("credentials_removed", stats.removed).Str("mode", cfg.Policy.Mode).Msg("config reloaded")
+		Strs("credentials_removed", stats.removed).Str("policy_mode", cfg.Policy.Mode).Msg("config reloaded")
 }
 
 // refused logs why a config was not loaded: each problem on its own, in "problems".
@@ -145,6 +145,7 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 		}
 	}
 	keep("proxy.listen", old.Proxy.Listen, cfg.Proxy.Listen, func() { cfg.Proxy.Listen = old.Proxy.Listen })
+	keep("transparent.listen", old.Transparent.Listen, cfg.Transparent.Listen, func() { cfg.Transparent.Listen = old.Transparent.Listen })
 	keep("admin.listen", old.Admin.Listen, cfg.Admin.Listen, func() { cfg.Admin.Listen = old.Admin.Listen })
 	keep("admin", old.Admin, cfg.Admin, func() { cfg.Admin = old.Admin })
 	keep("approvals", old.Approvals, cfg.Approvals, func() { cfg.Approvals = old.Approvals })

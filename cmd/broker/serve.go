@@ -217,6 +217,16 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	ap.api.SetUsage(func(ctx context.Context) (any, error) { return budgets.Summary(ctx, agentLabels(cfg)) })
+	var transparentLn net.Listener // connections the sandbox's rules redirect (transparent mode)
+	if cfg.Transparent.Listen != "" {
+		if transparentLn, err = net.Listen("tcp", cfg.Transparent.Listen); err != nil {
+			proxyLn.Close()
+			adminLn.Close()
+			return fmt.Errorf("transparent.listen: %w", err)
+		}
+		defer transparentLn.Close()
+		self = append(self, selfAddrs(transparentLn.Addr())...)
+	}
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
@@ -281,9 +291,17 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	reloading = true
 	go rl.run(ctx, hup)
 	log.Info().Str("proxy", proxyLn.Addr().String()).Str("admin", adminLn.Addr().String()).
-		Str("policy_revision", engine.Revision()).Str("mode", cfg.Policy.Mode).Msg("listening")
+		Str("policy_revision", engine.Revision()).Str("policy_mode", cfg.Policy.Mode).Msg("listening")
 	if o.onListen != nil {
 		o.onListen(proxyLn.Addr(), adminLn.Addr())
+	}
+	if transparentLn != nil {
+		log.Info().Str("transparent", transparentLn.Addr().String()).Msg("listening for redirected connections")
+		go func() {
+			if err := b.ServeTransparent(ctx, transparentLn); err != nil {
+				log.Error().Err(err).Msg("transparent listener stopped")
+			}
+		}()
 	}
 	err = b.Serve(ctx, proxyLn, drainGrace)
 	log.Info().Msg("stopped")
