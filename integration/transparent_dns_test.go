@@ -224,7 +224,7 @@ print(" ".join(sorted({a[4][0] for a in socket.getaddrinfo(sys.argv[1], 443, pro
 	var rateRefused int
 	t.Run("a tunnel's burst of unique names is refused and bounded", func(t *testing.T) {
 		const n = 100
-		for _, c := range []struct{ domain, qtype string }{{"t.exfil.example.invalid", "TXT"}, {"cdn.allowed.test", "NULL"}} {
+		for i, c := range []struct{ domain, qtype string }{{"t.exfil.example.invalid", "TXT"}, {"cdn.allowed.test", "NULL"}} {
 			out, err := sn.agent(t, env, "python3", "-c", dnsQueryProbe, "burst", strconv.Itoa(n), c.domain, c.qtype)
 			if err != nil {
 				t.Fatalf("%v\n%s", err, out)
@@ -251,12 +251,17 @@ print(" ".join(sorted({a[4][0] for a in socket.getaddrinfo(sys.argv[1], 443, pro
 				}
 			}
 			// The burst took at most a few seconds: the policy saw no more than the burst
-			// allowance and the refill, everything else was refused by the rate bound.
+			// allowance and the refill, everything else was refused by the rate bound. The
+			// first burst starts with a full bucket, so some of it reaches the policy; the
+			// second may find the bucket still empty (how much refilled depends on how long
+			// the first took), so only the kind of its answers is checked.
+			rateRefused += overRate
 			allowedDomain := strings.HasSuffix(c.domain, ".allowed.test")
-			if overRate < n/2 || (allowedDomain && (noData == 0 || policyRefused > 0)) || (!allowedDomain && (policyRefused == 0 || noData > 0)) {
+			first := i == 0
+			if overRate < n/2 || (allowedDomain && policyRefused > 0) || (!allowedDomain && noData > 0) ||
+				(first && policyRefused+noData == 0) {
 				t.Fatalf("%s: %d over the rate, %d refused by the policy, %d no data", c.domain, overRate, policyRefused, noData)
 			}
-			rateRefused += overRate
 			t.Logf("%s %s: %d refused over the rate, %d by the policy, %d no data", c.domain, c.qtype, overRate, policyRefused, noData)
 		}
 	})

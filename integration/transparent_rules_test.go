@@ -460,7 +460,17 @@ transparent:
 	t.Run("a second broker cannot read the same log group, and says so", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", sn.brokerNS, brokerBin, "run", "--config", filepath.Join(b.dir, "broker.yaml"))
+		// The same config but for the transparent listener's port, which the first broker
+		// holds: the second must get as far as the log group.
+		yml, err := os.ReadFile(filepath.Join(b.dir, "broker.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		second := filepath.Join(b.dir, "second.yaml")
+		if err := os.WriteFile(second, []byte(strings.Replace(string(yml), `listen: "0.0.0.0:15001"`, `listen: "127.0.0.1:0"`, 1)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", sn.brokerNS, brokerBin, "run", "--config", second)
 		cmd.Env = []string{"PATH=" + agentPath, "CANARY_SECRET=" + canary}
 		out, err := cmd.CombinedOutput()
 		if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "transparent.log_group") || !strings.Contains(string(out), "bound by another process") {
