@@ -35,7 +35,7 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice)")
+	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.StringVar(&o.upstream, "upstream", "both", "upstreams: h1 (HTTP/1.1 only), h2 (also one offering h2; -only pairs measures only the h1/h2 pairs) or both; -only takes direct-h2, intercept-h2, full-h2 unless h1")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
@@ -155,6 +155,9 @@ func run(ctx context.Context, o options) error {
 			measureH2(ctx, p, paths, pathsH2, o.conns, max(o.pairs, 1), o.slice).print(os.Stdout)
 		}
 		return nil
+	}
+	if o.only == "floor" {
+		return floorPairs(ctx, up, p, intercept, fullPath, o)
 	}
 	if o.only != "" {
 		for _, pa := range slices.Concat(paths, pathsH2) {
