@@ -106,15 +106,15 @@ type upstreamPair struct {
 	Path string `json:"path"`
 	// RPS and CPUUS are requests per second and the broker's CPU microseconds per request
 	// (none for direct), per upstream kind.
-	H1RPS   spread `json:"h1_rps"`
-	H2RPS   spread `json:"h2_rps"`
-	H1CPUUS spread `json:"h1_cpu_us,omitempty"`
-	H2CPUUS spread `json:"h2_cpu_us,omitempty"`
+	H1RPS   spread  `json:"h1_rps"`
+	H2RPS   spread  `json:"h2_rps"`
+	H1CPUUS *spread `json:"h1_cpu_us,omitempty"`
+	H2CPUUS *spread `json:"h2_cpu_us,omitempty"`
 	// H1OverH2 is the HTTP/1.1 upstream's throughput over the h2 upstream's, pair by pair
 	// (how many times fewer requests the h2 path carries); CPUH2OverH1 the broker's CPU per
 	// request to the h2 upstream over that to the HTTP/1.1 one.
-	H1OverH2    spread `json:"h1_over_h2"`
-	CPUH2OverH1 spread `json:"cpu_h2_over_h1,omitempty"`
+	H1OverH2    spread  `json:"h1_over_h2"`
+	CPUH2OverH1 *spread `json:"cpu_h2_over_h1,omitempty"`
 
 	h1rps, h2rps, h1cpu, h2cpu, ratio, cpuRatio []float64
 }
@@ -181,7 +181,10 @@ func measureH2(ctx context.Context, p *pki, h1, h2 []*path, conns, rounds int, d
 	}
 	for _, pr := range pairs {
 		pr.H1RPS, pr.H2RPS, pr.H1OverH2 = spreadOf(pr.h1rps), spreadOf(pr.h2rps), spreadOf(pr.ratio)
-		pr.H1CPUUS, pr.H2CPUUS, pr.CPUH2OverH1 = spreadOf(pr.h1cpu), spreadOf(pr.h2cpu), spreadOf(pr.cpuRatio)
+		if len(pr.cpuRatio) > 0 { // none for direct
+			h1, h2, ratio := spreadOf(pr.h1cpu), spreadOf(pr.h2cpu), spreadOf(pr.cpuRatio)
+			pr.H1CPUUS, pr.H2CPUUS, pr.CPUH2OverH1 = &h1, &h2, &ratio
+		}
 		r.Paths = append(r.Paths, pr)
 	}
 	for k, v := range over {
@@ -197,18 +200,19 @@ func (r *h2Result) print(out io.Writer) {
 	fmt.Fprintf(out, "\nHTTP/1.1 upstream against h2 upstream at c=%d, %d rounds of adjacent %d ms slices (median, range):\n", r.Conns, r.Rounds, r.SliceMS)
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "path\th1 req/s\th2 req/s\th1/h2\th1 CPU µs/req\th2 CPU µs/req\th2/h1 CPU\t")
-	sp := func(s spread, f string) string {
-		if s == (spread{}) {
+	sp := func(s *spread, f string) string {
+		if s == nil {
 			return "-"
 		}
 		return fmt.Sprintf(f+" ("+f+"-"+f+")", s.Median, s.Min, s.Max)
 	}
 	for _, pr := range r.Paths {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pr.Path, sp(pr.H1RPS, "%.0f"), sp(pr.H2RPS, "%.0f"), sp(pr.H1OverH2, "%.2f"),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pr.Path, sp(&pr.H1RPS, "%.0f"), sp(&pr.H2RPS, "%.0f"), sp(&pr.H1OverH2, "%.2f"),
 			sp(pr.H1CPUUS, "%.0f"), sp(pr.H2CPUUS, "%.0f"), sp(pr.CPUH2OverH1, "%.2f"))
 	}
 	w.Flush()
 	for _, k := range slices.Sorted(maps.Keys(r.OverDirect)) {
-		fmt.Fprintf(out, "  %s: %s\n", k, sp(r.OverDirect[k], "%.2f"))
+		v := r.OverDirect[k]
+		fmt.Fprintf(out, "  %s: %s\n", k, sp(&v, "%.2f"))
 	}
 }
