@@ -257,14 +257,14 @@ func TestParkedTunnelFramingGuard(t *testing.T) {
 // pipelined behind a slow one is still answered.
 func TestBackgroundReadDeferred(t *testing.T) {
 	agent, br, pc, _, _ := parkingTunnel(t, time.Hour, &http.Server{})
-	const n = 5
+	const n = 10
 	for i := range n {
 		roundTrip(t, agent, br, fmt.Sprintf("GET /%d HTTP/1.1\r\nHost: a\r\n\r\n", i), fmt.Sprintf("GET /%d ", i))
 	}
 	pc.mu.Lock()
 	deferred := pc.bgDeferred
 	pc.mu.Unlock()
-	if deferred != n {
+	if deferred < n/2 { // not all: a busy machine can hold a response past bgReadDelay
 		t.Errorf("%d of %d background reads ended without reading the connection", deferred, n)
 	}
 

@@ -23,17 +23,19 @@ type corkConn struct {
 	hold  bool   // hold the next write
 	held  []byte // a write held back, sent before the next one
 	timer *time.Timer
-	err   error // a held write that failed
+	wait  time.Duration // maxHold when it was made
+	err   error         // a held write that failed
 	// joined counts the writes that left with a held one (tests).
 	joined int
 }
 
 // maxHold bounds how long a write is held: it goes when no other write has come by then (a
-// body whose bytes are late, a stream waiting for flow control).
-const maxHold = 200 * time.Microsecond
+// body whose bytes are late, a stream waiting for flow control). A variable for tests, which
+// make it long where a loaded machine could otherwise let it pass between two writes.
+var maxHold = 200 * time.Microsecond
 
 func newCorkConn(c net.Conn) *corkConn {
-	cc := &corkConn{Conn: c}
+	cc := &corkConn{Conn: c, wait: maxHold}
 	cc.timer = time.AfterFunc(time.Hour, cc.release)
 	cc.timer.Stop()
 	return cc
@@ -55,7 +57,7 @@ func (c *corkConn) Write(p []byte) (int, error) {
 	if c.hold && c.held == nil {
 		c.hold = false
 		c.held = append(make([]byte, 0, len(p)+512), p...) // room for a DATA record behind
-		c.timer.Reset(maxHold)
+		c.timer.Reset(c.wait)
 		return len(p), nil
 	}
 	if c.held == nil {
