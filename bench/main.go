@@ -36,8 +36,9 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); curves: only the curves of -curves; charts: only draw the charts")
+	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; curves: only the curves of -curves; charts: only draw the charts")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
+	flag.StringVar(&o.upstream, "upstream", "both", "upstreams: h1 (HTTP/1.1 only), h2 (also one offering h2; -only pairs measures only the h1/h2 pairs) or both; -only takes direct-h2, intercept-h2, full-h2 unless h1")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
 	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
 	relayUpstreamCA := flag.String("relay-upstream-ca", "", "with -relay: the upstream's CA certificate")
@@ -80,6 +81,7 @@ type options struct {
 	conns             int
 	pairs             int
 	slice             time.Duration
+	upstream          string // h1, h2 or both
 }
 
 func run(ctx context.Context, o options) error {
@@ -104,6 +106,11 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer up.close()
+	if o.upstream != "h1" {
+		if err := up.startH2(p); err != nil {
+			return err
+		}
+	}
 	bare, err := startBroker(bin, filepath.Join(dir, "bare"), up, p, false)
 	if err != nil {
 		return err
@@ -135,6 +142,13 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("%s: %w", pa.name, err)
 		}
 	}
+	var pathsH2 []*path
+	if up.h2 != nil {
+		pathsH2 = h2Paths(p, paths, up)
+		if err := checkH2(ctx, up, pathsH2); err != nil {
+			return err
+		}
+	}
 	direct, intercept, fullPath := paths[0], paths[2], paths[3]
 	// The targets' ratios, each measured in adjacent slices (pairedRatio).
 	pairs := func(conns int) {
@@ -146,13 +160,21 @@ func run(ctx context.Context, o options) error {
 		s.InterceptOverDirect = pairedRatio(ctx, intercept, direct, conns, max(o.pairs/2, 3), o.slice)
 	}
 	if o.only == "pairs" {
-		pairs(o.conns)
-		s.FullOverIntercept.print(os.Stdout, "full/intercept")
-		s.InterceptOverDirect.print(os.Stdout, "intercept/direct")
+		if o.upstream != "h2" {
+			pairs(o.conns)
+			s.FullOverIntercept.print(os.Stdout, "full/intercept")
+			s.InterceptOverDirect.print(os.Stdout, "intercept/direct")
+		}
+		if pathsH2 != nil {
+			measureH2(ctx, p, paths, pathsH2, o.conns, max(o.pairs, 1), o.slice).print(os.Stdout)
+		}
 		return nil
 	}
+	if o.only == "floor" {
+		return floorPairs(ctx, up, p, intercept, fullPath, o)
+	}
 	if o.only != "" {
-		for _, pa := range paths {
+		for _, pa := range slices.Concat(paths, pathsH2) {
 			if pa.name == o.only {
 				pa.client = pa.withConns(p, o.conns)
 				r := pa.throughput(ctx, o.conns, o.phase)
@@ -204,6 +226,10 @@ func run(ctx context.Context, o options) error {
 	// The best rounds above are each path's own, taken seconds apart; the targets' ratios
 	// are measured in adjacent slices.
 	pairs(32)
+	if pathsH2 != nil {
+		// Half the pairs: the quick bench stays under five minutes.
+		s.H2Upstream = measureH2(ctx, p, paths, pathsH2, 32, max(o.pairs/2, 3), o.slice)
+	}
 
 	var procs []*process
 	for _, pa := range all {
@@ -248,6 +274,7 @@ func run(ctx context.Context, o options) error {
 	s.Seconds = time.Since(start).Seconds()
 	s.ratios()
 	s.print(os.Stdout)
+	s.H2Upstream.print(os.Stdout)
 	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
 		return err
 	}

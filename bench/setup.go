@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/capbroker/capbroker/internal/harness"
@@ -101,6 +102,9 @@ type upstream struct {
 	port int
 	srv  *http.Server
 	lns  []net.Listener
+	h2   *upstream // the same handler offering h2 (startH2), or nil
+	// h2Requests counts the requests that reached h2 over HTTP/2.
+	h2Requests atomic.Int64
 }
 
 // smallBody is the response to every small request: about the size of a short API answer.
@@ -172,7 +176,12 @@ func startUpstream(p *pki, hosts int) (*upstream, error) {
 	return u, nil
 }
 
-func (u *upstream) close() { _ = u.srv.Close() }
+func (u *upstream) close() {
+	_ = u.srv.Close()
+	if u.h2 != nil {
+		u.h2.close()
+	}
+}
 
 func (u *upstream) url(host, path string) string {
 	return fmt.Sprintf("https://%s:%d%s", host, u.port, path)
@@ -204,8 +213,9 @@ func writeAllowAll(dir string) error {
 }
 
 // writeShipped writes the shipped policies (policies/), with the bench upstream added as one
-// LLM API (127.0.0.1, credential openai) and one git host (127.0.0.3), on the upstream's port.
-func writeShipped(dir string, port int) error {
+// LLM API (127.0.0.1, credential openai) and one git host (127.0.0.3), on the upstreams'
+// ports (Rego set members).
+func writeShipped(dir string, ports string) error {
 	return fs.WalkDir(policies.FS, ".", func(name string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || strings.HasSuffix(name, "_test.rego") {
 			return err
@@ -221,7 +231,7 @@ func writeShipped(dir string, port int) error {
 			if !strings.Contains(s, old) {
 				return errors.New("policies/broker.rego no longer has " + old)
 			}
-			s = strings.Replace(s, old, fmt.Sprintf("input.request.port in {443, %d}", port), 1)
+			s = strings.Replace(s, old, "input.request.port in {"+ports+"}", 1)
 		case "data.yaml":
 			for _, kv := range [][2]string{
 				{"  git:\n", "  git:\n    " + hostGit + ": true\n"},
@@ -267,7 +277,7 @@ agents:
     token_env: BENCH_AGENT_TOKEN
 `, proxyLimits, filepath.Join(dir, "ca", "ca.crt"), filepath.Join(dir, "ca", "ca.key"), polDir, p.caFile, agentID)
 	if full {
-		if err := writeShipped(polDir, up.port); err != nil {
+		if err := writeShipped(polDir, up.policyPorts()); err != nil {
 			return nil, err
 		}
 		b.auditFile = filepath.Join(dir, "audit.log")

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/capbroker/capbroker/broker/policy"
@@ -13,7 +14,7 @@ import (
 func TestWriteShippedAllowsTheBenchHosts(t *testing.T) {
 	dir := t.TempDir()
 	const port = 8443
-	if err := writeShipped(dir, port); err != nil {
+	if err := writeShipped(dir, strconv.Itoa(port)); err != nil {
 		t.Fatal(err)
 	}
 	e, err := policy.New(context.Background(), os.DirFS(dir))

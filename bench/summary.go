@@ -42,6 +42,8 @@ type summary struct {
 	IdleConnBytes   int64                `json:"idle_intercepted_conn_bytes"`
 	SSE             map[string]sseResult `json:"sse_delay"`
 	Transfer        map[string]transfer  `json:"transfer_256mib"`
+	// H2Upstream is each path to the HTTP/1.1 and the h2 upstream in adjacent slices (h2.go).
+	H2Upstream *h2Result `json:"h2_upstream,omitempty"`
 	// Peers are the other proxies measured on the same upstream, or why they were skipped;
 	// their figures are in the maps above under their names.
 	Peers   map[string]peerResult `json:"peers"`

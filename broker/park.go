@@ -37,12 +37,20 @@ type parkingConn struct {
 
 	mu           sync.Mutex
 	readDeadline time.Time // the last read deadline net/http set
-	answered     int64     // responses finished on the tunnel: net/http went idle after each
-	idle         bool      // net/http waits for a next request (StateIdle until StateActive)
-	state        parkState
-	draining     bool
-	parks        int // times the tunnel was parked
-	closeOnce    sync.Once
+	applied      time.Time // the read deadline the connection below has (see SetReadDeadline)
+	reading      bool      // a read of the connection below is under way
+	hijacked     bool      // net/http has handed the connection over (a WebSocket)
+	// The background read net/http starts with every request (deferRead).
+	bgWaiting  bool          // a background read waits, not yet on the connection
+	bgAbort    chan struct{} // receives when net/http aborts it
+	bgTimer    *time.Timer   // ends its wait
+	bgDeferred int           // background reads that ended without touching the connection (tests)
+	answered   int64         // responses finished on the tunnel: net/http went idle after each
+	idle       bool          // net/http waits for a next request (StateIdle until StateActive)
+	state      parkState
+	draining   bool
+	parks      int // times the tunnel was parked
+	closeOnce  sync.Once
 
 	onPark func() // for tests: called as park begins to wait
 }
@@ -83,6 +91,8 @@ func (c *parkingConn) onState(_ net.Conn, s http.ConnState) {
 		c.idle = true
 	case http.StateActive:
 		c.idle = false
+	case http.StateHijacked:
+		c.hijacked = true
 	}
 }
 
@@ -107,49 +117,135 @@ func (c *parkingConn) Read(p []byte) (int, error) {
 	}
 	c.mu.Lock()
 	if !c.idle || c.state != served || c.draining {
-		c.mu.Unlock()
-		return c.Conn.Read(p)
+		if len(p) == 1 && !c.idle && !c.hijacked && c.state == served && !c.draining {
+			return c.deferRead(p) // unlocks
+		}
+		return c.readLocked(p)
 	}
 	if requests, between := c.Conn.Between(); !between || requests != c.answered {
-		c.mu.Unlock()
-		return c.Conn.Read(p)
+		return c.readLocked(p)
 	}
 	// net/http waits for the next request, and holds nothing of it. The tunnel stays with
 	// net/http while requests follow closely; it is parked once it has been quiet for
 	// c.linger, or when net/http's own deadline comes first.
 	wanted := c.readDeadline
-	c.mu.Unlock()
 	if c.linger > 0 {
 		lingerEnd := time.Now().Add(c.linger)
 		if !wanted.IsZero() && wanted.Before(lingerEnd) {
-			return c.Conn.Read(p) // the idle timeout ends it first
+			return c.readLocked(p) // the idle timeout ends it first
 		}
-		_ = c.Conn.SetReadDeadline(lingerEnd)
+		// Read under lingerEnd; the next read applies net/http's own deadline again.
+		c.applyLocked(lingerEnd)
+		c.reading = true
+		c.mu.Unlock()
 		n, err := c.Conn.Read(p)
+		c.mu.Lock()
+		c.reading = false
 		if !errors.Is(err, os.ErrDeadlineExceeded) || n > 0 {
-			_ = c.Conn.SetReadDeadline(wanted) // the rest of the request is read under it
+			c.mu.Unlock()
 			return n, err
 		}
 	}
-	c.mu.Lock()
 	c.state = detaching
 	c.mu.Unlock()
 	return 0, errParked
 }
 
+// readLocked reads the connection below under net/http's read deadline; c.mu is held, and
+// released.
+func (c *parkingConn) readLocked(p []byte) (int, error) {
+	c.applyLocked(c.readDeadline)
+	c.reading = true
+	c.mu.Unlock()
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	c.reading = false
+	c.mu.Unlock()
+	return n, err
+}
+
+// applyLocked gives the connection below the read deadline t, unless it has it; c.mu is held.
+func (c *parkingConn) applyLocked(t time.Time) {
+	if !t.Equal(c.applied) {
+		_ = c.Conn.SetReadDeadline(t)
+		c.applied = t
+	}
+}
+
+// bgReadDelay is how long net/http's background read waits before it reads the connection.
+const bgReadDelay = 5 * time.Millisecond
+
+// deferRead is net/http's background read, the one-byte read it starts once a request has
+// been read and aborts (with a read deadline in the past) when its response is done. It is how
+// a request learns that its agent went away (the read fails, and the request's context ends),
+// and it costs a read that finds nothing, a wake-up and two deadlines on the connection for
+// every request. Most responses are done within bgReadDelay: the read waits that long for its
+// abort before it reads the connection, and is aborted without touching it. A request that
+// takes longer learns that its agent went away bgReadDelay later than it would have. c.mu is
+// held, and released.
+func (c *parkingConn) deferRead(p []byte) (int, error) {
+	if d := c.readDeadline; !d.IsZero() && !d.After(time.Now()) {
+		// Aborted before it began (the response was quicker than the read's goroutine): a
+		// read would fail at once.
+		c.bgDeferred++
+		c.mu.Unlock()
+		return 0, os.ErrDeadlineExceeded
+	}
+	c.bgWaiting = true
+	if c.bgAbort == nil {
+		c.bgAbort = make(chan struct{}, 1)
+		c.bgTimer = time.NewTimer(bgReadDelay)
+	} else {
+		c.bgTimer.Reset(bgReadDelay)
+	}
+	c.mu.Unlock()
+	select {
+	case <-c.bgAbort:
+		c.bgTimer.Stop()
+		c.mu.Lock()
+		c.bgDeferred++
+		c.mu.Unlock()
+		return 0, os.ErrDeadlineExceeded // what net/http expects of an aborted read
+	case <-c.bgTimer.C:
+	}
+	c.mu.Lock()
+	c.bgWaiting = false
+	select {
+	case <-c.bgAbort: // aborted as the wait ended
+		c.bgDeferred++
+		c.mu.Unlock()
+		return 0, os.ErrDeadlineExceeded
+	default:
+	}
+	return c.readLocked(p)
+}
+
 // SetReadDeadline is net/http's deadline for reading, kept so that it holds while the tunnel
-// lingers or is parked.
+// lingers or is parked. net/http sets one several times a request (for the header, the body,
+// the background read and its abort, the idle wait), mostly with no read between them; each
+// would go down through the TLS connection, the framing guard and the socket's timers. It is
+// given to the connection below when a read is under way, else by the next read, and only when
+// it differs from the one the connection has. An abort of a background read that has not
+// touched the connection (deferRead) ends it without reaching the connection at all.
 func (c *parkingConn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.readDeadline = t
-	c.mu.Unlock()
-	return c.Conn.SetReadDeadline(t)
+	if c.bgWaiting && !t.IsZero() && !t.After(time.Now()) {
+		c.bgWaiting = false
+		c.bgAbort <- struct{}{}
+		return nil
+	}
+	if c.reading {
+		c.applyLocked(t)
+	}
+	return nil
 }
 
 func (c *parkingConn) SetDeadline(t time.Time) error {
 	c.mu.Lock()
-	c.readDeadline = t
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	c.readDeadline, c.applied = t, t
 	return c.Conn.SetDeadline(t)
 }
 
@@ -187,6 +283,9 @@ func (c *parkingConn) park() {
 	if c.onPark != nil {
 		c.onPark()
 	}
+	c.mu.Lock()
+	c.applied = wanted
+	c.mu.Unlock()
 	n, err := 0, c.Conn.SetReadDeadline(wanted) // the lingering read's deadline has passed
 	for n == 0 && err == nil {
 		n, err = c.Conn.Read(c.first[:])

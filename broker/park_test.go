@@ -250,3 +250,56 @@ func TestParkedTunnelFramingGuard(t *testing.T) {
 	}
 	waitEnd(t, br, ended)
 }
+
+// TestBackgroundReadDeferred: net/http's background read, started with every request, ends
+// without reading the connection when the response is done within bgReadDelay; a request
+// that takes longer still learns that its agent went away (its context ends), and a request
+// pipelined behind a slow one is still answered.
+func TestBackgroundReadDeferred(t *testing.T) {
+	agent, br, pc, _, _ := parkingTunnel(t, time.Hour, &http.Server{})
+	const n = 10
+	for i := range n {
+		roundTrip(t, agent, br, fmt.Sprintf("GET /%d HTTP/1.1\r\nHost: a\r\n\r\n", i), fmt.Sprintf("GET /%d ", i))
+	}
+	pc.mu.Lock()
+	deferred := pc.bgDeferred
+	pc.mu.Unlock()
+	if deferred < n/2 { // not all: a busy machine can hold a response past bgReadDelay
+		t.Errorf("%d of %d background reads ended without reading the connection", deferred, n)
+	}
+
+	gone := make(chan error, 1)
+	arrived := make(chan struct{})
+	slow := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/slow" {
+			echoRequest(w, r)
+			return
+		}
+		close(arrived)
+		select {
+		case <-r.Context().Done():
+			gone <- r.Context().Err()
+		case <-time.After(10 * time.Second):
+			gone <- errors.New("the request's context did not end when its agent went away")
+		}
+	})}
+	agent, _, _, _, _ = parkingTunnel(t, time.Hour, slow)
+	io.WriteString(agent, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+	<-arrived
+	agent.Close()
+	if err := <-gone; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+
+	release := make(chan struct{})
+	pipelined := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/first" {
+			<-release
+		}
+		echoRequest(w, r)
+	})}
+	agent, br, _, _, _ = parkingTunnel(t, time.Hour, pipelined)
+	io.WriteString(agent, "GET /first HTTP/1.1\r\nHost: a\r\n\r\nGET /second HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.AfterFunc(3*bgReadDelay, func() { close(release) }) // past the deferred read's wait
+	roundTrip(t, agent, br, "", "GET /first ", "GET /second ")
+}

@@ -95,13 +95,17 @@ func scrubResponse(resp *http.Response, s *scrub.Replacer, upgraded bool, rng *b
 // maxWholeScrub is the largest response body that is scrubbed whole (scrubBody).
 const maxWholeScrub = 32 << 10
 
-// scrubBody makes resp's body scrubbed. A small HTTP/1.x body of known length and without
-// trailers, as most API answers are, is read whole and scrubbed at once: it reaches the agent
-// with its exact length, in the same write as the headers. Any other body is scrubbed as it
-// streams, and reaches the agent chunked (its length can change), with its trailers scrubbed
-// at its end.
+// scrubBody makes resp's body scrubbed. A small body of known length without announced
+// trailers, as most API answers are, over HTTP/1.x or HTTP/2, is read whole and scrubbed at
+// once: it reaches the agent with its exact length, in the same write as the headers. Any
+// other body is scrubbed as it streams, and reaches the agent chunked (its length can change),
+// with its trailers scrubbed at its end.
+//
+// An HTTP/2 response can carry trailers nobody announced: the transport fills them in at the
+// body's end, so a body read whole has them by then. They are scrubbed there, and the body
+// goes to the agent chunked, which is how HTTP/1.1 carries trailers.
 func scrubBody(resp *http.Response, s *scrub.Replacer) error {
-	if resp.ContentLength <= 0 || resp.ContentLength > maxWholeScrub || resp.ProtoMajor != 1 || len(resp.Trailer) > 0 {
+	if resp.ContentLength <= 0 || resp.ContentLength > maxWholeScrub || (resp.ProtoMajor != 1 && resp.ProtoMajor != 2) || len(resp.Trailer) > 0 {
 		resp.Body = &trailerScrubber{ReadCloser: s.Reader(resp.Body), resp: resp, s: s}
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
@@ -127,11 +131,17 @@ func scrubBody(resp *http.Response, s *scrub.Replacer) error {
 	// A replacement can be as long as what it replaces: the length tells whether the header
 	// must change, never whether the body did.
 	body = s.Bytes(body)
+	resp.Body = &wholeBody{rest: body}
+	if len(resp.Trailer) > 0 { // HTTP/2 trailers that came unannounced with the body's end
+		s.Header(resp.Trailer)
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+		return nil
+	}
 	if int64(len(body)) != resp.ContentLength {
 		resp.ContentLength = int64(len(body))
 		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
-	resp.Body = &wholeBody{rest: body}
 	return nil
 }
 

@@ -48,28 +48,30 @@ func TestScrubBody(t *testing.T) {
 		return &http.Response{StatusCode: 200, ProtoMajor: major, Header: h, Body: body, ContentLength: length}, body
 	}
 
-	t.Run("known length is scrubbed whole and keeps an exact length", func(t *testing.T) {
-		resp, up := response(int64(len(text)), 1)
-		if err := scrubBody(resp, s); err != nil {
-			t.Fatal(err)
-		}
-		if !up.eof || !up.closed {
-			t.Errorf("upstream body read to its end %v, closed %v: its connection would not go back to the pool", up.eof, up.closed)
-		}
-		rec := httptest.NewRecorder()
-		if !copyFlushing(rec, resp.Body) {
-			t.Fatal("copyFlushing did not reach the end of the body")
-		}
-		if got := rec.Body.Bytes(); string(got) != want {
-			t.Fatalf("body not scrubbed: %d bytes, holds the secret: %v", len(got), bytes.Contains(got, []byte(secret)))
-		}
-		if rec.Flushed {
-			t.Error("a body held whole was flushed: its headers and body would not leave in one write")
-		}
-		if resp.ContentLength != int64(len(want)) || resp.Header.Get("Content-Length") != strconv.Itoa(len(want)) {
-			t.Errorf("length %d, header %q; the scrubbed body has %d bytes", resp.ContentLength, resp.Header.Get("Content-Length"), len(want))
-		}
-	})
+	for _, major := range []int{1, 2} {
+		t.Run(fmt.Sprintf("HTTP/%d known length is scrubbed whole and keeps an exact length", major), func(t *testing.T) {
+			resp, up := response(int64(len(text)), major)
+			if err := scrubBody(resp, s); err != nil {
+				t.Fatal(err)
+			}
+			if !up.eof || !up.closed {
+				t.Errorf("upstream body read to its end %v, closed %v: its connection would not go back to the pool", up.eof, up.closed)
+			}
+			rec := httptest.NewRecorder()
+			if !copyFlushing(rec, resp.Body) {
+				t.Fatal("copyFlushing did not reach the end of the body")
+			}
+			if got := rec.Body.Bytes(); string(got) != want {
+				t.Fatalf("body not scrubbed: %d bytes, holds the secret: %v", len(got), bytes.Contains(got, []byte(secret)))
+			}
+			if rec.Flushed {
+				t.Error("a body held whole was flushed: its headers and body would not leave in one write")
+			}
+			if resp.ContentLength != int64(len(want)) || resp.Header.Get("Content-Length") != strconv.Itoa(len(want)) {
+				t.Errorf("length %d, header %q; the scrubbed body has %d bytes", resp.ContentLength, resp.Header.Get("Content-Length"), len(want))
+			}
+		})
+	}
 
 	t.Run("a secret as long as its replacement is scrubbed too", func(t *testing.T) {
 		const same = "sk-0123456" // len(redacted): the body's length does not change
@@ -89,9 +91,9 @@ func TestScrubBody(t *testing.T) {
 		length int64
 		major  int
 	}{
-		"unknown length":             {-1, 1},
-		"over the whole limit":       {maxWholeScrub + 1, 1},
-		"HTTP/2 (may have trailers)": {int64(len(text)), 2},
+		"unknown length":                            {-1, 1},
+		"over the whole limit":                      {maxWholeScrub + 1, 1},
+		"HTTP/0 (not a response read off the wire)": {int64(len(text)), 0},
 	} {
 		t.Run(name+" streams", func(t *testing.T) {
 			resp, up := response(c.length, c.major)
@@ -373,5 +375,76 @@ func TestDecodeForScrubErrorsHoldNoUpstreamText(t *testing.T) {
 	// Nothing to decode in a response without a body, whatever it says.
 	if err := decodeForScrub(&http.Response{Header: http.Header{"Content-Encoding": {"br"}}, Body: http.NoBody}); err != nil {
 		t.Errorf("a bodiless br response: %v", err)
+	}
+}
+
+// TestHTTP2WholeBodyTrailers: a small HTTP/2 response of known length is read whole, over a
+// real HTTP/2 connection, where trailers nobody announced arrive with the body's end. Without
+// trailers it reaches the agent with its exact length, unflushed (headers and body in one
+// write); with them, chunked, its trailers scrubbed, names and values.
+func TestHTTP2WholeBodyTrailers(t *testing.T) {
+	body := "auth=Bearer " + benchSecret + " end"
+	scrubbed := "auth=Bearer " + redacted + " end"
+	late := "X-L-" + benchSecret
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		io.WriteString(w, body)
+		if r.URL.Query().Get("trailers") != "" {
+			w.Header().Set(http.TrailerPrefix+"X-Ok", "ok "+benchSecret)
+			w.Header().Set(http.TrailerPrefix+late, "v")
+		}
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	client := srv.Client()
+
+	for _, trailers := range []bool{false, true} {
+		t.Run(fmt.Sprintf("trailers %v", trailers), func(t *testing.T) {
+			br, tun := benchBroker(t, true)
+			var proto int
+			br.setTransport(&upstreamFunc{answer: func(r *http.Request) *http.Response {
+				u := srv.URL + "/"
+				if trailers {
+					u += "?trailers=1"
+				}
+				resp, err := client.Get(u)
+				if err != nil {
+					t.Error(err)
+					return answer(r, 599, nil, "")
+				}
+				proto = resp.ProtoMajor
+				return resp
+			}})
+			w := httptest.NewRecorder()
+			br.serveTunnel(w, chatRequest(), tun)
+			res := w.Result()
+			got, err := io.ReadAll(res.Body)
+			if err != nil || w.Code != 200 || proto != 2 {
+				t.Fatalf("status %d, upstream HTTP/%d, %v", w.Code, proto, err)
+			}
+			if string(got) != scrubbed {
+				t.Errorf("body %q, want %q", got, scrubbed)
+			}
+			for _, h := range []http.Header{w.Header(), res.Trailer} {
+				for k, vs := range h {
+					if holdsSecretFold(k) || holdsSecretFold(strings.Join(vs, ",")) {
+						t.Errorf("the agent got the secret in %q: %q", k, vs)
+					}
+				}
+			}
+			if !trailers {
+				if w.Header().Get("Content-Length") != strconv.Itoa(len(scrubbed)) || w.Flushed {
+					t.Errorf("Content-Length %q, flushed %v: the body was not held whole", w.Header().Get("Content-Length"), w.Flushed)
+				}
+				return
+			}
+			if w.Header().Get("Content-Length") != "" {
+				t.Errorf("Content-Length %q with trailers: they would not reach the agent", w.Header().Get("Content-Length"))
+			}
+			if got := res.Trailer.Get("X-Ok"); got != "ok "+redacted {
+				t.Errorf("trailer X-Ok = %q, want it scrubbed", got)
+			}
+		})
 	}
 }

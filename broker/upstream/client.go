@@ -340,7 +340,11 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 		if upgrade {
 			alpn = []string{"http/1.1"}
 		}
-		tc, err := c.handshake(ctx, raw, addr, alpn)
+		var under net.Conn = raw
+		if !upgrade { // it may negotiate h2 (see corkConn)
+			under = newCorkConn(raw)
+		}
+		tc, err := c.handshake(ctx, under, addr, alpn)
 		if err != nil {
 			return nil, err
 		}

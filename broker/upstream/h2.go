@@ -6,6 +6,7 @@ package upstream
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
@@ -20,6 +21,7 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 	if v, ok := c.handoff.LoadAndDelete(addr); ok {
 		h := v.(handedOff)
 		if time.Since(h.at) < maxHandoffAge {
+			corkOf(ctx, h.Conn)
 			return h.Conn, nil
 		}
 		_ = h.Close() // left over from a Prepare no request followed; the server may have closed it
@@ -28,7 +30,7 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	tc, err := c.handshake(ctx, raw, addr, []string{"h2", "http/1.1"})
+	tc, err := c.handshake(ctx, newCorkConn(raw), addr, []string{"h2", "http/1.1"})
 	if err != nil {
 		return nil, err
 	}
@@ -37,7 +39,20 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 		_ = tc.Close()
 		return nil, errNotH2
 	}
+	corkOf(ctx, tc)
 	return tc, nil
+}
+
+// corkSlot is where dialH2 leaves the corkConn under the connection it dialled, for
+// dialH2Conn, which passes it in the dial's context.
+type corkSlot struct{}
+
+// corkOf puts the corkConn under the TLS connection c, if it has one, in ctx's corkSlot.
+func corkOf(ctx context.Context, c net.Conn) {
+	slot, _ := ctx.Value(corkSlot{}).(**corkConn)
+	if tc, ok := c.(*tls.Conn); ok && slot != nil {
+		*slot, _ = tc.NetConn().(*corkConn)
+	}
 }
 
 // handedOff is an h2 connection waiting for an HTTP/2 dial, since when.
@@ -59,27 +74,38 @@ type h2Conns struct {
 // h2Conn is one of them. Its fields are guarded by Client.mu.
 type h2Conn struct {
 	cc      *http.ClientConn
-	idle    bool // no request in flight: counted in Client.nidle
-	removed bool // out of the pool (closed, or about to be): not to be reserved
+	cork    *corkConn // under its TLS; nil if it has none
+	idle    bool      // no request in flight: counted in Client.nidle
+	removed bool      // out of the pool (closed, or about to be): not to be reserved
 }
 
 // roundTripH2 sends req over HTTP/2, on a connection of pool. It returns errNotH2, with req
 // untouched, when the host turned out to speak HTTP/1.1 only.
 func (c *Client) roundTripH2(req *http.Request, pool Pool, addr string) (*http.Response, error) {
-	cc, err := c.reserveH2(req.Context(), connKey{pool: pool, origin: "https://" + addr}, addr)
+	e, err := c.reserveH2(req.Context(), connKey{pool: pool, origin: "https://" + addr}, addr)
 	if err != nil {
 		if !errors.Is(err, errNotH2) {
 			closeBody(req)
 		}
 		return nil, err
 	}
-	return cc.RoundTrip(req) // consumes the reservation
+	if e.cork != nil && bodyFollows(req) {
+		// Its HEADERS frame is flushed on its own, its DATA at once after: both in one write.
+		e.cork.holdNext()
+	}
+	return e.cc.RoundTrip(req) // consumes the reservation
+}
+
+// bodyFollows reports whether req's body is in memory (it can be replayed) and is sent right
+// after its header, with no 100-continue to wait for.
+func bodyFollows(req *http.Request) bool {
+	return req.ContentLength > 0 && req.GetBody != nil && req.Header.Get("Expect") == ""
 }
 
 // reserveH2 reserves a stream on one of key's HTTP/2 connections, dialling one when none has
 // room. A request that finds another's dial for key under way waits for it rather than dial a
 // second connection beside it.
-func (c *Client) reserveH2(ctx context.Context, key connKey, addr string) (*http.ClientConn, error) {
+func (c *Client) reserveH2(ctx context.Context, key connKey, addr string) (*h2Conn, error) {
 	for {
 		c.mu.Lock()
 		var buf [4]*h2Conn
@@ -102,7 +128,7 @@ func (c *Client) reserveH2(ctx context.Context, key connKey, addr string) (*http
 
 		for _, e := range room {
 			if c.reserve(e) {
-				return e.cc, nil
+				return e, nil
 			}
 		}
 		if len(room) > 0 {
@@ -123,20 +149,21 @@ func (c *Client) reserveH2(ctx context.Context, key connKey, addr string) (*http
 		if !c.reserve(e) {
 			return nil, errors.New("upstream HTTP/2 connection unusable before its first request")
 		}
-		return e.cc, nil
+		return e, nil
 	}
 }
 
 // dialH2Conn makes a new HTTP/2 connection for key, whose dial p.dialing announces, and adds
 // it to p.
 func (c *Client) dialH2Conn(ctx context.Context, key connKey, p *h2Conns, addr string) (*h2Conn, error) {
-	cc, err := c.h2.NewClientConn(ctx, "https", addr)
+	var cork *corkConn
+	cc, err := c.h2.NewClientConn(context.WithValue(ctx, corkSlot{}, &cork), "https", addr)
 	c.mu.Lock()
 	close(p.dialing)
 	p.dialing = nil
 	var e *h2Conn
 	if err == nil {
-		e = &h2Conn{cc: cc}
+		e = &h2Conn{cc: cc, cork: cork}
 		p.conns = append(p.conns, e)
 	} else if len(p.conns) == 0 && c.h2conns[key] == p {
 		delete(c.h2conns, key)
