@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -169,3 +171,31 @@ func curveSizes(env curveEnv, all []int) []int {
 }
 
 func mkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
+
+// metrics reads the broker's /metrics and returns the samples without labels.
+func (b *curveBroker) metrics(ctx context.Context) map[string]float64 {
+	c := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 5 * time.Second}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.admin+"/metrics", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		name, v, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+			m[name] = f
+		}
+	}
+	return m
+}
+
+// heapMiB is the broker's live heap as its metrics say (go_memstats_heap_alloc_bytes), in MiB.
+func (b *curveBroker) heapMiB(ctx context.Context) float64 {
+	return b.metrics(ctx)["go_memstats_heap_alloc_bytes"] / (1 << 20)
+}

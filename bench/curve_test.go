@@ -85,3 +85,11 @@ func TestCurveAgents(t *testing.T) {
 		}
 	}
 }
+
+func TestCurveHosts(t *testing.T) {
+	c := runQuickCurve(t, "hosts")
+	last := c.Series[0].Points[len(c.Series[0].Points)-1]
+	if last.Extra["cache_entries"] < last.X {
+		t.Errorf("after %v hosts the certificate cache holds %v leaves", last.X, last.Extra["cache_entries"])
+	}
+}
