@@ -126,7 +126,7 @@ func curveHosts(ctx context.Context, env curveEnv) (Curve, error) {
 	if env.quick {
 		sizes = []int{1, 50}
 	}
-	const every = 10 // one baseline request per this many measured
+	const every = 10                                          // one baseline request per this many measured
 	up, err := startManyHosts(env.dir, sizes[len(sizes)-1]+1) // and the baseline host
 	if err != nil {
 		return c, err
