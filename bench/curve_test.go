@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/capbroker/capbroker/credentials/vaulttest"
 )
 
 var builtBroker struct {
@@ -91,5 +93,16 @@ func TestCurveHosts(t *testing.T) {
 	last := c.Series[0].Points[len(c.Series[0].Points)-1]
 	if last.Extra["cache_entries"] < last.X {
 		t.Errorf("after %v hosts the certificate cache holds %v leaves", last.X, last.Extra["cache_entries"])
+	}
+}
+
+func TestCurveCredentials(t *testing.T) {
+	if _, err := vaulttest.Binary(); err != nil {
+		t.Skip(err)
+	}
+	c := runQuickCurve(t, "credentials")
+	last := c.Series[0].Points[len(c.Series[0].Points)-1]
+	if last.Extra["ready_ms"] <= 0 || last.Extra["per_credential_per_refresh"] <= 0 {
+		t.Errorf("last point %+v: want a readiness time and Vault requests", last)
 	}
 }
