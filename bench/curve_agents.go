@@ -121,8 +121,11 @@ func curveAgents(ctx context.Context, env curveEnv) (Curve, error) {
 			pt := &s.Points[len(s.Points)-1]
 			pt.Extra["rss_mib"], pt.Extra["baseline_rss_mib"] = round3(rss), round3(baseRSS)
 			pt.Extra["listening_ms"] = float64(b.listening.Milliseconds())
+			pt.Extra["heap_mib"], pt.Extra["baseline_heap_mib"] = round3(b.heapMiB(ctx)), round3(base.heapMiB(ctx))
+			pt.Extra["live_heap_mib_est"], pt.Extra["baseline_live_heap_mib_est"] = round3(b.liveHeapMiB(ctx)), round3(base.liveHeapMiB(ctx))
 		}
-		fmt.Fprintf(stderr, "  agents=%-5d RSS %.1f MiB (baseline %.1f), listening after %s\n", n, rss, baseRSS, b.listening.Round(time.Millisecond))
+		fmt.Fprintf(stderr, "  agents=%-5d RSS %.1f MiB (baseline %.1f), heap %.1f MiB (baseline %.1f), listening after %s\n",
+			n, rss, baseRSS, b.heapMiB(ctx), base.heapMiB(ctx), b.listening.Round(time.Millisecond))
 		b.stop()
 	}
 	c.Series = []Series{*series["token"], *series["address"]}

@@ -195,7 +195,15 @@ func (b *curveBroker) metrics(ctx context.Context) map[string]float64 {
 	return m
 }
 
-// heapMiB is the broker's live heap as its metrics say (go_memstats_heap_alloc_bytes), in MiB.
+// heapMiB is the broker's heap as its metrics say (go_memstats_heap_alloc_bytes: live objects
+// and garbage not yet collected), in MiB.
 func (b *curveBroker) heapMiB(ctx context.Context) float64 {
 	return b.metrics(ctx)["go_memstats_heap_alloc_bytes"] / (1 << 20)
+}
+
+// liveHeapMiB estimates the broker's live heap, in MiB: half the heap size at which its next
+// collection starts (go_memstats_next_gc_bytes; GOGC 100 sets it at twice what the last
+// collection left live, and at least 4 MiB).
+func (b *curveBroker) liveHeapMiB(ctx context.Context) float64 {
+	return b.metrics(ctx)["go_memstats_next_gc_bytes"] / 2 / (1 << 20)
 }
