@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -30,7 +31,9 @@ const (
 // Store holds the sources of the configured credentials and caches their values.
 //
 //   - A value is re-read after Refresh, or earlier when the source says it must be (a Vault
-//     lease about to end).
+//     lease about to end). In the background (Run), the first re-read comes a random part of
+//     Refresh early, so that credentials read together at start are re-read spread over the
+//     interval rather than together.
 //   - If the re-read fails, the last good value keeps serving until it is MaxStale old (or its
 //     lease has expired), then Get fails with ErrUnavailable.
 //   - After a failure the source is not asked again before a delay that grows exponentially
@@ -56,6 +59,11 @@ type entry struct {
 	mu      sync.Mutex // serialises fetches of this credential; guards the fields below
 	retry   backoff
 	retryAt time.Time // after a failure, no fetch before this
+	// phase brings the first background refresh forward by a random part of the refresh
+	// interval, once: credentials read together at start are then re-read spread over the
+	// interval, not all in the same moment of every interval (1,000 Vault reads a second
+	// each minute with 1,000 credentials). The interval itself is unchanged.
+	phase time.Duration
 }
 
 type cached struct {
@@ -84,7 +92,8 @@ func NewStore(sources map[string]Source, opts StoreOptions) *Store {
 	}
 	s := &Store{refresh: opts.Refresh, maxStale: opts.MaxStale, now: time.Now, entries: map[string]*entry{}}
 	for name, src := range sources {
-		s.entries[name] = &entry{src: src, retry: backoff{min: min(retryMin, opts.Refresh), max: opts.Refresh}}
+		s.entries[name] = &entry{src: src, retry: backoff{min: min(retryMin, opts.Refresh), max: opts.Refresh},
+			phase: rand.N(opts.Refresh)}
 	}
 	return s
 }
@@ -110,15 +119,15 @@ func (s *Store) Get(ctx context.Context, name string) (Secret, error) {
 		e.mu.Lock()
 	}
 	defer e.mu.Unlock()
-	return s.fetchLocked(ctx, name, e)
+	return s.fetchLocked(ctx, name, e, false)
 }
 
-// fetchLocked re-reads the value unless it is fresh or the entry is backing off after a
-// failure. e.mu must be held.
-func (s *Store) fetchLocked(ctx context.Context, name string, e *entry) (Secret, error) {
+// fetchLocked re-reads the value unless it is fresh (and early is false) or the entry is
+// backing off after a failure. e.mu must be held.
+func (s *Store) fetchLocked(ctx context.Context, name string, e *entry, early bool) (Secret, error) {
 	now := s.now()
 	c := e.cur.Load()
-	if s.fresh(c, now) {
+	if !early && s.fresh(c, now) {
 		return c.val, nil // another caller refreshed it while we waited
 	}
 	if now.Before(e.retryAt) {
@@ -243,7 +252,7 @@ func (s *Store) Warm(ctx context.Context) []error {
 	for _, name := range s.Names() {
 		e := s.entries[name]
 		e.mu.Lock()
-		_, err := s.fetchLocked(ctx, name, e)
+		_, err := s.fetchLocked(ctx, name, e, false)
 		e.mu.Unlock()
 		if err != nil {
 			errs = append(errs, err)
@@ -277,7 +286,12 @@ func (s *Store) keep(ctx context.Context, name string, e *entry) {
 		d := s.dueIn(e, s.now())
 		if d <= 0 {
 			fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
-			_, _ = s.fetchLocked(fctx, name, e)
+			// With a phase left, a value is due early (dueIn) while still fresh: read it.
+			early := e.phase > 0 && e.cur.Load() != nil
+			_, _ = s.fetchLocked(fctx, name, e, early)
+			if early {
+				e.phase = 0 // the value read at start has been replaced once: spread from now on
+			}
 			if fctx.Err() != nil && ctx.Err() == nil {
 				// The source hung: fetchLocked does not count a cancelled caller as a failure
 				// of the source, but here the caller is the store itself.
@@ -305,7 +319,7 @@ func (s *Store) dueIn(e *entry, now time.Time) time.Duration {
 	if !s.fresh(c, now) {
 		return 0
 	}
-	due := c.fetched.Add(s.refresh)
+	due := c.fetched.Add(s.refresh - e.phase)
 	if !c.val.refreshBy.IsZero() && c.val.refreshBy.Before(due) {
 		due = c.val.refreshBy
 	}
