@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,10 @@ const (
 	retryMin = time.Second
 	// fetchTimeout bounds one background fetch, so a source that hangs is retried.
 	fetchTimeout = 30 * time.Second
+	// warmParallel bounds the credentials Warm reads at once. One at a time, the broker's
+	// start waited for one Vault round trip per credential in turn (1.1 s for 1,000 on
+	// loopback; ten times that against a Vault 10 ms away).
+	warmParallel = 16
 	// minWake is the shortest pause of the background loop between two looks at a credential.
 	minWake = 10 * time.Millisecond
 )
@@ -245,20 +250,27 @@ func sameValue(a, b Secret) bool {
 	return subtle.ConstantTimeCompare([]byte(a.v), []byte(b.v)) == 1
 }
 
-// Warm fetches every credential once and returns the problems, one per credential that could
-// not be read, sorted by name. The broker starts anyway; /readyz reports them.
+// Warm fetches every credential once, up to warmParallel at a time, and returns the problems,
+// one per credential that could not be read, sorted by name. The broker starts anyway;
+// /readyz reports them.
 func (s *Store) Warm(ctx context.Context) []error {
-	var errs []error
-	for _, name := range s.Names() {
-		e := s.entries[name]
-		e.mu.Lock()
-		_, err := s.fetchLocked(ctx, name, e, false)
-		e.mu.Unlock()
-		if err != nil {
-			errs = append(errs, err)
-		}
+	names := s.Names()
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, warmParallel)
+	for i, name := range names {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			e := s.entries[name]
+			e.mu.Lock()
+			_, errs[i] = s.fetchLocked(ctx, name, e, false)
+			e.mu.Unlock()
+		}()
 	}
-	return errs
+	wg.Wait()
+	return slices.DeleteFunc(errs, func(err error) bool { return err == nil })
 }
 
 // Run keeps every credential fresh in the background until ctx ends, whether or not

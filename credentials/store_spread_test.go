@@ -3,6 +3,8 @@ package credentials
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -117,5 +119,68 @@ func TestStoreRunRefreshesEarlyOnce(t *testing.T) {
 	e.mu.Unlock()
 	if phase != 0 || due < 59*time.Minute {
 		t.Fatalf("after the early refresh: phase %s, next due in %s; want 0 and about an hour", phase, due)
+	}
+}
+
+// slowSource answers after a delay, like a Vault a round trip away, counting the fetches in
+// flight.
+type slowSource struct {
+	delay          time.Duration
+	mu             *sync.Mutex
+	inFlight, most *int
+	fail           bool
+}
+
+func (s slowSource) Fetch(context.Context) (Secret, error) {
+	s.mu.Lock()
+	*s.inFlight++
+	*s.most = max(*s.most, *s.inFlight)
+	s.mu.Unlock()
+	time.Sleep(s.delay) // the source's latency, not synchronisation
+	s.mu.Lock()
+	*s.inFlight--
+	s.mu.Unlock()
+	if s.fail {
+		return Secret{}, fmt.Errorf("%w: down", ErrUnavailable)
+	}
+	return NewSecret("v"), nil
+}
+
+func slowSources(n int, delay time.Duration, failing ...string) (map[string]Source, *int) {
+	var mu sync.Mutex
+	inFlight, most := 0, 0
+	sources := map[string]Source{}
+	for i := range n {
+		name := fmt.Sprintf("c%04d", i)
+		sources[name] = slowSource{delay: delay, mu: &mu, inFlight: &inFlight, most: &most, fail: slices.Contains(failing, name)}
+	}
+	return sources, &most
+}
+
+// BenchmarkStoreWarm reads 1,000 credentials from a source 1 ms away: how long the broker's
+// start waits for its Vault credentials (issue 25).
+func BenchmarkStoreWarm(b *testing.B) {
+	sources, _ := slowSources(1000, time.Millisecond)
+	for b.Loop() {
+		if errs := NewStore(sources, StoreOptions{}).Warm(context.Background()); len(errs) != 0 {
+			b.Fatal(errs)
+		}
+	}
+}
+
+// Warm reads credentials a bounded number at a time, every one of them, and reports the
+// failures sorted by name.
+func TestStoreWarmParallelBounded(t *testing.T) {
+	sources, most := slowSources(100, 2*time.Millisecond, "c0042", "c0007")
+	s := NewStore(sources, StoreOptions{})
+	errs := s.Warm(context.Background())
+	if len(errs) != 2 || !strings.Contains(errs[0].Error(), `"c0007"`) || !strings.Contains(errs[1].Error(), `"c0042"`) {
+		t.Fatalf("errors: %v", errs)
+	}
+	if ready := len(s.Names()) - len(s.NotReady()); ready != 98 {
+		t.Fatalf("%d credentials ready after Warm, want 98", ready)
+	}
+	if *most > warmParallel || *most < 2 {
+		t.Fatalf("%d fetches at once, want 2 to %d", *most, warmParallel)
 	}
 }
