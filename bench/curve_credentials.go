@@ -22,7 +22,7 @@ import (
 // each its own secret. Each point is a broker with that many credentials, started beside a
 // broker with one (the baseline, started just before or just after it, alternately), each
 // reaching Vault through a counting reverse proxy of its own: how long each took to be ready
-// (/readyz?strict: every credential read), the Vault requests each made per minute at steady
+// (/readyz?strict: every credential read; the median of five starts), the Vault requests each made per minute at steady
 // state (after its first refresh), the largest number in one second, and its memory.
 func init() { registerCurve("credentials", curveCredentials) }
 
@@ -189,6 +189,11 @@ func curveCredentials(ctx context.Context, env curveEnv) (Curve, error) {
 		return b, ready, nil
 	}
 	s := Series{Name: "Vault requests per minute"}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	readyStarts := 4
+	if env.quick {
+		readyStarts = 1
+	}
 	for k, n := range sizes {
 		vc, err := startVaultCounter(vaultAddr)
 		if err != nil {
@@ -226,9 +231,32 @@ func curveCredentials(ctx context.Context, env curveEnv) (Curve, error) {
 			return c, fmt.Errorf("%d credentials: %w", n, err)
 		}
 		startup, _ := vc.window(0, vc.now()+1)
+		// Readiness is noisy on a shared machine: the pair is started readyStarts more times,
+		// alternately, each stopped once ready, and the medians kept.
+		readies, baseReadies := []float64{ms(ready)}, []float64{ms(baseReady)}
+		for r := range readyStarts {
+			for _, isBase := range []bool{r%2 == 0, r%2 != 0} {
+				name, size, counter := fmt.Sprintf("credentials-%d-again-%d", n, r), n, vc
+				if isBase {
+					name, size, counter = fmt.Sprintf("credentials-%d-base-again-%d", n, r), 1, bvc
+				}
+				x, d, err := start(name, size, counter)
+				if err != nil {
+					stopAll()
+					return c, fmt.Errorf("%d credentials, started again: %w", n, err)
+				}
+				x.stop()
+				if isBase {
+					baseReadies = append(baseReadies, ms(d))
+				} else {
+					readies = append(readies, ms(d))
+				}
+			}
+		}
 		// Steady state: past the first refresh of every credential.
 		time.Sleep(settle)
 		from, bfrom := vc.now()+1, bvc.now()+1
+		ready, baseReady = time.Duration(median(readies)*1e6), time.Duration(median(baseReadies)*1e6)
 		time.Sleep(window + 1100*time.Millisecond)
 		secs := int(window / time.Second)
 		total, peak := vc.window(from, from+secs)
