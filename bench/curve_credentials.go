@@ -278,8 +278,10 @@ func curveCredentials(ctx context.Context, env curveEnv) (Curve, error) {
 	}
 	c.Series = []Series{s}
 	c.Note = "Each credential is read once per refresh_interval (one KV read; a lease is renewed on " +
-		"Vault's schedule instead): Vault requests grow linearly with the credentials, no faster. " +
-		"Readiness grows linearly too: every credential is read once at start before the broker " +
-		"listens."
+		"Vault's schedule instead): Vault requests grow linearly with the credentials, no faster, and " +
+		"the first background re-read of each comes a random part of the interval early, once, so " +
+		"that the reads spread over the interval. Readiness grows linearly too: every credential is " +
+		"read once at start, up to 16 at a time, before the broker listens. Memory grows linearly: " +
+		"each credential has a goroutine keeping it fresh and its cached value."
 	return c, nil
 }
