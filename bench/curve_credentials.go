@@ -270,6 +270,8 @@ func curveCredentials(ctx context.Context, env curveEnv) (Curve, error) {
 			"peak_per_second":            float64(peak), "baseline_peak_per_second": float64(bpeak),
 			"startup_requests": float64(startup),
 			"ready_ms":         float64(ready.Milliseconds()), "baseline_ready_ms": float64(baseReady.Milliseconds()),
+			"ready_ms_min": round3(minOf(readies)), "ready_ms_max": round3(maxOf(readies)),
+			"baseline_ready_ms_min": round3(minOf(baseReadies)), "baseline_ready_ms_max": round3(maxOf(baseReadies)),
 			"rss_mib": round3(rss), "baseline_rss_mib": round3(baseRSS), "heap_mib": round3(heap), "baseline_heap_mib": round3(baseHeap),
 		}})
 		fmt.Fprintf(stderr, "  credentials=%-4d %6.0f Vault req/min (baseline %.0f), peak %d/s, %d at start; ready %s (baseline %s); RSS %.1f MiB (baseline %.1f), heap %.1f (%.1f)\n",
