@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/capbroker/capbroker/broker/config"
@@ -31,15 +32,67 @@ type tokenAgent struct {
 	digest [sha256.Size]byte // SHA-256 of the token; the token itself is not kept
 }
 
-type addrAgent struct {
-	Agent
-	prefixes []netip.Prefix
+// addrTable finds the first configured agent (in config order) with an address prefix
+// holding a source address, in one map lookup per distinct prefix length configured (at most
+// 33 for IPv4 and 129 for IPv6) whatever the number of agents: a scan of every agent's
+// prefixes cost 70-130 µs a request at 10,000 agents (issue 25).
+type addrTable struct {
+	lengths []prefixLen          // the distinct (family, length) pairs configured
+	first   map[netip.Prefix]int // a masked prefix -> index in agents of its first agent
+	agents  []Agent
+}
+
+type prefixLen struct {
+	is4  bool
+	bits int
+}
+
+func (t *addrTable) add(a Agent, p netip.Prefix) {
+	if t.first == nil {
+		t.first = map[netip.Prefix]int{}
+	}
+	if len(t.agents) == 0 || t.agents[len(t.agents)-1].ID != a.ID {
+		t.agents = append(t.agents, a)
+	}
+	p = p.Masked()
+	if _, seen := t.first[p]; !seen {
+		t.first[p] = len(t.agents) - 1
+	}
+	l := prefixLen{p.Addr().Is4(), p.Bits()}
+	if !slices.Contains(t.lengths, l) {
+		t.lengths = append(t.lengths, l)
+	}
+}
+
+// lookup returns the first agent with a prefix that contains src (netip.Prefix.Contains: no
+// zone, same family).
+func (t *addrTable) lookup(src netip.Addr) (Agent, bool) {
+	if !src.IsValid() || src.Zone() != "" {
+		return Agent{}, false
+	}
+	best := -1
+	for _, l := range t.lengths {
+		if l.is4 != src.Is4() {
+			continue
+		}
+		p, err := src.Prefix(l.bits)
+		if err != nil {
+			continue
+		}
+		if i, ok := t.first[p]; ok && (best < 0 || i < best) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return Agent{}, false
+	}
+	return t.agents[best], true
 }
 
 // Identifier identifies agents. Immutable after New.
 type Identifier struct {
 	byID  map[string]*tokenAgent
-	addrs []addrAgent
+	addrs addrTable
 }
 
 // New reads the agents' tokens (from the environment, files, or hashes in the config).
@@ -83,17 +136,13 @@ func New(agents []config.Agent) (*Identifier, error) {
 			copy(ta.digest[:], digest)
 			id.byID[a.ID] = ta
 		}
-		if len(a.Addresses) > 0 {
-			aa := addrAgent{Agent: ag}
-			for j, s := range a.Addresses {
-				pr, err := config.ParsePrefix(s)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("%s.addresses[%d]: %w", p, j, err))
-					continue
-				}
-				aa.prefixes = append(aa.prefixes, pr)
+		for j, s := range a.Addresses {
+			pr, err := config.ParsePrefix(s)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s.addresses[%d]: %w", p, j, err))
+				continue
 			}
-			id.addrs = append(id.addrs, aa)
+			id.addrs.add(ag, pr)
 		}
 	}
 	if len(errs) > 0 {
@@ -109,13 +158,8 @@ func (id *Identifier) Identify(proxyAuth string, source netip.Addr) (Agent, erro
 	if proxyAuth != "" {
 		return id.byToken(proxyAuth)
 	}
-	src := source.Unmap()
-	for _, a := range id.addrs {
-		for _, p := range a.prefixes {
-			if p.Contains(src) {
-				return a.Agent, nil
-			}
-		}
+	if a, ok := id.addrs.lookup(source.Unmap()); ok {
+		return a, nil
 	}
 	return Agent{}, ErrUnauthenticated
 }

@@ -86,3 +86,37 @@ func TestNewErrorsNameKeyPathsNotTokens(t *testing.T) {
 		}
 	}
 }
+
+// Overlapping address prefixes identify the first agent in config order, whatever the
+// prefixes' lengths, as a scan of the agents in order would.
+func TestIdentifyAddressFirstAgentWins(t *testing.T) {
+	id, err := New([]config.Agent{
+		{ID: "one", Addresses: []string{"192.0.2.7", "10.9.0.0/16"}},
+		{ID: "wide", Addresses: []string{"10.0.0.0/8"}},
+		{ID: "narrow", Addresses: []string{"10.1.0.0/16", "10.2.3.4/32"}},
+		{ID: "six", Addresses: []string{"2001:db8::/32"}},
+		{ID: "host6", Addresses: []string{"2001:db8::1"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for src, want := range map[string]string{
+		"10.1.2.3":           "wide",
+		"10.2.3.4":           "wide",
+		"10.9.1.1":           "one",
+		"192.0.2.7":          "one",
+		"192.0.2.8":          "",
+		"11.0.0.1":           "",
+		"::ffff:10.1.2.3":    "wide",
+		"2001:db8::1":        "six",
+		"2001:db9::1":        "",
+		"fe80::1%eth0":       "",
+		"::ffff:192.0.2.7":   "one",
+		"2001:db8:ffff::abc": "six",
+	} {
+		a, err := id.Identify("", netip.MustParseAddr(src))
+		if got := a.ID; got != want || (want == "") != errors.Is(err, ErrUnauthenticated) {
+			t.Errorf("%s: got %q, %v; want %q", src, got, err, want)
+		}
+	}
+}
