@@ -76,3 +76,13 @@ var curveRuns = map[string]func(ctx context.Context, env curveEnv) (Curve, error
 func registerCurve(name string, run func(ctx context.Context, env curveEnv) (Curve, error)) {
 	curveRuns[name] = run
 }
+
+// upstream starts the curve's TLS upstream, with a CA of its own in env.dir; the caller closes it.
+func (env curveEnv) upstream() (*pki, *upstream, error) {
+	p, err := newPKI("brokerbench curve CA", filepath.Join(env.dir, "upstream-ca.pem"), 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	up, err := startUpstream(p, 0)
+	return p, up, err
+}

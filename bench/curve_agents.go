@@ -47,11 +47,7 @@ func curveAgents(ctx context.Context, env curveEnv) (Curve, error) {
 		pairs, slice = 2, 150*time.Millisecond
 	}
 	const conns = 8
-	p, err := newPKI("brokerbench upstream CA", filepath.Join(env.dir, "upstream-ca.pem"), 0)
-	if err != nil {
-		return c, err
-	}
-	up, err := startUpstream(p, 0)
+	p, up, err := env.upstream()
 	if err != nil {
 		return c, err
 	}

@@ -32,11 +32,7 @@ func concurrencyCurve(ctx context.Context, env curveEnv) (Curve, error) {
 			"past a few connections per core the machine is saturated and throughput stays flat while latency grows with the queue (Little's law). "+
 			"Where a connection's requests come more than 100 ms apart (about 1,024 connections here) the broker parks its tunnel between them, and each request pays for a new net/http connection.", pairs, slice.Milliseconds()),
 	}
-	p, err := newPKI("brokerbench concurrency CA", filepath.Join(env.dir, "upstream-ca.pem"), 0)
-	if err != nil {
-		return c, err
-	}
-	up, err := startUpstream(p, 0)
+	p, up, err := env.upstream()
 	if err != nil {
 		return c, err
 	}

@@ -35,11 +35,7 @@ func idleCurve(ctx context.Context, env curveEnv) (Curve, error) {
 			fmt.Sprintf("medians of %d pairs of %d ms slices. An idle HTTP/1.1 tunnel is parked after 100 ms (its TLS state and one small goroutine stay); ", pairs, slice.Milliseconds()) +
 			"the server's idle timeout (90 s) ends it; proxy.max_connections (4,096 by default) bounds how many are held.",
 	}
-	p, err := newPKI("brokerbench idle CA", filepath.Join(env.dir, "upstream-ca.pem"), 0)
-	if err != nil {
-		return c, err
-	}
-	up, err := startUpstream(p, 0)
+	p, up, err := env.upstream()
 	if err != nil {
 		return c, err
 	}

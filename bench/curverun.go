@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -61,11 +60,9 @@ func runCurves(ctx context.Context, names []string, quick bool) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "broker")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/broker")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("building the broker (run from the repository root): %w", err)
+	bin, err := buildBroker(dir)
+	if err != nil {
+		return err
 	}
 	mach, commit := machine(), gitCommit()
 	var failed []string

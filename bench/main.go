@@ -91,11 +91,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "broker")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/broker")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("building the broker (run from the repository root): %w", err)
+	bin, err := buildBroker(dir)
+	if err != nil {
+		return err
 	}
 	p, err := newPKI("brokerbench upstream CA", filepath.Join(dir, "upstream-ca.pem"), o.newHosts)
 	if err != nil {
@@ -293,4 +291,15 @@ func machine() string {
 		}
 	}
 	return fmt.Sprintf("%d cores (%s), %s/%s, %s", runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, runtime.Version())
+}
+
+// buildBroker builds the broker binary into dir and returns its path.
+func buildBroker(dir string) (string, error) {
+	bin := filepath.Join(dir, "broker")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/broker")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return "", fmt.Errorf("building the broker (run from the repository root): %w", err)
+	}
+	return bin, nil
 }
