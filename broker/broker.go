@@ -202,7 +202,10 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		ConnContext:       withAdmitted,
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(admittingListener{Listener: b.acceptHandoffs(ln), a: b.admission}) }()
+	if len(b.gen.Load().transparentPorts) > 0 {
+		ln = b.acceptHandoffs(ln) // transparent mode: a connection redirected to ln is handed back
+	}
+	go func() { errc <- srv.Serve(admittingListener{Listener: ln, a: b.admission}) }()
 	select {
 	case err := <-errc:
 		return err
