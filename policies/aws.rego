@@ -10,7 +10,9 @@ package aws
 
 import data.settings
 
-hosts := {h | settings.aws.hosts[h] == true}
+hosts := {h | settings.aws.hosts[h] == true} if is_object(settings.aws.hosts)
+
+else := {h | some h in settings.aws.hosts} # the list form of earlier releases (below)
 
 # governs(host): the host is a key of settings.aws.hosts (host: true), or a name under a
 # "*.suffix" key. Each is a lookup by key, one per label of the host, never a scan of the
@@ -22,6 +24,20 @@ governs(host) if {
 	some i, _ in labels
 	i > 0
 	settings.aws.hosts[concat(".", array.concat(["*"], array.slice(labels, i, count(labels))))] == true
+}
+
+# The list form of earlier releases (a YAML list of hosts) is still read, by scanning it:
+# `broker check-config` warns when such a list is long. Write host: true for new files.
+governs(host) if {
+	is_array(settings.aws.hosts)
+	host in settings.aws.hosts
+}
+
+governs(host) if {
+	is_array(settings.aws.hosts)
+	some p in settings.aws.hosts
+	startswith(p, "*.")
+	endswith(host, substring(p, 1, -1))
 }
 
 never := {"iam", "sts", "organizations", "sso", "sso-oauth", "identitystore", "account"}

@@ -89,3 +89,10 @@ test_shipped_settings if {
 	d.allow
 	d.credentials == ["aws"]
 }
+
+# A data.yaml from an earlier release lists the hosts, "*.suffix" patterns among them.
+test_list_form_of_earlier_releases if {
+	aws.governs("s3.us-east-1.amazonaws.com") with data.settings.aws.hosts as ["*.amazonaws.com"]
+	aws.governs("localhost") with data.settings.aws.hosts as ["localhost"]
+	not aws.governs("amazonaws.com.evil.example") with data.settings.aws.hosts as ["*.amazonaws.com"]
+}

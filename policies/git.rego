@@ -10,11 +10,20 @@ package git
 import data.paths
 import data.settings
 
-hosts := {h | settings.git[h] == true}
+hosts := {h | settings.git[h] == true} if is_object(settings.git)
+
+else := {h | some h in settings.git} # the list form of earlier releases (below)
 
 # governs(host): the host is git hosting: one lookup by key in settings.git, an object
 # (host: true); no list scanned, no set built per decision.
 governs(host) if settings.git[host] == true
+
+# The list form of earlier releases (a YAML list of hosts) is still read, by scanning it:
+# `broker check-config` warns when such a list is long. Write host: true for new files.
+governs(host) if {
+	is_array(settings.git)
+	host in settings.git
+}
 
 decision := {"allow": false, "reason": sprintf("the path %s is not in canonical form (. or .. segments, ; or backslash, in any encoding)", [input.request.path])} if {
 	not paths.canonical(input.request.path)

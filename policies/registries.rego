@@ -10,11 +10,20 @@ package registries
 import data.paths
 import data.settings
 
-hosts := {h | settings.registries[h] == true}
+hosts := {h | settings.registries[h] == true} if is_object(settings.registries)
+
+else := {h | some h in settings.registries} # the list form of earlier releases (below)
 
 # governs(host): the host is a registry: one lookup by key in settings.registries, an
 # object (host: true), whatever its length; no list scanned, no set built per decision.
 governs(host) if settings.registries[host] == true
+
+# The list form of earlier releases (a YAML list of hosts) is still read, by scanning it:
+# `broker check-config` warns when such a list is long. Write host: true for new files.
+governs(host) if {
+	is_array(settings.registries)
+	host in settings.registries
+}
 
 read_methods := {"GET", "HEAD"}
 

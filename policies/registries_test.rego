@@ -50,3 +50,11 @@ test_hosts_come_from_data if {
 	# A value other than true lists nothing.
 	not registries.governs("pypi.org") with data.settings.registries as {"pypi.org": "yes"}
 }
+
+# A data.yaml from an earlier release lists the hosts; the list is still read.
+test_list_form_of_earlier_releases if {
+	registries.governs("pypi.org") with data.settings.registries as ["pypi.org", "registry.npmjs.org"]
+	not registries.governs("evil.example") with data.settings.registries as ["pypi.org", "registry.npmjs.org"]
+	registries.hosts == {"pypi.org", "registry.npmjs.org"} with data.settings.registries as ["pypi.org", "registry.npmjs.org"]
+	not registries.governs("pypi.org") with data.settings.registries as {"pypi.org": false}
+}
