@@ -312,9 +312,10 @@ func (b *Broker) acceptHandoffs(ln net.Listener) net.Listener {
 
 // handOff gives c to the explicit proxy when c was sent to the proxy's own address (a rules
 // variant that redirects it too cannot break explicit clients), and reports whether it did.
+// A proxy on a wildcard address (0.0.0.0:8080) owns its port on every local address.
 func (b *Broker) handOff(c net.Conn, dst netip.AddrPort) bool {
 	h := b.explicit.Load()
-	if h == nil || dst != h.addr {
+	if h == nil || (dst != h.addr && !(h.addr.Addr().IsUnspecified() && dst.Port() == h.addr.Port() && isLocalAddr(dst.Addr()))) {
 		return false
 	}
 	select {
@@ -323,6 +324,22 @@ func (b *Broker) handOff(c net.Conn, dst netip.AddrPort) bool {
 		_ = c.Close()
 	}
 	return true
+}
+
+// isLocalAddr reports whether a is an address of one of this host's interfaces.
+func isLocalAddr(a netip.Addr) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, ia := range addrs {
+		if n, ok := ia.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == a.Unmap() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // handoffListener is the explicit proxy's listener, with the connections handed over.

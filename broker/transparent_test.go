@@ -360,12 +360,31 @@ func TestTransparentRefusedFlows(t *testing.T) {
 }
 
 // A connection redirected from the explicit proxy's own address (rules that redirect that
-// port too) is served by the explicit proxy: its clients keep working, as explicit ones.
+// port too) is served by the explicit proxy: its clients keep working, as explicit ones. A
+// proxy on the wildcard address owns its port on every local address.
 func TestTransparentHandsExplicitProxyConnections(t *testing.T) {
+	t.Run("its address", func(t *testing.T) { testHandsExplicitProxy(t, false) })
+	t.Run("wildcard", func(t *testing.T) { testHandsExplicitProxy(t, true) })
+}
+
+// wildcardListener reports the wildcard address with its port (as a listener on
+// 0.0.0.0:PORT does) while listening on loopback only.
+type wildcardListener struct{ net.Listener }
+
+func (l wildcardListener) Addr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4zero, Port: l.Listener.Addr().(*net.TCPAddr).Port}
+}
+
+func testHandsExplicitProxy(t *testing.T, wildcard bool) {
 	e := newTransparentEnv(t)
+	var proxyLn net.Listener
 	proxyLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	dst := netip.MustParseAddrPort(proxyLn.Addr().String())
+	if wildcard {
+		proxyLn = wildcardListener{proxyLn}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
@@ -376,8 +395,8 @@ func TestTransparentHandsExplicitProxyConnections(t *testing.T) {
 			t.Errorf("Serve: %v", err)
 		}
 	}()
-	e.dst.Store(netip.MustParseAddrPort(proxyLn.Addr().String()))
-	proxyURL, _ := url.Parse("http://dev-agent:test-token@" + proxyLn.Addr().String())
+	e.dst.Store(dst)
+	proxyURL, _ := url.Parse("http://dev-agent:test-token@" + dst.String())
 	c := &http.Client{Transport: &http.Transport{
 		Proxy: http.ProxyURL(proxyURL),
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

@@ -129,6 +129,60 @@ func newSandboxNet(t *testing.T) *sandboxNet {
 	return s
 }
 
+// The gateway's IPv6 addresses on the link (sandboxNet.gateway).
+const (
+	brokerSideIP6 = "fd00:250::1"
+	agentSideIP6  = "fd00:250::2"
+)
+
+// requireNft skips (fails in CI) without nft.
+func requireNft(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("nft is missing: scripts/install-test-tools.sh installs nftables")
+		}
+		t.Skip("skipped: nft (nftables) is missing")
+	}
+}
+
+// gateway makes the broker's namespace the agent's router, as transparent mode's gateway form
+// has it (docs/transparent.md): IPv6 addresses on the link, the agent's default routes (IPv4
+// and IPv6) through the broker's side, forwarding on there. The rules are the caller's.
+func (s *sandboxNet) gateway(t *testing.T) {
+	t.Helper()
+	ipCmd(t, "-n", s.brokerNS, "-6", "addr", "add", brokerSideIP6+"/64", "dev", s.vethB, "nodad")
+	ipCmd(t, "-n", s.agentNS, "-6", "addr", "add", agentSideIP6+"/64", "dev", s.vethA, "nodad")
+	ipCmd(t, "-n", s.agentNS, "route", "add", "default", "via", brokerSideIP)
+	ipCmd(t, "-n", s.agentNS, "-6", "route", "add", "default", "via", brokerSideIP6)
+	for _, k := range []string{"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"} {
+		if out, err := exec.Command("ip", "netns", "exec", s.brokerNS, "sysctl", "-qw", k).CombinedOutput(); err != nil {
+			t.Fatalf("sysctl %s: %v %s", k, err, out)
+		}
+	}
+}
+
+// transparentRules runs the built `broker transparent rules` with args in the broker's
+// namespace, as an operator would on the gateway, and returns what it printed.
+func (s *sandboxNet) transparentRules(t *testing.T, args ...string) string {
+	t.Helper()
+	argv := append([]string{"netns", "exec", s.brokerNS, brokerBin, "transparent", "rules"}, args...)
+	out, err := exec.Command("ip", argv...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("broker transparent rules %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// resolvConf replaces the agent's resolv.conf (empty: no name server) with lines.
+func (s *sandboxNet) resolvConf(t *testing.T, lines ...string) {
+	t.Helper()
+	conf := filepath.Join("/etc/netns", s.agentNS, "resolv.conf")
+	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func ipCmd(t *testing.T, args ...string) string {
 	t.Helper()
 	out, err := exec.Command("ip", args...).CombinedOutput()

@@ -45,11 +45,14 @@ decision := {"allow": true, "intercept": true} if {
 //	burst N DOMAIN TYPE  N queries, each for a name of three random 60-character labels under
 //	                     DOMAIN, one after another; prints one JSON line per query:
 //	                     {"rcode", "answers", "ede"}
-//	ask NAME TYPE        one query for NAME, printed the same way
+//	ask NAME TYPE [SERVER]  one query for NAME (to SERVER, a hard-coded name server, if
+//	                     given), printed the same way, with "addrs": the A/AAAA answers
 //
 // Every query carries an EDNS OPT record, so refusals come with their EDE text.
 const dnsQueryProbe = `import json, os, random, socket, string, struct, sys
 server = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+if sys.argv[1] == "ask" and len(sys.argv) > 4:
+    server = sys.argv[4]
 TYPES = {"A": 1, "NULL": 10, "TXT": 16, "AAAA": 28}
 def query(name, qtype):
     qid = random.randrange(65536)
@@ -68,7 +71,7 @@ def query(name, qtype):
     finally:
         s.close()
     rid, flags, qd, an, ns, ar = struct.unpack(">HHHHHH", r[:12])
-    out = {"id_ok": rid == qid, "rcode": flags & 0xF, "answers": an + ns, "ede": None}
+    out = {"id_ok": rid == qid, "rcode": flags & 0xF, "answers": an + ns, "ede": None, "addrs": []}
     off = 12
     def skip_name(off):
         while True:
@@ -82,6 +85,8 @@ def query(name, qtype):
         off = skip_name(off)
         rtype, _, _, rdlen = struct.unpack(">HHIH", r[off:off+10])
         off += 10
+        if rtype in (1, 28):
+            out["addrs"].append(socket.inet_ntop(socket.AF_INET if rtype == 1 else socket.AF_INET6, r[off:off+rdlen]))
         if rtype == 41:
             o = off
             while o < off + rdlen:
@@ -101,10 +106,11 @@ else:
 `
 
 type dnsReply struct {
-	IDOK    bool   `json:"id_ok"`
-	Rcode   any    `json:"rcode"` // a number, or "timeout"
-	Answers int    `json:"answers"`
-	EDE     string `json:"ede"`
+	IDOK    bool     `json:"id_ok"`
+	Rcode   any      `json:"rcode"` // a number, or "timeout"
+	Answers int      `json:"answers"`
+	EDE     string   `json:"ede"`
+	Addrs   []string `json:"addrs"`
 }
 
 // TestTransparentDNS runs the broker's resolver in the sandbox topology, the agent's
@@ -114,10 +120,7 @@ type dnsReply struct {
 // hear a query: the resolver forwards nothing.
 func TestTransparentDNS(t *testing.T) {
 	sn := newSandboxNet(t)
-	conf := filepath.Join("/etc/netns", sn.agentNS, "resolv.conf")
-	if err := os.WriteFile(conf, []byte("nameserver "+brokerSideIP+"\noptions attempts:1 timeout:3\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	sn.resolvConf(t, "nameserver "+brokerSideIP, "options attempts:1 timeout:3")
 	// The broker's namespace gets a resolv.conf naming a name server in it that counts what
 	// it hears.
 	brokerEtc := filepath.Join("/etc/netns", sn.brokerNS)

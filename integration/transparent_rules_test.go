@@ -39,12 +39,7 @@ const (
 // gatewayNet adds the routes, IPv6 and the outside namespace to a sandboxNet.
 func gatewayNet(t *testing.T, sn *sandboxNet) (outsideNS string) {
 	t.Helper()
-	if _, err := exec.LookPath("nft"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("nft is missing (scripts/install-test-tools.sh installs nftables)")
-		}
-		t.Skip("skipped: nft is missing (apt-get install nftables)")
-	}
+	requireNft(t)
 	outsideNS = strings.TrimSuffix(sn.brokerNS, "-b") + "-o"
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", outsideNS).Run() })
 	ipCmd(t, "netns", "add", outsideNS)
@@ -60,13 +55,8 @@ func gatewayNet(t *testing.T, sn *sandboxNet) (outsideNS string) {
 	ipCmd(t, "-n", outsideNS, "addr", "add", outsideIP+"/30", "dev", vethO)
 	ipCmd(t, "-n", sn.brokerNS, "addr", "add", "fd00:251::1/64", "dev", vethB, "nodad")
 	ipCmd(t, "-n", outsideNS, "addr", "add", "fd00:251::2/64", "dev", vethO, "nodad")
-	// The agent's IPv6 address and both default routes, through the broker.
-	agentDev := strings.Fields(ipCmd(t, "-n", sn.agentNS, "-o", "-4", "addr", "show", "scope", "global"))[1]
-	brokerDev := strings.Fields(ipCmd(t, "-n", sn.brokerNS, "-o", "-4", "addr", "show", "to", brokerSideIP))[1]
-	ipCmd(t, "-n", sn.agentNS, "addr", "add", "fd00:250::2/64", "dev", agentDev, "nodad")
-	ipCmd(t, "-n", sn.brokerNS, "addr", "add", "fd00:250::1/64", "dev", brokerDev, "nodad")
-	ipCmd(t, "-n", sn.agentNS, "route", "add", "default", "via", brokerSideIP)
-	ipCmd(t, "-n", sn.agentNS, "-6", "route", "add", "default", "via", "fd00:250::1")
+	// The agent's IPv6 address and both default routes, through the broker; forwarding on.
+	sn.gateway(t)
 	// The broker routes on to the outside, pool addresses included; the outside routes back.
 	ipCmd(t, "-n", sn.brokerNS, "route", "add", "198.18.0.0/15", "via", outsideIP)
 	ipCmd(t, "-n", sn.brokerNS, "-6", "route", "add", "fd00:cb::/64", "via", "fd00:251::2")
@@ -74,11 +64,6 @@ func gatewayNet(t *testing.T, sn *sandboxNet) (outsideNS string) {
 	ipCmd(t, "-n", outsideNS, "-6", "route", "add", "fd00:250::/64", "via", "fd00:251::1")
 	ipCmd(t, "-n", outsideNS, "addr", "add", poolAddr4+"/32", "dev", "lo")
 	ipCmd(t, "-n", outsideNS, "addr", "add", poolAddr6+"/128", "dev", "lo", "nodad")
-	for _, kv := range []string{"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"} {
-		if out, err := exec.Command("ip", "netns", "exec", sn.brokerNS, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
-			t.Fatalf("sysctl %s: %v %s", kv, err, out)
-		}
-	}
 	return outsideNS
 }
 
@@ -327,15 +312,7 @@ transparent:
 		}
 	})
 
-	rulesCmd := func(args ...string) string {
-		t.Helper()
-		argv := append([]string{"netns", "exec", sn.brokerNS, brokerBin, "transparent", "rules"}, args...)
-		out, err := exec.Command("ip", argv...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("broker transparent rules %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
+	rulesCmd := func(args ...string) string { t.Helper(); return sn.transparentRules(t, args...) }
 	apply := []string{"--config", filepath.Join(b.dir, "broker.yaml"),
 		"--sandbox-cidr", agentSideIP + "/32", "--sandbox-cidr", "fd00:250::2/128",
 		"--proxy-addr", b.proxyAddr, "--dns-port", fmt.Sprint(dns.port()), "--apply"}
@@ -505,12 +482,7 @@ transparent:
 // transparent listener; the broker's user reaches the outside unchanged.
 func TestNetnsTransparentRulesPodForm(t *testing.T) {
 	sn := newSandboxNet(t)
-	if _, err := exec.LookPath("nft"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("nft is missing (scripts/install-test-tools.sh installs nftables)")
-		}
-		t.Skip("skipped: nft is missing (apt-get install nftables)")
-	}
+	requireNft(t)
 	const brokerUID = "4242"
 	pod := sn.agentNS
 	ipCmd(t, "-n", pod, "route", "add", "default", "via", brokerSideIP)

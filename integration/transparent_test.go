@@ -4,13 +4,14 @@ package integration
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,20 +21,24 @@ import (
 	"github.com/capbroker/capbroker/broker/transparent"
 )
 
-// Transparent mode in the sandbox topology (netns_test.go) turned into a gateway, as the
-// design's rules make it (docs/transparent.md): the agent has default routes (IPv4 and IPv6)
-// through the broker's namespace, whose nftables rules redirect every TCP connection from the
-// agent to the transparent listener, leave the explicit proxy's port alone, and reject the
-// rest. The agent's clients have no proxy settings; its names resolve (through the agent
-// namespace's hosts file, standing in for the broker's resolver) to the pool addresses the
-// broker's name table gives them.
+// Transparent mode as a user deploys it, in the sandbox topology (netns_test.go) made a
+// gateway (sandboxNet.gateway): the agent's default routes (IPv4 and IPv6) go through the
+// broker's namespace, where the rules are the ones the built binary writes and applies
+// (`broker transparent rules --sandbox-cidr ... --config broker.yaml --apply`); the agent's
+// resolv.conf names the broker's resolver (transparent.dns.listen) and nothing else gives it
+// a name; refused packets are logged to transparent.log_group, which the broker reads. The
+// agent's clients have no proxy settings.
 const (
-	brokerSideIP6    = "fd00:250::1"
-	agentSideIP6     = "fd00:250::2"
 	transparentPort  = "15001"
+	transparentProxy = brokerSideIP + ":8080" // fixed: the namespace is the test's own
+	transparentDNS   = brokerSideIP + ":53"
+	transparentLog   = 7
 	transparentAPI   = "api.cb.test"    // allowed, with the canary credential
 	transparentOther = "other.cb.test"  // allowed too, at another pool address
 	transparentDeny  = "denied.cb.test" // off the allow-list
+	// A name server the agent hard-codes, which nothing answers at: the rules send its
+	// queries to the broker's resolver.
+	outsideResolver = "10.250.1.53"
 )
 
 const transparentPolicy = `package broker
@@ -53,60 +58,6 @@ decision := {"allow": true, "credentials": ["canary"]} if {
 }
 `
 
-// requireNft skips (fails in CI) without nft.
-func requireNft(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("nft"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("nft is missing: scripts/install-test-tools.sh installs nftables")
-		}
-		t.Skip("skipped: nft (nftables) is missing")
-	}
-}
-
-// gateway gives the agent default routes through the broker's namespace and IPv6 addresses on
-// the link, turns forwarding on there, and writes the rules of the gateway form.
-func (s *sandboxNet) gateway(t *testing.T, proxyPort string) {
-	t.Helper()
-	ipCmd(t, "-n", s.brokerNS, "-6", "addr", "add", brokerSideIP6+"/64", "dev", s.vethB, "nodad")
-	ipCmd(t, "-n", s.agentNS, "-6", "addr", "add", agentSideIP6+"/64", "dev", s.vethA, "nodad")
-	ipCmd(t, "-n", s.agentNS, "route", "add", "default", "via", brokerSideIP)
-	ipCmd(t, "-n", s.agentNS, "-6", "route", "add", "default", "via", brokerSideIP6)
-	for _, k := range []string{"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"} {
-		if out, err := exec.Command("ip", "netns", "exec", s.brokerNS, "sysctl", "-qw", k).CombinedOutput(); err != nil {
-			t.Fatalf("sysctl %s: %v %s", k, err, out)
-		}
-	}
-	rules := fmt.Sprintf(`table inet capbroker {
-	chain prerouting {
-		type nat hook prerouting priority dstnat;
-		ip saddr %[1]s ip daddr %[3]s tcp dport %[5]s return
-		ip6 saddr %[2]s ip6 daddr %[4]s tcp dport %[5]s return
-		ip saddr %[1]s meta l4proto tcp redirect to :%[6]s
-		ip6 saddr %[2]s meta l4proto tcp redirect to :%[6]s
-	}
-	chain forward {
-		type filter hook forward priority filter;
-		ip saddr %[1]s reject
-		ip6 saddr %[2]s reject
-	}
-	chain input {
-		type filter hook input priority filter;
-		meta l4proto ipv6-icmp accept
-		ip saddr %[1]s tcp dport { %[5]s, %[6]s } accept
-		ip6 saddr %[2]s tcp dport { %[5]s, %[6]s } accept
-		ip saddr %[1]s reject
-		ip6 saddr %[2]s reject
-	}
-}
-`, agentSideIP, agentSideIP6, brokerSideIP, brokerSideIP6, proxyPort, transparentPort)
-	cmd := exec.Command("ip", "netns", "exec", s.brokerNS, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("nft -f: %v\n%s\n%s", err, out, rules)
-	}
-}
-
 // hosts writes /etc/netns/<ns>/hosts, which `ip netns exec` puts over /etc/hosts there.
 func hostsFile(t *testing.T, ns string, lines ...string) {
 	t.Helper()
@@ -120,6 +71,16 @@ func hostsFile(t *testing.T, ns string, lines ...string) {
 		t.Fatal(err)
 	}
 }
+
+// resolveProbe prints, for each name, "NAME ADDR..." (its TCP addresses, sorted) or
+// "NAME failed: ERROR", through the C library's resolver as most clients do.
+const resolveProbe = `import socket, sys
+for name in sys.argv[1:]:
+    try:
+        print(name, *sorted({a[4][0] for a in socket.getaddrinfo(name, 443, proto=socket.IPPROTO_TCP)}))
+    except socket.gaierror as e:
+        print(name, "failed:", e)
+`
 
 // goClient is a client with no proxy at all (Proxy: nil), as many Go binaries are.
 const goClient = `package main
@@ -179,28 +140,17 @@ func TestTransparentGateway(t *testing.T) {
 	t.Cleanup(func() { _ = up.Close() })
 	received := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), seen...) }
 
-	// Names: the broker resolves them to its loopback; the agent to their pool addresses.
+	// The broker resolves the names to its loopback; the agent only through the broker's
+	// resolver.
 	hostsFile(t, sn.brokerNS, "127.0.0.1 "+transparentAPI+" "+transparentOther+" "+transparentDeny)
-	var pool []netip.Prefix
-	for _, p := range config.DefaultDNSPool {
-		pool = append(pool, netip.MustParsePrefix(p))
-	}
-	names := transparent.NewNames(pool)
-	addr := func(name string, v6 bool) string {
-		a, ok := names.Assign(name, v6)
-		if !ok {
-			t.Fatalf("no pool address for %s", name)
-		}
-		return a.String()
-	}
-	hostsFile(t, sn.agentNS,
-		addr(transparentAPI, false)+" "+transparentAPI,
-		addr(transparentOther, false)+" "+transparentOther,
-		addr(transparentDeny, false)+" "+transparentDeny)
+	sn.resolvConf(t, "nameserver "+brokerSideIP, "options attempts:1 timeout:3")
+	// The gateway, routing on to an outside namespace (the internet's stand-in, the name
+	// pool routed to it), as a real gateway routes on to its uplink.
+	outsideNS := gatewayNet(t, sn)
 
 	b := startBroker(t, brokerOpts{
 		netns:  sn.brokerNS,
-		listen: brokerSideIP + ":0",
+		listen: transparentProxy,
 		policy: transparentPolicy,
 		mode:   "enforce",
 		config: fmt.Sprintf(`upstream:
@@ -215,11 +165,18 @@ credentials:
     inject: {header: Authorization, value: "Bearer {{secret}}"}
 transparent:
   listen: "[::]:%s"
-`, pki.File, agentID, tokenEnv(agentID), agentSideIP, agentSideIP6, transparentAPI, transparentPort),
+  log_group: %d
+  dns: {listen: %q}
+`, pki.File, agentID, tokenEnv(agentID), agentSideIP, agentSideIP6, transparentAPI, transparentPort, transparentLog, transparentDNS),
 		env: []string{tokenEnv(agentID) + "=" + token, "CANARY_SECRET=" + canary},
 	})
-	_, proxyPort, _ := net.SplitHostPort(b.proxyAddr)
-	sn.gateway(t, proxyPort)
+	b.logs.wait(t, `"message":"resolver listening"`)
+	// The rules, from the broker's own config, as the operator applies them.
+	out := sn.transparentRules(t, "--sandbox-cidr", agentSideIP+"/32", "--sandbox-cidr", agentSideIP6+"/128",
+		"--config", filepath.Join(b.dir, "broker.yaml"), "--apply")
+	if !strings.Contains(out, fmt.Sprintf("TCP to port %s, DNS to port 53, log group %d", transparentPort, transparentLog)) {
+		t.Fatalf("--apply said:\n%s", out)
+	}
 
 	// The agent's environment: the broker's CA and nothing about a proxy.
 	explicit := sn.agentEnv(t, b.proxyURL(agentID, token), b.caFile)
@@ -244,6 +201,51 @@ transparent:
 	build.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off", "CGO_ENABLED=0", "GOTOOLCHAIN=local")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the Go client: %v\n%s", err, out)
+	}
+
+	var pool []netip.Prefix
+	for _, p := range config.DefaultDNSPool {
+		pool = append(pool, netip.MustParsePrefix(p))
+	}
+	names := transparent.NewNames(pool) // the broker's table: the same hash gives the same addresses
+	inPool := func(s string, v6 bool) bool {
+		a, err := netip.ParseAddr(s)
+		return err == nil && a.Is6() == v6 && names.InPool(a)
+	}
+	resolved := map[string][]string{} // name: its IPv4 and IPv6 pool addresses, as the agent got them
+	v4 := func(name string) string { return resolved[name][0] }
+
+	t.Run("the agent resolves names through the broker's resolver", func(t *testing.T) {
+		if out, err := sn.agent(t, env, "cat", "/etc/hosts"); err != nil || strings.Contains(out, ".cb.test") {
+			t.Fatalf("the agent's /etc/hosts names the test's hosts: %v\n%s", err, out)
+		}
+		out, err := sn.agent(t, env, "python3", "-c", resolveProbe, transparentAPI, transparentOther, transparentDeny)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			f := strings.Fields(line)
+			resolved[f[0]] = f[1:]
+		}
+		for _, name := range []string{transparentAPI, transparentOther} {
+			a := resolved[name]
+			if len(a) != 2 || !inPool(a[0], false) || !inPool(a[1], true) {
+				t.Fatalf("%s resolved to %q, want a pool address of each family:\n%s", name, a, out)
+			}
+		}
+		if v4(transparentAPI) == v4(transparentOther) {
+			t.Fatalf("two names got one address:\n%s", out)
+		}
+		if a := resolved[transparentDeny]; len(a) == 0 || a[0] != "failed:" {
+			t.Fatalf("the denied name resolved:\n%s", out)
+		}
+		b.waitAuditWhere(t, 1, "the denied name's refused lookup", func(ev auditEvent) bool {
+			return ev["phase"] == "dns" && ev["host"] == transparentDeny && ev["decision"] == "deny" && ev["mode"] == "transparent" &&
+				ev["agent"] == agentID && ev["reason"] == "not on the transparent test's allow-list"
+		})
+	})
+	if t.Failed() {
+		t.FailNow()
 	}
 
 	api := "https://" + transparentAPI
@@ -280,16 +282,17 @@ with o.open(sys.argv[1], timeout=20) as r:
 				t.Fatalf("the upstream received %q", g)
 			}
 		}
+		// Over IPv4 or IPv6, as each client's address selection has it (glibc's puts the
+		// IPv6 pool first, Go's the IPv4 one).
 		b.waitAuditWhere(t, len(clients), "transparent request events", func(ev auditEvent) bool {
 			return ev["phase"] == "request" && ev["mode"] == "transparent" && ev["decision"] == "allow" &&
-				ev["agent"] == agentID && ev["source_ip"] == agentSideIP
+				ev["agent"] == agentID && (ev["source_ip"] == agentSideIP || ev["source_ip"] == agentSideIP6)
 		})
 	})
 
 	t.Run("IPv6", func(t *testing.T) {
 		before := len(received())
-		out, err := sn.agent(t, env, "curl", "-6", "--noproxy", "*", "-sS", "--max-time", "20",
-			"--resolve", transparentAPI+":443:["+addr(transparentAPI, true)+"]", api+"/api/v6")
+		out, err := sn.agent(t, env, "curl", "-6", "--noproxy", "*", "-sS", "--max-time", "20", api+"/api/v6")
 		if err != nil || out != want("/api/v6") {
 			t.Fatalf("curl over IPv6: %v\n%s\nbroker log:\n%s", err, out, b.logs.String())
 		}
@@ -315,20 +318,57 @@ with o.open(sys.argv[1], timeout=20) as r:
 		})
 	})
 
+	t.Run("a hard-coded name server gets the broker's resolver's answers", func(t *testing.T) {
+		isRefusal := func(ev auditEvent) bool {
+			return ev["phase"] == "dns" && ev["host"] == transparentDeny && ev["decision"] == "deny" && ev["source_ip"] == agentSideIP
+		}
+		var refusals int
+		for _, ev := range b.audit(t) {
+			if isRefusal(ev) {
+				refusals++
+			}
+		}
+		for _, c := range []struct {
+			name  string
+			rcode float64
+			addrs []string
+		}{
+			{transparentAPI, 0, []string{v4(transparentAPI)}},
+			{transparentDeny, 5, nil},
+		} {
+			out, err := sn.agent(t, env, "python3", "-c", dnsQueryProbe, "ask", c.name, "A", outsideResolver)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			var r dnsReply
+			if err := json.Unmarshal([]byte(out), &r); err != nil || !r.IDOK || r.Rcode != c.rcode || !slices.Equal(r.Addrs, c.addrs) {
+				t.Fatalf("%s, asked of %s: %s", c.name, outsideResolver, out)
+			}
+		}
+		b.waitAuditWhere(t, refusals+1, "the refusal of the query to "+outsideResolver, isRefusal)
+	})
+
 	t.Run("refused", func(t *testing.T) {
 		before := len(received())
-		// A host off the allow-list: the client reports the broker's 403.
-		out, err := sn.agent(t, env, "curl", "--noproxy", "*", "-sS", "--max-time", "20", "-w", " %{http_code}", "https://"+transparentDeny+"/")
+		// A denied name does not resolve: Node's fetch reports the failed lookup.
+		out, err := sn.agent(t, env, "node", "-e", `fetch(process.argv[1]).then(r => console.log(r.status), e => console.log("error:", (e.cause || e).code))`, "https://"+transparentDeny+"/")
+		if err != nil || !strings.HasPrefix(out, "error: E") || !strings.Contains(out, "NOTFOUND") && !strings.Contains(out, "AGAIN") {
+			t.Errorf("denied host, node: %v\n%s", err, out)
+		}
+		// A client that has the denied name's address anyway (cached, hard-coded: the pool
+		// address is the name's hash, the same on every broker) reports the broker's 403.
+		denied, ok := names.Assign(transparentDeny, false)
+		if !ok {
+			t.Fatal("no pool address for the denied name")
+		}
+		out, err = sn.agent(t, env, "curl", "--noproxy", "*", "-sS", "--max-time", "20", "-w", " %{http_code}",
+			"--resolve", transparentDeny+":443:"+denied.String(), "https://"+transparentDeny+"/")
 		if err != nil || !strings.HasSuffix(out, " 403") || !strings.Contains(out, `"error":"denied"`) {
 			t.Errorf("denied host: %v\n%s", err, out)
 		}
-		out, err = sn.agent(t, env, "node", "-e", `fetch(process.argv[1]).then(async r => console.log(r.status, await r.text()))`, "https://"+transparentDeny+"/")
-		if err != nil || !strings.HasPrefix(out, "403 ") {
-			t.Errorf("denied host, node: %v\n%s", err, out)
-		}
 		// A ClientHello for the API sent to another name's address: domain fronting.
 		out, err = sn.agent(t, env, "curl", "--noproxy", "*", "-sS", "--max-time", "20",
-			"--resolve", transparentAPI+":443:"+addr(transparentOther, false), api+"/api/fronted")
+			"--resolve", transparentAPI+":443:"+v4(transparentOther), api+"/api/fronted")
 		if err == nil {
 			t.Errorf("a fronted connection was served:\n%s", out)
 		}
@@ -345,7 +385,7 @@ for port, data in ((22, b""), (443, b"SSH-2.0-OpenSSH_9.6\r\n")):
     except OSError as e:
         print(port, type(e).__name__)
 `
-		out, err = sn.agent(t, env, "python3", "-c", probe, addr(transparentAPI, false))
+		out, err = sn.agent(t, env, "python3", "-c", probe, v4(transparentAPI))
 		// Port 22: reset (before or after the connect returned); 443: closed without a byte.
 		if lines := strings.Split(strings.TrimSpace(out), "\n"); err != nil || len(lines) != 2 ||
 			(lines[0] != "22 ConnectionResetError" && lines[0] != "22 ConnectionRefusedError") ||
@@ -360,7 +400,8 @@ for port, data in ((22, b""), (443, b"SSH-2.0-OpenSSH_9.6\r\n")):
 		} {
 			b.waitAuditWhere(t, 1, w.what, func(ev auditEvent) bool {
 				r, _ := ev["reason"].(string)
-				return ev["mode"] == "transparent" && ev["decision"] == "deny" && strings.Contains(r, w.reason) && ev["source_ip"] == agentSideIP
+				return ev["mode"] == "transparent" && ev["decision"] == "deny" && ev["phase"] == "connect" &&
+					strings.Contains(r, w.reason) && ev["source_ip"] == agentSideIP
 			})
 		}
 		if n := len(received()) - before; n != 0 {
@@ -368,10 +409,44 @@ for port, data in ((22, b""), (443, b"SSH-2.0-OpenSSH_9.6\r\n")):
 		}
 	})
 
+	t.Run("UDP (QUIC) is refused and audited once", func(t *testing.T) {
+		// What an HTTP/3 client does first: datagrams to the name's address, port 443, on a
+		// connected socket. The rules refuse them with an ICMP error (administratively
+		// prohibited), which the socket reports at once: the client falls back to TCP.
+		target := "udp:" + v4(transparentAPI) + ":443"
+		// The outside answers at that address: what the datagrams would reach unrefused.
+		ipCmd(t, "-n", outsideNS, "addr", "add", v4(transparentAPI)+"/32", "dev", "lo")
+		outside := serveUDP(t, outsideNS, v4(transparentAPI)+":443", "")
+		out, err := sn.agent(t, env, "python3", "-c", packetProbe, target)
+		got := strings.TrimPrefix(strings.TrimSpace(out), target+" ")
+		if err != nil || got != "EHOSTUNREACH" {
+			t.Fatalf("UDP to %s: %v\n%s", target, err, out)
+		}
+		isUDP := func(ev auditEvent) bool {
+			return ev["scheme"] == "udp" && ev["mode"] == "transparent" && ev["decision"] == "deny"
+		}
+		b.waitAuditWhere(t, 1, "the refused UDP flow", func(ev auditEvent) bool {
+			return isUDP(ev) && ev["host"] == transparentAPI && ev["port"] == float64(443) && ev["agent"] == agentID &&
+				ev["source_ip"] == agentSideIP && strings.Contains(fmt.Sprint(ev["reason"]), "UDP is not carried by the broker")
+		})
+		var n int
+		for _, ev := range b.audit(t) {
+			if isUDP(ev) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%d UDP audit events for one flow of three datagrams, want 1", n)
+		}
+		if got := outside.got.Load(); got != 0 {
+			t.Fatalf("the outside received %d datagrams", got)
+		}
+	})
+
 	t.Run("nothing reaches the upstream but through the broker", func(t *testing.T) {
 		before := len(received())
-		// The upstream's own address and port, straight: the rules redirect it to the broker,
-		// which refuses a literal loopback (it resolves nothing to it for the agent).
+		// The upstream's own address and port, straight: the agent's own loopback; and the
+		// broker's address: the rules redirect it to the broker, which refuses it.
 		out, err := sn.agent(t, env, "curl", "--noproxy", "*", "-sS", "--max-time", "10", "-k", "https://127.0.0.1/api/direct")
 		if err == nil && strings.Contains(out, "auth=") {
 			t.Fatalf("a direct request reached the upstream:\n%s", out)
