@@ -173,7 +173,7 @@ func curveChart(c Curve, title, ylabel string, get func(Point) (y, base, lo, hi 
 	p.Legend.Top = true
 	p.Legend.TextStyle.Font.Size = vg.Points(9)
 	p.Add(plotter.NewGrid())
-	var xmin, ymin = math.Inf(1), math.Inf(1)
+	var xmin, ymin, ytop = math.Inf(1), math.Inf(1), math.Inf(-1)
 	logY := c.LogY
 	var drawnBase []plotter.XYs
 	for i, s := range c.Series {
@@ -187,12 +187,12 @@ func curveChart(c Curve, title, ylabel string, get func(Point) (y, base, lo, hi 
 				continue
 			}
 			pts = append(pts, plotter.XY{X: pt.X, Y: y})
-			xmin, ymin = min(xmin, pt.X), min(ymin, y)
+			xmin, ymin, ytop = min(xmin, pt.X), min(ymin, y), max(ytop, y)
 			if b != 0 && !math.IsNaN(b) && (!logY || b > 0) {
 				base = append(base, plotter.XY{X: pt.X, Y: b})
 				ymin = min(ymin, b)
 			}
-			if !math.IsNaN(lo) && !math.IsNaN(hi) {
+			if !math.IsNaN(lo) && !math.IsNaN(hi) && (!logY || lo > 0) { // a log axis has no zero
 				errPts = append(errPts, plotter.XY{X: pt.X, Y: y})
 				errs = append(errs, struct{ Low, High float64 }{y - lo, hi - y})
 			}
@@ -241,7 +241,8 @@ func curveChart(c Curve, title, ylabel string, get func(Point) (y, base, lo, hi 
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	}
-	if logY && !math.IsInf(ymin, 1) {
+	// A log axis over one value would be padded below zero: such a figure is drawn linear.
+	if logY && !math.IsInf(ymin, 1) && ytop > ymin {
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	} else {
