@@ -216,7 +216,7 @@ func sourceFor(a netip.Addr) (netip.Addr, error) {
 // address).
 func transparentClient(target string, b *broker, conns int) *http.Client {
 	t := newTransport(nil, b.caPool, conns)
-	d := &net.Dialer{}
+	d := &net.Dialer{Timeout: 5 * time.Second} // the pool leads nowhere without the redirect
 	t.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return d.DialContext(ctx, "tcp4", target)
 	}
