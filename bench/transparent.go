@@ -369,5 +369,11 @@ func (r *transparentResult) print(out io.Writer) {
 		fmt.Fprintf(out, "added over direct at %d req/s open loop, %d rounds of %d ms slices (%d errors): transparent p50 %s ms, p99 %s ms; explicit p50 %s ms, p99 %s ms\n",
 			l.Rate, len(l.TransparentP50), l.SliceMS, l.Errors, rng(l.TransparentP50, "%.2f"), rng(l.TransparentP99, "%.2f"),
 			rng(l.ExplicitP50, "%.2f"), rng(l.ExplicitP99, "%.2f"))
+		var d50, d99 []float64 // within each round: the two paths' own p50s and p99s
+		for i := range l.TransparentP50 {
+			d50 = append(d50, l.TransparentP50[i]-l.ExplicitP50[i])
+			d99 = append(d99, l.TransparentP99[i]-l.ExplicitP99[i])
+		}
+		fmt.Fprintf(out, "transparent minus explicit in the same rounds: p50 %s ms, p99 %s ms\n", rng(d50, "%.2f"), rng(d99, "%.2f"))
 	}
 }

@@ -65,7 +65,7 @@ func TestTransparentQuick(t *testing.T) {
 	}
 	var out bytes.Buffer
 	r.print(&out)
-	for _, want := range []string{"transparent/explicit", "c=1", "c=32", "added over direct at 200 req/s"} {
+	for _, want := range []string{"transparent/explicit", "c=1", "c=32", "added over direct at 200 req/s", "transparent minus explicit in the same rounds"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("printed figures lack %q:\n%s", want, out.String())
 		}
