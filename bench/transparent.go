@@ -115,7 +115,7 @@ func measureTransparent(ctx context.Context, bin, dir string, up *upstream, p *p
 	}
 	defer b.stop()
 	_, tPort, _ := net.SplitHostPort(tAddr)
-	remove, err := redirectPool(up.port, tPort)
+	remove, err := redirectPool(up.port, tPort, b.stop)
 	if err != nil {
 		return nil, err
 	}
@@ -224,9 +224,10 @@ func transparentClient(target string, b *broker, conns int) *http.Client {
 }
 
 // redirectPool installs a table of the bench's own sending locally made TCP connections to
-// the pool's port port to the local port to, and returns what removes it; the table is also
-// removed if the bench is interrupted meanwhile.
-func redirectPool(port int, to string) (func(), error) {
+// the pool's port port to the local port to, and returns what removes it. If the bench is
+// interrupted (SIGINT, SIGTERM) meanwhile, the table is removed, onSignal called, and the
+// bench exits.
+func redirectPool(port int, to string, onSignal func()) (func(), error) {
 	table := fmt.Sprintf("capbroker_bench_%d", os.Getpid())
 	rules := fmt.Sprintf(`table ip %s {
 	chain output {
@@ -252,6 +253,7 @@ func redirectPool(port int, to string) (func(), error) {
 		select {
 		case s := <-sig:
 			del()
+			onSignal()
 			fmt.Fprintln(os.Stderr, "bench: interrupted:", s)
 			os.Exit(1)
 		case <-done:
@@ -354,7 +356,7 @@ func (r *transparentResult) print(out io.Writer) {
 		if len(v) == 0 {
 			return "-"
 		}
-		return fmt.Sprintf(f+" ("+f+"-"+f+")", median(v), slices.Min(v), slices.Max(v))
+		return fmt.Sprintf(f+" ("+f+" to "+f+")", median(v), slices.Min(v), slices.Max(v))
 	}
 	fmt.Fprintf(out, "\ntransparent (redirected to %s) and explicit intercepted, same broker, same host %q: medians (ranges) of adjacent pairs\n", r.PoolAddr, r.Host)
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
