@@ -36,7 +36,7 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; curves: only the curves of -curves; charts: only draw the charts")
+	flag.StringVar(&o.only, "only", "", "measure only this path's throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); curves: only the curves of -curves; charts: only draw the charts")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.StringVar(&o.upstream, "upstream", "both", "upstreams: h1 (HTTP/1.1 only), h2 (also one offering h2; -only pairs measures only the h1/h2 pairs) or both; -only takes direct-h2, intercept-h2, full-h2 unless h1")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
@@ -168,6 +168,11 @@ func run(ctx context.Context, o options) error {
 		}
 		return nil
 	}
+	if o.only == "transparent" {
+		r, err := measureTransparent(ctx, bin, dir, up, p, direct, max(o.pairs, 1), max(o.pairs/2, 3), o.slice, o.rate)
+		r.print(os.Stdout)
+		return err
+	}
 	if o.only == "floor" {
 		return floorPairs(ctx, up, p, intercept, fullPath, o)
 	}
@@ -248,6 +253,11 @@ func run(ctx context.Context, o options) error {
 	}
 	// The rest of the targets' pairs: the broker over the relay and the peers, added p50.
 	s.measureTargets(ctx, p, all, procs, max(o.pairs, 1), o.slice, o.rate)
+	fmt.Fprintln(os.Stderr, "transparent beside explicit intercepted, paired...")
+	// A few pairs only (about 20 s): -only transparent measures -pairs of them.
+	if s.Transparent, err = measureTransparent(ctx, bin, dir, up, p, direct, 4, 3, o.slice, o.rate); err != nil {
+		s.Transparent = &transparentResult{Skipped: "failed: " + err.Error()} // as a peer's failed check
+	}
 
 	fmt.Fprintln(os.Stderr, "new hosts, SSE...")
 	s.NewHost = newHostCost(ctx, bare, p, up, o.newHosts)

@@ -64,7 +64,7 @@ func newPKI(name, caFile string, hosts int) (*pki, error) {
 		// Squid 5 matches an IP address against the common name, not the IP SANs.
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hostIntercept},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IPAddresses: ips, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: ips, DNSNames: []string{transparentHost}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		KeyUsage: x509.KeyUsageDigitalSignature,
 	}
 	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &leafKey.PublicKey, caKey)

@@ -46,8 +46,10 @@ type summary struct {
 	H2Upstream *h2Result `json:"h2_upstream,omitempty"`
 	// Peers are the other proxies measured on the same upstream, or why they were skipped;
 	// their figures are in the maps above under their names.
-	Peers   map[string]peerResult `json:"peers"`
-	Targets []target              `json:"targets"`
+	Peers map[string]peerResult `json:"peers"`
+	// Transparent is the transparent path beside the explicit intercepted one (transparent.go).
+	Transparent *transparentResult `json:"transparent,omitempty"`
+	Targets     []target           `json:"targets"`
 }
 
 // target is one of issue 25's goals (or issue 7's), checked against this run.
@@ -182,6 +184,7 @@ func (s *summary) print(out io.Writer) {
 			fmt.Fprintf(out, "peer %s: %s, compared with the broker's %s path\n", pe.name, r.Version, r.ComparedWith)
 		}
 	}
+	s.Transparent.print(out)
 	s.printTargets(out)
 	fmt.Fprintf(out, "took %.0f s\n", s.Seconds)
 }
