@@ -25,7 +25,7 @@ import (
 
 func main() {
 	o := options{}
-	flag.DurationVar(&o.phase, "phase", time.Second, "duration of each throughput phase")
+	flag.DurationVar(&o.phase, "phase", 800*time.Millisecond, "duration of each throughput phase")
 	flag.IntVar(&o.rounds, "rounds", 3, "throughput rounds over all paths; each figure is a path's best round")
 	flag.IntVar(&o.pairs, "pairs", 20, "pairs of adjacent slices for each of the ratios the targets are stated in (full/intercept, intercept/relay, tunnel/smokescreen; half as many for intercept/direct and the margins over squid and mitmproxy)")
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "duration of each slice of -pairs")
@@ -230,8 +230,8 @@ func run(ctx context.Context, o options) error {
 	// are measured in adjacent slices.
 	pairs(32)
 	if pathsH2 != nil {
-		// Half the pairs: the quick bench stays under five minutes.
-		s.H2Upstream = measureH2(ctx, p, paths, pathsH2, 32, max(o.pairs/2, 3), o.slice)
+		// A quarter of the pairs: the quick bench stays under five minutes.
+		s.H2Upstream = measureH2(ctx, p, paths, pathsH2, 32, max(o.pairs/4, 3), o.slice)
 	}
 
 	var procs []*process
