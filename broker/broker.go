@@ -40,8 +40,9 @@ type upstreamClient interface {
 	// never shared between pools.
 	RoundTrip(req *http.Request, pool upstream.Pool) (*http.Response, error)
 	// Prepare dials the https address (host:port) ahead of a request, when no connection that
-	// has carried none is waiting; the first request of any pool claims it.
-	Prepare(addr string)
+	// has carried none is waiting; the first request of any pool claims it. http1: for an
+	// agent that speaks HTTP/1.1, offering only http/1.1 (see upstream.WithHTTP1).
+	Prepare(addr string, http1 bool)
 	CloseIdleConnections()
 }
 

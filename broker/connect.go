@@ -35,6 +35,9 @@ type tunnel struct {
 	// mode is how the tunnel's connection came: audit.ModeExplicit (a CONNECT) or
 	// audit.ModeTransparent (a redirected connection). Its requests carry it.
 	mode string
+	// prepare, set by interceptConn, has the agent's TLS handshake dial the upstream ahead
+	// of its first request (not a refused redirected connection's).
+	prepare bool
 }
 
 // reidentify returns the tunnel's agent as g knows it. Under the generation of the CONNECT

@@ -134,7 +134,7 @@ func (u *tokenUpstream) RoundTrip(r *http.Request, _ upstream.Pool) (*http.Respo
 		Body: io.NopCloser(strings.NewReader(text)), ContentLength: int64(len(text)), Request: r}, nil
 }
 
-func (*tokenUpstream) Prepare(string)        {}
+func (*tokenUpstream) Prepare(string, bool)  {}
 func (*tokenUpstream) CloseIdleConnections() {}
 
 func derivedBroker(t *testing.T, d policy.Decision, m *fakeMinter, up upstreamClient) (*Broker, *tunnel) {

@@ -51,7 +51,7 @@ func (s streamUpstream) RoundTrip(r *http.Request, _ upstream.Pool) (*http.Respo
 		Body: io.NopCloser(&out), ContentLength: -1, Request: r}, nil
 }
 
-func (streamUpstream) Prepare(string)        {}
+func (streamUpstream) Prepare(string, bool)  {}
 func (streamUpstream) CloseIdleConnections() {}
 
 // A metered stream through the pipeline: the upstream is asked for usage, the agent gets the
@@ -126,7 +126,7 @@ func (p pipeUpstream) RoundTrip(r *http.Request, _ upstream.Pool) (*http.Respons
 		Body: p.body, ContentLength: -1, Request: r}, nil
 }
 
-func (pipeUpstream) Prepare(string)        {}
+func (pipeUpstream) Prepare(string, bool)  {}
 func (pipeUpstream) CloseIdleConnections() {}
 
 // signalWriter tells when the agent has been sent (written and flushed) what it was.

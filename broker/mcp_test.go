@@ -28,7 +28,7 @@ func (f mcpUpstream) RoundTrip(r *http.Request, _ upstream.Pool) (*http.Response
 	return f(r), nil
 }
 func (mcpUpstream) CloseIdleConnections() {}
-func (mcpUpstream) Prepare(string)        {}
+func (mcpUpstream) Prepare(string, bool)  {}
 
 const mcpPolicy = `package broker
 default decision := {"allow": false, "reason": "tool not allowed"}

@@ -9,6 +9,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,12 +47,9 @@ func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), gre
 	// than after it arrives; the handshake below waits on the same issue (single flight).
 	host := tun.target.host // the handshake below may change tun.target (plain HTTP)
 	go func() { _, _ = b.certs.Get(host) }()
-	// Likewise the host's first upstream connection, when the pool has none: dialled now (a
-	// TCP and TLS handshake only; nothing is sent before a request has been decided), not
-	// after the agent's first request. Port 80 is left out: what follows there is plain HTTP.
-	if tun.target.port != 80 && tun.target.scheme != "http" {
-		b.gen.Load().transport.Prepare(tun.target.hostPort())
-	}
+	// Likewise the host's first upstream connection, when the pool has none: dialled as the
+	// agent's ClientHello arrives (see newMitmTLS), not after its first request.
+	tun.prepare = true
 	if greet {
 		if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 			return
@@ -193,6 +191,13 @@ func (b *Broker) newMitmTLS() *tls.Config {
 			tun := pc.tun
 			if sni := strings.ToLower(strings.TrimSuffix(hello.ServerName, ".")); sni != "" && sni != tun.target.host {
 				tun.sniMismatch = hello.ServerName
+			}
+			// The upstream connection is dialled now (a TCP and TLS handshake only; nothing
+			// is sent before a request has been decided), in the protocol the agent will
+			// speak: HTTP/1.1 unless it offers h2. Port 80 is left out: what follows there is
+			// plain HTTP as a rule.
+			if tun.prepare && tun.sniMismatch == "" && tun.target.port != 80 && tun.target.scheme != "http" {
+				b.gen.Load().transport.Prepare(tun.target.hostPort(), !slices.Contains(hello.SupportedProtos, "h2"))
 			}
 			return b.certs.Get(tun.target.host)
 		},

@@ -92,5 +92,5 @@ func (memoryUpstream) RoundTrip(r *http.Request, _ upstream.Pool) (*http.Respons
 		Body: io.NopCloser(bytes.NewReader(upstreamBody)), ContentLength: int64(len(upstreamBody)), Request: r}, nil
 }
 
-func (memoryUpstream) Prepare(string)        {}
+func (memoryUpstream) Prepare(string, bool)  {}
 func (memoryUpstream) CloseIdleConnections() {}

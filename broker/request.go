@@ -16,6 +16,7 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/upstream"
 )
 
 // redacted replaces every injected secret value found in a response.
@@ -458,9 +459,14 @@ func (e errReader) Read([]byte) (int, error) {
 
 // outbound is the request as sent upstream: to the checked target, with exactly the path the
 // policy decided on (requestInput), without hop-by-hop headers or proxy credentials. WebSocket
-// upgrades keep their Upgrade handshake.
+// upgrades keep their Upgrade handshake. A request the agent sent over HTTP/1.1 goes upstream
+// over HTTP/1.1 (upstream.WithHTTP1), one sent over HTTP/2 over h2 where the host offers it.
 func outbound(r *http.Request, t target, path string) *http.Request {
-	out := r.Clone(r.Context())
+	ctx := r.Context()
+	if r.ProtoMajor == 1 {
+		ctx = upstream.WithHTTP1(ctx)
+	}
+	out := r.Clone(ctx)
 	out.RequestURI = ""
 	out.URL.Scheme = t.scheme
 	out.URL.Host = t.hostPort()

@@ -74,7 +74,7 @@ func (u *echoUpstream) RoundTrip(r *http.Request, _ upstream.Pool) (*http.Respon
 	return &http.Response{StatusCode: 200, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h,
 		Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Request: r}, nil
 }
-func (*echoUpstream) Prepare(string)        {}
+func (*echoUpstream) Prepare(string, bool)  {}
 func (*echoUpstream) CloseIdleConnections() {}
 
 type transparentEnv struct {

@@ -777,10 +777,10 @@ func TestClientPrepare(t *testing.T) {
 	prepared := make(chan struct{}, 1)
 	c.prepared = func() { prepared <- struct{}{} }
 	addr := srv.Listener.Addr().String()
-	c.Prepare(addr)
+	c.Prepare(addr, false)
 	within(t, prepared, "the prepared connection")
 	ct.wantOpened(t, 1)
-	c.Prepare(addr) // one is idle already: nothing to do
+	c.Prepare(addr, false) // one is idle already: nothing to do
 	mustGet(t, c, srv.URL+"/", "ok")
 	ct.wantOpened(t, 1)
 }
@@ -803,7 +803,7 @@ func TestClientRequestWaitsForPrepare(t *testing.T) {
 			}
 			waiting := make(chan struct{}, 1)
 			c.awaitingPrepared = func() { waiting <- struct{}{} }
-			c.Prepare(srv.Listener.Addr().String())
+			c.Prepare(srv.Listener.Addr().String(), false)
 			within(t, dials, "the prepared dial")
 			res := async(c, request(t, http.MethodGet, srv.URL+"/", nil))
 			select {
@@ -840,7 +840,7 @@ func TestClientRequestWaitsForPrepare(t *testing.T) {
 		}
 		waiting := make(chan struct{}, 1)
 		c.awaitingPrepared = func() { waiting <- struct{}{} }
-		c.Prepare(srv.Listener.Addr().String())
+		c.Prepare(srv.Listener.Addr().String(), false)
 		ctx, cancel := context.WithCancel(t.Context())
 		req := request(t, http.MethodGet, srv.URL+"/", nil).WithContext(ctx)
 		res := async(c, req)
@@ -899,7 +899,7 @@ func TestClientPreparedThenClosed(t *testing.T) {
 	dials := recordDials(c)
 	prepared := make(chan struct{}, 1)
 	c.prepared = func() { prepared <- struct{}{} }
-	c.Prepare(strings.TrimPrefix(srv.URL, "https://"))
+	c.Prepare(strings.TrimPrefix(srv.URL, "https://"), false)
 	within(t, prepared, "the prepared connection")
 	first := within(t, dials, "the prepared dial")
 	within(t, closed, "the server to close")
@@ -941,7 +941,7 @@ func TestClientStaleHandoff(t *testing.T) {
 	}), true, true)
 	c := clientFor(t, srv)
 	addr := srv.Listener.Addr().String()
-	c.Prepare(addr)
+	c.Prepare(addr, false)
 	if done, ok := c.preparing.Load("https://" + addr); ok { // else the dial is over already
 		within(t, done.(chan struct{}), "the prepared dial")
 	}

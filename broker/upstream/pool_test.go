@@ -252,7 +252,7 @@ func TestClientPreparedClaimedOnce(t *testing.T) {
 			}), true, h2)
 			c := clientFor(t, srv)
 			addr := srv.Listener.Addr().String()
-			c.Prepare(addr)
+			c.Prepare(addr, false)
 			if done, ok := c.preparing.Load("https://" + addr); ok { // else the dial is over already
 				within(t, done.(chan struct{}), "the prepared dial")
 			}
