@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/net/http2"
@@ -293,6 +294,41 @@ func TestCurlHTTP2(t *testing.T) {
 	}
 	if got := e1.received(); len(got) != 1 || got[0].ProtoMajor != 1 {
 		t.Fatalf("upstream: %v", got)
+	}
+}
+
+// TestCurlHTTP1ToH2Upstream: an agent that speaks HTTP/1.1 in the tunnel reaches an upstream
+// that offers h2 over HTTP/1.1 (the protocol the agent spoke), on one upstream connection
+// (dialled during the agent's handshake, then kept alive); the credential is injected and
+// scrubbed.
+func TestCurlHTTP1ToH2Upstream(t *testing.T) {
+	var opened atomic.Int32
+	e := newEnv(t, envOpts{upstreamH2: true, upstreamConnState: func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}})
+	out, err := e.curl("-i", "--http1.1", e.url("/api/echo"), e.url("/api/echo"))
+	if err != nil {
+		t.Fatalf("curl: %v\n%s", err, out)
+	}
+	if strings.Count(out, "HTTP/1.1 200") != 2 {
+		t.Fatalf("want two HTTP/1.1 200 responses to the agent:\n%s", out)
+	}
+	if strings.Count(out, "auth=Bearer [REDACTED] end") != 2 || strings.Contains(out, e.canary) {
+		t.Fatalf("response not scrubbed:\n%s", out)
+	}
+	got := e.received()
+	if len(got) != 2 {
+		t.Fatalf("upstream received %d requests, want 2", len(got))
+	}
+	for _, r := range got {
+		if r.ProtoMajor != 1 || r.Header.Get("Authorization") != "Bearer "+e.canary {
+			t.Fatalf("upstream should see HTTP/1.1 requests with the credential: %s, credential present %v", r.Proto, r.Header.Get("Authorization") != "")
+		}
+	}
+	if n := opened.Load(); n != 1 {
+		t.Fatalf("upstream saw %d connections, want 1", n)
 	}
 }
 
