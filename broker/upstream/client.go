@@ -35,7 +35,8 @@ type Pool string
 // request is written, then the response read, with no reader and writer goroutine per
 // connection to hand each request and response through (net/http's Transport does that, and
 // the handoffs cost about a fifth of the broker's CPU per request). A host whose TLS handshake
-// negotiates h2 is served over HTTP/2 from then on, beginning with that connection.
+// negotiates h2 is served over HTTP/2 from then on, beginning with that connection, except for
+// requests marked WithHTTP1, which always go over HTTP/1.1.
 //
 // Connections, HTTP/1.1 and HTTP/2 alike, are kept per Pool and origin and never cross from
 // one Pool to another. The one exception is a connection that has never carried a request

@@ -36,9 +36,9 @@ type Options struct {
 //     environment variable cannot route traffic (and injected credentials) somewhere else.
 //   - Every connection goes through the checked Dialer.
 //   - TLS is always verified against the system roots plus CAFile, TLS 1.2 minimum.
-//   - HTTP/2 when the upstream offers it in ALPN, HTTP/1.1 otherwise; a WebSocket upgrade
-//     always gets a connection of its own that offers only http/1.1. Plain-HTTP upstreams get
-//     HTTP/1.1 (no h2c).
+//   - HTTP/2 when the upstream offers it in ALPN, HTTP/1.1 otherwise (always HTTP/1.1 for a
+//     request marked WithHTTP1); a WebSocket upgrade always gets a connection of its own that
+//     offers only http/1.1. Plain-HTTP upstreams get HTTP/1.1 (no h2c).
 //   - The broker must see response bodies as sent in order to scrub them, so it never asks
 //     for gzip on the agent's behalf.
 //   - Redirects are returned to the caller as they are, never followed.
