@@ -296,39 +296,8 @@ audit: {file: %q}
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "run", "--config", cfgFile)
-	cmd.Env = append(harness.Env(), "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret)
-	// The bare broker's audit events go to /dev/null as a file: through a pipe, reading
-	// them would cost the bench process (the clients and the upstream) CPU.
-	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-	if err != nil {
+	if err := b.run(bin, cfgFile, "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret); err != nil {
 		return nil, err
-	}
-	defer devNull.Close() // the child has its own copy
-	cmd.Stdout = devNull
-	listening := make(chan string, 1)
-	proc, err := startProcess(cmd, func(line string) {
-		if strings.Contains(line, `"message":"listening"`) {
-			listening <- line
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	b.process = proc
-	select {
-	case line := <-listening:
-		var l struct{ Proxy string }
-		if err := json.Unmarshal([]byte(line), &l); err != nil {
-			b.stop()
-			return nil, err
-		}
-		b.proxyAddr = l.Proxy
-	case <-b.exited:
-		return nil, fmt.Errorf("broker exited at start: %s", b.output())
-	case <-time.After(30 * time.Second):
-		b.stop()
-		return nil, errors.New("broker did not start listening within 30s")
 	}
 	pemCA, err := os.ReadFile(filepath.Join(dir, "ca", "ca.crt"))
 	if err != nil {
@@ -347,4 +316,44 @@ func (b *broker) intercepting() *via {
 // tunnelling is the broker as a proxy the client trusts only to pass TLS through.
 func (b *broker) tunnelling(p *pki) *via {
 	return &via{addr: b.proxyAddr, user: url.UserPassword(agentID, b.token), roots: p.pool}
+}
+
+// run starts the broker on cfgFile with env added to the bench's environment, its audit
+// events to /dev/null, and waits until it says it is listening (b.proxyAddr).
+func (b *broker) run(bin, cfgFile string, env ...string) error {
+	cmd := exec.Command(bin, "run", "--config", cfgFile)
+	cmd.Env = append(harness.Env(), env...)
+	// The broker's audit events go to /dev/null as a file: through a pipe, reading them
+	// would cost the bench process (the clients and the upstream) CPU.
+	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer devNull.Close() // the child has its own copy
+	cmd.Stdout = devNull
+	listening := make(chan string, 1)
+	proc, err := startProcess(cmd, func(line string) {
+		if strings.Contains(line, `"message":"listening"`) {
+			listening <- line
+		}
+	})
+	if err != nil {
+		return err
+	}
+	b.process = proc
+	select {
+	case line := <-listening:
+		var l struct{ Proxy string }
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			b.stop()
+			return err
+		}
+		b.proxyAddr = l.Proxy
+		return nil
+	case <-b.exited:
+		return fmt.Errorf("broker exited at start: %s", b.output())
+	case <-time.After(30 * time.Second):
+		b.stop()
+		return errors.New("broker did not start listening within 30s")
+	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -305,47 +304,19 @@ transparent:
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "run", "--config", cfgFile)
-	cmd.Env = append(harness.Env(), "BENCH_AGENT_TOKEN="+b.token)
-	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-	if err != nil {
+	if err := b.run(bin, cfgFile, "BENCH_AGENT_TOKEN="+b.token); err != nil {
 		return nil, err
 	}
-	defer devNull.Close()
-	cmd.Stdout = devNull // audit events
-	listening := make(chan string, 1)
-	proc, err := startProcess(cmd, func(line string) {
-		if strings.Contains(line, `"message":"listening"`) {
-			listening <- line
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	b.process = proc
-	select {
-	case line := <-listening:
-		var l struct{ Proxy string }
-		if err := json.Unmarshal([]byte(line), &l); err != nil {
-			b.stop()
-			return nil, err
-		}
-		b.proxyAddr = l.Proxy
-	case <-b.exited:
-		return nil, fmt.Errorf("broker exited at start: %s", b.output())
-	case <-time.After(30 * time.Second):
-		b.stop()
-		return nil, errors.New("broker did not start listening within 30s")
-	}
-	if err := proc.waitListening(tAddr, 10*time.Second); err != nil {
+	if err := b.waitListening(tAddr, 10*time.Second); err != nil {
 		b.stop()
 		return nil, err
 	}
-	b.caPool, err = poolFromFile(filepath.Join(dir, "ca", "ca.crt"))
+	pool, err := poolFromFile(filepath.Join(dir, "ca", "ca.crt"))
 	if err != nil {
 		b.stop()
 		return nil, err
 	}
+	b.caPool = pool
 	return b, nil
 }
 
