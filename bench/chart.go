@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/color"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -291,15 +292,7 @@ func save(p *plot.Plot, note string, file string) error {
 		dc.FillText(sty, vg.Point{X: vg.Points(6), Y: extra - lead*vg.Length(i+1)}, l)
 	}
 	p.Draw(draw.Crop(dc, 0, 0, extra, 0))
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	if _, err := img.WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return writeCanvas(img, file)
 }
 
 // plainTicks are plot's default ticks labelled without trailing zeros (25000, not 25000.00).
@@ -406,15 +399,7 @@ func headlineChart(s *summary, file string) error {
 	canvases := plot.Align([][]*plot.Plot{{thr, lat}}, tiles, dc)
 	thr.Draw(canvases[0][0])
 	lat.Draw(canvases[0][1])
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	if _, err := img.WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return writeCanvas(img, file)
 }
 
 // barPlot is one horizontal bar per row with its value written beside it. With clip above
@@ -483,4 +468,17 @@ func barPlot(rows []int, labels []string, xlabel string, value func(path string)
 	// Every row keeps its place, with a bar or without, so that the two plots' rows align.
 	p.Y.Min, p.Y.Max = -0.5, float64(len(rows))-0.5
 	return p, nil
+}
+
+// writeCanvas writes a drawn canvas to file.
+func writeCanvas(img io.WriterTo, file string) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := img.WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -136,14 +136,7 @@ type slicePair struct {
 func measurePair(ctx context.Context, pt, base *path, conns, pairs int, d time.Duration) slicePair {
 	var rps, baseRPS, cpu, baseCPU, ratios []float64
 	for i := range max(pairs, 1) {
-		var n, m throughputResult
-		if i%2 == 0 {
-			m = base.closedLoop(ctx, conns, d)
-			n = pt.closedLoop(ctx, conns, d)
-		} else {
-			n = pt.closedLoop(ctx, conns, d)
-			m = base.closedLoop(ctx, conns, d)
-		}
+		n, m := adjacentSlices(ctx, i, pt, base, conns, d)
 		rps, baseRPS = append(rps, n.rps), append(baseRPS, m.rps)
 		cpu, baseCPU = append(cpu, n.cpuPerReq), append(baseCPU, m.cpuPerReq)
 		if m.rps > 0 {

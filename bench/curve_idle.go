@@ -136,14 +136,7 @@ func idlePoint(ctx context.Context, env curveEnv, up *upstream, p *pki, n, pairs
 	pt.Y = round3(float64(rss1-rss0) / float64(n) / 1024)
 	var with, without, ratios []float64
 	for i := range pairs {
-		var a, b throughputResult
-		if i%2 == 0 {
-			b = quiet.closedLoop(ctx, 32, slice)
-			a = active.closedLoop(ctx, 32, slice)
-		} else {
-			a = active.closedLoop(ctx, 32, slice)
-			b = quiet.closedLoop(ctx, 32, slice)
-		}
+		a, b := adjacentSlices(ctx, i, active, quiet, 32, slice)
 		with, without = append(with, a.rps), append(without, b.rps)
 		if b.rps > 0 {
 			ratios = append(ratios, a.rps/b.rps)

@@ -188,14 +188,7 @@ type paired struct {
 func pairedRatio(ctx context.Context, num, den *path, conns, pairs int, d time.Duration) paired {
 	r := paired{Conns: conns, SliceMS: d.Milliseconds()}
 	for i := range pairs {
-		var n, m throughputResult // num's and den's
-		if i%2 == 0 {
-			m = den.closedLoop(ctx, conns, d)
-			n = num.closedLoop(ctx, conns, d)
-		} else {
-			n = num.closedLoop(ctx, conns, d)
-			m = den.closedLoop(ctx, conns, d)
-		}
+		n, m := adjacentSlices(ctx, i, num, den, conns, d) // num's and den's
 		if m.rps > 0 {
 			r.Ratios = append(r.Ratios, n.rps/m.rps)
 			r.Steal = append(r.Steal, [2]float64{round3(n.steal), round3(m.steal)})
@@ -207,6 +200,19 @@ func pairedRatio(ctx context.Context, num, den *path, conns, pairs int, d time.D
 	r.Median, r.CPUMedian = median(r.Ratios), median(r.CPURatios)
 	fmt.Fprintf(stderr, "  %s/%s c=%d: median %.2fx of %d pairs\n", num.name, den.name, conns, r.Median, len(r.Ratios))
 	return r
+}
+
+// adjacentSlices measures a and b at conns connections for d each, in adjacent slices of pair
+// i: b first in even pairs, a first in odd ones, so that neither path always has the first.
+func adjacentSlices(ctx context.Context, i int, a, b *path, conns int, d time.Duration) (ra, rb throughputResult) {
+	if i%2 == 0 {
+		rb = b.closedLoop(ctx, conns, d)
+		ra = a.closedLoop(ctx, conns, d)
+	} else {
+		ra = a.closedLoop(ctx, conns, d)
+		rb = b.closedLoop(ctx, conns, d)
+	}
+	return ra, rb
 }
 
 // median is the middle of v, or the mean of its middle two; 0 for none.

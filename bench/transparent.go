@@ -172,14 +172,7 @@ func measureTransparent(ctx context.Context, bin, dir string, up *upstream, p *p
 func transparentThroughput(ctx context.Context, trans, explicit *path, conns, pairs int, d time.Duration) transparentPairs {
 	r := transparentPairs{paired: paired{Conns: conns, SliceMS: d.Milliseconds()}}
 	for i := range max(pairs, 1) {
-		var t, e throughputResult
-		if i%2 == 0 {
-			e = explicit.closedLoop(ctx, conns, d)
-			t = trans.closedLoop(ctx, conns, d)
-		} else {
-			t = trans.closedLoop(ctx, conns, d)
-			e = explicit.closedLoop(ctx, conns, d)
-		}
+		t, e := adjacentSlices(ctx, i, trans, explicit, conns, d)
 		if e.rps == 0 || t.rps == 0 {
 			continue
 		}
