@@ -116,26 +116,39 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 // redirected connection in transparent mode: x.ev.Mode says which): the policy's connect
 // phase, a person when it asks, and the decision applied (authorize).
 func (b *Broker) connectDecision(x *exchange, r *http.Request, agent identity.Agent, host string, port int) (policy.Decision, error) {
-	in := &policy.Input{
-		Phase:       policy.PhaseConnect,
-		AgentID:     agent.ID,
-		Labels:      agent.Labels,
-		SourceIP:    x.ev.SourceIP,
-		Mode:        x.ev.Mode,
-		Method:      http.MethodConnect,
-		Host:        host,
-		Port:        port,
-		Credentials: x.g.bindings.Matching(host),
-	}
+	in := connectInput(x.g, agent, x.ev.SourceIP, x.ev.Mode, host, port)
 	d, err := b.policy.Decide(r.Context(), in)
 	if err == nil && d.Ask != nil {
 		d, err = b.ask(x, r, in, d, nil, &policyBody{}) // before any TLS
 	}
-	if err == nil && d.Allow && !d.Intercept && len(d.Credentials) > 0 {
+	if err == nil && opaqueWithCredentials(d) {
 		d.Allow, d.Reason = false, "credentials cannot be injected into an opaque tunnel (intercept: false)"
 	}
 	_, err = b.authorize(x, in, d, err)
 	return d, err
+}
+
+// connectInput is the policy input of the connect phase, of a CONNECT, a redirected
+// connection, or a name the sandbox's resolver is asked for: the agent, host and port, and the
+// credentials bound to the host.
+func connectInput(g *generation, agent identity.Agent, source, mode, host string, port int) *policy.Input {
+	return &policy.Input{
+		Phase:       policy.PhaseConnect,
+		AgentID:     agent.ID,
+		Labels:      agent.Labels,
+		SourceIP:    source,
+		Mode:        mode,
+		Method:      http.MethodConnect,
+		Host:        host,
+		Port:        port,
+		Credentials: g.bindings.Matching(host),
+	}
+}
+
+// opaqueWithCredentials reports an allowed opaque tunnel granted credentials, which the
+// broker refuses: nothing could be injected into it.
+func opaqueWithCredentials(d policy.Decision) bool {
+	return d.Allow && !d.Intercept && len(d.Credentials) > 0
 }
 
 // pipe is an opaque tunnel: bytes are copied both ways, uninspected, to the checked address.

@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/capbroker/capbroker/broker/audit"
@@ -21,12 +20,8 @@ const ReasonNoAgentAddress = "no agent is configured with this source address"
 // StartResolver serves the sandbox's resolver (transparent.dns) on l's sockets, answering
 // names with the addresses the transparent listener maps back. Close the server to stop it.
 func (b *Broker) StartResolver(l *sandboxdns.Listener, t config.Transparent) *sandboxdns.Server {
-	ports := t.Ports
-	if len(ports) == 0 {
-		ports = config.DefaultTransparentPorts
-	}
 	s := sandboxdns.Serve(l, sandboxdns.Options{
-		Policy:           resolverPolicy{b: b, ports: ports},
+		Policy:           resolverPolicy{b: b},
 		Names:            b.names,
 		TTL:              t.DNS.TTL,
 		QueriesPerSecond: t.DNS.QueriesPerSecond,
@@ -39,15 +34,15 @@ func (b *Broker) StartResolver(l *sandboxdns.Listener, t config.Transparent) *sa
 // resolverPolicy is the broker's side of the resolver: whether a name could be allowed, and
 // the audit events.
 type resolverPolicy struct {
-	b     *Broker
-	ports []int
+	b *Broker
 }
 
 var _ sandboxdns.Policy = resolverPolicy{}
 
 // Decide identifies the agent by the query's source address and asks the policy the
 // connect-phase question a redirected connection to the name would ask (input.source.mode
-// "transparent", method CONNECT), for each port the transparent listener serves: the name
+// "transparent", method CONNECT), for each port the transparent listener serves (of the
+// config being served, as the listener reads them): the name
 // is answered when any of them is allowed or asked about. In monitor mode a denied name is
 // answered too (WouldDeny).
 func (p resolverPolicy) Decide(ctx context.Context, q sandboxdns.Query) sandboxdns.Verdict {
@@ -57,20 +52,9 @@ func (p resolverPolicy) Decide(ctx context.Context, q sandboxdns.Query) sandboxd
 		return sandboxdns.Verdict{Reason: ReasonNoAgentAddress}
 	}
 	v := sandboxdns.Verdict{Agent: agent.ID}
-	creds := g.bindings.Matching(q.Name)
-	for _, port := range p.ports {
-		in := &policy.Input{
-			Phase:       policy.PhaseConnect,
-			AgentID:     agent.ID,
-			Labels:      agent.Labels,
-			SourceIP:    q.Source.String(),
-			Mode:        audit.ModeTransparent,
-			Method:      http.MethodConnect,
-			Host:        q.Name,
-			Port:        port,
-			Credentials: creds,
-		}
-		d, err := p.b.policy.Decide(ctx, in)
+	ports := g.transparentPorts // transparent.ports, defaulted when the resolver is configured
+	for _, port := range ports {
+		d, err := p.b.policy.Decide(ctx, connectInput(g, agent, q.Source.String(), audit.ModeTransparent, q.Name, port))
 		if err != nil {
 			p.b.log.Warn().Err(err).Str("agent", agent.ID).Str("host", q.Name).Msg("resolver: policy evaluation failed")
 			if v.Reason == "" {
@@ -79,12 +63,11 @@ func (p resolverPolicy) Decide(ctx context.Context, q sandboxdns.Query) sandboxd
 			continue
 		}
 		v.Revision, v.DecisionID = d.Revision, d.ID
-		opaqueWithCredentials := d.Allow && !d.Intercept && len(d.Credentials) > 0 // connect() refuses it
-		if (d.Allow && !opaqueWithCredentials) || d.Ask != nil {
+		if (d.Allow && !opaqueWithCredentials(d)) || d.Ask != nil {
 			v.Allow, v.Reason = true, d.Reason
 			return v
 		}
-		if v.Reason == "" || port == p.ports[0] {
+		if v.Reason == "" || port == ports[0] {
 			v.Reason = d.Reason
 		}
 	}

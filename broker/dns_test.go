@@ -44,7 +44,7 @@ func TestResolverPolicy(t *testing.T) {
 	cfg.Transparent.DNS.Listen = "127.0.0.1:0"
 	pol := &portPolicy{}
 	b, _ := testBroker(t, cfg, Deps{Policy: pol, Secrets: benchSecrets{}, Audit: al}, memoryUpstream{}, "example.com")
-	rp := resolverPolicy{b: b, ports: cfg.Transparent.Ports}
+	rp := resolverPolicy{b: b}
 	agentAddr := netip.MustParseAddr("10.250.0.2")
 
 	v := rp.Decide(context.Background(), sandboxdns.Query{Source: agentAddr, Name: "web.example", Type: "A"})
@@ -119,7 +119,7 @@ decision := {"allow": true} if {
 	cfg.Agents = append(cfg.Agents, config.Agent{ID: "sidecar", Addresses: []string{"10.250.0.2/32"}})
 	cfg.Transparent.DNS.Listen = "127.0.0.1:0"
 	br, _ := testBroker(b, cfg, Deps{Policy: e, Secrets: benchSecrets{}}, memoryUpstream{}, "example.com")
-	rp := resolverPolicy{b: br, ports: cfg.Transparent.Ports}
+	rp := resolverPolicy{b: br}
 	for name, want := range map[string]bool{"api.example.com": true, "evil.example": false} {
 		b.Run(map[bool]string{true: "allowed", false: "denied"}[want], func(b *testing.B) {
 			q := sandboxdns.Query{Source: netip.MustParseAddr("10.250.0.2"), Name: name, Type: "A"}
