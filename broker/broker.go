@@ -122,7 +122,7 @@ type Broker struct {
 
 	inflight sync.WaitGroup // requests in the pipeline, for draining
 	// tunnels holds the server of every intercepted tunnel (a shutdowner: the *http.Server of
-	// an HTTP/2 tunnel, the *parkingConn of an HTTP/1.1 one), so that a drain waits for their
+	// an HTTP/2 tunnel, the *http1.Conn of an HTTP/1.1 one), so that a drain waits for their
 	// responses to end, not only for the pipeline to let go of them.
 	tunnels  sync.Map
 	draining atomic.Bool

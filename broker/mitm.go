@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/capbroker/capbroker/broker/http1"
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // tlsHandshakeTimeout bounds the agent's TLS handshake inside a tunnel.
@@ -23,10 +26,10 @@ const tlsHandshakeTimeout = 10 * time.Second
 
 // intercept serves an allowed, intercepted CONNECT: it answers 200, terminates the agent's TLS
 // with a leaf for the CONNECT host (issued only now), and serves the requests inside with
-// net/http (HTTP/2 when the agent negotiated h2, else HTTP/1.1), so each one gets the server's
-// limits and timeouts and a context that ends when the agent goes away. Every request, or
-// HTTP/2 stream, is decided again (b.exchange with the tunnel). An HTTP/1.1 tunnel is put
-// aside between requests (parkingConn).
+// net/http's HTTP/2 server when the agent negotiated h2, else broker/http1, so each one gets a
+// server's limits and timeouts and a context that ends when the agent goes away. Every
+// request, or HTTP/2 stream, is decided again (b.exchange with the tunnel). An HTTP/1.1
+// tunnel is parked between requests.
 func (b *Broker) intercept(client net.Conn, tun *tunnel, release func()) {
 	b.interceptConn(client, tun, release, true)
 }
@@ -76,13 +79,7 @@ func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), gre
 	}
 	_ = client.SetDeadline(time.Time{})
 
-	srv := &http.Server{
-		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { b.serveTunnel(w, r, tun) }),
-		ReadHeaderTimeout: readHeaderTimeout,
-		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          discardLog,
-	}
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { b.serveTunnel(w, r, tun) })
 	var ended shutdowner
 	end := func() {
 		b.tunnels.Delete(ended)
@@ -90,9 +87,16 @@ func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), gre
 	}
 	tc, isTLS := conn.(*tls.Conn)
 	if isTLS && tc.ConnectionState().NegotiatedProtocol == "h2" {
-		// HTTP/2: the server is handed the *tls.Conn itself, which is how net/http recognises
-		// a negotiated h2 connection; its framing is checked by the HTTP/2 server. Each stream
-		// is one request through serveTunnel.
+		// HTTP/2: net/http's server is handed the *tls.Conn itself, which is how it
+		// recognises a negotiated h2 connection; its framing is checked by the HTTP/2 server.
+		// Each stream is one request through serveTunnel.
+		srv := &http.Server{
+			Handler:           handler,
+			ReadHeaderTimeout: readHeaderTimeout,
+			IdleTimeout:       idleTimeout,
+			MaxHeaderBytes:    maxHeaderBytes,
+			ErrorLog:          discardLog,
+		}
 		configureH2(srv)
 		srv.ConnState = func(_ net.Conn, s http.ConnState) {
 			if s == http.StateClosed || s == http.StateHijacked {
@@ -107,19 +111,30 @@ func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), gre
 		_ = srv.Serve(&oneConnListener{conn: conn})
 		return
 	}
-	// HTTP/1.1 (ALPN http/1.1, none, or plain HTTP): every byte the parser sees has passed the
-	// framing guard, and the server cannot take the h2 path because it is not given a
-	// *tls.Conn. It need not set HTTP/2 up for each tunnel either. Between requests the tunnel
-	// is parked (see parkingConn).
-	srv.TLSNextProto = noNextProto
-	pc := newParkingConn(conn, srv, parkAfter, end)
-	ended = pc
-	if !b.track(pc) {
+	// HTTP/1.1 (ALPN http/1.1, none, or plain HTTP), served on this goroutine (broker/http1);
+	// every byte the parser sees has passed the framing guard. Between requests a quiet
+	// tunnel is parked.
+	s := &http1.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		Linger:            parkAfter,
+	}
+	hc := s.NewConn(wire.Guard(conn, framingRejection), end)
+	ended = hc
+	if !b.track(hc) {
 		return
 	}
 	served = true
-	pc.serve()
+	hc.Serve()
 }
+
+// parkAfter is how long an HTTP/1.1 tunnel with no request in it keeps its goroutine and
+// buffers before it is parked (http1.Server.Linger). Requests that follow each other more
+// closely (a busy client) find it served; a parked tunnel holds its TLS state and one small
+// goroutine.
+const parkAfter = 100 * time.Millisecond
 
 // openTunnels counts the intercepted tunnels open, for the metrics.
 func (b *Broker) openTunnels() (n int) {
@@ -145,9 +160,6 @@ func (b *Broker) track(s shutdowner) bool {
 
 // discardLog silences net/http's own messages about tunnel connections (they may hold URLs).
 var discardLog = log.New(io.Discard, "", 0)
-
-// noNextProto is the TLSNextProto of HTTP/1.1 tunnel servers: no protocol upgrade at all.
-var noNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
 
 // maxConcurrentStreams bounds the requests an agent runs at once on one HTTP/2 tunnel: all of
 // them share the tunnel's one connection slot (proxy.max_connections_per_agent).

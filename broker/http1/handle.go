@@ -1,0 +1,219 @@
+package http1
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// check is what net/http's server checks of a request before any handler sees it: the
+// version, a valid Host (required in HTTP/1.1), valid header names and values, and an Expect
+// it can meet. It returns the status and status line of the refusal, or 0.
+func check(req *http.Request) (int, string) {
+	if req.ProtoMajor != 1 {
+		return http.StatusHTTPVersionNotSupported, "505 HTTP Version Not Supported"
+	}
+	// http.ReadRequest has taken Host out of the header, into req.Host (the framing guard
+	// refuses a second Host field).
+	switch {
+	case req.ProtoAtLeast(1, 1) && req.Host == "":
+		return http.StatusBadRequest, "400 Bad Request: missing required Host header"
+	case req.Host != "" && !httpguts.ValidHostHeader(req.Host):
+		return http.StatusBadRequest, "400 Bad Request: malformed Host header"
+	}
+	for k, vs := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return http.StatusBadRequest, "400 Bad Request: invalid header name"
+		}
+		for _, v := range vs {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return http.StatusBadRequest, "400 Bad Request: invalid header value"
+			}
+		}
+	}
+	if e := req.Header.Get("Expect"); e != "" && (!strings.EqualFold(e, "100-continue") || !req.ProtoAtLeast(1, 1)) {
+		return http.StatusExpectationFailed, "417 Expectation Failed"
+	}
+	return 0, ""
+}
+
+// handle runs the handler for req and finishes its response.
+func (c *Conn) handle(req *http.Request) outcome {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req = req.WithContext(ctx)
+	if c.remote == "" {
+		c.remote = c.raw.RemoteAddr().String()
+	}
+	req.RemoteAddr = c.remote
+	w := &response{c: c, req: req, header: make(http.Header, 8), contentLength: -1}
+	body := &requestBody{rc: req.Body, w: w}
+	if req.Body != nil && req.Body != http.NoBody {
+		req.Body = body
+		if req.Header.Get("Expect") != "" {
+			body.expect = true
+		}
+	} else {
+		body.eof = true
+	}
+	c.mu.Lock()
+	c.cancel, c.abortWatch, c.watching = cancel, false, body.eof
+	c.mu.Unlock()
+	if body.eof {
+		c.startWatch()
+	}
+
+	if !c.serveHandler(w, req) {
+		c.stopWatch()
+		return closing // the handler panicked: the response may be cut anywhere
+	}
+	c.stopWatch()
+	if c.hijacked {
+		return hijacked
+	}
+	// What the handler left of the body is read, so that the connection can carry the next
+	// request; a body too long for that, or one the agent was never asked to send, ends it.
+	if !body.eof {
+		switch {
+		case body.expect && !body.continued:
+			w.closeAfter = true
+		default:
+			n, err := io.CopyN(io.Discard, body.rc, maxDrain+1)
+			if n > maxDrain || (err != nil && err != io.EOF) {
+				w.closeAfter = true
+			}
+		}
+	}
+	if err := w.finish(); err != nil || w.closeAfter {
+		return closing
+	}
+	c.mu.Lock()
+	draining := c.draining
+	c.mu.Unlock()
+	if draining {
+		return closing
+	}
+	return next
+}
+
+// serveHandler runs the handler; it reports false when the handler panicked (as net/http's
+// server does, the panic ends the connection, not the broker; http.ErrAbortHandler alike).
+func (c *Conn) serveHandler(w *response, req *http.Request) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	c.s.Handler.ServeHTTP(w, req)
+	return true
+}
+
+// startWatch arms the watch for an agent that goes away while its request is handled: after
+// watchDelay, the connection is read (see watchAgent). It is armed once a request's body has
+// been read to its end (or at once, without one), until stopWatch.
+func (c *Conn) startWatch() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.watching || c.armed {
+		return
+	}
+	c.armed = true
+	if c.watch == nil {
+		c.watch = time.AfterFunc(watchDelay, c.watchAgent)
+		return
+	}
+	c.watch.Reset(watchDelay)
+}
+
+// watchAgent reads the connection while a request is handled past watchDelay: a byte read is
+// the next request's, put back for it; the connection failing (the agent went away) ends the
+// request's context; an abort (stopWatch) ends the read without either.
+func (c *Conn) watchAgent() {
+	c.mu.Lock()
+	if !c.watching || c.abortWatch {
+		c.mu.Unlock()
+		c.watchEnded <- struct{}{}
+		return
+	}
+	c.watchRead = true
+	c.src.want, c.src.applied = time.Time{}, time.Time{}
+	_ = c.raw.SetReadDeadline(time.Time{})
+	c.mu.Unlock()
+	if c.s.onWatch != nil {
+		c.s.onWatch()
+	}
+	var b [1]byte
+	n, err := c.raw.Read(b[:])
+	c.mu.Lock()
+	c.watchRead = false
+	aborted := c.abortWatch
+	cancel := c.cancel
+	c.mu.Unlock()
+	switch {
+	case n == 1:
+		c.src.unread(b[0])
+	case err != nil && !(aborted && isTimeout(err)):
+		cancel()
+	}
+	c.watchEnded <- struct{}{}
+}
+
+// stopWatch ends the watch before the connection is read or written again for the next
+// request; a watch that never began costs nothing more than stopping its timer.
+func (c *Conn) stopWatch() {
+	c.mu.Lock()
+	c.watching = false
+	armed := c.armed
+	c.armed = false
+	if !armed || c.watch.Stop() {
+		c.mu.Unlock()
+		return
+	}
+	c.abortWatch = true
+	if c.watchRead {
+		_ = c.raw.SetReadDeadline(aLongTimeAgo)
+	}
+	c.mu.Unlock()
+	<-c.watchEnded
+	c.src.applied = aLongTimeAgo // the next read sets its own deadline
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// requestBody is a request's body as the handler reads it: it asks for a body the agent
+// holds back (Expect: 100-continue) when first read, and arms the watch when read to its end.
+type requestBody struct {
+	rc        io.ReadCloser
+	w         *response
+	expect    bool // the agent waits for 100 Continue
+	continued bool // it was sent
+	eof       bool
+}
+
+func (b *requestBody) Read(p []byte) (int, error) {
+	if b.eof {
+		return 0, io.EOF
+	}
+	if b.expect && !b.continued {
+		if err := b.w.sendContinue(); err != nil {
+			return 0, err
+		}
+		b.continued = true
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof = true
+		c := b.w.c
+		c.mu.Lock()
+		c.watching = !c.hijacked
+		c.mu.Unlock()
+		c.startWatch()
+	}
+	return n, err
+}
+
+func (b *requestBody) Close() error { return nil } // what is left is drained after the handler

@@ -1,0 +1,393 @@
+package http1
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// shortBody is how much of a body whose length the handler did not set is held back to learn
+// it: a body that ends within it (and is not flushed) is sent with a Content-Length, a longer
+// one chunked. net/http's server holds 2 KiB.
+const shortBody = 2 << 10
+
+// response is the http.ResponseWriter of one request (also http.Flusher and http.Hijacker,
+// which http.ResponseController finds).
+type response struct {
+	c   *Conn
+	req *http.Request
+
+	mu          sync.Mutex // the handler's writes and the body's 100 Continue
+	header      http.Header
+	wroteHeader bool  // WriteHeader was called (or implied by Write)
+	status      int   // its status
+	headSent    bool  // the status line and header are in the writer
+	written     int64 // body bytes the handler wrote
+	short       []byte
+	chunked     bool
+	noBody      bool  // HEAD, 204, 304: the body is not sent
+	closeAfter  bool  // the connection ends after this response
+	err         error // the first write that failed: the rest fail alike
+	// contentLength is the body's length once known: the handler's Content-Length, parsed
+	// when the header was written, or the short body's; -1 until then.
+	contentLength int64
+}
+
+var shortBufs = sync.Pool{New: func() any { b := make([]byte, 0, shortBody); return &b }}
+
+func (w *response) Header() http.Header { return w.header }
+
+func (w *response) WriteHeader(code int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writeHeaderLocked(code)
+}
+
+func (w *response) writeHeaderLocked(code int) {
+	if w.c.hijacked || w.wroteHeader {
+		return
+	}
+	if code < 100 || code > 999 {
+		panic("http1: invalid WriteHeader code " + strconv.Itoa(code))
+	}
+	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
+		// An informational response goes out at once; the final one follows.
+		w.writeStatusAndHeader(code)
+		_, _ = w.c.bw.WriteString("\r\n")
+		w.err = w.c.bw.Flush()
+		return
+	}
+	w.wroteHeader, w.status = true, code
+	w.noBody = w.req.Method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified || code < 200
+	if cl := w.header.Get("Content-Length"); cl != "" {
+		n, err := strconv.ParseInt(cl, 10, 64)
+		if err != nil || n < 0 {
+			w.header.Del("Content-Length") // as net/http's server: an invalid one is not sent
+		} else {
+			w.contentLength = n
+		}
+	}
+}
+
+func (w *response) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.c.hijacked {
+		return 0, http.ErrHijacked
+	}
+	if !w.wroteHeader {
+		w.writeHeaderLocked(http.StatusOK)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if w.noBody {
+		if w.req.Method == http.MethodHead {
+			return len(p), nil
+		}
+		return 0, http.ErrBodyNotAllowed
+	}
+	if w.contentLength >= 0 && w.written+int64(len(p)) > w.contentLength {
+		return 0, http.ErrContentLength
+	}
+	w.written += int64(len(p))
+	if !w.headSent {
+		if w.contentLength < 0 && !w.hasTrailers() && len(w.short)+len(p) <= shortBody {
+			if w.short == nil {
+				w.short = (*shortBufs.Get().(*[]byte))[:0]
+			}
+			w.short = append(w.short, p...)
+			return len(p), nil
+		}
+		w.sendHead(false, p)
+	}
+	if err := w.writeBody(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// sendHead writes the status line and the header, framing the body: the handler's
+// Content-Length; with done (the handler returned) and a short body held back, its length;
+// else chunked, or for HTTP/1.0, up to the connection's end. The fields this writer adds
+// (framing, Date, a sniffed Content-Type, Connection) are written after the handler's,
+// without changing its header map; first is the body's first bytes, to sniff a Content-Type
+// from when the handler set none.
+func (w *response) sendHead(done bool, first []byte) {
+	h := w.header
+	delete(h, "Transfer-Encoding") // the framing is this writer's to choose
+	var framing string
+	switch {
+	case w.noBody || w.contentLength >= 0:
+	case done && !w.hasTrailers():
+		w.contentLength = int64(len(w.short))
+		framing = "Content-Length: " + strconv.Itoa(len(w.short)) + "\r\n"
+	case w.req.ProtoAtLeast(1, 1):
+		w.chunked = true
+		framing = "Transfer-Encoding: chunked\r\n"
+	default:
+		w.closeAfter = true
+	}
+	if w.req.Close || w.wantsClose() {
+		w.closeAfter = true
+	}
+	w.c.mu.Lock()
+	draining := w.c.draining
+	w.c.mu.Unlock()
+	if draining {
+		w.closeAfter = true
+	}
+	delete(h, "Connection") // said below, once
+	w.writeStatusAndHeader(w.status)
+	bw := w.c.bw
+	bw.WriteString(framing)
+	if len(w.short) > 0 {
+		first = w.short
+	}
+	if _, ok := h["Content-Type"]; !ok && !w.noBody && len(first) > 0 {
+		bw.WriteString("Content-Type: ")
+		bw.WriteString(http.DetectContentType(first))
+		bw.WriteString("\r\n")
+	}
+	if _, ok := h["Date"]; !ok {
+		bw.WriteString("Date: ")
+		bw.WriteString(httpDate())
+		bw.WriteString("\r\n")
+	}
+	switch {
+	case w.closeAfter:
+		bw.WriteString("Connection: close\r\n")
+	case !w.req.ProtoAtLeast(1, 1):
+		bw.WriteString("Connection: keep-alive\r\n")
+	}
+	bw.WriteString("\r\n")
+	w.headSent = true
+	if len(w.short) > 0 {
+		short := w.short
+		w.short = nil
+		_ = w.writeBody(short)
+		short = short[:0]
+		shortBufs.Put(&short)
+	}
+}
+
+// httpDate is the current time as a Date field has it, formatted once a second.
+func httpDate() string {
+	now := time.Now()
+	if d := lastDate.Load(); d != nil && d.sec == now.Unix() {
+		return d.text
+	}
+	d := &date{sec: now.Unix(), text: now.UTC().Format(http.TimeFormat)}
+	lastDate.Store(d)
+	return d.text
+}
+
+type date struct {
+	sec  int64
+	text string
+}
+
+var lastDate atomic.Pointer[date]
+
+// wantsClose reports whether the handler said the connection ends with this response.
+func (w *response) wantsClose() bool {
+	for _, v := range w.header["Connection"] {
+		if httpguts.HeaderValuesContainsToken([]string{v}, "close") {
+			return true
+		}
+	}
+	return false
+}
+
+// hasTrailers reports whether the handler declared or set trailers: they need a chunked body.
+func (w *response) hasTrailers() bool {
+	if _, ok := w.header["Trailer"]; ok {
+		return true
+	}
+	for k := range w.header {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// writeStatusAndHeader writes the status line and the header fields, in a stable order;
+// trailers (http.TrailerPrefix) are left for the end of the body, values' line breaks are
+// spaces, and invalid names are left out.
+func (w *response) writeStatusAndHeader(code int) {
+	bw := w.c.bw
+	bw.WriteString("HTTP/1.1 ")
+	bw.WriteString(strconv.Itoa(code))
+	bw.WriteByte(' ')
+	if text := http.StatusText(code); text != "" {
+		bw.WriteString(text)
+	} else {
+		bw.WriteString("status code " + strconv.Itoa(code))
+	}
+	bw.WriteString("\r\n")
+	writeFields(bw, w.header, false)
+}
+
+var newlines = strings.NewReplacer("\r\n", " ", "\r", " ", "\n", " ")
+
+// writeFields writes h's fields (or, with trailers, the http.TrailerPrefix ones without it).
+func writeFields(bw *bufio.Writer, h http.Header, trailers bool) {
+	keys := make([]string, 0, 16) // on the stack for most headers
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		name := k
+		if strings.HasPrefix(k, http.TrailerPrefix) != trailers {
+			continue
+		}
+		if trailers {
+			name = k[len(http.TrailerPrefix):]
+		}
+		if !httpguts.ValidHeaderFieldName(name) {
+			continue
+		}
+		for _, v := range h[k] {
+			bw.WriteString(name)
+			bw.WriteString(": ")
+			v = strings.TrimSpace(v)
+			if strings.ContainsAny(v, "\r\n") {
+				v = newlines.Replace(v)
+			}
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
+}
+
+func (w *response) writeBody(p []byte) error {
+	if w.err != nil {
+		return w.err
+	}
+	bw := w.c.bw
+	if w.chunked {
+		bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
+		bw.WriteString("\r\n")
+	}
+	_, w.err = bw.Write(p)
+	if w.chunked && w.err == nil {
+		_, w.err = bw.WriteString("\r\n")
+	}
+	return w.err
+}
+
+// FlushError sends what was written so far to the agent.
+func (w *response) FlushError() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.c.hijacked {
+		return http.ErrHijacked
+	}
+	if !w.wroteHeader {
+		w.writeHeaderLocked(http.StatusOK)
+	}
+	if !w.headSent {
+		w.sendHead(false, nil)
+	}
+	if w.err == nil {
+		w.err = w.c.bw.Flush()
+	}
+	return w.err
+}
+
+func (w *response) Flush() { _ = w.FlushError() }
+
+// finish ends the response after the handler returned: the held-back body, the chunked end
+// and trailers, everything flushed. A body shorter than its Content-Length ends the connection.
+func (w *response) finish() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.wroteHeader {
+		w.writeHeaderLocked(http.StatusOK)
+	}
+	if !w.headSent {
+		w.sendHead(true, nil)
+	}
+	bw := w.c.bw
+	if w.chunked {
+		bw.WriteString("0\r\n")
+		writeFields(bw, w.header, true)
+		bw.WriteString("\r\n")
+	}
+	if !w.noBody && w.contentLength >= 0 && w.written < w.contentLength {
+		w.closeAfter = true
+	}
+	if w.err == nil {
+		w.err = bw.Flush()
+	}
+	return w.err
+}
+
+// sendContinue answers Expect: 100-continue, unless the response has begun.
+func (w *response) sendContinue() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.wroteHeader || w.c.hijacked {
+		return nil
+	}
+	_, _ = io.WriteString(w.c.bw, "HTTP/1.1 100 Continue\r\n\r\n")
+	return w.c.bw.Flush()
+}
+
+// Hijack hands the connection to the handler, with what was read of it and not yet parsed; the
+// connection is no longer served, and ends when the handler closes it.
+func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.c
+	if c.hijacked {
+		return nil, nil, http.ErrHijacked
+	}
+	if w.headSent {
+		if err := c.bw.Flush(); err != nil {
+			return nil, nil, err
+		}
+	}
+	c.stopWatch()
+	c.mu.Lock()
+	c.hijacked = true
+	c.mu.Unlock()
+	_ = c.raw.SetDeadline(time.Time{})
+	c.src.want, c.src.applied = time.Time{}, time.Time{}
+	hc := &hijackedConn{Conn: c.raw, c: c}
+	// The reader keeps reading through the source (a byte a park put back comes first); it
+	// and the writer now belong to the handler, not to the pool.
+	br, bw := c.br, c.bw
+	c.br, c.bw = nil, nil
+	bw.Reset(hc)
+	return hc, bufio.NewReadWriter(br, bw), nil
+}
+
+// hijackedConn is the connection as the handler takes it: closing it ends the connection.
+type hijackedConn struct {
+	net.Conn
+	c *Conn
+}
+
+func (h *hijackedConn) Close() error {
+	h.c.close()
+	return nil
+}
+
+// Switch is the framing guard's (broker/wire): the protocol was switched.
+func (h *hijackedConn) Switch() {
+	if s, ok := h.Conn.(interface{ Switch() }); ok {
+		s.Switch()
+	}
+}
