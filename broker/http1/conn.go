@@ -36,6 +36,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -51,10 +52,6 @@ type Server struct {
 
 	onWatch func() // tests: called as the watch begins to read (see watchAgent)
 }
-
-// watchDelay is how long a request is handled before the connection is read to learn whether
-// its agent went away. Most responses are done sooner, and no read happens for them at all.
-const watchDelay = 5 * time.Millisecond
 
 // maxDrain bounds what is read of a request body the handler left unread, to keep the
 // connection for the next request (as net/http's server does, 256 KiB); with more, the
@@ -75,15 +72,15 @@ type Conn struct {
 	br  *bufio.Reader // nil while parked
 	bw  *bufio.Writer // nil while parked
 
-	// The watch for an agent that went away during a long request (see watchDelay).
-	watch      *time.Timer
+	// The watch for an agent that went away during a long request (see watch.go).
+	watchFrom  atomic.Int64 // when the request could be watched (body read), or 0
 	watchEnded chan struct{}
 
 	mu         sync.Mutex
 	idle       bool // waiting for the next request (or parked)
 	draining   bool
 	watching   bool // the watch may run: a request is handled, its body read
-	armed      bool // its timer was started for this request
+	watchOn    bool // the watch was started for this request
 	hijacked   bool
 	watchRead  bool // the watch is reading the connection
 	abortWatch bool // the request is done: the watch must end
@@ -110,6 +107,8 @@ func (c *Conn) Serve() {
 	if c.br == nil {
 		c.br, c.bw = getBuffers(&c.src, c.raw)
 	}
+	watched.add(c)
+	defer watched.remove(c)
 	for {
 		switch c.serveOne() {
 		case next:
@@ -200,6 +199,13 @@ func (c *Conn) waitRequest() outcome {
 		}
 		return next
 	default:
+		// A deadline set for an earlier wait serves when it ends at least half a Linger
+		// from now: a busy connection then sets one every Linger/2, not one per request
+		// (each a change to the socket's timer, and on a quiet machine a wake-up of the
+		// network poller).
+		if a := c.src.applied; a.After(now.Add(c.s.Linger/2)) && !a.After(lingerEnd) {
+			lingerEnd = a
+		}
 		c.src.setDeadline(lingerEnd)
 		_, err := c.br.Peek(1)
 		if err == nil {

@@ -61,10 +61,10 @@ func (c *Conn) handle(req *http.Request) outcome {
 		body.eof = true
 	}
 	c.mu.Lock()
-	c.cancel, c.abortWatch, c.watching = cancel, false, body.eof
+	c.cancel = cancel
 	c.mu.Unlock()
 	if body.eof {
-		c.startWatch()
+		c.watchable()
 	}
 
 	if !c.serveHandler(w, req) {
@@ -112,76 +112,6 @@ func (c *Conn) serveHandler(w *response, req *http.Request) (ok bool) {
 	return true
 }
 
-// startWatch arms the watch for an agent that goes away while its request is handled: after
-// watchDelay, the connection is read (see watchAgent). It is armed once a request's body has
-// been read to its end (or at once, without one), until stopWatch.
-func (c *Conn) startWatch() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.watching || c.armed {
-		return
-	}
-	c.armed = true
-	if c.watch == nil {
-		c.watch = time.AfterFunc(watchDelay, c.watchAgent)
-		return
-	}
-	c.watch.Reset(watchDelay)
-}
-
-// watchAgent reads the connection while a request is handled past watchDelay: a byte read is
-// the next request's, put back for it; the connection failing (the agent went away) ends the
-// request's context; an abort (stopWatch) ends the read without either.
-func (c *Conn) watchAgent() {
-	c.mu.Lock()
-	if !c.watching || c.abortWatch {
-		c.mu.Unlock()
-		c.watchEnded <- struct{}{}
-		return
-	}
-	c.watchRead = true
-	c.src.want, c.src.applied = time.Time{}, time.Time{}
-	_ = c.raw.SetReadDeadline(time.Time{})
-	c.mu.Unlock()
-	if c.s.onWatch != nil {
-		c.s.onWatch()
-	}
-	var b [1]byte
-	n, err := c.raw.Read(b[:])
-	c.mu.Lock()
-	c.watchRead = false
-	aborted := c.abortWatch
-	cancel := c.cancel
-	c.mu.Unlock()
-	switch {
-	case n == 1:
-		c.src.unread(b[0])
-	case err != nil && !(aborted && isTimeout(err)):
-		cancel()
-	}
-	c.watchEnded <- struct{}{}
-}
-
-// stopWatch ends the watch before the connection is read or written again for the next
-// request; a watch that never began costs nothing more than stopping its timer.
-func (c *Conn) stopWatch() {
-	c.mu.Lock()
-	c.watching = false
-	armed := c.armed
-	c.armed = false
-	if !armed || c.watch.Stop() {
-		c.mu.Unlock()
-		return
-	}
-	c.abortWatch = true
-	if c.watchRead {
-		_ = c.raw.SetReadDeadline(aLongTimeAgo)
-	}
-	c.mu.Unlock()
-	<-c.watchEnded
-	c.src.applied = aLongTimeAgo // the next read sets its own deadline
-}
-
 var aLongTimeAgo = time.Unix(1, 0)
 
 // requestBody is a request's body as the handler reads it: it asks for a body the agent
@@ -207,11 +137,7 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	if err == io.EOF {
 		b.eof = true
-		c := b.w.c
-		c.mu.Lock()
-		c.watching = !c.hijacked
-		c.mu.Unlock()
-		c.startWatch()
+		b.w.c.watchable()
 	}
 	return n, err
 }
