@@ -119,25 +119,26 @@ func (pa *path) countingDial() func(ctx context.Context, network, addr string) (
 	}
 }
 
-// addedP50 is a path's open-loop p50 minus direct's, in pairs of adjacent slices.
+// addedP50 is a path's open-loop p50 minus another's (direct's, mostly), in pairs of adjacent
+// slices.
 type addedP50 struct {
 	pairedDiff
-	Stats [][2]loopStats `json:"stats"` // each pair's slices: the path's, direct's
+	Stats [][2]loopStats `json:"stats"` // each pair's slices: the path's, the base's
 }
 
-// pairedAddedP50 measures pa's p50 minus direct's at rate in pairs of adjacent open-loop
-// slices of d, direct first in even pairs, pa first in odd ones. Each slice follows a warm-up
-// at the same rate (latencyWarmUp): see openLoop.
-func pairedAddedP50(ctx context.Context, pa, direct *path, pairs, rate int, d time.Duration) addedP50 {
+// pairedAddedP50 measures pa's p50 minus base's at rate in pairs of adjacent open-loop slices
+// of d, base first in even pairs, pa first in odd ones. Each slice follows a warm-up at the
+// same rate (latencyWarmUp): see openLoop.
+func pairedAddedP50(ctx context.Context, pa, base *path, pairs, rate int, d time.Duration) addedP50 {
 	r := addedP50{pairedDiff: pairedDiff{Rate: rate, SliceMS: d.Milliseconds()}}
 	for i := range max(pairs, 1) {
 		var a, b loopStats
 		if i%2 == 0 {
-			_, b = direct.timedLoop(ctx, rate, d)
+			_, b = base.timedLoop(ctx, rate, d)
 			_, a = pa.timedLoop(ctx, rate, d)
 		} else {
 			_, a = pa.timedLoop(ctx, rate, d)
-			_, b = direct.timedLoop(ctx, rate, d)
+			_, b = base.timedLoop(ctx, rate, d)
 		}
 		r.DiffsMS = append(r.DiffsMS, round3(a.P50MS-b.P50MS))
 		r.Stats = append(r.Stats, [2]loopStats{a, b})
@@ -160,8 +161,9 @@ func (r addedP50) print(w io.Writer, name string) {
 }
 
 // latencyPairs is -only latency-pairs: the added p50 at -rate of the full pipeline, the bare
-// intercepted path and the relay, each over direct in pairs of adjacent open-loop slices
-// (-pairs of them, -latency-slice each): the target's measurement alone, in under a minute.
+// intercepted path and the relay, each over direct in pairs of adjacent open-loop slices (a
+// quarter of -pairs, at least 3, of -latency-slice each), and the full pipeline's over the
+// relay's: the target's measurement alone, in about a minute.
 func latencyPairs(ctx context.Context, up *upstream, p *pki, direct, intercept, full *path, o options) error {
 	peers, results, stop := startPeers(ctx, up, p, []string{"relay"})
 	defer stop()
@@ -174,9 +176,17 @@ func latencyPairs(ctx context.Context, up *upstream, p *pki, direct, intercept, 
 	for _, pa := range append(compared, direct) {
 		pa.client = pa.withConns(p, 256)
 	}
+	n := max(o.pairs/4, 3)
 	for _, pa := range compared {
-		r := pairedAddedP50(ctx, pa, direct, max(o.pairs/4, 3), o.rate, o.latencySlice)
-		r.print(os.Stdout, pa.name)
+		r := pairedAddedP50(ctx, pa, direct, n, o.rate, o.latencySlice)
+		r.print(os.Stdout, pa.name+" over direct:")
+	}
+	// The full pipeline over the relay, paired too: what the broker adds over the floor of an
+	// intercepting proxy (the relay's extra hop and its two TLS legs are on both sides), which
+	// the machine's other load moves less than the added p50 over direct.
+	if len(peers) > 0 {
+		r := pairedAddedP50(ctx, full, peers[0], n, o.rate, o.latencySlice)
+		r.print(os.Stdout, "full over relay:")
 	}
 	return nil
 }
