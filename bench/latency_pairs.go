@@ -182,8 +182,8 @@ func latencyPairs(ctx context.Context, up *upstream, p *pki, direct, intercept, 
 		r.print(os.Stdout, pa.name+" over direct:")
 	}
 	// The full pipeline over the relay, paired too: what the broker adds over the floor of an
-	// intercepting proxy (the relay's extra hop and its two TLS legs are on both sides), which
-	// the machine's other load moves less than the added p50 over direct.
+	// intercepting proxy, the relay's extra hop and its two TLS legs being on both sides. (On
+	// a machine loaded by others it moved as much as the added p50 over direct.)
 	if len(peers) > 0 {
 		r := pairedAddedP50(ctx, full, peers[0], n, o.rate, o.latencySlice)
 		r.print(os.Stdout, "full over relay:")
