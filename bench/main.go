@@ -31,7 +31,7 @@ func main() {
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "duration of each slice of -pairs")
 	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
 	flag.DurationVar(&o.latencyFor, "latency-for", 3*time.Second, "duration of each latency phase")
-	flag.DurationVar(&o.latencySlice, "latency-slice", time.Second, "duration of each open-loop slice of the added p50's pairs")
+	flag.DurationVar(&o.latencySlice, "latency-slice", time.Second, "duration of each open-loop slice of -only latency-pairs (the targets' pairs take 1s)")
 	flag.BoolVar(&preciseSend, "latency-precise", preciseSend, "open-loop sends wait in nanosleep on a thread of their own, not in time.Sleep (whose wake-ups are whole milliseconds)")
 	flag.DurationVar(&latencyWarmUp, "latency-warm", latencyWarmUp, "open-loop warm-up at -rate before each latency phase and slice, uncounted (0: eight requests in sequence)")
 	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
