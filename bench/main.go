@@ -31,12 +31,15 @@ func main() {
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "duration of each slice of -pairs")
 	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
 	flag.DurationVar(&o.latencyFor, "latency-for", 3*time.Second, "duration of each latency phase")
+	flag.DurationVar(&o.latencySlice, "latency-slice", time.Second, "duration of each open-loop slice of -only latency-pairs (the targets' pairs take 1s)")
+	flag.BoolVar(&preciseSend, "latency-precise", preciseSend, "open-loop sends wait in nanosleep on a thread of their own, not in time.Sleep (whose wake-ups are whole milliseconds)")
+	flag.DurationVar(&latencyWarmUp, "latency-warm", latencyWarmUp, "open-loop warm-up at -rate before each latency phase and slice, uncounted (0: eight requests in sequence)")
 	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
 	flag.IntVar(&o.idle, "idle", 200, "idle intercepted connections held for the memory figure")
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); curves: only the curves of -curves; charts: only draw the charts")
+	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; curves: only the curves of -curves; charts: only draw the charts")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.StringVar(&o.upstream, "upstream", "both", "upstreams: h1 (HTTP/1.1 only), h2 (also one offering h2; -only pairs measures only the h1/h2 pairs) or both; -only takes direct-h2, intercept-h2, full-h2 unless h1")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
@@ -81,6 +84,7 @@ type options struct {
 	conns             int
 	pairs             int
 	slice             time.Duration
+	latencySlice      time.Duration
 	upstream          string // h1, h2 or both
 }
 
@@ -172,6 +176,9 @@ func run(ctx context.Context, o options) error {
 		r, err := measureTransparent(ctx, bin, dir, up, p, direct, max(o.pairs, 1), max(o.pairs/2, 3), o.slice, o.rate)
 		r.print(os.Stdout)
 		return err
+	}
+	if o.only == "latency-pairs" {
+		return latencyPairs(ctx, up, p, direct, intercept, fullPath, o)
 	}
 	if o.only == "floor" {
 		return floorPairs(ctx, up, p, intercept, fullPath, o)

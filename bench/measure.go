@@ -69,10 +69,12 @@ func (pa *path) withConns(p *pki, conns int) *http.Client {
 	if pa.client != nil {
 		pa.client.CloseIdleConnections()
 	}
-	if pa.via == nil {
-		return directClient(p, conns)
+	c := directClient(p, conns)
+	if pa.via != nil {
+		c = pa.via.client(conns)
 	}
-	return pa.via.client(conns)
+	c.Transport.(*http.Transport).DialContext = pa.countingDial() // for loopStats
+	return c
 }
 
 // post sends the small request every phase measures.
@@ -233,32 +235,17 @@ type latency struct {
 }
 
 // openLoop sends rate requests per second for d, each timed from its scheduled send.
+//
+// Before it, it sends at the same rate for latencyWarmUp, uncounted: the pool then holds the
+// connections this rate needs (arrivals overlap now and then, each overlap a connection), and
+// the processes on the path have been running at the rate. It used to send eight requests in
+// sequence, which leave one connection: concurrent arrivals early in the slice then opened
+// new ones inside it, and timed the handshakes (a CONNECT and two TLS handshakes through an
+// intercepting proxy, one TLS handshake direct), so that a short slice measured the pool's
+// warming more than the path. The target is the median at that rate, in steady state; both
+// sides of every pair get the same warm-up.
 func (pa *path) openLoop(ctx context.Context, rate int, d time.Duration) latency {
-	for range 8 { // warm the pool
-		_ = pa.do(ctx)
-	}
-	n := int(d.Seconds() * float64(rate))
-	lat := make([]time.Duration, n)
-	var errs atomic.Int64
-	var wg sync.WaitGroup
-	interval := time.Second / time.Duration(rate)
-	start := time.Now()
-	for i := range n {
-		at := start.Add(time.Duration(i) * interval)
-		time.Sleep(time.Until(at))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if pa.do(ctx) != nil {
-				errs.Add(1)
-			}
-			lat[i] = time.Since(at)
-		}()
-	}
-	wg.Wait()
-	slices.Sort(lat)
-	ms := func(q float64) float64 { return float64(lat[int(q*float64(n-1))].Microseconds()) / 1000 }
-	l := latency{P50MS: ms(0.5), P99MS: ms(0.99), Sent: n, Errors: int(errs.Load())}
+	l, _ := pa.timedLoop(ctx, rate, d)
 	fmt.Fprintf(stderr, "  %-11s p50 %.2f ms p99 %.2f ms\n", pa.name, l.P50MS, l.P99MS)
 	return l
 }

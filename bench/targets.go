@@ -81,19 +81,7 @@ func (s *summary) measureTargets(ctx context.Context, p *pki, all []*path, procs
 	fmt.Fprintln(stderr, "the full pipeline's added p50, paired with direct...")
 	settle(procs, 10*time.Second)
 	direct.client, full.client = direct.withConns(p, 256), full.withConns(p, 256)
-	d := pairedDiff{Rate: rate, SliceMS: time.Second.Milliseconds()}
-	for i := range max(pairs/4, 3) {
-		var a, b latency
-		if i%2 == 0 {
-			b = direct.openLoop(ctx, rate, time.Second)
-			a = full.openLoop(ctx, rate, time.Second)
-		} else {
-			a = full.openLoop(ctx, rate, time.Second)
-			b = direct.openLoop(ctx, rate, time.Second)
-		}
-		d.DiffsMS = append(d.DiffsMS, round3(a.P50MS-b.P50MS))
-	}
-	d.Median = median(d.DiffsMS)
+	d := pairedAddedP50(ctx, full, direct, max(pairs/4, 3), rate, time.Second).pairedDiff
 	s.AddedP50Paired = d
 }
 
