@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"encoding/binary"
 	"slices"
 	"sync"
 
@@ -160,17 +159,12 @@ func minimalPrefixes(paths []ast.Ref) []ast.Ref {
 // written so that equal keys mean equal values: a string as 's', its length and its bytes;
 // any other value as 'v' and its text as a complete Rego term (strings quoted, object keys
 // sorted), which never holds a NUL, then a NUL; a missing value as 'm'.
-func (c *decisionCache) key(find func(ast.Ref) (found, error)) ([]byte, bool) {
-	buf := make([]byte, 0, 256)
+func (c *decisionCache) key(buf []byte, find func(ast.Ref) (found, error)) ([]byte, bool) {
 	for _, p := range c.paths {
 		f, err := find(p)
 		if err != nil {
 			buf = append(buf, 'm')
-		} else if s, ok := f.str(); ok {
-			buf = append(buf, 's')
-			buf = binary.AppendUvarint(buf, uint64(len(s)))
-			buf = append(buf, s...)
-		} else if buf, err = appendTerm(append(buf, 'v'), f.v); err != nil {
+		} else if buf, err = f.appendKey(buf); err != nil {
 			return nil, false
 		}
 		if len(buf) > maxCacheKey {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -452,24 +453,61 @@ var errNoValue = errors.New("no value at this path")
 // interface) would allocate.
 type found struct {
 	s string
-	v ast.Value // nil: the value is s
+	// b, when not nil, is the string instead of s: the text of a JSON string without escapes
+	// in a request body (findInValidText), which the cache key copies without a conversion.
+	b []byte
+	// num, when isNum, is the value: an integer (the request's port).
+	num   int64
+	isNum bool
+	v     ast.Value // nil: the value is s, b or num
 }
 
 // value is f as an ast.Value.
 func (f found) value() ast.Value {
-	if f.v == nil {
-		return ast.String(f.s)
+	switch {
+	case f.v != nil:
+		return f.v
+	case f.isNum:
+		return ast.Number(strconv.FormatInt(f.num, 10))
+	case f.b != nil:
+		return ast.String(f.b)
 	}
-	return f.v
+	return ast.String(f.s)
 }
 
 // str returns the string f is, if it is one.
 func (f found) str() (string, bool) {
-	if f.v == nil {
-		return f.s, true
+	switch {
+	case f.v != nil:
+		s, ok := f.v.(ast.String)
+		return string(s), ok
+	case f.isNum:
+		return "", false
+	case f.b != nil:
+		return string(f.b), true
 	}
-	s, ok := f.v.(ast.String)
-	return string(s), ok
+	return f.s, true
+}
+
+// appendKey appends f as the decision cache keys it (decisionCache.key): a string as 's', its
+// length and its bytes; any other value as 'v' and its text as a complete Rego term, then a
+// NUL. It writes what appending f.value() would, without making the value.
+func (f found) appendKey(buf []byte) ([]byte, error) {
+	switch {
+	case f.v == nil && f.isNum:
+		// An integer's term is its decimal digits, as ast.Number's text is.
+		return append(strconv.AppendInt(append(buf, 'v'), f.num, 10), 0), nil
+	case f.v == nil && f.b != nil:
+		buf = append(buf, 's')
+		buf = binary.AppendUvarint(buf, uint64(len(f.b)))
+		return append(buf, f.b...), nil
+	}
+	if s, ok := f.str(); ok {
+		buf = append(buf, 's')
+		buf = binary.AppendUvarint(buf, uint64(len(s)))
+		return append(buf, s...), nil
+	}
+	return appendTerm(append(buf, 'v'), f.v)
 }
 
 // find returns the value astValue().Find(path[1:]) would, building only the part of the input
@@ -542,6 +580,8 @@ func (in *Input) find(path ast.Ref) (found, error) {
 			return findString(in.Method, path[3:])
 		case k == "host":
 			return findString(in.Host, path[3:])
+		case k == "port" && len(path) == 3:
+			return found{num: int64(in.Port), isNum: true}, nil
 		case k == "port":
 			return findIn(ast.Number(strconv.Itoa(in.Port)), path[3:])
 		case !request && requestOnly[k]:
@@ -622,7 +662,10 @@ func findInValidText(text []byte, rest ast.Ref) (found, error) {
 		text, rest = member, rest[1:]
 	}
 	if s, ok := plainString(text); ok {
-		return findString(string(s), rest) // an LLM request's model, say: no decoder needed
+		if len(rest) == 0 && s != nil {
+			return found{b: s}, nil // an LLM request's model, say: no decoder, no copy
+		}
+		return findString(string(s), rest)
 	}
 	return findInJSON(parseJSON(text), rest)
 }
