@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/capbroker/capbroker/broker/config"
@@ -34,6 +36,45 @@ type Set struct {
 	// headers lists the lower-case header names any credential sets, so the policy input and the
 	// outbound request can treat agent-supplied values of them as credential-bearing.
 	headers map[string]bool
+	// hosts memoises Matching and Exposed by host (*hostBindings), for up to maxHosts hosts:
+	// both are asked for every request, and would otherwise each allocate and try every
+	// binding's hosts.
+	hosts  sync.Map
+	nHosts atomic.Int32
+}
+
+// maxHosts bounds the hosts Set remembers the bindings of; past it, they are worked out each time.
+const maxHosts = 4096
+
+// hostBindings are the bindings of one host.
+type hostBindings struct {
+	matching []string
+	exposed  []*Binding
+}
+
+// of returns the bindings of host, memoised.
+func (s *Set) of(host string) *hostBindings {
+	if h, ok := s.hosts.Load(host); ok {
+		return h.(*hostBindings)
+	}
+	h := &hostBindings{}
+	for _, b := range s.order {
+		m := b.Matches(host)
+		if m {
+			h.matching = append(h.matching, b.Name)
+		}
+		if m || b.rule.Placeholder != "" {
+			h.exposed = append(h.exposed, b)
+		}
+	}
+	// Full capacity: a caller appending to a result gets a copy, never a change to the memo.
+	h.matching, h.exposed = slices.Clip(h.matching), slices.Clip(h.exposed)
+	if s.nHosts.Load() < maxHosts {
+		if _, loaded := s.hosts.LoadOrStore(host, h); !loaded {
+			s.nHosts.Add(1)
+		}
+	}
+	return h
 }
 
 // NewSet builds the bindings from the config.
@@ -54,29 +95,24 @@ func NewSet(creds []config.Credential) *Set {
 }
 
 // Matching returns the names of the credentials bound to host, in config order.
+// The slice is shared: it must not be changed.
 func (s *Set) Matching(host string) []string {
-	var names []string
-	for _, b := range s.order {
-		if b.Matches(host) {
-			names = append(names, b.Name)
-		}
+	if len(s.order) == 0 {
+		return nil
 	}
-	return names
+	return s.of(host).matching
 }
 
 // Exposed returns, in config order, the bindings whose values may come back in a response
 // from host: those bound to host, and every placeholder binding. An agent chooses where a
 // placeholder's value goes (any header, the query, the path, the body), so it can have an
 // upstream store it, and the service may serve what it stored under another name (an API
-// host and its raw-content host, say).
+// host and its raw-content host, say). The slice is shared: it must not be changed.
 func (s *Set) Exposed(host string) []*Binding {
-	var out []*Binding
-	for _, b := range s.order {
-		if b.Matches(host) || b.rule.Placeholder != "" {
-			out = append(out, b)
-		}
+	if len(s.order) == 0 {
+		return nil
 	}
-	return out
+	return s.of(host).exposed
 }
 
 // Resolve returns the bindings for granted names, checking that each is bound to host.
