@@ -27,6 +27,8 @@ type Binding struct {
 	rule  config.Inject
 	// revealed holds the forms of the values Reveals was last asked about, by value.
 	revealed atomic.Pointer[map[string][]string]
+	// alone is the slice of this binding alone, which Resolve answers a grant of it with.
+	alone []*Binding
 }
 
 // Set is the configured bindings. Immutable after NewSet.
@@ -82,6 +84,7 @@ func NewSet(creds []config.Credential) *Set {
 	s := &Set{byName: map[string]*Binding{}, headers: map[string]bool{}}
 	for _, c := range creds {
 		b := &Binding{Name: c.Name, hosts: c.Hosts, rule: c.Inject}
+		b.alone = []*Binding{b}
 		s.byName[c.Name] = b
 		s.order = append(s.order, b)
 		switch {
@@ -115,20 +118,37 @@ func (s *Set) Exposed(host string) []*Binding {
 	return s.of(host).exposed
 }
 
-// Resolve returns the bindings for granted names, checking that each is bound to host.
+// Resolve returns the bindings for granted names, checking that each is bound to host. The
+// slice of one binding, the usual grant, is shared: it must not be changed.
 func (s *Set) Resolve(names []string, host string) ([]*Binding, error) {
+	if len(names) == 1 {
+		b, err := s.resolve(names[0], host)
+		if err != nil {
+			return nil, err
+		}
+		return b.alone, nil
+	}
 	out := make([]*Binding, 0, len(names))
 	for _, n := range names {
-		b, ok := s.byName[n]
-		if !ok {
-			return nil, fmt.Errorf("%w: the policy granted unknown credential %q", ErrNotBound, n)
-		}
-		if !b.Matches(host) {
-			return nil, fmt.Errorf("%w: credential %q may not be sent to %s", ErrNotBound, n, host)
+		b, err := s.resolve(n, host)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, b)
 	}
 	return out, nil
+}
+
+// resolve returns the binding of a granted name, checking that it is bound to host.
+func (s *Set) resolve(name, host string) (*Binding, error) {
+	b, ok := s.byName[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: the policy granted unknown credential %q", ErrNotBound, name)
+	}
+	if !b.Matches(host) {
+		return nil, fmt.Errorf("%w: credential %q may not be sent to %s", ErrNotBound, name, host)
+	}
+	return b, nil
 }
 
 // CredentialHeader reports whether a lower-case header name carries credentials: the

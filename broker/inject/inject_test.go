@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -129,12 +130,20 @@ func TestBindingHosts(t *testing.T) {
 		"wildcard needs a dot":            {[]string{"key"}, "badexample.org", false},
 		"unknown credential":              {[]string{"nope"}, "api.example.com", false},
 		"one bad name spoils the request": {[]string{"hdr", "basic"}, "api.example.com", false},
+		"two credentials":                 {[]string{"hdr", "q"}, "api.example.com", true},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := s.Resolve(c.names, c.host)
+			bs, err := s.Resolve(c.names, c.host)
 			if c.ok != (err == nil) {
 				t.Fatalf("err = %v", err)
+			}
+			var got []string
+			for _, b := range bs {
+				got = append(got, b.Name)
+			}
+			if c.ok && !slices.Equal(got, c.names) {
+				t.Fatalf("Resolve(%q) = %q", c.names, got)
 			}
 			if err != nil && !errors.Is(err, ErrNotBound) {
 				t.Fatalf("err %v is not ErrNotBound", err)
