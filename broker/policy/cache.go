@@ -31,9 +31,10 @@ var timeDependent = map[string]bool{
 }
 
 type decisionCache struct {
-	paths        []ast.Ref // input paths the policy reads: ground prefixes, none covering another
-	readsBody    bool      // one of them leads to or into input.request.body or body_size
-	readsHeaders bool      // one of them leads to or into input.request.headers
+	paths        []ast.Ref   // input paths the policy reads: ground prefixes, none covering another
+	names        [][]refName // the terms of each of paths (namesOf), for find
+	readsBody    bool        // one of them leads to or into input.request.body or body_size
+	readsHeaders bool        // one of them leads to or into input.request.headers
 	// bodyMembers are the paths into input.request.body the policy reads, below the body
 	// (model, for input.request.body.model), when each is a chain of object member names and
 	// none is the body itself or above it; else nil. A cache miss then evaluates the input
@@ -64,6 +65,9 @@ func newDecisionCache(c *ast.Compiler) *decisionCache {
 		return nil
 	}
 	dc := &decisionCache{paths: paths, cur: map[string]Decision{}}
+	for _, p := range paths {
+		dc.names = append(dc.names, namesOf(p))
+	}
 	dc.readsBody = dc.reads(bodyPaths...)
 	dc.readsHeaders = dc.reads(headersPath)
 	dc.bodyMembers = bodyMembers(paths)
@@ -154,14 +158,21 @@ func minimalPrefixes(paths []ast.Ref) []ast.Ref {
 	return out
 }
 
-// key encodes the input's values at the cache's paths (nil and false when too long); find
-// returns the value at a path (input.a.b...), or an error when there is none. Each value is
+// key encodes the input's values at the cache's paths (nil and false when too long), as
+// in.find finds them: each value, or an error when there is none. Each value is
 // written so that equal keys mean equal values: a string as 's', its length and its bytes;
 // any other value as 'v' and its text as a complete Rego term (strings quoted, object keys
 // sorted), which never holds a NUL, then a NUL; a missing value as 'm'.
-func (c *decisionCache) key(buf []byte, find func(ast.Ref) (found, error)) ([]byte, bool) {
-	for _, p := range c.paths {
-		f, err := find(p)
+func (c *decisionCache) key(buf []byte, in *Input) ([]byte, bool) {
+	names := c.names
+	if len(names) != len(c.paths) { // a cache made by hand (tests)
+		names = nil
+		for _, p := range c.paths {
+			names = append(names, namesOf(p))
+		}
+	}
+	for i, p := range c.paths {
+		f, err := in.findNamed(p, names[i])
 		if err != nil {
 			buf = append(buf, 'm')
 		} else if buf, err = f.appendKey(buf); err != nil {

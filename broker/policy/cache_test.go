@@ -254,11 +254,11 @@ func TestKeysTellValuesApart(t *testing.T) {
 			in := &Input{Phase: PhaseRequest, Method: "POST", Scheme: "https", Host: "h", Port: 443, Path: path,
 				ReadBody: func() ([]byte, int64) { return []byte(body), int64(len(body)) }}
 			in.loadBody()
-			k, ok := c.key(nil, in.find)
+			k, ok := c.key(nil, in)
 			if !ok {
 				t.Fatalf("no key for %q, %q", path, body)
 			}
-			if again, _ := c.key(nil, in.find); string(again) != string(k) {
+			if again, _ := c.key(nil, in); string(again) != string(k) {
 				t.Fatalf("two keys for %q, %q", path, body)
 			}
 			if other, seen := keys[string(k)]; seen {

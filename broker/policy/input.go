@@ -419,7 +419,7 @@ func (in *Input) prunedBody() (ast.Value, bool) {
 	}
 	obj := ast.NewObject()
 	for _, m := range in.bodyMembers {
-		f, err := findInValidText(in.bodyText, m)
+		f, err := findInValidText(in.bodyText, m, nil)
 		if err != nil {
 			continue // no such member: undefined, as in the whole body
 		}
@@ -510,14 +510,36 @@ func (f found) appendKey(buf []byte) ([]byte, error) {
 	return appendTerm(append(buf, 'v'), f.v)
 }
 
+// refName is a term of a ref as find reads it: the string it is, if it is one.
+type refName struct {
+	s  string
+	ok bool
+}
+
+// namesOf returns the terms of r as find reads them. The decision cache keeps those of its
+// paths, built once, side by side: find reads them for every request, and the terms of a
+// compiled ref, each a pointer to a Term among the policy's, cost a cache miss each.
+func namesOf(r ast.Ref) []refName {
+	out := make([]refName, len(r))
+	for i, t := range r {
+		if s, ok := t.Value.(ast.String); ok {
+			out[i] = refName{string(s), true}
+		}
+	}
+	return out
+}
+
 // find returns the value astValue().Find(path[1:]) would, building only the part of the input
 // the path leads into (the decision cache reads a few fields of every request).
 func (in *Input) find(path ast.Ref) (found, error) {
+	return in.findNamed(path, namesOf(path))
+}
+
+// findNamed is find for a path whose names (namesOf) are known.
+func (in *Input) findNamed(path ast.Ref, names []refName) (found, error) {
 	key := func(i int) string {
-		if i < len(path) {
-			if s, ok := path[i].Value.(ast.String); ok {
-				return string(s)
-			}
+		if i < len(names) {
+			return names[i].s // "" for a term that is not a string
 		}
 		return ""
 	}
@@ -612,7 +634,7 @@ func (in *Input) find(path ast.Ref) (found, error) {
 			if !in.textValid() {
 				return findIn(ast.Null{}, path[3:])
 			}
-			return findInValidText(in.bodyText, path[3:])
+			return findInValidText(in.bodyText, path[3:], names[3:])
 		case k == "body":
 			body, rest := in.Body, path[3:]
 			for len(rest) > 0 { // walk the parsed JSON while the path names object members
@@ -644,22 +666,25 @@ func findInText(text []byte, rest ast.Ref) (found, error) {
 	if !validJSON(text) {
 		return findIn(ast.Null{}, rest)
 	}
-	return findInValidText(text, rest)
+	return findInValidText(text, rest, nil)
 }
 
-// findInValidText is findInText for text validJSON has accepted.
-func findInValidText(text []byte, rest ast.Ref) (found, error) {
+// findInValidText is findInText for text validJSON has accepted. names, when not nil, are
+// rest's (namesOf).
+func findInValidText(text []byte, rest ast.Ref, names []refName) (found, error) {
+	if names == nil {
+		names = namesOf(rest)
+	}
 	text = bytes.Trim(text, " \t\r\n") // the whitespace around a value is no part of it
 	for len(rest) > 0 && text[0] == '{' {
-		key, isKey := rest[0].Value.(ast.String)
-		if !isKey {
+		if !names[0].ok {
 			break
 		}
-		member, ok := objectMember(text, string(key))
+		member, ok := objectMember(text, names[0].s)
 		if !ok {
 			return found{}, errNoValue
 		}
-		text, rest = member, rest[1:]
+		text, rest, names = member, rest[1:], names[1:]
 	}
 	if s, ok := plainString(text); ok {
 		if len(rest) == 0 && s != nil {

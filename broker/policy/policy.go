@@ -249,7 +249,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	in.bodyMembers = c.bodyMembers
 	kb := keyBuffers.Get().(*[]byte)
 	defer keyBuffers.Put(kb)
-	key, ok := c.key((*kb)[:0], in.find)
+	key, ok := c.key((*kb)[:0], in)
 	if !ok {
 		return evaluateInput(ctx, p, in)
 	}
