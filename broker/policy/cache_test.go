@@ -353,3 +353,28 @@ func TestBodyAndHeadersAreReadOnlyForPoliciesThatSeeThem(t *testing.T) {
 		})
 	}
 }
+
+// TestCompactNamesAreThePathsNames: the names the cache keeps are those of its paths, term by
+// term, for the shipped policies' paths and for paths with terms that are not strings.
+func TestCompactNamesAreThePathsNames(t *testing.T) {
+	paths := append([]ast.Ref{ast.MustParseRef("input.credentials[0]"), ast.MustParseRef(`input.request.body["a b"][1].c`)},
+		shippedPaths(t)...)
+	got := compactNames(paths)
+	if len(got) != len(paths) {
+		t.Fatalf("%d paths, %d names", len(paths), len(got))
+	}
+	for i, p := range paths {
+		if want := namesOf(p); !slices.Equal(got[i], want) {
+			t.Errorf("%v: names %v, want %v", p, got[i], want)
+		}
+	}
+}
+
+func shippedPaths(t *testing.T) []ast.Ref {
+	t.Helper()
+	e, err := New(context.Background(), policies.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cacheOf(e).paths
+}
