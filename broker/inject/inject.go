@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/capbroker/capbroker/broker/config"
@@ -25,6 +27,8 @@ type Binding struct {
 	rule  config.Inject
 	// revealed holds the forms of the values Reveals was last asked about, by value.
 	revealed atomic.Pointer[map[string][]string]
+	// alone is the slice of this binding alone, which Resolve answers a grant of it with.
+	alone []*Binding
 }
 
 // Set is the configured bindings. Immutable after NewSet.
@@ -34,6 +38,45 @@ type Set struct {
 	// headers lists the lower-case header names any credential sets, so the policy input and the
 	// outbound request can treat agent-supplied values of them as credential-bearing.
 	headers map[string]bool
+	// hosts memoises Matching and Exposed by host (*hostBindings), for up to maxHosts hosts:
+	// both are asked for every request, and would otherwise each allocate and try every
+	// binding's hosts.
+	hosts  sync.Map
+	nHosts atomic.Int32
+}
+
+// maxHosts bounds the hosts Set remembers the bindings of; past it, they are worked out each time.
+const maxHosts = 4096
+
+// hostBindings are the bindings of one host.
+type hostBindings struct {
+	matching []string
+	exposed  []*Binding
+}
+
+// of returns the bindings of host, memoised.
+func (s *Set) of(host string) *hostBindings {
+	if h, ok := s.hosts.Load(host); ok {
+		return h.(*hostBindings)
+	}
+	h := &hostBindings{}
+	for _, b := range s.order {
+		m := b.Matches(host)
+		if m {
+			h.matching = append(h.matching, b.Name)
+		}
+		if m || b.rule.Placeholder != "" {
+			h.exposed = append(h.exposed, b)
+		}
+	}
+	// Full capacity: a caller appending to a result gets a copy, never a change to the memo.
+	h.matching, h.exposed = slices.Clip(h.matching), slices.Clip(h.exposed)
+	if s.nHosts.Load() < maxHosts {
+		if _, loaded := s.hosts.LoadOrStore(host, h); !loaded {
+			s.nHosts.Add(1)
+		}
+	}
+	return h
 }
 
 // NewSet builds the bindings from the config.
@@ -41,6 +84,7 @@ func NewSet(creds []config.Credential) *Set {
 	s := &Set{byName: map[string]*Binding{}, headers: map[string]bool{}}
 	for _, c := range creds {
 		b := &Binding{Name: c.Name, hosts: c.Hosts, rule: c.Inject}
+		b.alone = []*Binding{b}
 		s.byName[c.Name] = b
 		s.order = append(s.order, b)
 		switch {
@@ -54,45 +98,57 @@ func NewSet(creds []config.Credential) *Set {
 }
 
 // Matching returns the names of the credentials bound to host, in config order.
+// The slice is shared: it must not be changed.
 func (s *Set) Matching(host string) []string {
-	var names []string
-	for _, b := range s.order {
-		if b.Matches(host) {
-			names = append(names, b.Name)
-		}
+	if len(s.order) == 0 {
+		return nil
 	}
-	return names
+	return s.of(host).matching
 }
 
 // Exposed returns, in config order, the bindings whose values may come back in a response
 // from host: those bound to host, and every placeholder binding. An agent chooses where a
 // placeholder's value goes (any header, the query, the path, the body), so it can have an
 // upstream store it, and the service may serve what it stored under another name (an API
-// host and its raw-content host, say).
+// host and its raw-content host, say). The slice is shared: it must not be changed.
 func (s *Set) Exposed(host string) []*Binding {
-	var out []*Binding
-	for _, b := range s.order {
-		if b.Matches(host) || b.rule.Placeholder != "" {
-			out = append(out, b)
-		}
+	if len(s.order) == 0 {
+		return nil
 	}
-	return out
+	return s.of(host).exposed
 }
 
-// Resolve returns the bindings for granted names, checking that each is bound to host.
+// Resolve returns the bindings for granted names, checking that each is bound to host. The
+// slice of one binding, the usual grant, is shared: it must not be changed.
 func (s *Set) Resolve(names []string, host string) ([]*Binding, error) {
+	if len(names) == 1 {
+		b, err := s.resolve(names[0], host)
+		if err != nil {
+			return nil, err
+		}
+		return b.alone, nil
+	}
 	out := make([]*Binding, 0, len(names))
 	for _, n := range names {
-		b, ok := s.byName[n]
-		if !ok {
-			return nil, fmt.Errorf("%w: the policy granted unknown credential %q", ErrNotBound, n)
-		}
-		if !b.Matches(host) {
-			return nil, fmt.Errorf("%w: credential %q may not be sent to %s", ErrNotBound, n, host)
+		b, err := s.resolve(n, host)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, b)
 	}
 	return out, nil
+}
+
+// resolve returns the binding of a granted name, checking that it is bound to host.
+func (s *Set) resolve(name, host string) (*Binding, error) {
+	b, ok := s.byName[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: the policy granted unknown credential %q", ErrNotBound, name)
+	}
+	if !b.Matches(host) {
+		return nil, fmt.Errorf("%w: credential %q may not be sent to %s", ErrNotBound, name, host)
+	}
+	return b, nil
 }
 
 // CredentialHeader reports whether a lower-case header name carries credentials: the

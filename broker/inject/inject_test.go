@@ -3,10 +3,12 @@ package inject
 import (
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -128,12 +130,20 @@ func TestBindingHosts(t *testing.T) {
 		"wildcard needs a dot":            {[]string{"key"}, "badexample.org", false},
 		"unknown credential":              {[]string{"nope"}, "api.example.com", false},
 		"one bad name spoils the request": {[]string{"hdr", "basic"}, "api.example.com", false},
+		"two credentials":                 {[]string{"hdr", "q"}, "api.example.com", true},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := s.Resolve(c.names, c.host)
+			bs, err := s.Resolve(c.names, c.host)
 			if c.ok != (err == nil) {
 				t.Fatalf("err = %v", err)
+			}
+			var got []string
+			for _, b := range bs {
+				got = append(got, b.Name)
+			}
+			if c.ok && !slices.Equal(got, c.names) {
+				t.Fatalf("Resolve(%q) = %q", c.names, got)
 			}
 			if err != nil && !errors.Is(err, ErrNotBound) {
 				t.Fatalf("err %v is not ErrNotBound", err)
@@ -170,5 +180,67 @@ func TestExposed(t *testing.T) {
 		if got := strings.Join(names, " "); got != want {
 			t.Errorf("Exposed(%q) = %q, want %q", host, got, want)
 		}
+	}
+}
+
+// TestHostBindingsAreMemoised: Matching and Exposed answer the same for a host asked again,
+// for hosts past the memo's bound, and from many goroutines at once, as trying every binding
+// does; and a caller appending to an answer changes no later one.
+func TestHostBindingsAreMemoised(t *testing.T) {
+	s := set()
+	want := func(host string) (string, string) {
+		var m, e []string
+		for _, b := range s.order {
+			if b.Matches(host) {
+				m = append(m, b.Name)
+			}
+			if b.Matches(host) || b.rule.Placeholder != "" {
+				e = append(e, b.Name)
+			}
+		}
+		return strings.Join(m, " "), strings.Join(e, " ")
+	}
+	hosts := []string{"api.example.com", "a.example.org", "unrelated.test", "git.example.com", "llm.example.com"}
+	for i := range maxHosts + 10 {
+		hosts = append(hosts, fmt.Sprintf("h%d.example.org", i))
+	}
+	check := func(host string) error {
+		var e []string
+		for _, b := range s.Exposed(host) {
+			e = append(e, b.Name)
+		}
+		wm, we := want(host)
+		if gm, ge := strings.Join(s.Matching(host), " "), strings.Join(e, " "); gm != wm || ge != we {
+			return fmt.Errorf("%s: Matching %q, Exposed %q; want %q, %q", host, gm, ge, wm, we)
+		}
+		return nil
+	}
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			for _, h := range hosts {
+				if err := check(h); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.nHosts.Load(); n != maxHosts {
+		t.Errorf("%d hosts remembered, want the bound %d", n, maxHosts)
+	}
+	_ = append(s.Matching("api.example.com"), "extra")
+	_ = append(s.Exposed("api.example.com"), nil)
+	if err := check("api.example.com"); err != nil {
+		t.Fatal(err)
+	}
+	if err := check(hosts[len(hosts)-1]); err != nil { // past the bound: worked out again
+		t.Fatal(err)
 	}
 }

@@ -172,7 +172,7 @@ func BenchmarkDecideBodySize(b *testing.B) {
 					in.loadBody()
 					if mode == "evaluated" {
 						in.bodyMembers = members
-						if _, ok := cacheOf(e).key(in.find); !ok {
+						if _, ok := cacheOf(e).key(nil, &in); !ok {
 							b.Fatal("no key")
 						}
 					}

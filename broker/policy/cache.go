@@ -1,8 +1,8 @@
 package policy
 
 import (
-	"encoding/binary"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -32,9 +32,10 @@ var timeDependent = map[string]bool{
 }
 
 type decisionCache struct {
-	paths        []ast.Ref // input paths the policy reads: ground prefixes, none covering another
-	readsBody    bool      // one of them leads to or into input.request.body or body_size
-	readsHeaders bool      // one of them leads to or into input.request.headers
+	paths        []ast.Ref   // input paths the policy reads: ground prefixes, none covering another
+	names        [][]refName // the terms of each of paths (namesOf), for find
+	readsBody    bool        // one of them leads to or into input.request.body or body_size
+	readsHeaders bool        // one of them leads to or into input.request.headers
 	// bodyMembers are the paths into input.request.body the policy reads, below the body
 	// (model, for input.request.body.model), when each is a chain of object member names and
 	// none is the body itself or above it; else nil. A cache miss then evaluates the input
@@ -65,10 +66,35 @@ func newDecisionCache(c *ast.Compiler) *decisionCache {
 		return nil
 	}
 	dc := &decisionCache{paths: paths, cur: map[string]Decision{}}
+	dc.names = compactNames(paths)
 	dc.readsBody = dc.reads(bodyPaths...)
 	dc.readsHeaders = dc.reads(headersPath)
 	dc.bodyMembers = bodyMembers(paths)
 	return dc
+}
+
+// compactNames returns the names of each of paths (namesOf), all in one array and their bytes
+// in one string, so that reading them for a request touches a few cache lines, not the
+// policy's terms and strings wherever they were allocated.
+func compactNames(paths []ast.Ref) [][]refName {
+	var all []refName
+	var text strings.Builder
+	for _, p := range paths {
+		for _, n := range namesOf(p) {
+			text.WriteString(n.s)
+			all = append(all, n)
+		}
+	}
+	joined, off := text.String(), 0
+	for i := range all {
+		n := len(all[i].s)
+		all[i].s, off = joined[off:off+n], off+n
+	}
+	out := make([][]refName, len(paths))
+	for i, p := range paths {
+		out[i], all = all[:len(p):len(p)], all[len(p):]
+	}
+	return out
 }
 
 // reads reports whether the policy reads any of refs, a part of one, or an object holding one.
@@ -155,22 +181,24 @@ func minimalPrefixes(paths []ast.Ref) []ast.Ref {
 	return out
 }
 
-// key encodes the input's values at the cache's paths (nil and false when too long); find
-// returns the value at a path (input.a.b...), or an error when there is none. Each value is
+// key encodes the input's values at the cache's paths (nil and false when too long), as
+// in.find finds them: each value, or an error when there is none. Each value is
 // written so that equal keys mean equal values: a string as 's', its length and its bytes;
 // any other value as 'v' and its text as a complete Rego term (strings quoted, object keys
 // sorted), which never holds a NUL, then a NUL; a missing value as 'm'.
-func (c *decisionCache) key(find func(ast.Ref) (found, error)) ([]byte, bool) {
-	buf := make([]byte, 0, 256)
-	for _, p := range c.paths {
-		f, err := find(p)
+func (c *decisionCache) key(buf []byte, in *Input) ([]byte, bool) {
+	names := c.names
+	if len(names) != len(c.paths) { // a cache made by hand (tests)
+		names = nil
+		for _, p := range c.paths {
+			names = append(names, namesOf(p))
+		}
+	}
+	for i, p := range c.paths {
+		f, err := in.findNamed(p, names[i])
 		if err != nil {
 			buf = append(buf, 'm')
-		} else if s, ok := f.str(); ok {
-			buf = append(buf, 's')
-			buf = binary.AppendUvarint(buf, uint64(len(s)))
-			buf = append(buf, s...)
-		} else if buf, err = appendTerm(append(buf, 'v'), f.v); err != nil {
+		} else if buf, err = f.appendKey(buf); err != nil {
 			return nil, false
 		}
 		if len(buf) > maxCacheKey {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"testing"
@@ -168,6 +169,31 @@ func checkFind(t *testing.T, in *Input, doc ast.Value, ref ast.Ref) {
 	if wantErr == nil && got.Compare(want) != 0 {
 		t.Fatalf("find: %v; document: %v", got, want)
 	}
+	if wantErr == nil {
+		// The cache key is written from what find returned, without making its value: it
+		// must be what the value itself encodes to.
+		k, err := f.appendKey(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wk := valueKey(t, want); string(k) != string(wk) {
+			t.Fatalf("key %q; the document's value's key %q", k, wk)
+		}
+	}
+}
+
+// valueKey is the cache key's encoding of v (decisionCache.key): a string as 's', its length
+// and bytes, anything else as 'v', its text and a NUL.
+func valueKey(t *testing.T, v ast.Value) []byte {
+	t.Helper()
+	if s, ok := v.(ast.String); ok {
+		return append(binary.AppendUvarint([]byte{'s'}, uint64(len(s))), s...)
+	}
+	k, err := appendTerm([]byte{'v'}, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
 
 func TestCachedDecisions(t *testing.T) {
@@ -228,11 +254,11 @@ func TestKeysTellValuesApart(t *testing.T) {
 			in := &Input{Phase: PhaseRequest, Method: "POST", Scheme: "https", Host: "h", Port: 443, Path: path,
 				ReadBody: func() ([]byte, int64) { return []byte(body), int64(len(body)) }}
 			in.loadBody()
-			k, ok := c.key(in.find)
+			k, ok := c.key(nil, in)
 			if !ok {
 				t.Fatalf("no key for %q, %q", path, body)
 			}
-			if again, _ := c.key(in.find); string(again) != string(k) {
+			if again, _ := c.key(nil, in); string(again) != string(k) {
 				t.Fatalf("two keys for %q, %q", path, body)
 			}
 			if other, seen := keys[string(k)]; seen {
@@ -326,4 +352,29 @@ func TestBodyAndHeadersAreReadOnlyForPoliciesThatSeeThem(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCompactNamesAreThePathsNames: the names the cache keeps are those of its paths, term by
+// term, for the shipped policies' paths and for paths with terms that are not strings.
+func TestCompactNamesAreThePathsNames(t *testing.T) {
+	paths := append([]ast.Ref{ast.MustParseRef("input.credentials[0]"), ast.MustParseRef(`input.request.body["a b"][1].c`)},
+		shippedPaths(t)...)
+	got := compactNames(paths)
+	if len(got) != len(paths) {
+		t.Fatalf("%d paths, %d names", len(paths), len(got))
+	}
+	for i, p := range paths {
+		if want := namesOf(p); !slices.Equal(got[i], want) {
+			t.Errorf("%v: names %v, want %v", p, got[i], want)
+		}
+	}
+}
+
+func shippedPaths(t *testing.T) []ast.Ref {
+	t.Helper()
+	e, err := New(context.Background(), policies.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cacheOf(e).paths
 }

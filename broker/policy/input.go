@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -418,7 +419,7 @@ func (in *Input) prunedBody() (ast.Value, bool) {
 	}
 	obj := ast.NewObject()
 	for _, m := range in.bodyMembers {
-		f, err := findInValidText(in.bodyText, m)
+		f, err := findInValidText(in.bodyText, m, nil)
 		if err != nil {
 			continue // no such member: undefined, as in the whole body
 		}
@@ -452,34 +453,93 @@ var errNoValue = errors.New("no value at this path")
 // interface) would allocate.
 type found struct {
 	s string
-	v ast.Value // nil: the value is s
+	// b, when not nil, is the string instead of s: the text of a JSON string without escapes
+	// in a request body (findInValidText), which the cache key copies without a conversion.
+	b []byte
+	// num, when isNum, is the value: an integer (the request's port).
+	num   int64
+	isNum bool
+	v     ast.Value // nil: the value is s, b or num
 }
 
 // value is f as an ast.Value.
 func (f found) value() ast.Value {
-	if f.v == nil {
-		return ast.String(f.s)
+	switch {
+	case f.v != nil:
+		return f.v
+	case f.isNum:
+		return ast.Number(strconv.FormatInt(f.num, 10))
+	case f.b != nil:
+		return ast.String(f.b)
 	}
-	return f.v
+	return ast.String(f.s)
 }
 
 // str returns the string f is, if it is one.
 func (f found) str() (string, bool) {
-	if f.v == nil {
-		return f.s, true
+	switch {
+	case f.v != nil:
+		s, ok := f.v.(ast.String)
+		return string(s), ok
+	case f.isNum:
+		return "", false
+	case f.b != nil:
+		return string(f.b), true
 	}
-	s, ok := f.v.(ast.String)
-	return string(s), ok
+	return f.s, true
+}
+
+// appendKey appends f as the decision cache keys it (decisionCache.key): a string as 's', its
+// length and its bytes; any other value as 'v' and its text as a complete Rego term, then a
+// NUL. It writes what appending f.value() would, without making the value.
+func (f found) appendKey(buf []byte) ([]byte, error) {
+	switch {
+	case f.v == nil && f.isNum:
+		// An integer's term is its decimal digits, as ast.Number's text is.
+		return append(strconv.AppendInt(append(buf, 'v'), f.num, 10), 0), nil
+	case f.v == nil && f.b != nil:
+		buf = append(buf, 's')
+		buf = binary.AppendUvarint(buf, uint64(len(f.b)))
+		return append(buf, f.b...), nil
+	}
+	if s, ok := f.str(); ok {
+		buf = append(buf, 's')
+		buf = binary.AppendUvarint(buf, uint64(len(s)))
+		return append(buf, s...), nil
+	}
+	return appendTerm(append(buf, 'v'), f.v)
+}
+
+// refName is a term of a ref as find reads it: the string it is, if it is one.
+type refName struct {
+	s  string
+	ok bool
+}
+
+// namesOf returns the terms of r as find reads them. The decision cache keeps those of its
+// paths, built once, side by side: find reads them for every request, and the terms of a
+// compiled ref, each a pointer to a Term among the policy's, cost a cache miss each.
+func namesOf(r ast.Ref) []refName {
+	out := make([]refName, len(r))
+	for i, t := range r {
+		if s, ok := t.Value.(ast.String); ok {
+			out[i] = refName{string(s), true}
+		}
+	}
+	return out
 }
 
 // find returns the value astValue().Find(path[1:]) would, building only the part of the input
 // the path leads into (the decision cache reads a few fields of every request).
 func (in *Input) find(path ast.Ref) (found, error) {
+	return in.findNamed(path, namesOf(path))
+}
+
+// findNamed is find for a path whose names (namesOf) are known.
+func (in *Input) findNamed(path ast.Ref, names []refName) (found, error) {
 	key := func(i int) string {
-		if i < len(path) {
-			if s, ok := path[i].Value.(ast.String); ok {
-				return string(s)
-			}
+		if i < len(names) {
+			return names[i].s // "" for a term that is not a string
 		}
 		return ""
 	}
@@ -542,6 +602,8 @@ func (in *Input) find(path ast.Ref) (found, error) {
 			return findString(in.Method, path[3:])
 		case k == "host":
 			return findString(in.Host, path[3:])
+		case k == "port" && len(path) == 3:
+			return found{num: int64(in.Port), isNum: true}, nil
 		case k == "port":
 			return findIn(ast.Number(strconv.Itoa(in.Port)), path[3:])
 		case !request && requestOnly[k]:
@@ -572,7 +634,7 @@ func (in *Input) find(path ast.Ref) (found, error) {
 			if !in.textValid() {
 				return findIn(ast.Null{}, path[3:])
 			}
-			return findInValidText(in.bodyText, path[3:])
+			return findInValidText(in.bodyText, path[3:], names[3:])
 		case k == "body":
 			body, rest := in.Body, path[3:]
 			for len(rest) > 0 { // walk the parsed JSON while the path names object members
@@ -604,25 +666,31 @@ func findInText(text []byte, rest ast.Ref) (found, error) {
 	if !validJSON(text) {
 		return findIn(ast.Null{}, rest)
 	}
-	return findInValidText(text, rest)
+	return findInValidText(text, rest, nil)
 }
 
-// findInValidText is findInText for text validJSON has accepted.
-func findInValidText(text []byte, rest ast.Ref) (found, error) {
+// findInValidText is findInText for text validJSON has accepted. names, when not nil, are
+// rest's (namesOf).
+func findInValidText(text []byte, rest ast.Ref, names []refName) (found, error) {
+	if names == nil {
+		names = namesOf(rest)
+	}
 	text = bytes.Trim(text, " \t\r\n") // the whitespace around a value is no part of it
 	for len(rest) > 0 && text[0] == '{' {
-		key, isKey := rest[0].Value.(ast.String)
-		if !isKey {
+		if !names[0].ok {
 			break
 		}
-		member, ok := objectMember(text, string(key))
+		member, ok := objectMember(text, names[0].s)
 		if !ok {
 			return found{}, errNoValue
 		}
-		text, rest = member, rest[1:]
+		text, rest, names = member, rest[1:], names[1:]
 	}
 	if s, ok := plainString(text); ok {
-		return findString(string(s), rest) // an LLM request's model, say: no decoder needed
+		if len(rest) == 0 && s != nil {
+			return found{b: s}, nil // an LLM request's model, say: no decoder, no copy
+		}
+		return findString(string(s), rest)
 	}
 	return findInJSON(parseJSON(text), rest)
 }

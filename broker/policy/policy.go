@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"path"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -246,9 +247,14 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 		return evaluateInput(ctx, p, in)
 	}
 	in.bodyMembers = c.bodyMembers
-	key, ok := c.key(in.find)
+	kb := keyBuffers.Get().(*[]byte)
+	defer keyBuffers.Put(kb)
+	key, ok := c.key((*kb)[:0], in)
 	if !ok {
 		return evaluateInput(ctx, p, in)
+	}
+	if cap(key) <= maxCacheKey+64 { // one grown past what a key can hold is not kept
+		*kb = key
 	}
 	if d, hit := c.get(key); hit {
 		d.ID = newDecisionID()
@@ -256,10 +262,14 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	}
 	d, err := evaluateInput(ctx, p, in)
 	if err == nil {
-		c.put(key, d)
+		c.put(key, d) // the map keeps a copy of the key, never the buffer
 	}
 	return d, err
 }
+
+// keyBuffers hold the buffers decision cache keys are built in, one per decision under way:
+// a key is only looked up, or copied into the cache, so its buffer serves the next decision.
+var keyBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
 // evaluateInput evaluates p for in, converted directly to the evaluator's value.
 func evaluateInput(ctx context.Context, p *prepared, in *Input) (Decision, error) {
