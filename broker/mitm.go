@@ -239,14 +239,23 @@ func (b *Broker) serveTunnel(w http.ResponseWriter, r *http.Request, tun *tunnel
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
-	if copyFlushing(w, resp.Body) {
-		// Only after the whole body: the transport fills in trailer values at its end, and
-		// respond has scrubbed them by then. Names not announced above are sent too.
-		for k, vs := range resp.Trailer {
-			if httpguts.ValidTrailerHeader(k) {
-				h[http.TrailerPrefix+k] = vs
-			}
+	if !copyFlushing(w, resp.Body) {
+		// The body was cut short (the upstream failed, or the agent went away): the response
+		// must not look whole to the agent, as a chunked one would once ended. The server
+		// ends the connection (HTTP/1.1) or resets the stream (HTTP/2) without its end.
+		panic(http.ErrAbortHandler)
+	}
+	// Only after the whole body: the transport fills in trailer values at its end, and
+	// respond has scrubbed them by then. Names not announced above are sent too.
+	for k, vs := range resp.Trailer {
+		if httpguts.ValidTrailerHeader(k) {
+			h[http.TrailerPrefix+k] = vs
 		}
+	}
+	// The agent has its response before the exchange's bookkeeping (the audit event, the
+	// metrics: resp.Body.Close) runs, where the server can end it early (broker/http1).
+	if f, ok := w.(interface{ Finish() error }); ok {
+		_ = f.Finish()
 	}
 }
 

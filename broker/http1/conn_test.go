@@ -554,3 +554,42 @@ func BenchmarkRequest(b *testing.B) {
 	}
 	b.ReportMetric(float64((cpu()-c0).Nanoseconds())/float64(b.N)/1000, "cpu-µs/op")
 }
+
+// TestFinishEarly: a handler that finishes its response has it reach the agent before it
+// returns; writes after fail.
+func TestFinishEarly(t *testing.T) {
+	release, wrote := make(chan struct{}), make(chan error, 1)
+	s := serve(t, &Server{Linger: time.Hour, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "early")
+		w.(interface{ Finish() error }).Finish()
+		<-release
+		_, err := io.WriteString(w, "late")
+		wrote <- err
+	})})
+	s.roundTrip(t, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", "early")
+	close(release)
+	if err := <-wrote; err == nil {
+		t.Fatal("a write after Finish succeeded")
+	}
+	s.roundTrip(t, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", "early") // the connection carries on
+}
+
+// TestAbortedBodyNotWhole: a handler that aborts mid-body (http.ErrAbortHandler) leaves the
+// agent with a body it cannot take for whole: the connection ends without the chunked end.
+func TestAbortedBodyNotWhole(t *testing.T) {
+	s := serve(t, &Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "part")
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
+	})})
+	io.WriteString(s.agent, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, err := http.ReadResponse(s.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("body %q, %v: want it cut short", body, err)
+	}
+	<-s.ended
+}

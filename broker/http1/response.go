@@ -2,6 +2,7 @@ package http1
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -36,6 +37,7 @@ type response struct {
 	chunked     bool
 	noBody      bool  // HEAD, 204, 304: the body is not sent
 	closeAfter  bool  // the connection ends after this response
+	finished    bool  // the response has ended (Finish)
 	err         error // the first write that failed: the rest fail alike
 	// contentLength is the body's length once known: the handler's Content-Length, parsed
 	// when the header was written, or the short body's; -1 until then.
@@ -83,6 +85,9 @@ func (w *response) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	if w.c.hijacked {
 		return 0, http.ErrHijacked
+	}
+	if w.finished {
+		return 0, errFinished
 	}
 	if !w.wroteHeader {
 		w.writeHeaderLocked(http.StatusOK)
@@ -238,6 +243,8 @@ func (w *response) writeStatusAndHeader(code int) {
 	writeFields(bw, w.header, false)
 }
 
+var errFinished = errors.New("http1: write after the response was finished")
+
 var newlines = strings.NewReplacer("\r\n", " ", "\r", " ", "\n", " ")
 
 // writeFields writes h's fields (or, with trailers, the http.TrailerPrefix ones without it).
@@ -308,11 +315,19 @@ func (w *response) FlushError() error {
 
 func (w *response) Flush() { _ = w.FlushError() }
 
-// finish ends the response after the handler returned: the held-back body, the chunked end
-// and trailers, everything flushed. A body shorter than its Content-Length ends the connection.
+// Finish ends the response now, while the handler still runs: what it does after (its
+// bookkeeping) no longer delays the agent. Writes after it fail.
+func (w *response) Finish() error { return w.finish() }
+
+// finish ends the response, once: the held-back body, the chunked end and trailers,
+// everything flushed. A body shorter than its Content-Length ends the connection.
 func (w *response) finish() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.finished {
+		return w.err
+	}
+	w.finished = true
 	if !w.wroteHeader {
 		w.writeHeaderLocked(http.StatusOK)
 	}
