@@ -280,7 +280,12 @@ agents:
 		if err := writeShipped(polDir, up.policyPorts()); err != nil {
 			return nil, err
 		}
-		b.auditFile = filepath.Join(dir, "audit.log")
+		// Not beside broker.yaml: the config watcher watches that directory, and would wake
+		// on every audit write (as it would in a deployment that put them together).
+		if err := os.MkdirAll(filepath.Join(dir, "log"), 0o755); err != nil {
+			return nil, err
+		}
+		b.auditFile = filepath.Join(dir, "log", "audit.log")
 		cfg += fmt.Sprintf(`    labels: {team: bench}
 credentials:
   - name: openai
