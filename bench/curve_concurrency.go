@@ -30,7 +30,7 @@ func concurrencyCurve(ctx context.Context, env curveEnv) (Curve, error) {
 		Note: fmt.Sprintf("Each point is the median of %d slices of %d ms of each path taken in turn (relay, intercepted, full; then the reverse), "+
 			"client, upstream, broker and relay on the same cores. The broker's work per request does not depend on the number of connections; "+
 			"past a few connections per core the machine is saturated and throughput stays flat while latency grows with the queue (Little's law). "+
-			"Where a connection's requests come more than 100 ms apart (about 1,024 connections here) the broker parks its tunnel between them, and each request pays for a new net/http connection.", pairs, slice.Milliseconds()),
+			"Where a connection's requests come more than 100 ms apart (about 1,024 connections here) the broker parks its tunnel between them, and each request pays for taking it up again (a goroutine, pooled buffers).", pairs, slice.Milliseconds()),
 	}
 	p, up, err := env.upstream()
 	if err != nil {
