@@ -43,6 +43,7 @@ type Set struct {
 	// binding's hosts.
 	hosts  sync.Map
 	nHosts atomic.Int32
+	memoMu sync.Mutex // serialises storing into hosts
 }
 
 // maxHosts bounds the hosts Set remembers the bindings of; past it, they are worked out each time.
@@ -71,11 +72,15 @@ func (s *Set) of(host string) *hostBindings {
 	}
 	// Full capacity: a caller appending to a result gets a copy, never a change to the memo.
 	h.matching, h.exposed = slices.Clip(h.matching), slices.Clip(h.exposed)
+	// A miss is rare (a host's first request): the bound is kept under a lock, which a
+	// check of the count before storing, by two goroutines at once, would overstep.
+	s.memoMu.Lock()
 	if s.nHosts.Load() < maxHosts {
 		if _, loaded := s.hosts.LoadOrStore(host, h); !loaded {
 			s.nHosts.Add(1)
 		}
 	}
+	s.memoMu.Unlock()
 	return h
 }
 
