@@ -178,10 +178,10 @@ func (b *Broker) pipeConn(x *exchange, req *http.Request, client net.Conn, t tar
 		}
 	}
 	var wg sync.WaitGroup
-	clock := newIdleClock(tunnelIdleTimeout)
+	clock, agent := newIdleClock(tunnelIdleTimeout), tunnelSide(client)
 	wg.Add(2)
-	go func() { defer wg.Done(); copyHalf(up, client, &x.bytesIn, clock) }()
-	go func() { defer wg.Done(); copyHalf(client, up, &x.bytesOut, clock) }()
+	go func() { defer wg.Done(); copyHalf(up, agent, &x.bytesIn, clock) }()
+	go func() { defer wg.Done(); copyHalf(agent, up, &x.bytesOut, clock) }()
 	wg.Wait()
 	x.finish()
 }

@@ -4,6 +4,8 @@ import (
 	"net"
 	"sync/atomic"
 	"time"
+
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // tunnelIdleTimeout ends an opaque tunnel in which neither side sent anything for this long.
@@ -69,3 +71,29 @@ func copyHalf(dst, src net.Conn, n *atomic.Int64, clock *idleClock) {
 		_ = dst.Close()
 	}
 }
+
+// tunnelSide is the agent's connection as an opaque tunnel reads and writes it: the socket
+// below the admission's and the framing guard's wrappers, which have nothing to do once a
+// tunnel is open (the guard passes a stream through after a CONNECT), so that a request's
+// bytes do not pass three layers each way. Closing it closes the wrappers as before (the
+// admission's slot is given back); it has no CloseWrite, as the wrappers have none.
+func tunnelSide(c net.Conn) net.Conn {
+	inner := c
+	if ac, ok := inner.(*admittedConn); ok {
+		inner = ac.Conn
+	}
+	if g, ok := inner.(*wire.Conn); ok {
+		inner = g.Conn
+	}
+	if inner == c {
+		return c
+	}
+	return bareConn{Conn: inner, outer: c}
+}
+
+type bareConn struct {
+	net.Conn
+	outer net.Conn
+}
+
+func (b bareConn) Close() error { return b.outer.Close() }

@@ -5,10 +5,13 @@ import (
 	"crypto/rand"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // tcpPair is a connected pair of loopback TCP connections.
@@ -166,5 +169,47 @@ func TestTunnelCopyCountsExactly(t *testing.T) {
 	}
 	if in, out := tt.in.Load(), tt.out.Load(); in != int64(len(up)) || out != int64(len(down)) {
 		t.Fatalf("bytes in/out = %d/%d, want %d/%d", in, out, len(up), len(down))
+	}
+}
+
+// The tunnel reads and writes the agent's socket below the admission's and the guard's
+// wrappers (the guard has nothing to check in a tunnel: what passes is TLS, not requests),
+// and closing it still closes through them: the admission's slot is given back.
+func TestTunnelSideBelowWrappers(t *testing.T) {
+	a := newAdmission(5, 2, 1)
+	agent, brokerSide := tcpPair(t)
+	ac := a.admit(wire.Guard(brokerSide, []byte("HTTP/1.1 400 Bad Request\r\n\r\n")), netip.MustParseAddr("127.0.0.1"))
+	if ac == nil {
+		t.Fatal("not admitted")
+	}
+	side := tunnelSide(ac)
+	if _, ok := side.(interface{ CloseWrite() error }); ok {
+		t.Fatal("the tunnel's side of the agent can half-close, which the wrappers it replaces cannot")
+	}
+	hello := []byte("\x16\x03\x01\x00\x05hello\n") // a bare LF: the guard refuses it
+	if _, err := agent.Write(hello); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(hello))
+	if _, err := io.ReadFull(side, got); err != nil || !bytes.Equal(got, hello) {
+		t.Fatalf("read %q (%v), want %q", got, err, hello)
+	}
+	if _, err := side.Write([]byte("back")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(agent, got[:4]); err != nil || string(got[:4]) != "back" {
+		t.Fatalf("agent read %q (%v)", got[:4], err)
+	}
+	if a.open != 1 {
+		t.Fatalf("open = %d, want 1", a.open)
+	}
+	if err := side.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if a.open != 0 {
+		t.Fatalf("closing the tunnel's side left the admission's slot taken (open = %d)", a.open)
+	}
+	if n, err := agent.Read(got); err != io.EOF {
+		t.Fatalf("agent read %d bytes (%v) after the close, want EOF", n, err)
 	}
 }
