@@ -15,8 +15,8 @@ const tunnelIdleTimeout = 5 * time.Minute
 // ends when neither moved a byte for idle. Reads only stamp it (a clock read and an atomic
 // store); each direction's read deadline is set when the direction starts and again only when
 // it fires, to when the tunnel would then be idle. Resetting the deadline on every read, as
-// the copy once did, rearms a runtime timer per read, which wakes the scheduler's network
-// poller: measured, more epoll_pwait calls and context switches per request than smokescreen.
+// the copy once did, costs each read a runtime timer update (the descriptor's lock and its
+// timer's); paired against it, the tunnel carried about 3% more requests.
 type idleClock struct {
 	idle time.Duration
 	last atomic.Int64 // monotonic nanoseconds since epoch of the last read that moved bytes
