@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/elazarl/goproxy"
 
@@ -180,42 +178,10 @@ func (b *Broker) pipeConn(x *exchange, req *http.Request, client net.Conn, t tar
 		}
 	}
 	var wg sync.WaitGroup
-	var active atomic.Int64
-	active.Store(time.Now().UnixNano())
+	clock, agent := newIdleClock(tunnelIdleTimeout), tunnelSide(client)
 	wg.Add(2)
-	go func() { defer wg.Done(); copyHalf(up, client, &x.bytesIn, &active) }()
-	go func() { defer wg.Done(); copyHalf(client, up, &x.bytesOut, &active) }()
+	go func() { defer wg.Done(); copyHalf(up, agent, &x.bytesIn, clock) }()
+	go func() { defer wg.Done(); copyHalf(agent, up, &x.bytesOut, clock) }()
 	wg.Wait()
 	x.finish()
-}
-
-// tunnelIdleTimeout ends an opaque tunnel in which neither side sent anything for this long.
-const tunnelIdleTimeout = 5 * time.Minute
-
-// copyHalf copies src to dst, then half-closes dst so the other side sees EOF. The tunnel
-// ends when neither direction moved a byte for tunnelIdleTimeout (active is shared by both).
-func copyHalf(dst, src net.Conn, n interface{ Add(int64) int64 }, active *atomic.Int64) {
-	buf := make([]byte, 32<<10)
-	for {
-		_ = src.SetReadDeadline(time.Now().Add(tunnelIdleTimeout))
-		k, err := src.Read(buf)
-		if k > 0 {
-			active.Store(time.Now().UnixNano())
-			n.Add(int64(k))
-			if _, werr := dst.Write(buf[:k]); werr != nil {
-				break
-			}
-		}
-		if isTimeout(err) && time.Since(time.Unix(0, active.Load())) < tunnelIdleTimeout {
-			continue // the other direction is busy: a long download with a quiet client
-		}
-		if err != nil {
-			break
-		}
-	}
-	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	} else {
-		_ = dst.Close()
-	}
 }
