@@ -12,32 +12,11 @@ import (
 	"time"
 
 	"github.com/capbroker/capbroker/broker/wire"
+	"github.com/capbroker/capbroker/internal/tcppair"
 )
 
 // tcpPair is a connected pair of loopback TCP connections.
-func tcpPair(t *testing.T) (a, b *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := <-accepted
-	if s == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
-	return c.(*net.TCPConn), s.(*net.TCPConn)
-}
+func tcpPair(t *testing.T) (a, b *net.TCPConn) { return tcppair.New(t) }
 
 // testTunnel is an opaque tunnel as pipeConn runs it, between an agent's end and an
 // upstream's end, with the bytes each way counted.

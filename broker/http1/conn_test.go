@@ -13,13 +13,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/capbroker/capbroker/internal/tcppair"
 )
 
 // served is one loopback connection served by a Server: the agent's end, a reader for its
 // responses, the Conn, a channel closed when the connection has ended (end being called more
 // than once fails the test), and one that receives each time it parks.
 type served struct {
-	agent  net.Conn
+	agent  *net.TCPConn
 	br     *bufio.Reader
 	conn   *Conn
 	ended  <-chan struct{}
@@ -28,25 +30,7 @@ type served struct {
 
 func serve(t testing.TB, s *Server) *served {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	agent, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { agent.Close() })
-	raw := <-accepted
-	if raw == nil {
-		t.Fatal("accept failed")
-	}
+	agent, raw := tcppair.New(t)
 	if s.Handler == nil {
 		s.Handler = http.HandlerFunc(echo)
 	}
@@ -510,7 +494,7 @@ func TestHijack(t *testing.T) {
 	if err != nil || resp.StatusCode != 101 {
 		t.Fatal(resp, err)
 	}
-	s.agent.(*net.TCPConn).CloseWrite()
+	s.agent.CloseWrite()
 	rest, _ := io.ReadAll(s.br)
 	if string(rest) != "early" {
 		t.Fatalf("echoed %q", rest)
