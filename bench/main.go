@@ -286,6 +286,9 @@ func run(ctx context.Context, o options) error {
 
 	fmt.Fprintln(os.Stderr, "new hosts, SSE...")
 	s.NewHost = newHostCost(ctx, bare, p, up, o.newHosts)
+	// As before each latency phase: a peer still working off its queue (mitmproxy, over
+	// capacity in the latency phases) would delay the events.
+	settle(procs, 10*time.Second)
 	for _, pa := range paths {
 		s.SSE[pa.name] = pa.sse(ctx, up.url(pa.host(), "/v1/models/sse"))
 	}
