@@ -53,6 +53,8 @@ func (tt *testTunnel) wait(t *testing.T) {
 func TestTunnelIdleEndsQuietTunnel(t *testing.T) {
 	const idle = 150 * time.Millisecond
 	tt := startTestTunnel(t, idle)
+	// The tunnel's last activity is its read of these bytes: after the write begins.
+	last := time.Now()
 	if _, err := tt.agent.Write([]byte("hi")); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +62,6 @@ func TestTunnelIdleEndsQuietTunnel(t *testing.T) {
 	if _, err := io.ReadFull(tt.upstream, buf); err != nil {
 		t.Fatal(err)
 	}
-	last := time.Now()
 	tt.wait(t)
 	if quiet := time.Since(last); quiet < idle {
 		t.Fatalf("the tunnel ended after %v quiet, want at least %v", quiet, idle)
