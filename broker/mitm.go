@@ -344,8 +344,5 @@ func (l *oneConnListener) Accept() (net.Conn, error) {
 	return l.conn, nil
 }
 
-// accepted reports whether the server took the connection.
-func (l *oneConnListener) accepted() bool { return l.taken.Load() }
-
 func (l *oneConnListener) Close() error   { return nil }
 func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }

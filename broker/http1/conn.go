@@ -73,13 +73,12 @@ type Conn struct {
 	bw  *bufio.Writer // nil while parked
 
 	// The watch for an agent that went away during a long request (see watch.go).
-	watchFrom  atomic.Int64 // when the request could be watched (body read), or 0
+	watchFrom  atomic.Int64 // when the request could be watched (read whole), or 0: not watchable
 	watchEnded chan struct{}
 
 	mu         sync.Mutex
 	idle       bool // waiting for the next request (or parked)
 	draining   bool
-	watching   bool // the watch may run: a request is handled, its body read
 	watchOn    bool // the watch was started for this request
 	hijacked   bool
 	watchRead  bool // the watch is reading the connection
@@ -138,7 +137,7 @@ const (
 
 // serveOne waits for a request, serves it, and says what comes next.
 func (c *Conn) serveOne() outcome {
-	if !c.awaitRequest() {
+	if !c.goIdle() {
 		return closing
 	}
 	if o := c.waitRequest(); o != next {
@@ -170,9 +169,9 @@ func (c *Conn) serveOne() outcome {
 	return c.handle(req)
 }
 
-// awaitRequest waits until the next request's first byte is readable, or reports false when
-// the connection ended (the agent closed it, the idle timeout passed, or a drain).
-func (c *Conn) awaitRequest() bool {
+// goIdle marks the connection as waiting for a request, which a drain ends at once (see
+// Shutdown); it reports false when a drain has begun.
+func (c *Conn) goIdle() bool {
 	c.mu.Lock()
 	draining := c.draining
 	c.idle = true

@@ -67,11 +67,11 @@ func (c *Conn) handle(req *http.Request) outcome {
 		c.watchable()
 	}
 
-	if !c.serveHandler(w, req) {
-		c.stopWatch()
+	ok := c.serveHandler(w, req)
+	c.stopWatch()
+	if !ok {
 		return closing // the handler panicked: the response may be cut anywhere
 	}
-	c.stopWatch()
 	if c.hijacked {
 		return hijacked
 	}
@@ -89,13 +89,7 @@ func (c *Conn) handle(req *http.Request) outcome {
 		}
 	}
 	if err := w.finish(); err != nil || w.closeAfter {
-		return closing
-	}
-	c.mu.Lock()
-	draining := c.draining
-	c.mu.Unlock()
-	if draining {
-		return closing
+		return closing // (a drain that began meanwhile is goIdle's to see)
 	}
 	return next
 }

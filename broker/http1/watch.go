@@ -78,16 +78,17 @@ func nanotime() int64 { return int64(time.Since(epoch)) }
 // whole.
 func (c *Conn) watchable() {
 	c.mu.Lock()
-	c.watching = !c.hijacked
-	c.mu.Unlock()
-	c.watchFrom.Store(nanotime())
+	defer c.mu.Unlock()
+	if !c.hijacked {
+		c.watchFrom.Store(nanotime())
+	}
 }
 
 // startWatch reads the connection beside the handler (watchAgent), once per request.
 func (c *Conn) startWatch() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.watching || c.watchOn {
+	if c.watchFrom.Load() == 0 || c.watchOn {
 		return
 	}
 	c.watchOn = true
@@ -130,9 +131,8 @@ func (c *Conn) watchAgent() {
 // stopWatch ends the request's watch before the connection is read or written again for the
 // next request; a request that was never watched costs a lock and an atomic store.
 func (c *Conn) stopWatch() {
-	c.watchFrom.Store(0)
 	c.mu.Lock()
-	c.watching = false
+	c.watchFrom.Store(0)
 	on := c.watchOn
 	c.watchOn = false
 	if !on {
