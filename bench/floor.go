@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 )
 
@@ -13,12 +12,11 @@ import (
 // work is measured by: the relay does not change with the broker, so the ratio to it moves
 // with the broker alone, whatever the machine's state.
 func floorPairs(ctx context.Context, up *upstream, p *pki, intercept, full *path, o options) error {
-	peers, results, stop := startPeers(ctx, up, p, []string{"relay"})
-	defer stop()
-	if len(peers) == 0 {
-		return fmt.Errorf("the relay did not start: %s", results["relay"].Skipped)
+	relay, stop, err := startOnePeer(ctx, up, p, "relay")
+	if err != nil {
+		return err
 	}
-	relay := peers[0]
+	defer stop()
 	for _, pa := range []*path{relay, intercept, full} {
 		pa.client = pa.withConns(p, o.conns)
 	}

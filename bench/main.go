@@ -195,12 +195,12 @@ func run(ctx context.Context, o options) error {
 	if o.only != "" {
 		only := slices.Concat(paths, pathsH2)
 		if slices.ContainsFunc(peerList, func(pe peer) bool { return pe.name == o.only }) {
-			peerPaths, results, stop := startPeers(ctx, up, p, []string{o.only})
-			defer stop()
-			if len(peerPaths) == 0 {
-				return fmt.Errorf("-only %s: %s", o.only, results[o.only].Skipped)
+			peer, stop, err := startOnePeer(ctx, up, p, o.only)
+			if err != nil {
+				return fmt.Errorf("-only %s: %w", o.only, err)
 			}
-			only = peerPaths
+			defer stop()
+			only = []*path{peer}
 		}
 		for _, pa := range only {
 			if pa.name == o.only {

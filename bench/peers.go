@@ -50,6 +50,16 @@ type peerResult struct {
 
 const installHint = "not installed (scripts/install-bench-peers.sh installs it)"
 
+// startOnePeer starts the peer name alone (see startPeers), or says why it could not.
+func startOnePeer(ctx context.Context, up *upstream, p *pki, name string) (*path, func(), error) {
+	peers, results, stop := startPeers(ctx, up, p, []string{name})
+	if len(peers) == 0 {
+		stop()
+		return nil, nil, fmt.Errorf("%s did not start: %s", name, results[name].Skipped)
+	}
+	return peers[0], stop, nil
+}
+
 // startPeers starts the named peers and checks each once through the path the bench measures.
 // It returns a path for each peer that works, every peer's result, and a function stopping them.
 func startPeers(ctx context.Context, up *upstream, p *pki, names []string) ([]*path, map[string]peerResult, func()) {

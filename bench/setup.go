@@ -254,6 +254,12 @@ var proxyLimits = "max_connections_per_agent: 1024"
 // startBroker initialises a CA, writes the config and starts `broker run`. full selects the
 // realistic pipeline: shipped policy, a credential for the upstream, audit to a file.
 func startBroker(bin, dir string, up *upstream, p *pki, full bool) (*broker, error) {
+	return startBrokerWith(bin, dir, up, p, full, "", "")
+}
+
+// startBrokerWith is startBroker with agentYAML added to the agent's entry in the config and
+// topYAML to its top level.
+func startBrokerWith(bin, dir string, up *upstream, p *pki, full bool, agentYAML, topYAML string) (*broker, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -276,6 +282,7 @@ agents:
   - id: %s
     token_env: BENCH_AGENT_TOKEN
 `, proxyLimits, filepath.Join(dir, "ca", "ca.crt"), filepath.Join(dir, "ca", "ca.key"), polDir, p.caFile, agentID)
+	cfg += agentYAML
 	if full {
 		if err := writeShipped(polDir, up.policyPorts()); err != nil {
 			return nil, err
@@ -297,6 +304,7 @@ audit: {file: %q}
 	} else if err := writeAllowAll(polDir); err != nil {
 		return nil, err
 	}
+	cfg += topYAML
 	cfgFile := filepath.Join(dir, "broker.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -304,12 +312,12 @@ audit: {file: %q}
 	if err := b.run(bin, cfgFile, "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret); err != nil {
 		return nil, err
 	}
-	pemCA, err := os.ReadFile(filepath.Join(dir, "ca", "ca.crt"))
+	pool, err := poolFromFile(filepath.Join(dir, "ca", "ca.crt"))
 	if err != nil {
+		b.stop()
 		return nil, err
 	}
-	b.caPool = x509.NewCertPool()
-	b.caPool.AppendCertsFromPEM(pemCA)
+	b.caPool = pool
 	return b, nil
 }
 

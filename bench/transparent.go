@@ -267,49 +267,16 @@ func redirectPool(port int, to string, onSignal func()) (func(), error) {
 // startTransparentBroker is startBroker's bare broker with a transparent listener on tAddr
 // serving the upstream's port, and its agent identified by its token or by the address src.
 func startTransparentBroker(bin, dir string, up *upstream, p *pki, tAddr string, src netip.Addr) (*broker, error) {
-	if err := os.MkdirAll(filepath.Join(dir, "policies"), 0o755); err != nil {
-		return nil, err
-	}
-	if out, err := exec.Command(bin, "ca", "init", "--out", filepath.Join(dir, "ca")).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("ca init: %v: %s", err, out)
-	}
-	if err := writeAllowAll(filepath.Join(dir, "policies")); err != nil {
-		return nil, err
-	}
-	b := &broker{token: "bench-token"}
-	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0", %s}
-admin: {listen: "127.0.0.1:0"}
-ca: {cert_file: %q, key_file: %q}
-policy: {dir: %q, mode: enforce}
-upstream:
-  ca_file: %q
-  allow_private: ["127.0.0.0/8"]
-agents:
-  - id: %s
-    token_env: BENCH_AGENT_TOKEN
-    addresses: ["%s/32"]
-transparent:
-  listen: %q
-  ports: [%d]
-`, proxyLimits, filepath.Join(dir, "ca", "ca.crt"), filepath.Join(dir, "ca", "ca.key"),
-		filepath.Join(dir, "policies"), p.caFile, agentID, src, tAddr, up.port)
-	cfgFile := filepath.Join(dir, "broker.yaml")
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
-		return nil, err
-	}
-	if err := b.run(bin, cfgFile, "BENCH_AGENT_TOKEN="+b.token); err != nil {
+	b, err := startBrokerWith(bin, dir, up, p, false,
+		fmt.Sprintf("    addresses: [\"%s/32\"]\n", src),
+		fmt.Sprintf("transparent:\n  listen: %q\n  ports: [%d]\n", tAddr, up.port))
+	if err != nil {
 		return nil, err
 	}
 	if err := b.waitListening(tAddr, 10*time.Second); err != nil {
 		b.stop()
 		return nil, err
 	}
-	pool, err := poolFromFile(filepath.Join(dir, "ca", "ca.crt"))
-	if err != nil {
-		b.stop()
-		return nil, err
-	}
-	b.caPool = pool
 	return b, nil
 }
 

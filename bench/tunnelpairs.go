@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 )
 
@@ -11,12 +10,11 @@ import (
 // in the same pairs. It is what a change to the tunnel's copy is measured by (issue 25's
 // target: the tunnel at least smokescreen's, 1.0x), without the rest of the bench.
 func tunnelPairs(ctx context.Context, up *upstream, p *pki, tunnel *path, o options) error {
-	peers, results, stop := startPeers(ctx, up, p, []string{"smokescreen"})
-	defer stop()
-	if len(peers) == 0 {
-		return fmt.Errorf("smokescreen did not start: %s", results["smokescreen"].Skipped)
+	smokescreen, stop, err := startOnePeer(ctx, up, p, "smokescreen")
+	if err != nil {
+		return err
 	}
-	smokescreen := peers[0]
+	defer stop()
 	for _, pa := range []*path{tunnel, smokescreen} {
 		pa.client = pa.withConns(p, o.conns)
 	}
