@@ -33,15 +33,7 @@ func testBroker(t testing.TB, cfg *config.Config, deps Deps, up upstreamClient, 
 		t.Fatal(errs)
 	}
 	if deps.CA == nil {
-		dir := t.TempDir()
-		if err := certs.WriteCA(dir, false); err != nil {
-			t.Fatal(err)
-		}
-		ca, err := certs.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		deps.CA = ca
+		deps.CA, _ = testCA(t)
 	}
 	if deps.Audit == nil {
 		deps.Audit = audit.New(io.Discard)
@@ -54,4 +46,18 @@ func testBroker(t testing.TB, cfg *config.Config, deps Deps, up upstreamClient, 
 	br.setTransport(up)
 	agent := identity.Agent{ID: "dev-agent", Labels: map[string]string{"env": "dev"}}
 	return br, &tunnel{agent: agent, target: newTarget("https", host, 443), gen: br.gen.Load()}
+}
+
+// testCA is a throwaway CA, and the file of its certificate.
+func testCA(t testing.TB) (*certs.CA, string) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := certs.WriteCA(dir, false); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := certs.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca, filepath.Join(dir, "ca.crt")
 }

@@ -16,7 +16,6 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -26,7 +25,6 @@ import (
 	"time"
 
 	"github.com/capbroker/capbroker/broker/audit"
-	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
@@ -95,15 +93,8 @@ func newTransparentEnv(t testing.TB, configure ...func(*config.Config)) *transpa
 	for _, f := range configure {
 		f(cfg)
 	}
-	dir := t.TempDir()
-	if err := certs.WriteCA(dir, false); err != nil {
-		t.Fatal(err)
-	}
-	ca, err := certs.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pem, _ := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	ca, caFile := testCA(t)
+	pem, _ := os.ReadFile(caFile)
 	e := &transparentEnv{pol: &hostPolicy{}, up: &echoUpstream{}, roots: x509.NewCertPool(), events: make(chan map[string]any, 1000)}
 	e.roots.AppendCertsFromPEM(pem)
 	al := audit.New(io.Discard)
@@ -116,6 +107,7 @@ func newTransparentEnv(t testing.TB, configure ...func(*config.Config)) *transpa
 	})
 	e.b, _ = testBroker(t, cfg, Deps{Policy: e.pol, Secrets: benchSecrets{}, CA: ca, Audit: al}, e.up, "api.github.com")
 	e.b.origDst = func(net.Conn) (netip.AddrPort, error) { return e.dst.Load().(netip.AddrPort), nil }
+	var err error
 	e.ln, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
