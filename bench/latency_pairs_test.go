@@ -19,11 +19,14 @@ func TestTimedLoopWarmsThePoolAtTheRate(t *testing.T) {
 		w.Write(smallBody)
 	}))
 	defer srv.Close()
+	defer func(w time.Duration) { latencyWarmUp = w }(latencyWarmUp)
 	for _, warm := range []time.Duration{0, 100 * time.Millisecond} {
-		pa := &path{name: "direct", url: srv.URL, client: srv.Client()}
-		pa.client.Transport.(*http.Transport).DialContext = pa.countingDial()
-		pa.client.Transport.(*http.Transport).MaxIdleConnsPerHost = 64
-		defer func(w time.Duration) { latencyWarmUp = w }(latencyWarmUp)
+		// A transport of its own for each round: the last round's may still be dialing, or
+		// returning a connection to its pool, in goroutines of its own that read its fields.
+		tr := srv.Client().Transport.(*http.Transport).Clone()
+		pa := &path{name: "direct", url: srv.URL, client: &http.Client{Transport: tr}}
+		tr.DialContext = pa.countingDial()
+		tr.MaxIdleConnsPerHost = 64
 		latencyWarmUp = warm
 		served.Store(0)
 		l, st := pa.timedLoop(context.Background(), 1000, 200*time.Millisecond)
