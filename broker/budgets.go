@@ -44,16 +44,14 @@ func (b *Broker) checkBudgets(x *exchange, r *http.Request, t target, in *policy
 	if body.err != nil {
 		return body.err
 	}
-	var ex *budget.Exceeded
-	var un *budget.Unavailable
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case errors.As(err, &ex):
+	}
+	if ex, ok := errors.AsType[*budget.Exceeded](err); ok {
 		x.ev.Budget = ex.Budget
-	case errors.As(err, &un):
+	} else if un, ok := errors.AsType[*budget.Unavailable](err); ok {
 		x.ev.Budget = un.Budget
-	default:
+	} else {
 		return fmt.Errorf("%w: %v", policy.ErrEvaluation, err)
 	}
 	if x.g.mode == config.ModeMonitor {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,8 @@ type exchange struct {
 	meter *llm.Meter
 	// code is the agent-facing error code of a failed exchange (metrics outcome).
 	code string
+	// idHeader is the response's X-Broker-Request-Id value (respond).
+	idHeader [1]string
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
@@ -51,7 +54,7 @@ func (b *Broker) begin(phase string, r *http.Request) *exchange {
 		Start:      time.Now(),
 		Mode:       audit.ModeExplicit,
 		PolicyMode: x.g.mode,
-		SourceIP:   sourceAddr(r).String(),
+		SourceIP:   sourceIP(r),
 	}
 	return x
 }
@@ -130,6 +133,21 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// sourceIP is sourceAddr as text: the host part of r.RemoteAddr when that is already how the
+// address prints (as the net package writes it), so that a request costs no allocation for it.
+func sourceIP(r *http.Request) string {
+	a := sourceAddr(r)
+	host := r.RemoteAddr
+	if i := strings.LastIndexByte(host, ':'); i >= 0 {
+		host = strings.TrimSuffix(strings.TrimPrefix(host[:i], "["), "]")
+	}
+	var buf [64]byte
+	if a.IsValid() && string(a.AppendTo(buf[:0])) == host {
+		return host
+	}
+	return a.String()
+}
+
 func sourceAddr(r *http.Request) netip.Addr {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
@@ -138,12 +156,11 @@ func sourceAddr(r *http.Request) netip.Addr {
 	return ap.Addr().Unmap()
 }
 
-// countingBody counts bytes through a body and calls done once when it is closed.
+// countingBody counts bytes through a body; closing a response's body finishes its exchange.
 type countingBody struct {
 	io.ReadCloser
-	n    *atomic.Int64
-	done func()
-	once sync.Once
+	n *atomic.Int64
+	x *exchange // the response's exchange, or nil (a request body)
 }
 
 func (c *countingBody) Read(p []byte) (int, error) {
@@ -154,8 +171,8 @@ func (c *countingBody) Read(p []byte) (int, error) {
 
 func (c *countingBody) Close() error {
 	err := c.ReadCloser.Close()
-	if c.done != nil {
-		c.once.Do(c.done)
+	if c.x != nil {
+		c.x.finish() // once only, however often the body is closed
 	}
 	return err
 }

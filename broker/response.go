@@ -29,12 +29,13 @@ func (x *exchange) respond(resp *http.Response, s *scrub.Replacer, rng *byteRang
 	if !upgraded {
 		removeHopByHop(resp.Header)
 	}
-	resp.Header.Set("X-Broker-Request-Id", x.ev.RequestID)
+	x.idHeader[0] = x.ev.RequestID
+	resp.Header["X-Broker-Request-Id"] = x.idHeader[:] // the exchange's storage: no allocation
 	x.ev.Status = resp.StatusCode
 	if x.meter != nil && !upgraded {
 		x.meter.Wrap(resp, x.metered) // after scrubbing, which decodes: the meter reads plain text
 	}
-	body := &countingBody{ReadCloser: resp.Body, n: &x.bytesOut, done: x.finish}
+	body := &countingBody{ReadCloser: resp.Body, n: &x.bytesOut, x: x}
 	if w, ok := resp.Body.(io.Writer); ok && upgraded {
 		resp.Body = &upgradedBody{countingBody: body, w: w, in: &x.bytesIn}
 	} else {
