@@ -15,12 +15,17 @@ import (
 // readUsage makes input.usage available to the policy: the counters of the budgets that
 // apply to the agent, computed only if the policy refers to them.
 func (b *Broker) readUsage(x *exchange, r *http.Request, in *policy.Input) {
-	if b.budgets == nil {
-		return
+	switch {
+	case b.budgets == nil:
+	case !b.budgets.Active():
+		in.ReadUsage = noUsage // what Usage returns then, without a closure per request
+	default:
+		ctx := r.Context()
+		in.ReadUsage = func() map[string]any { return b.budgets.Usage(ctx, x.agent.ID, x.agent.Labels) }
 	}
-	ctx := r.Context()
-	in.ReadUsage = func() map[string]any { return b.budgets.Usage(ctx, x.agent.ID, x.agent.Labels) }
 }
+
+func noUsage() map[string]any { return map[string]any{} }
 
 // checkBudgets counts an allowed request against the budgets that apply to it, before it is
 // sent: over one, it is refused (429 budget_exceeded, with Retry-After); a budget whose shared
@@ -28,7 +33,7 @@ func (b *Broker) readUsage(x *exchange, r *http.Request, in *policy.Input) {
 // its JSON body (as the policy reads it) only when a budget naming a model applies. In
 // monitor mode a request a budget would refuse is recorded as would_deny and sent.
 func (b *Broker) checkBudgets(x *exchange, r *http.Request, t target, in *policy.Input, body *policyBody) error {
-	if b.budgets == nil {
+	if b.budgets == nil || !b.budgets.Active() {
 		return nil
 	}
 	// A metered endpoint (broker/llm: built-in, or one the config names) says its provider;

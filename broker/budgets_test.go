@@ -136,6 +136,26 @@ decision := {"allow": false, "reason": "the big model's budget is spent: use a s
 	}
 }
 
+// TestUsageWithoutBudgets: with budgets on but none declared, input.usage is an empty object
+// (a policy may count it), and a request is not counted against anything.
+func TestUsageWithoutBudgets(t *testing.T) {
+	br, tun := benchBroker(t, false)
+	e, err := policy.New(context.Background(), fstest.MapFS{"p.rego": {Data: []byte(`package broker
+
+decision := {"allow": count(input.usage) == 0}
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br.policy = e
+	br.budgets = budget.New(budget.Options{Data: budgetData(t, `{}`)})
+	w := httptest.NewRecorder()
+	br.serveTunnel(w, llmRequest("big-1"), tun)
+	if w.Code != http.StatusOK {
+		t.Errorf("status %d: input.usage was not an empty object", w.Code)
+	}
+}
+
 // BenchmarkPipelineBudgets is BenchmarkPipeline's full pipeline with budgets off, on in
 // memory and on in Redis (a real redis-server on loopback), run in that order: compare them
 // in pairs. The budgets apply to the request (a requests budget for its model, a tokens
