@@ -15,6 +15,7 @@ import (
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/llm"
+	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/scrub"
 )
 
@@ -41,6 +42,10 @@ type exchange struct {
 	code string
 	// idHeader is the response's X-Broker-Request-Id value (respond).
 	idHeader [1]string
+	// in and body are the request's policy input and its body as read for the policy
+	// (requestInput): here rather than allocated on their own.
+	in   policy.Input
+	body policyBody
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {

@@ -76,16 +76,16 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		r.Body = &countingBody{ReadCloser: r.Body, n: &x.bytesIn}
 	}
 
-	var body policyBody // the body as read for the policy, if it is
+	body := &x.body
 	defer func() { body.hold.release() }()
-	in, d, granted, err := b.decide(x, r, t, small, &body)
+	in, d, granted, err := b.decide(x, r, t, small, body)
 	if err != nil {
 		return nil, err
 	}
 	if err := b.checkMCPSession(x, r, in); err != nil {
 		return nil, err
 	}
-	metered := x.meterRequest(in, t, small, &body)
+	metered := x.meterRequest(in, t, small, body)
 
 	out := outbound(r, t, in.Path)
 	if small != nil {
@@ -322,7 +322,7 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 	if err := methodOverride(r, q, small); err != nil {
 		return nil, err
 	}
-	in := &policy.Input{
+	x.in = policy.Input{
 		Phase:       policy.PhaseRequest,
 		AgentID:     x.agent.ID,
 		Labels:      x.agent.Labels,
@@ -339,6 +339,7 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		BodySize:    r.ContentLength,
 		Credentials: x.g.bindings.Matching(t.host),
 	}
+	in := &x.in
 	if err := x.g.describeAWS(x, r, in); err != nil {
 		return nil, err
 	}
