@@ -456,6 +456,15 @@ func TestUnreadBody(t *testing.T) {
 	s := serve(t, &Server{Linger: time.Hour, Handler: ignore})
 	s.roundTrip(t, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET / HTTP/1.1\r\nHost: a\r\n\r\n", "ok", "ok")
 
+	// A body of maxDrain exactly is drained whole: the connection carries on.
+	s = serve(t, &Server{Linger: time.Hour, Handler: ignore})
+	go func() {
+		fmt.Fprintf(s.agent, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", maxDrain)
+		s.agent.Write(make([]byte, maxDrain))
+		io.WriteString(s.agent, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	}()
+	s.roundTrip(t, "", "ok", "ok")
+
 	s = serve(t, &Server{Linger: time.Hour, Handler: ignore})
 	big := maxDrain + 10
 	go func() {

@@ -50,8 +50,10 @@ func (c *Conn) handle(req *http.Request) outcome {
 		c.remote = c.raw.RemoteAddr().String()
 	}
 	req.RemoteAddr = c.remote
+	// The body is part of the response: one allocation for both.
 	w := &response{c: c, req: req, header: make(http.Header, 8), contentLength: -1}
-	body := &requestBody{rc: req.Body, w: w}
+	body := &w.body
+	body.rc, body.w = req.Body, w
 	if req.Body != nil && req.Body != http.NoBody {
 		req.Body = body
 		if req.Header.Get("Expect") != "" {
@@ -82,8 +84,7 @@ func (c *Conn) handle(req *http.Request) outcome {
 		case body.expect && !body.continued:
 			w.closeAfter = true
 		default:
-			n, err := io.CopyN(io.Discard, body.rc, maxDrain+1)
-			if n > maxDrain || (err != nil && err != io.EOF) {
+			if !body.drain() {
 				w.closeAfter = true
 			}
 		}
@@ -116,6 +117,7 @@ type requestBody struct {
 	expect    bool // the agent waits for 100 Continue
 	continued bool // it was sent
 	eof       bool
+	lr        io.LimitedReader // drain's
 }
 
 func (b *requestBody) Read(p []byte) (int, error) {
@@ -137,3 +139,13 @@ func (b *requestBody) Read(p []byte) (int, error) {
 }
 
 func (b *requestBody) Close() error { return nil } // what is left is drained after the handler
+
+// drain reads what the handler left of the body, up to maxDrain; it reports whether the body
+// ended within it (io.CopyN would allocate a LimitedReader for each drain: the response holds
+// one).
+func (b *requestBody) drain() bool {
+	b.lr = io.LimitedReader{R: b.rc, N: maxDrain + 1}
+	n, err := io.Copy(io.Discard, &b.lr)
+	b.lr.R = nil
+	return n <= maxDrain && err == nil
+}

@@ -42,6 +42,8 @@ type response struct {
 	// contentLength is the body's length once known: the handler's Content-Length, parsed
 	// when the header was written, or the short body's; -1 until then.
 	contentLength int64
+
+	body requestBody // the request's body, as the handler reads it
 }
 
 var shortBufs = sync.Pool{New: func() any { b := make([]byte, 0, shortBody); return &b }}
