@@ -20,6 +20,10 @@
 //   - A request's context ends when the agent goes away, as with net/http, but the read that
 //     notices is started only for a request that is still being handled after watchDelay:
 //     almost every response is finished sooner, and costs a timer reset and stop.
+//   - A connection's requests share one context while none is cancelled, rather than one
+//     made and cancelled per request: it is cancelled, and replaced for the next request, when
+//     the agent goes away, and when the connection ends, is parked or hijacked. A handler
+//     must stop what it registered on it before it returns (see requestContext).
 //   - Between requests a quiet connection is parked: after Linger with nothing of the next
 //     request read, its goroutine ends and its buffers go back to a pool; one small goroutine
 //     waits for the next request's first byte and serves it with fresh ones.
@@ -71,6 +75,9 @@ type Conn struct {
 	src source
 	br  *bufio.Reader // nil while parked
 	bw  *bufio.Writer // nil while parked
+	// ctx is the context of the connection's requests (see requestContext), or nil; only
+	// the serving goroutine reads and sets it.
+	ctx context.Context
 
 	// The watch for an agent that went away during a long request (see watch.go).
 	watchFrom  atomic.Int64 // when the request could be watched (read whole), or 0: not watchable
@@ -81,9 +88,9 @@ type Conn struct {
 	draining   bool
 	watchOn    bool // the watch was started for this request
 	hijacked   bool
-	watchRead  bool // the watch is reading the connection
-	abortWatch bool // the request is done: the watch must end
-	cancel     context.CancelFunc
+	watchRead  bool               // the watch is reading the connection
+	abortWatch bool               // the request is done: the watch must end
+	cancel     context.CancelFunc // ctx's
 	parks      int
 	closeOnce  sync.Once
 	done       chan struct{} // closed when the connection has ended
@@ -109,7 +116,11 @@ func (c *Conn) Serve() {
 	watched.add(c)
 	defer watched.remove(c)
 	for {
-		switch c.serveOne() {
+		o := c.serveOne()
+		if o != next {
+			c.endContext() // nothing of the last request runs on
+		}
+		switch o {
 		case next:
 			continue
 		case park:

@@ -586,3 +586,112 @@ func TestAbortedBodyNotWhole(t *testing.T) {
 	}
 	<-s.ended
 }
+
+// TestRequestContext: a connection's requests share a context while none is cancelled; what
+// a request registered on it and stopped does not run when a later request's agent goes
+// away; and the context is cancelled once the handler has returned when the connection is
+// parked, ends, or was hijacked.
+func TestRequestContext(t *testing.T) {
+	isDone := func(ctx context.Context) bool {
+		select {
+		case <-ctx.Done():
+			return true
+		default:
+			return false
+		}
+	}
+	ctxs := make(chan context.Context, 1)
+	record := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isDone(r.Context()) {
+			t.Error("a handler got a cancelled context")
+		}
+		ctxs <- r.Context()
+		io.WriteString(w, "ok")
+	})
+
+	// Shared, and what the first request registered and stopped stays stopped.
+	fired := make(chan string, 4)
+	gone := make(chan error, 1)
+	var first context.Context
+	s := serve(t, &Server{Linger: time.Hour, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		if r.URL.Path == "/first" {
+			first = ctx
+			stop := context.AfterFunc(ctx, func() { fired <- "AfterFunc" })
+			child, cancel := context.WithCancel(ctx)
+			context.AfterFunc(child, func() { fired <- "a derived context's AfterFunc" })
+			cancel()
+			<-child.Done()
+			stop()
+			io.WriteString(w, "first")
+			return
+		}
+		if ctx != first || isDone(ctx) {
+			t.Errorf("the second request's context: %p, done %v; the first's %p", ctx, isDone(ctx), first)
+		}
+		io.WriteString(w, "second")
+		w.(interface{ Finish() error }).Finish()
+		select {
+		case <-ctx.Done():
+			gone <- ctx.Err()
+		case <-time.After(10 * time.Second):
+			gone <- errors.New("the request's context did not end when its agent went away")
+		}
+	})})
+	s.roundTrip(t, "GET /first HTTP/1.1\r\nHost: a\r\n\r\n", "first")
+	if got := <-fired; got != "a derived context's AfterFunc" {
+		t.Fatalf("%s ran", got)
+	}
+	s.roundTrip(t, "GET /second HTTP/1.1\r\nHost: a\r\n\r\n", "second")
+	s.agent.Close()
+	if err := <-gone; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	<-s.ended
+	select {
+	case got := <-fired:
+		t.Fatalf("the first request's stopped %s ran when the second's agent went away", got)
+	default:
+	}
+
+	// Parked: cancelled as the park begins.
+	s = serve(t, &Server{Linger: 0, Handler: record})
+	s.roundTrip(t, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", "ok")
+	ctx := <-ctxs
+	<-s.parked
+	if !isDone(ctx) {
+		t.Fatal("the context outlived its connection's park")
+	}
+	s.roundTrip(t, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", "ok") // the next request has a live one
+	if <-ctxs == ctx {
+		t.Fatal("a request after a park got the cancelled context")
+	}
+
+	// The connection ends: cancelled before the end is reported.
+	s = serve(t, &Server{Linger: time.Hour, Handler: record})
+	s.roundTrip(t, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", "ok")
+	ctx = <-ctxs
+	<-s.ended
+	if !isDone(ctx) {
+		t.Fatal("the context outlived its connection")
+	}
+
+	// Hijacked: cancelled when the handler returns.
+	hijacked := make(chan context.Context, 1)
+	s = serve(t, &Server{Linger: time.Hour, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Close()
+		hijacked <- r.Context()
+	})})
+	io.WriteString(s.agent, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	ctx = <-hijacked
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a hijacked request's context was not cancelled after its handler returned")
+	}
+}

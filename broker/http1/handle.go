@@ -43,9 +43,7 @@ func check(req *http.Request) (int, string) {
 
 // handle runs the handler for req and finishes its response.
 func (c *Conn) handle(req *http.Request) outcome {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req = req.WithContext(ctx)
+	req = req.WithContext(c.requestContext())
 	if c.remote == "" {
 		c.remote = c.raw.RemoteAddr().String()
 	}
@@ -62,9 +60,6 @@ func (c *Conn) handle(req *http.Request) outcome {
 	} else {
 		body.eof = true
 	}
-	c.mu.Lock()
-	c.cancel = cancel
-	c.mu.Unlock()
 	if body.eof {
 		c.watchable()
 	}
@@ -92,7 +87,46 @@ func (c *Conn) handle(req *http.Request) outcome {
 	if err := w.finish(); err != nil || w.closeAfter {
 		return closing // (a drain that began meanwhile is goIdle's to see)
 	}
+	if c.ctx.Err() != nil {
+		c.endContext() // the next request gets a live one
+	}
 	return next
+}
+
+// requestContext is the context of the request about to be handled: the connection's, made
+// for its first request and kept for the next ones until it is cancelled (see endContext).
+//
+// net/http makes a context for each request and cancels it when the handler returns: a
+// cancelable context, its cancel function, its Done channel and, once something is
+// registered on it (context.AfterFunc, a derived context), the map of its children, for each
+// request. What a request registers is unregistered by its owner before the handler returns
+// (the upstream client's AfterFunc is stopped as the response body is closed, a derived
+// context's cancel is deferred), so a context whose request ended well can serve the next
+// one. A handler must not leave anything that waits on its request's context after it
+// returns: that would end only with the connection's context (the agent going away, the
+// connection ending or being parked or hijacked).
+func (c *Conn) requestContext() context.Context {
+	if c.ctx == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		c.mu.Lock()
+		c.ctx, c.cancel = ctx, cancel
+		c.mu.Unlock()
+	}
+	return c.ctx
+}
+
+// endContext cancels the connection's context, if it has one; the next request gets a new
+// one. It is called when the serving goroutine stops serving (the connection ends, is parked
+// or hijacked: the handler has returned), and after a request whose context was cancelled.
+func (c *Conn) endContext() {
+	if c.ctx == nil {
+		return
+	}
+	c.mu.Lock()
+	cancel := c.cancel
+	c.ctx, c.cancel = nil, nil
+	c.mu.Unlock()
+	cancel()
 }
 
 // serveHandler runs the handler; it reports false when the handler panicked (as net/http's
