@@ -24,6 +24,10 @@
 //     made and cancelled per request: it is cancelled, and replaced for the next request, when
 //     the agent goes away, and when the connection ends, is parked or hijacked. A handler
 //     must stop what it registered on it before it returns (see requestContext).
+//   - A connection's responses reuse one response and its header map, reset for each request;
+//     a handler's writer and request body fail once its request is over (net/http: a
+//     ResponseWriter may not be used after the handler has returned), rather than reach the
+//     next request's response.
 //   - Between requests a quiet connection is parked: after Linger with nothing of the next
 //     request read, its goroutine ends and its buffers go back to a pool; one small goroutine
 //     waits for the next request's first byte and serves it with fresh ones.
@@ -78,6 +82,9 @@ type Conn struct {
 	// ctx is the context of the connection's requests (see requestContext), or nil; only
 	// the serving goroutine reads and sets it.
 	ctx context.Context
+	// resp is the response to the connection's requests, reset for each (see newWriter), or
+	// nil; only the serving goroutine sets it.
+	resp *response
 
 	// The watch for an agent that went away during a long request (see watch.go).
 	watchFrom  atomic.Int64 // when the request could be watched (read whole), or 0: not watchable
@@ -233,6 +240,7 @@ func (c *Conn) waitRequest() outcome {
 // request's first byte; then the connection is served again.
 func (c *Conn) park() {
 	c.putBuffers()
+	c.resp = nil // a parked connection holds little
 	c.mu.Lock()
 	c.parks++
 	draining := c.draining

@@ -695,3 +695,57 @@ func TestRequestContext(t *testing.T) {
 		t.Fatal("a hijacked request's context was not cancelled after its handler returned")
 	}
 }
+
+// TestStaleWriter: the connection's response is reset for each request; a handler's writer
+// and body used after the handler returned fail, between requests and during the next one,
+// and change nothing of the next response.
+func TestStaleWriter(t *testing.T) {
+	type leak struct {
+		w    http.ResponseWriter
+		body io.Reader
+	}
+	leaked, inSecond, staleDone := make(chan leak, 1), make(chan struct{}), make(chan struct{})
+	s := serve(t, &Server{Linger: time.Hour, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/first" {
+			w.Header().Set("X-First", "1")
+			io.WriteString(w, "first") // the body is left unread, to be drained
+			leaked <- leak{w, r.Body}
+			return
+		}
+		close(inSecond)
+		<-staleDone
+		echo(w, r)
+	})})
+	s.roundTrip(t, "POST /first HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello", "first")
+	stale := <-leaked
+	use := func(when string) {
+		t.Helper()
+		if _, err := io.WriteString(stale.w, "stale"); err == nil {
+			t.Errorf("%s: a stale Write succeeded", when)
+		}
+		stale.w.Header().Set("X-Stale", "1")
+		stale.w.WriteHeader(http.StatusTeapot)
+		rc := http.NewResponseController(stale.w)
+		if err := rc.Flush(); err == nil {
+			t.Errorf("%s: a stale Flush succeeded", when)
+		}
+		if _, _, err := rc.Hijack(); err == nil {
+			t.Errorf("%s: a stale Hijack succeeded", when)
+		}
+		if err := stale.w.(interface{ Finish() error }).Finish(); err == nil {
+			t.Errorf("%s: a stale Finish succeeded", when)
+		}
+		if n, err := stale.body.Read(make([]byte, 16)); n != 0 || err == nil {
+			t.Errorf("%s: a stale body read %d bytes, %v", when, n, err)
+		}
+	}
+	use("between requests")
+	io.WriteString(s.agent, "POST /second HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nworld")
+	<-inSecond
+	use("during the next request")
+	close(staleDone)
+	resp, body := s.response(t, "")
+	if resp.StatusCode != http.StatusOK || body != "POST /second world" || resp.Header.Get("X-Stale") != "" || resp.Header.Get("X-First") != "" {
+		t.Fatalf("the next response: %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+}

@@ -48,10 +48,9 @@ func (c *Conn) handle(req *http.Request) outcome {
 		c.remote = c.raw.RemoteAddr().String()
 	}
 	req.RemoteAddr = c.remote
-	// The body is part of the response: one allocation for both.
-	w := &response{c: c, req: req, header: make(http.Header, 8), contentLength: -1}
-	body := &w.body
-	body.rc, body.w = req.Body, w
+	hw := c.newWriter(req)
+	w, body := hw.r, &hw.body
+	defer w.retire() // the handler's writer and body are done with
 	if req.Body != nil && req.Body != http.NoBody {
 		req.Body = body
 		if req.Header.Get("Expect") != "" {
@@ -64,7 +63,7 @@ func (c *Conn) handle(req *http.Request) outcome {
 		c.watchable()
 	}
 
-	ok := c.serveHandler(w, req)
+	ok := c.serveHandler(hw, req)
 	c.stopWatch()
 	if !ok {
 		return closing // the handler panicked: the response may be cut anywhere
@@ -84,7 +83,7 @@ func (c *Conn) handle(req *http.Request) outcome {
 			}
 		}
 	}
-	if err := w.finish(); err != nil || w.closeAfter {
+	if err := w.finish(hw.gen); err != nil || w.closeAfter {
 		return closing // (a drain that began meanwhile is goIdle's to see)
 	}
 	if c.ctx.Err() != nil {
@@ -131,7 +130,7 @@ func (c *Conn) endContext() {
 
 // serveHandler runs the handler; it reports false when the handler panicked (as net/http's
 // server does, the panic ends the connection, not the broker; http.ErrAbortHandler alike).
-func (c *Conn) serveHandler(w *response, req *http.Request) (ok bool) {
+func (c *Conn) serveHandler(w *writer, req *http.Request) (ok bool) {
 	defer func() {
 		if recover() != nil {
 			ok = false
@@ -147,7 +146,7 @@ var aLongTimeAgo = time.Unix(1, 0)
 // holds back (Expect: 100-continue) when first read, and arms the watch when read to its end.
 type requestBody struct {
 	rc        io.ReadCloser
-	w         *response
+	w         *writer
 	expect    bool // the agent waits for 100 Continue
 	continued bool // it was sent
 	eof       bool
@@ -158,8 +157,11 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	if b.eof {
 		return 0, io.EOF
 	}
+	if !b.w.live() {
+		return 0, http.ErrBodyReadAfterClose // the handler has returned
+	}
 	if b.expect && !b.continued {
-		if err := b.w.sendContinue(); err != nil {
+		if err := b.w.r.sendContinue(b.w.gen); err != nil {
 			return 0, err
 		}
 		b.continued = true
@@ -167,7 +169,7 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	if err == io.EOF {
 		b.eof = true
-		b.w.c.watchable()
+		b.w.r.c.watchable()
 	}
 	return n, err
 }
