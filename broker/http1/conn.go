@@ -89,6 +89,7 @@ type Conn struct {
 	// The watch for an agent that went away during a long request (see watch.go).
 	watchFrom  atomic.Int64 // when the request could be watched (read whole), or 0: not watchable
 	watchEnded chan struct{}
+	watchFn    func() // c.watchAgent
 
 	mu         sync.Mutex
 	idle       bool // waiting for the next request (or parked)
@@ -110,6 +111,7 @@ func (s *Server) NewConn(c net.Conn, end func()) *Conn {
 	conn := &Conn{s: s, raw: c, end: end, done: make(chan struct{}), watchEnded: make(chan struct{}, 1)}
 	conn.src.conn = c
 	conn.src.limit = -1
+	conn.watchFn = conn.watchAgent
 	return conn
 }
 
@@ -406,6 +408,12 @@ func (s *source) count(n int) {
 }
 
 func isTimeout(err error) bool {
+	return errors.Is(err, os.ErrDeadlineExceeded) || isNetTimeout(err)
+}
+
+// isNetTimeout is isTimeout's other half, apart: errors.As's target is allocated with each call
+// of the function that declares it, and the first half answers for most.
+func isNetTimeout(err error) bool {
 	var ne net.Error
-	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	return errors.As(err, &ne) && ne.Timeout()
 }

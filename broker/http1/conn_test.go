@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -749,3 +750,21 @@ func TestStaleWriter(t *testing.T) {
 		t.Fatalf("the next response: %d %q %v", resp.StatusCode, body, resp.Header)
 	}
 }
+
+// TestIsTimeout: a deadline's error is a timeout, found without an allocation (it is checked
+// after each watch and each linger).
+func TestIsTimeout(t *testing.T) {
+	deadline := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	if !isTimeout(deadline) || !isTimeout(timeoutErr{}) || isTimeout(io.EOF) {
+		t.Fatal("isTimeout misjudges")
+	}
+	if n := testing.AllocsPerRun(100, func() { isTimeout(deadline) }); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
