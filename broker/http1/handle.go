@@ -50,7 +50,6 @@ func (c *Conn) handle(req *http.Request) outcome {
 	req.RemoteAddr = c.remote
 	hw := c.newWriter(req)
 	w, body := hw.r, &hw.body
-	defer w.retire() // the handler's writer and body are done with
 	if req.Body != nil && req.Body != http.NoBody {
 		req.Body = body
 		if req.Header.Get("Expect") != "" {
@@ -64,6 +63,9 @@ func (c *Conn) handle(req *http.Request) outcome {
 	}
 
 	ok := c.serveHandler(hw, req)
+	// The handler's writer and body fail from here on: what it left running cannot write
+	// beside the drain and the response's end below, nor into the next response.
+	gen := w.retire()
 	c.stopWatch()
 	if !ok {
 		return closing // the handler panicked: the response may be cut anywhere
@@ -83,7 +85,7 @@ func (c *Conn) handle(req *http.Request) outcome {
 			}
 		}
 	}
-	if err := w.finish(hw.gen); err != nil || w.closeAfter {
+	if err := w.finish(gen); err != nil || w.closeAfter {
 		return closing // (a drain that began meanwhile is goIdle's to see)
 	}
 	if c.ctx.Err() != nil {

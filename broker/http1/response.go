@@ -62,11 +62,12 @@ func (w *response) lock(gen uint64) bool {
 	return true
 }
 
-// retire ends the current request's hold on the response: calls for it fail from now on.
-func (w *response) retire() {
+// retire ends the handler's hold on the response: calls for its request fail from now on.
+// It returns the generation the server finishes the response with.
+func (w *response) retire() uint64 {
 	w.mu.Lock()
-	w.gen.Add(1)
-	w.mu.Unlock()
+	defer w.mu.Unlock()
+	return w.gen.Add(1)
 }
 
 var shortBufs = sync.Pool{New: func() any { b := make([]byte, 0, shortBody); return &b }}

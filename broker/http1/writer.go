@@ -8,9 +8,10 @@ import (
 
 // writer is the http.ResponseWriter a handler gets (also http.Flusher and http.Hijacker,
 // which http.ResponseController finds, and Finish): the connection's response, for as long
-// as the writer's request is the connection's current one. Once the handler has returned and
-// the response is finished, every call fails (or does nothing) rather than reach the next
-// request's response. One allocation per request holds it and the request's body.
+// as its handler runs. Once the handler has returned, every call fails (or does nothing), and
+// so does a read of the request's body (http.ErrBodyReadAfterClose): what the handler left
+// running neither writes beside the server finishing the response nor reaches the next
+// request's. One allocation per request holds the writer and the request's body.
 type writer struct {
 	r    *response
 	gen  uint64      // the request's, in r.gen
