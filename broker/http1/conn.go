@@ -20,6 +20,14 @@
 //   - A request's context ends when the agent goes away, as with net/http, but the read that
 //     notices is started only for a request that is still being handled after watchDelay:
 //     almost every response is finished sooner, and costs a timer reset and stop.
+//   - A connection's requests share one context while none is cancelled, rather than one
+//     made and cancelled per request: it is cancelled, and replaced for the next request, when
+//     the agent goes away, and when the connection ends, is parked or hijacked. A handler
+//     must stop what it registered on it before it returns (see requestContext).
+//   - A connection's responses reuse one response and its header map, reset for each request;
+//     a handler's writer and request body fail once its request is over (net/http: a
+//     ResponseWriter may not be used after the handler has returned), rather than reach the
+//     next request's response.
 //   - Between requests a quiet connection is parked: after Linger with nothing of the next
 //     request read, its goroutine ends and its buffers go back to a pool; one small goroutine
 //     waits for the next request's first byte and serves it with fresh ones.
@@ -71,19 +79,26 @@ type Conn struct {
 	src source
 	br  *bufio.Reader // nil while parked
 	bw  *bufio.Writer // nil while parked
+	// ctx is the context of the connection's requests (see requestContext), or nil; only
+	// the serving goroutine reads and sets it.
+	ctx context.Context
+	// resp is the response to the connection's requests, reset for each (see newWriter), or
+	// nil; only the serving goroutine sets it.
+	resp *response
 
 	// The watch for an agent that went away during a long request (see watch.go).
 	watchFrom  atomic.Int64 // when the request could be watched (read whole), or 0: not watchable
 	watchEnded chan struct{}
+	watchFn    func() // c.watchAgent
 
 	mu         sync.Mutex
 	idle       bool // waiting for the next request (or parked)
 	draining   bool
 	watchOn    bool // the watch was started for this request
 	hijacked   bool
-	watchRead  bool // the watch is reading the connection
-	abortWatch bool // the request is done: the watch must end
-	cancel     context.CancelFunc
+	watchRead  bool               // the watch is reading the connection
+	abortWatch bool               // the request is done: the watch must end
+	cancel     context.CancelFunc // ctx's
 	parks      int
 	closeOnce  sync.Once
 	done       chan struct{} // closed when the connection has ended
@@ -96,6 +111,7 @@ func (s *Server) NewConn(c net.Conn, end func()) *Conn {
 	conn := &Conn{s: s, raw: c, end: end, done: make(chan struct{}), watchEnded: make(chan struct{}, 1)}
 	conn.src.conn = c
 	conn.src.limit = -1
+	conn.watchFn = conn.watchAgent
 	return conn
 }
 
@@ -109,7 +125,11 @@ func (c *Conn) Serve() {
 	watched.add(c)
 	defer watched.remove(c)
 	for {
-		switch c.serveOne() {
+		o := c.serveOne()
+		if o != next {
+			c.endContext() // nothing of the last request runs on
+		}
+		switch o {
 		case next:
 			continue
 		case park:
@@ -222,6 +242,7 @@ func (c *Conn) waitRequest() outcome {
 // request's first byte; then the connection is served again.
 func (c *Conn) park() {
 	c.putBuffers()
+	c.resp = nil // a parked connection holds little
 	c.mu.Lock()
 	c.parks++
 	draining := c.draining
@@ -387,6 +408,12 @@ func (s *source) count(n int) {
 }
 
 func isTimeout(err error) bool {
+	return errors.Is(err, os.ErrDeadlineExceeded) || isNetTimeout(err)
+}
+
+// isNetTimeout is isTimeout's other half, apart: errors.As's target is allocated with each call
+// of the function that declares it, and the first half answers for most.
+func isNetTimeout(err error) bool {
 	var ne net.Error
-	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -456,6 +457,15 @@ func TestUnreadBody(t *testing.T) {
 	s := serve(t, &Server{Linger: time.Hour, Handler: ignore})
 	s.roundTrip(t, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET / HTTP/1.1\r\nHost: a\r\n\r\n", "ok", "ok")
 
+	// A body of maxDrain exactly is drained whole: the connection carries on.
+	s = serve(t, &Server{Linger: time.Hour, Handler: ignore})
+	go func() {
+		fmt.Fprintf(s.agent, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", maxDrain)
+		s.agent.Write(make([]byte, maxDrain))
+		io.WriteString(s.agent, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	}()
+	s.roundTrip(t, "", "ok", "ok")
+
 	s = serve(t, &Server{Linger: time.Hour, Handler: ignore})
 	big := maxDrain + 10
 	go func() {
@@ -577,3 +587,184 @@ func TestAbortedBodyNotWhole(t *testing.T) {
 	}
 	<-s.ended
 }
+
+// TestRequestContext: a connection's requests share a context while none is cancelled; what
+// a request registered on it and stopped does not run when a later request's agent goes
+// away; and the context is cancelled once the handler has returned when the connection is
+// parked, ends, or was hijacked.
+func TestRequestContext(t *testing.T) {
+	isDone := func(ctx context.Context) bool {
+		select {
+		case <-ctx.Done():
+			return true
+		default:
+			return false
+		}
+	}
+	ctxs := make(chan context.Context, 1)
+	record := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isDone(r.Context()) {
+			t.Error("a handler got a cancelled context")
+		}
+		ctxs <- r.Context()
+		io.WriteString(w, "ok")
+	})
+
+	// Shared, and what the first request registered and stopped stays stopped.
+	fired := make(chan string, 4)
+	gone := make(chan error, 1)
+	var first context.Context
+	s := serve(t, &Server{Linger: time.Hour, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		if r.URL.Path == "/first" {
+			first = ctx
+			stop := context.AfterFunc(ctx, func() { fired <- "AfterFunc" })
+			child, cancel := context.WithCancel(ctx)
+			context.AfterFunc(child, func() { fired <- "a derived context's AfterFunc" })
+			cancel()
+			<-child.Done()
+			stop()
+			io.WriteString(w, "first")
+			return
+		}
+		if ctx != first || isDone(ctx) {
+			t.Errorf("the second request's context: %p, done %v; the first's %p", ctx, isDone(ctx), first)
+		}
+		io.WriteString(w, "second")
+		w.(interface{ Finish() error }).Finish()
+		select {
+		case <-ctx.Done():
+			gone <- ctx.Err()
+		case <-time.After(10 * time.Second):
+			gone <- errors.New("the request's context did not end when its agent went away")
+		}
+	})})
+	s.roundTrip(t, "GET /first HTTP/1.1\r\nHost: a\r\n\r\n", "first")
+	if got := <-fired; got != "a derived context's AfterFunc" {
+		t.Fatalf("%s ran", got)
+	}
+	s.roundTrip(t, "GET /second HTTP/1.1\r\nHost: a\r\n\r\n", "second")
+	s.agent.Close()
+	if err := <-gone; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	<-s.ended
+	select {
+	case got := <-fired:
+		t.Fatalf("the first request's stopped %s ran when the second's agent went away", got)
+	default:
+	}
+
+	// Parked: cancelled as the park begins.
+	s = serve(t, &Server{Linger: 0, Handler: record})
+	s.roundTrip(t, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", "ok")
+	ctx := <-ctxs
+	<-s.parked
+	if !isDone(ctx) {
+		t.Fatal("the context outlived its connection's park")
+	}
+	s.roundTrip(t, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", "ok") // the next request has a live one
+	if <-ctxs == ctx {
+		t.Fatal("a request after a park got the cancelled context")
+	}
+
+	// The connection ends: cancelled before the end is reported.
+	s = serve(t, &Server{Linger: time.Hour, Handler: record})
+	s.roundTrip(t, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", "ok")
+	ctx = <-ctxs
+	<-s.ended
+	if !isDone(ctx) {
+		t.Fatal("the context outlived its connection")
+	}
+
+	// Hijacked: cancelled when the handler returns.
+	hijacked := make(chan context.Context, 1)
+	s = serve(t, &Server{Linger: time.Hour, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Close()
+		hijacked <- r.Context()
+	})})
+	io.WriteString(s.agent, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	ctx = <-hijacked
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a hijacked request's context was not cancelled after its handler returned")
+	}
+}
+
+// TestStaleWriter: the connection's response is reset for each request; a handler's writer
+// and body used after the handler returned fail, between requests and during the next one,
+// and change nothing of the next response.
+func TestStaleWriter(t *testing.T) {
+	type leak struct {
+		w    http.ResponseWriter
+		body io.Reader
+	}
+	leaked, inSecond, staleDone := make(chan leak, 1), make(chan struct{}), make(chan struct{})
+	s := serve(t, &Server{Linger: time.Hour, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/first" {
+			w.Header().Set("X-First", "1")
+			io.WriteString(w, "first") // the body is left unread, to be drained
+			leaked <- leak{w, r.Body}
+			return
+		}
+		close(inSecond)
+		<-staleDone
+		echo(w, r)
+	})})
+	s.roundTrip(t, "POST /first HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello", "first")
+	stale := <-leaked
+	use := func(when string) {
+		t.Helper()
+		if _, err := io.WriteString(stale.w, "stale"); err == nil {
+			t.Errorf("%s: a stale Write succeeded", when)
+		}
+		stale.w.Header().Set("X-Stale", "1")
+		stale.w.WriteHeader(http.StatusTeapot)
+		rc := http.NewResponseController(stale.w)
+		if err := rc.Flush(); err == nil {
+			t.Errorf("%s: a stale Flush succeeded", when)
+		}
+		if _, _, err := rc.Hijack(); err == nil {
+			t.Errorf("%s: a stale Hijack succeeded", when)
+		}
+		if err := stale.w.(interface{ Finish() error }).Finish(); err == nil {
+			t.Errorf("%s: a stale Finish succeeded", when)
+		}
+		if n, err := stale.body.Read(make([]byte, 16)); n != 0 || err == nil {
+			t.Errorf("%s: a stale body read %d bytes, %v", when, n, err)
+		}
+	}
+	use("between requests")
+	io.WriteString(s.agent, "POST /second HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nworld")
+	<-inSecond
+	use("during the next request")
+	close(staleDone)
+	resp, body := s.response(t, "")
+	if resp.StatusCode != http.StatusOK || body != "POST /second world" || resp.Header.Get("X-Stale") != "" || resp.Header.Get("X-First") != "" {
+		t.Fatalf("the next response: %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+}
+
+// TestIsTimeout: a deadline's error is a timeout, found without an allocation (it is checked
+// after each watch and each linger).
+func TestIsTimeout(t *testing.T) {
+	deadline := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	if !isTimeout(deadline) || !isTimeout(timeoutErr{}) || isTimeout(io.EOF) {
+		t.Fatal("isTimeout misjudges")
+	}
+	if n := testing.AllocsPerRun(100, func() { isTimeout(deadline) }); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }

@@ -21,13 +21,20 @@ import (
 // one chunked. net/http's server holds 2 KiB.
 const shortBody = 2 << 10
 
-// response is the http.ResponseWriter of one request (also http.Flusher and http.Hijacker,
-// which http.ResponseController finds).
+// response is the response to the connection's current request; it is the connection's,
+// reset for each request (see Conn.newWriter). A handler reaches it through its writer, whose
+// calls fail once its request is over: gen counts the requests, and each call says the one
+// it is for.
 type response struct {
 	c   *Conn
-	req *http.Request
+	mu  sync.Mutex    // the handler's writes and the body's 100 Continue
+	gen atomic.Uint64 // the request's; set under mu, read with it or not
+	responseState
+}
 
-	mu          sync.Mutex // the handler's writes and the body's 100 Continue
+// responseState is what a response starts each request with afresh.
+type responseState struct {
+	req         *http.Request
 	header      http.Header
 	wroteHeader bool  // WriteHeader was called (or implied by Write)
 	status      int   // its status
@@ -44,12 +51,31 @@ type response struct {
 	contentLength int64
 }
 
+// lock locks the response for a call of the request of generation gen; it reports false,
+// unlocked, when that request is over.
+func (w *response) lock(gen uint64) bool {
+	w.mu.Lock()
+	if w.gen.Load() != gen {
+		w.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// retire ends the handler's hold on the response: calls for its request fail from now on.
+// It returns the generation the server finishes the response with.
+func (w *response) retire() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.gen.Add(1)
+}
+
 var shortBufs = sync.Pool{New: func() any { b := make([]byte, 0, shortBody); return &b }}
 
-func (w *response) Header() http.Header { return w.header }
-
-func (w *response) WriteHeader(code int) {
-	w.mu.Lock()
+func (w *response) writeHeader(gen uint64, code int) {
+	if !w.lock(gen) {
+		return
+	}
 	defer w.mu.Unlock()
 	w.writeHeaderLocked(code)
 }
@@ -80,8 +106,10 @@ func (w *response) writeHeaderLocked(code int) {
 	}
 }
 
-func (w *response) Write(p []byte) (int, error) {
-	w.mu.Lock()
+func (w *response) write(gen uint64, p []byte) (int, error) {
+	if !w.lock(gen) {
+		return 0, errFinished
+	}
 	defer w.mu.Unlock()
 	if w.c.hijacked {
 		return 0, http.ErrHijacked
@@ -243,7 +271,7 @@ func (w *response) writeStatusAndHeader(code int) {
 	writeFields(bw, w.header, false)
 }
 
-var errFinished = errors.New("http1: write after the response was finished")
+var errFinished = errors.New("http1: write after the response was finished, or its handler returned")
 
 var newlines = strings.NewReplacer("\r\n", " ", "\r", " ", "\n", " ")
 
@@ -294,9 +322,11 @@ func (w *response) writeBody(p []byte) error {
 	return w.err
 }
 
-// FlushError sends what was written so far to the agent.
-func (w *response) FlushError() error {
-	w.mu.Lock()
+// flush sends what was written so far to the agent.
+func (w *response) flush(gen uint64) error {
+	if !w.lock(gen) {
+		return errFinished
+	}
 	defer w.mu.Unlock()
 	if w.c.hijacked {
 		return http.ErrHijacked
@@ -313,16 +343,12 @@ func (w *response) FlushError() error {
 	return w.err
 }
 
-func (w *response) Flush() { _ = w.FlushError() }
-
-// Finish ends the response now, while the handler still runs: what it does after (its
-// bookkeeping) no longer delays the agent. Writes after it fail.
-func (w *response) Finish() error { return w.finish() }
-
 // finish ends the response, once: the held-back body, the chunked end and trailers,
 // everything flushed. A body shorter than its Content-Length ends the connection.
-func (w *response) finish() error {
-	w.mu.Lock()
+func (w *response) finish(gen uint64) error {
+	if !w.lock(gen) {
+		return errFinished
+	}
 	defer w.mu.Unlock()
 	if w.finished {
 		return w.err
@@ -350,8 +376,10 @@ func (w *response) finish() error {
 }
 
 // sendContinue answers Expect: 100-continue, unless the response has begun.
-func (w *response) sendContinue() error {
-	w.mu.Lock()
+func (w *response) sendContinue(gen uint64) error {
+	if !w.lock(gen) {
+		return errFinished
+	}
 	defer w.mu.Unlock()
 	if w.wroteHeader || w.c.hijacked {
 		return nil
@@ -362,8 +390,10 @@ func (w *response) sendContinue() error {
 
 // Hijack hands the connection to the handler, with what was read of it and not yet parsed; the
 // connection is no longer served, and ends when the handler closes it.
-func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	w.mu.Lock()
+func (w *response) hijack(gen uint64) (net.Conn, *bufio.ReadWriter, error) {
+	if !w.lock(gen) {
+		return nil, nil, errFinished
+	}
 	defer w.mu.Unlock()
 	c := w.c
 	if c.hijacked {

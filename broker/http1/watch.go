@@ -92,7 +92,7 @@ func (c *Conn) startWatch() {
 		return
 	}
 	c.watchOn = true
-	go c.watchAgent()
+	go c.watchFn() // (c.watchAgent made once: a go statement's wrapper would be allocated for each)
 }
 
 // watchAgent reads the connection while a request is handled: a byte read is the next
