@@ -18,6 +18,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/capbroker/capbroker/broker/http1"
+	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/broker/wire"
 )
 
@@ -120,6 +121,7 @@ func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), gre
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		Linger:            parkAfter,
+		BaseContext:       http1Context,
 	}
 	hc := s.NewConn(wire.Guard(conn, framingRejection), end)
 	ended = hc
@@ -129,6 +131,10 @@ func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), gre
 	served = true
 	hc.Serve()
 }
+
+// http1Context is the parent of the contexts of an HTTP/1.1 tunnel's requests: the upstream
+// client sends them over HTTP/1.1 too (upstream.WithHTTP1; see outbound).
+var http1Context = upstream.WithHTTP1(context.Background())
 
 // parkAfter is how long an HTTP/1.1 tunnel with no request in it keeps its goroutine and
 // buffers before it is parked (http1.Server.Linger). Requests that follow each other more

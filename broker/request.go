@@ -476,7 +476,7 @@ func (e errReader) Read([]byte) (int, error) {
 // over HTTP/1.1 (upstream.WithHTTP1), one sent over HTTP/2 over h2 where the host offers it.
 func outbound(r *http.Request, t target, path string) *http.Request {
 	ctx := r.Context()
-	if r.ProtoMajor == 1 {
+	if r.ProtoMajor == 1 && !upstream.IsHTTP1(ctx) { // a tunnel's requests have it already (mitm.go)
 		ctx = upstream.WithHTTP1(ctx)
 	}
 	out := r.Clone(ctx)

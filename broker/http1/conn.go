@@ -57,6 +57,9 @@ type Server struct {
 	// Linger is how long a connection with no request in it keeps its goroutine and buffers
 	// before it is parked; 0 parks it as soon as a response is done.
 	Linger time.Duration
+	// BaseContext, when set, is the parent of the requests' contexts (context.Background
+	// otherwise): what it carries, every request of the connection carries.
+	BaseContext context.Context
 
 	onWatch func() // tests: called as the watch begins to read (see watchAgent)
 }

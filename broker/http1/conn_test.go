@@ -768,3 +768,14 @@ type timeoutErr struct{}
 func (timeoutErr) Error() string   { return "timeout" }
 func (timeoutErr) Timeout() bool   { return true }
 func (timeoutErr) Temporary() bool { return true }
+
+// TestBaseContext: what the server's BaseContext carries, every request's context carries.
+func TestBaseContext(t *testing.T) {
+	type key struct{}
+	base := context.WithValue(context.Background(), key{}, "tunnel")
+	s := serve(t, &Server{Linger: time.Hour, BaseContext: base, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v, _ := r.Context().Value(key{}).(string)
+		io.WriteString(w, v)
+	})})
+	s.roundTrip(t, "GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", "tunnel", "tunnel")
+}

@@ -108,7 +108,11 @@ func (c *Conn) handle(req *http.Request) outcome {
 // connection ending or being parked or hijacked).
 func (c *Conn) requestContext() context.Context {
 	if c.ctx == nil {
-		ctx, cancel := context.WithCancel(context.Background())
+		parent := c.s.BaseContext
+		if parent == nil {
+			parent = context.Background()
+		}
+		ctx, cancel := context.WithCancel(parent)
 		c.mu.Lock()
 		c.ctx, c.cancel = ctx, cancel
 		c.mu.Unlock()

@@ -103,7 +103,7 @@ var errNotH2 = errors.New("upstream no longer negotiates h2")
 func (c *Client) RoundTrip(req *http.Request, pool Pool) (*http.Response, error) {
 	addr := canonicalAddr(req)
 	upgrade := isUpgrade(req)
-	h1 := upgrade || isHTTP1(req.Context())
+	h1 := upgrade || IsHTTP1(req.Context())
 	if req.URL.Scheme == "https" && !h1 && c.isH2(addr) {
 		resp, err := c.roundTripH2(req, pool, addr)
 		if !errors.Is(err, errNotH2) {
@@ -733,7 +733,8 @@ func WithHTTP1(ctx context.Context) context.Context {
 	return context.WithValue(ctx, http1Key{}, true)
 }
 
-func isHTTP1(ctx context.Context) bool {
+// IsHTTP1 reports whether ctx is, or derives from, one WithHTTP1 returned.
+func IsHTTP1(ctx context.Context) bool {
 	v, _ := ctx.Value(http1Key{}).(bool)
 	return v
 }
