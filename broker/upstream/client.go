@@ -74,8 +74,7 @@ type Client struct {
 	preparing sync.Map // origin -> chan struct{}: a Prepare dial in flight, closed when it ends
 }
 
-// connKey names the connections a request may use: its pool's to its origin
-// ("https://host:port"). A connection dialled before any request (Prepare's) is kept under
+// connKey names the connections a request may use: its pool's to its origin. A connection dialled before any request (Prepare's) is kept under
 // its origin with fresh set, until a request of some pool claims it.
 //
 // Connections dialled offering http/1.1 alone (for WithHTTP1 requests) are kept apart, with
@@ -83,9 +82,16 @@ type Client struct {
 // A WithHTTP1 request takes those first, then the pool's others (they negotiated http/1.1).
 type connKey struct {
 	pool   Pool
-	origin string
+	origin origin
 	fresh  bool
 	http1  bool
+}
+
+// origin is a scheme and host:port. Its parts are kept apart rather than joined into one
+// string ("https://host:port"), which would be made anew for every request.
+type origin struct {
+	https bool   // https, else http
+	addr  string // host:port, with the scheme's default port when none was given
 }
 
 // maxResponseHeaderBytes bounds an upstream response's header block.
@@ -114,7 +120,7 @@ func (c *Client) RoundTrip(req *http.Request, pool Pool) (*http.Response, error)
 		closeBody(req)
 		return nil, err
 	}
-	key := connKey{pool: pool, origin: req.URL.Scheme + "://" + addr, http1: h1 && !upgrade && req.URL.Scheme == "https"}
+	key := connKey{pool: pool, origin: origin{https: req.URL.Scheme == "https", addr: addr}, http1: h1 && !upgrade && req.URL.Scheme == "https"}
 	for attempt := 0; ; attempt++ {
 		pc, reused, err := c.get(req.Context(), key, req.URL.Scheme, addr, upgrade, h1)
 		if err != nil {
@@ -149,7 +155,7 @@ func (c *Client) RoundTrip(req *http.Request, pool Pool) (*http.Response, error)
 // to no pool until a request claims it. With http1, for an agent that speaks HTTP/1.1 (see
 // WithHTTP1), it offers only http/1.1, and dials even to a host known to speak h2.
 func (c *Client) Prepare(addr string, http1 bool) {
-	key := connKey{origin: "https://" + addr, fresh: true, http1: http1}
+	key := connKey{origin: origin{https: true, addr: addr}, fresh: true, http1: http1}
 	if (!http1 && c.isH2(addr)) || c.hasIdle(key) {
 		return
 	}
