@@ -327,7 +327,13 @@ func (c *Client) put(pc *conn) {
 		pc.close()
 		return
 	}
-	c.idle[pc.key] = append(c.idle[pc.key], pc)
+	list := c.idle[pc.key]
+	if list == nil {
+		// A pool's only idle connection, the common case, needs no array of its own: take
+		// deletes the entry when it empties it, and put would make a new one each time.
+		list = pc.alone[:0:1]
+	}
+	c.idle[pc.key] = append(list, pc)
 	c.nidle++
 	if pc.timer == nil {
 		pc.timer = time.AfterFunc(c.idleTimeout, pc.expire)
@@ -392,6 +398,7 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 			pc.raw, pc.peekFn = rc, pc.peek
 		}
 	}
+	pc.closeFn = pc.close
 	pc.lr = limitedReader{r: nc, n: -1}
 	pc.br = bufio.NewReader(&pc.lr)
 	pc.bw = bufio.NewWriter(nc)
@@ -431,6 +438,10 @@ type conn struct {
 	bw     *bufio.Writer
 	timer  *time.Timer
 	served bool // a response has been read on it (see alive)
+	// alone backs the pool's list of idle connections when pc is the only one (see put). A
+	// list of capacity 1 only ever holds the connection whose array it is.
+	alone   [1]*conn
+	closeFn func() // pc.close, bound once: an exchange's watch on its context allocates nothing for it
 }
 
 func (pc *conn) close() { _ = pc.Conn.Close() }
@@ -459,8 +470,7 @@ func (pc *conn) alive() bool {
 
 // peek looks at the socket without reading from it, nor waiting.
 func (pc *conn) peek(fd uintptr) bool {
-	var buf [1]byte
-	n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	n, err := peekSocket(fd)
 	// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
 	// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
 	// connection that has not read a response yet (a prepared one), unless the server has
@@ -506,7 +516,7 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	vouched := framingVouched(req)
 	sent := onWire(req, vouched)
-	stop := context.AfterFunc(ctx, pc.close) // the agent went away: abandon the exchange
+	stop := context.AfterFunc(ctx, pc.closeFn) // the agent went away: abandon the exchange
 	var wrote chan error
 	if streaming(sent) {
 		wrote = make(chan error, 1)

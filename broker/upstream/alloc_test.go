@@ -1,0 +1,107 @@
+package upstream
+
+import (
+	"errors"
+	"net"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// The idle lists of put and take, with a pool's only connection kept in an array of its own
+// (see conn.alone): whatever the order of puts, takes and removes, a list holds exactly the
+// connections put and not yet taken, the most recently put last.
+func TestClientIdleListOwnArray(t *testing.T) {
+	c := newClient(t, nil)
+	key := connKey{pool: testPool, origin: origin{addr: "127.0.0.1:1"}}
+	conns := make([]*conn, 3)
+	for i := range conns {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		conns[i] = &conn{c: c, key: key, Conn: a}
+	}
+	a, b, d := conns[0], conns[1], conns[2]
+	want := func(step string, order ...*conn) {
+		t.Helper()
+		c.mu.Lock()
+		got := append([]*conn(nil), c.idle[key]...)
+		n := c.nidle
+		_, entry := c.idle[key]
+		c.mu.Unlock()
+		if len(got) != len(order) || n != len(order) || entry != (len(order) > 0) {
+			t.Fatalf("%s: pool holds %d (nidle %d, entry %v), want %d", step, len(got), n, entry, len(order))
+		}
+		for i := range order {
+			if got[i] != order[i] {
+				t.Fatalf("%s: connection %d is not the one put", step, i)
+			}
+		}
+	}
+	c.put(a)
+	want("put a", a)
+	c.put(b) // outgrows a's array
+	want("put b", a, b)
+	if c.take(key) != b {
+		t.Fatal("take did not return the most recent connection")
+	}
+	want("take b", a)
+	c.put(d)
+	want("put d", a, d)
+	if !c.remove(a) {
+		t.Fatal("remove did not find a")
+	}
+	want("remove a", d)
+	if c.take(key) != d {
+		t.Fatal("take did not return d")
+	}
+	want("take d")
+	c.put(b) // in its own array
+	want("put b again", b)
+	if !c.remove(b) {
+		t.Fatal("remove did not find b")
+	}
+	want("remove b")
+	c.put(a)
+	c.put(b)
+	c.put(d)
+	want("put a, b, d", a, b, d)
+	for _, pc := range []*conn{d, b, a} {
+		if c.take(key) != pc {
+			t.Fatal("take out of order")
+		}
+	}
+	want("all taken")
+	for _, pc := range conns {
+		pc.timer.Stop()
+	}
+}
+
+// peekSocket reports a quiet socket as EAGAIN, a waiting byte as 1 without taking it, and the
+// peer's close as 0.
+func TestPeekSocket(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	fd := uintptr(fds[0])
+	if n, err := peekSocket(fd); n != 0 || !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("quiet socket: n=%d err=%v, want EAGAIN", n, err)
+	}
+	if _, err := unix.Write(fds[1], []byte("xy")); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // a peek takes nothing
+		if n, err := peekSocket(fd); n != 1 || err != nil {
+			t.Fatalf("byte waiting: n=%d err=%v, want 1", n, err)
+		}
+	}
+	buf := make([]byte, 4)
+	if n, _ := unix.Read(fds[0], buf); string(buf[:n]) != "xy" {
+		t.Fatalf("read %q after the peeks, want \"xy\"", buf[:n])
+	}
+	unix.Close(fds[1])
+	if n, err := peekSocket(fd); n != 0 || err != nil {
+		t.Fatalf("closed peer: n=%d err=%v, want 0 and no error", n, err)
+	}
+}
