@@ -370,14 +370,16 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 		return nil, err
 	}
 	nc := raw
+	var probe *probeConn
 	if scheme == "https" {
 		alpn := []string{"h2", "http/1.1"}
 		if h1 {
 			alpn = []string{"http/1.1"}
 		}
-		var under net.Conn = raw
+		probe = &probeConn{Conn: raw}
+		var under net.Conn = probe
 		if !h1 { // it may negotiate h2 (see corkConn)
-			under = newCorkConn(raw)
+			under = newCorkConn(probe)
 		}
 		tc, err := c.handshake(ctx, under, addr, alpn)
 		if err != nil {
@@ -392,7 +394,7 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 		}
 		nc = tc
 	}
-	pc := &conn{c: c, key: key, Conn: nc}
+	pc := &conn{c: c, key: key, Conn: nc, probe: probe}
 	if sc, ok := raw.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			pc.raw, pc.peekFn = rc, pc.peek
@@ -431,6 +433,7 @@ type conn struct {
 	key connKey // its pool and origin; fresh until a request claims it
 	net.Conn
 	raw    syscall.RawConn       // the TCP connection under TLS, for the liveness peek; nil: none
+	probe  *probeConn            // the TCP connection under TLS, for unread; nil without TLS
 	peekFn func(fd uintptr) bool // pc.peek, bound once: a take allocates nothing for it
 	live   bool                  // peek's answer
 	lr     limitedReader
@@ -483,26 +486,49 @@ func (pc *conn) peek(fd uintptr) bool {
 
 // unread reports whether bytes have come in on pc that it has not read: in its bufio.Reader,
 // or in the tls.Conn under it, which may have read whole TLS records past the last response
-// (the socket peek cannot see those). A read with a deadline in the past takes what is
-// buffered and never waits on the socket; its timeout leaves the tls.Conn usable. A server's
+// (the socket peek cannot see those). The tls.Conn is read with its connection probing (see
+// probeConn): it takes what it holds, and fails at once, as a read past its deadline does,
+// where it would have read the socket; that failure leaves the tls.Conn usable. A server's
 // close (close_notify) reads as an error too, and TLS 1.3 session tickets on a prepared
 // connection are taken without counting as data.
 func (pc *conn) unread() bool {
 	if pc.br.Buffered() > 0 {
 		return true
 	}
-	if _, ok := pc.Conn.(*tls.Conn); !ok {
+	if pc.probe == nil {
 		return false
 	}
-	_ = pc.SetReadDeadline(aLongTimeAgo)
+	pc.probe.probing = true
 	_, err := pc.br.Peek(1)
-	_ = pc.SetReadDeadline(time.Time{})
-	ne, ok := err.(net.Error) // as the tls.Conn returns it: not wrapped
-	return !ok || !ne.Timeout()
+	pc.probe.probing = false
+	_, probed := err.(probeError) // as the tls.Conn returns it: not wrapped
+	return !probed
 }
 
-// aLongTimeAgo is a read deadline that has passed: the read returns at once.
-var aLongTimeAgo = time.Unix(1, 0)
+// probeConn is the TCP connection under an upstream TLS connection. While probing, its reads
+// fail at once with probeError, without a system call: unread learns whether the tls.Conn
+// holds anything without setting a read deadline in the past, then clearing it, on every
+// take (two changes to the runtime's poller, and the timed-out read's error, allocated).
+// Only the goroutine that holds the connection sets probing, and reads it.
+type probeConn struct {
+	net.Conn
+	probing bool
+}
+
+func (p *probeConn) Read(b []byte) (int, error) {
+	if p.probing {
+		return 0, probeError{}
+	}
+	return p.Conn.Read(b)
+}
+
+// probeError is a probing probeConn's read. It is a temporary timeout, as a read past its
+// deadline is: crypto/tls returns it as it is, and does not take it for the connection's end.
+type probeError struct{}
+
+func (probeError) Error() string   { return "upstream connection probed" }
+func (probeError) Timeout() bool   { return true }
+func (probeError) Temporary() bool { return true }
 
 // noResponse wraps an error that ended an exchange before any response header arrived.
 type noResponse struct{ error }

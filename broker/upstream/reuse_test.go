@@ -1,8 +1,16 @@
 package upstream
 
 import (
+	"bufio"
+	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -103,5 +111,65 @@ func TestPeekSocket(t *testing.T) {
 	unix.Close(fds[1])
 	if n, err := peekSocket(fd); n != 0 || err != nil {
 		t.Fatalf("closed peer: n=%d err=%v, want 0 and no error", n, err)
+	}
+}
+
+// A response followed by bytes that answer no request in the same TLS record, behind a body
+// long enough that its last bytes are read straight into the caller's buffer (past the
+// bufio.Reader, which is empty then): the bytes after it stay in the tls.Conn's plaintext,
+// which neither the bufio.Reader nor a peek at the socket sees. The connection must not be
+// reused, and the probe (see unread) must leave a connection it finds quiet usable: a
+// connection without such bytes is.
+func TestClientStaleBytesInTLSRecord(t *testing.T) {
+	hs := httptest.NewUnstartedServer(http.NotFoundHandler()) // for its certificate
+	hs.StartTLS()
+	hs.Close()
+	body := strings.Repeat("b", 10000) // < one record, > two bufio.Readers' worth
+	var conns atomic.Int32
+	srv := newRawServer(t, false, func(conn net.Conn) {
+		conns.Add(1)
+		tc := tls.Server(conn, &tls.Config{
+			Certificates:                hs.TLS.Certificates,
+			NextProtos:                  []string{"http/1.1"},
+			DynamicRecordSizingDisabled: true, // one write, one record
+		})
+		br := bufio.NewReader(tc)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			resp := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			if req.URL.Path == "/extra" {
+				resp += "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"
+			}
+			if _, err := io.WriteString(tc, resp); err != nil {
+				return
+			}
+		}
+	})
+	c := newClient(t, hs.Certificate())
+	url := strings.Replace(srv.URL, "http://", "https://", 1)
+	get := func(path string) {
+		t.Helper()
+		resp, err := c.RoundTrip(request(t, http.MethodGet, url+path, nil), testPool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		n, err := io.Copy(io.Discard, resp.Body) // 8 KiB reads: past the bufio.Reader
+		if err != nil || n != int64(len(body)) {
+			t.Fatalf("GET %s read %d bytes, %v; want %d", path, n, err, len(body))
+		}
+	}
+	get("/")
+	get("/quiet") // the probed connection is reused
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("server accepted %d connections, want 1: a quiet connection was not reused", n)
+	}
+	get("/extra")
+	get("/after")
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("server accepted %d connections, want 2: the stale bytes' connection was reused", n)
 	}
 }
