@@ -432,10 +432,10 @@ type conn struct {
 	c   *Client
 	key connKey // its pool and origin; fresh until a request claims it
 	net.Conn
-	raw    syscall.RawConn       // the TCP connection under TLS, for the liveness peek; nil: none
-	probe  *probeConn            // the TCP connection under TLS, for unread; nil without TLS
-	peekFn func(fd uintptr) bool // pc.peek, bound once: a take allocates nothing for it
-	live   bool                  // peek's answer
+	raw    syscall.RawConn  // the TCP connection under TLS, for the liveness peek; nil: none
+	probe  *probeConn       // the TCP connection under TLS, for unread; nil without TLS
+	peekFn func(fd uintptr) // pc.peek, bound once: a take allocates nothing for it
+	live   bool             // peek's answer
 	lr     limitedReader
 	br     *bufio.Reader
 	bw     *bufio.Writer
@@ -467,12 +467,14 @@ func (pc *conn) alive() bool {
 		return true
 	}
 	pc.live = false
-	_ = pc.raw.Read(pc.peekFn)
+	// Control, not Read: RawConn.Read fails without peeking once a read deadline has passed,
+	// and the header timeout's may still be on the connection (see probeConn.clear).
+	_ = pc.raw.Control(pc.peekFn)
 	return pc.live
 }
 
 // peek looks at the socket without reading from it, nor waiting.
-func (pc *conn) peek(fd uintptr) bool {
+func (pc *conn) peek(fd uintptr) {
 	n, err := peekSocket(fd)
 	// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
 	// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
@@ -481,7 +483,6 @@ func (pc *conn) peek(fd uintptr) bool {
 	// close_notify alert (a TLS server's close reads as bytes, not as 0) or data that answers
 	// no request: either way the connection cannot be used.
 	pc.live = (n > 0 && !pc.served && !peerClosed(fd)) || errors.Is(err, unix.EAGAIN)
-	return true
 }
 
 // unread reports whether bytes have come in on pc that it has not read: in its bufio.Reader,
@@ -509,15 +510,27 @@ func (pc *conn) unread() bool {
 // fail at once with probeError, without a system call: unread learns whether the tls.Conn
 // holds anything without setting a read deadline in the past, then clearing it, on every
 // take (two changes to the runtime's poller, and the timed-out read's error, allocated).
-// Only the goroutine that holds the connection sets probing, and reads it.
+//
+// It also takes the header timeout's read deadline off the connection before the first read of
+// the socket after the response head (clear, see readResponse): never when the whole response
+// came with its head. A deadline left on a connection after that (it may pass while the
+// connection waits in the pool) affects no read: the next exchange sets its own before it
+// reads, and a probe does not read the socket.
+//
+// Only the goroutine that holds the connection sets probing and clear, and reads them.
 type probeConn struct {
 	net.Conn
 	probing bool
+	clear   bool // take the read deadline off before reading the socket
 }
 
 func (p *probeConn) Read(b []byte) (int, error) {
 	if p.probing {
 		return 0, probeError{}
+	}
+	if p.clear {
+		p.clear = false
+		_ = p.Conn.SetReadDeadline(time.Time{})
 	}
 	return p.Conn.Read(b)
 }
@@ -610,9 +623,16 @@ func (pc *conn) write(req *http.Request) error {
 // 101, with the header timeout and size limit. An error before the response's first byte that
 // is not the timeout (the connection was closed or reset) is a noResponse; any other error
 // is not: the server got the request, and may be acting on it.
+//
+// The header timeout's deadline goes when readResponse returns; over TLS only once the
+// connection is next read (see probeConn.clear): a response whose body came with its head, the
+// common case, never reads the socket again, and the next exchange sets a deadline of its own.
 func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
+	if pc.probe != nil {
+		pc.probe.clear = false // the deadline set here holds until the head has been read
+	}
 	_ = pc.SetReadDeadline(time.Now().Add(pc.c.headerTimeout))
-	defer pc.SetReadDeadline(time.Time{})
+	defer pc.clearDeadline()
 	for i := range 10 {
 		pc.lr.n = maxResponseHeaderBytes
 		if i == 0 {
@@ -633,6 +653,16 @@ func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return nil, errors.New("upstream sent too many informational (1xx) responses")
+}
+
+// clearDeadline takes the read deadline off pc: at once without TLS, before the next read of
+// the socket under TLS.
+func (pc *conn) clearDeadline() {
+	if pc.probe != nil {
+		pc.probe.clear = true
+		return
+	}
+	_ = pc.SetReadDeadline(time.Time{})
 }
 
 // onWire is req as it is written: with Connection: close when its framing cannot be vouched

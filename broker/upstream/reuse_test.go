@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -171,5 +172,60 @@ func TestClientStaleBytesInTLSRecord(t *testing.T) {
 	get("/after")
 	if n := conns.Load(); n != 2 {
 		t.Fatalf("server accepted %d connections, want 2: the stale bytes' connection was reused", n)
+	}
+}
+
+// The header timeout bounds the wait for a response's head only: a body that comes after the
+// deadline has passed is read, and a connection whose last deadline passed while it waited in
+// the pool (over TLS it is taken off only when the socket is next read: see probeConn.clear)
+// carries the next exchange.
+func TestClientHeaderDeadlineNotOnBody(t *testing.T) {
+	for _, useTLS := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) {
+			sendBody := make(chan struct{})
+			srv := newRawServer(t, useTLS, func(conn net.Conn) {
+				br := bufio.NewReader(conn)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					if req.URL.Path == "/late" {
+						io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n")
+						<-sendBody
+						io.WriteString(conn, "late")
+						continue
+					}
+					io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			})
+			c := newClient(t, srv.cert)
+			c.headerTimeout = 50 * time.Millisecond
+			// pastDeadline waits until a deadline set at start has passed.
+			pastDeadline := func(start time.Time) {
+				time.Sleep(time.Until(start.Add(2 * c.headerTimeout)))
+			}
+
+			start := time.Now()
+			resp, err := c.RoundTrip(request(t, http.MethodGet, srv.URL+"/late", nil), testPool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pastDeadline(start)
+			close(sendBody)
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || string(b) != "late" {
+				t.Fatalf("the late body read %q, %v; want \"late\"", b, err)
+			}
+
+			start = time.Now()
+			mustGet(t, c, srv.URL+"/", "ok") // the body comes with the head
+			pastDeadline(start)              // while the connection waits in the pool
+			mustGet(t, c, srv.URL+"/", "ok")
+			if n := srv.accepted.Load(); n != 1 {
+				t.Fatalf("server accepted %d connections, want 1", n)
+			}
+		})
 	}
 }
