@@ -74,8 +74,9 @@ type Client struct {
 	preparing sync.Map // origin -> chan struct{}: a Prepare dial in flight, closed when it ends
 }
 
-// connKey names the connections a request may use: its pool's to its origin. A connection dialled before any request (Prepare's) is kept under
-// its origin with fresh set, until a request of some pool claims it.
+// connKey names the connections a request may use: its pool's to its origin. A connection
+// dialled before any request (Prepare's) is kept under its origin with fresh set, until a
+// request of some pool claims it.
 //
 // Connections dialled offering http/1.1 alone (for WithHTTP1 requests) are kept apart, with
 // http1 set: the host may offer h2, which a request without WithHTTP1 (gRPC's, say) must get.
