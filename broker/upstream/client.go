@@ -613,9 +613,9 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 
 func (pc *conn) write(req *http.Request) error {
 	// Request.Write sends the body's framing and closes it; the headers and an in-memory
-	// body leave in one write. A request without a body is written without its allocations,
-	// to the same bytes (see writeBodiless).
-	if !writeBodiless(pc.bw, req) {
+	// body leave in one write. A request without a body, or with one in memory, is written
+	// without its allocations, to the same bytes (see writeSimple).
+	if !writeSimple(pc.bw, req) {
 		if err := req.Write(pc.bw); err != nil {
 			return err
 		}

@@ -2,31 +2,48 @@ package upstream
 
 import (
 	"bufio"
+	"bytes"
+	"io"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
 )
 
-// writeBodiless writes req as Request.Write would, byte for byte, when req is one of the
-// requests it knows how to write, and reports whether it was: a request without a body, nor
+// writeSimple writes req as Request.Write would, byte for byte, when req is one of the
+// requests it knows how to write, and reports whether it was: a request without a body, or
+// with one in memory (io.NopCloser over a bytes.Reader, strings.Reader or bytes.Buffer,
+// which Request.Write sends with the headers too) holding exactly ContentLength bytes; without
 // trailers, nor Connection: close, to a host Request.Write would send as it is. Request.Write
 // writes the same bytes with about five allocations (its formatted lines and transferWriter);
-// writeBodiless makes none. Any other request is left to Request.Write.
+// writeSimple makes none. Any other request is left to Request.Write. Like Request.Write, it
+// closes the body.
 //
-// What Request.Write does for such a request, which TestWriteBodilessAsRequestWrite holds
-// writeBodiless to: the request line with the method (GET when empty) and the URL's
-// RequestURI; Host: the request's Host, else the URL's; User-Agent: the header's first value
-// (none when it is empty), Go's own when the header has none; Content-Length: 0 for POST, PUT
-// and PATCH; then the other header fields (sorted, without Host, User-Agent,
-// Content-Length, Transfer-Encoding and Trailer, nor names that are not valid), each value
-// with its line breaks made spaces and trimmed.
-func writeBodiless(bw *bufio.Writer, req *http.Request) bool {
-	if req.URL == nil || (req.Body != nil && req.Body != http.NoBody) || req.ContentLength != 0 ||
-		len(req.TransferEncoding) != 0 || len(req.Trailer) != 0 || req.Close || req.Method == http.MethodConnect {
+// What Request.Write does for such a request, which TestWriteSimpleAsRequestWrite holds
+// writeSimple to: the request line with the method (GET when empty) and the URL's RequestURI;
+// Host: the request's Host, else the URL's; User-Agent: the header's first value (none when
+// it is empty), Go's own when the header has none; Content-Length: the body's length, or 0
+// for POST, PUT and PATCH without one; then the other header fields (sorted, without Host,
+// User-Agent, Content-Length, Transfer-Encoding and Trailer, nor names that are not valid),
+// each value with its line breaks made spaces and trimmed; then the body.
+func writeSimple(bw *bufio.Writer, req *http.Request) bool {
+	if req.URL == nil || len(req.TransferEncoding) != 0 || len(req.Trailer) != 0 || req.Close ||
+		req.Method == http.MethodConnect {
+		return false
+	}
+	var body io.WriterTo // the body's bytes, all of them
+	switch {
+	case req.ContentLength == 0 && (req.Body == nil || req.Body == http.NoBody):
+	case req.ContentLength > 0 && req.Body != nil:
+		if body = inMemory(req.Body, req.ContentLength); body == nil {
+			return false
+		}
+	default:
 		return false
 	}
 	host := req.Host
@@ -65,9 +82,16 @@ func writeBodiless(bw *bufio.Writer, req *http.Request) bool {
 		bw.WriteString(headerValue(userAgent))
 		bw.WriteString("\r\n")
 	}
-	switch method {
-	case http.MethodPost, http.MethodPut, http.MethodPatch: // "many servers expect" one
-		bw.WriteString("Content-Length: 0\r\n")
+	if body != nil {
+		var n [20]byte
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(n[:0], req.ContentLength, 10))
+		bw.WriteString("\r\n")
+	} else {
+		switch method {
+		case http.MethodPost, http.MethodPut, http.MethodPatch: // "many servers expect" one
+			bw.WriteString("Content-Length: 0\r\n")
+		}
 	}
 	keys := make([]string, 0, 16)
 	for k := range req.Header {
@@ -90,7 +114,43 @@ func writeBodiless(bw *bufio.Writer, req *http.Request) bool {
 		}
 	}
 	bw.WriteString("\r\n")
+	if body != nil {
+		_, _ = body.WriteTo(bw) // an error is bw's, and sticks: the Flush after reports it
+		_ = req.Body.Close()
+	}
 	return true
+}
+
+// Request.Write's io.NopCloser types, whose reader it looks into (as inMemory does).
+var (
+	nopCloserType         = reflect.TypeOf(io.NopCloser(nil))
+	nopCloserWriterToType = reflect.TypeOf(io.NopCloser(strings.NewReader("")))
+)
+
+// inMemory is the reader of body when body is an io.NopCloser over a reader that holds n more
+// bytes in memory, which Request.Write would read whole and send with the headers; else nil.
+func inMemory(body io.ReadCloser, n int64) io.WriterTo {
+	switch reflect.TypeOf(body) {
+	case nopCloserType, nopCloserWriterToType:
+	default:
+		return nil
+	}
+	var left int
+	r, _ := reflect.ValueOf(body).Field(0).Interface().(io.Reader)
+	switch r := r.(type) {
+	case *bytes.Reader:
+		left = r.Len()
+	case *strings.Reader:
+		left = r.Len()
+	case *bytes.Buffer:
+		left = r.Len()
+	default:
+		return nil
+	}
+	if int64(left) != n {
+		return nil // Request.Write sends n bytes, or fails
+	}
+	return r.(io.WriterTo)
 }
 
 // defaultUserAgent is the User-Agent Request.Write sends for a request whose header has none.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
@@ -13,33 +14,39 @@ import (
 	"testing"
 )
 
-// writeBodiless writes the very bytes Request.Write writes, for every request it takes, and
-// takes the requests the broker sends without a body.
-func TestWriteBodilessAsRequestWrite(t *testing.T) {
-	check := func(t *testing.T, req *http.Request, wantTaken bool) {
+// writeSimple writes the very bytes Request.Write writes, for every request it takes, and
+// takes the requests the broker sends without a body or with one in memory.
+func TestWriteSimpleAsRequestWrite(t *testing.T) {
+	// checkWith has writeSimple and Request.Write each write a request made by mk.
+	checkWith := func(t *testing.T, mk func() *http.Request, wantTaken bool) {
 		t.Helper()
 		var got, want bytes.Buffer
 		bw := bufio.NewWriter(&got)
-		taken := writeBodiless(bw, req)
+		req := mk()
+		taken := writeSimple(bw, req)
 		bw.Flush()
 		if taken != wantTaken {
-			t.Fatalf("writeBodiless took %s %v (Host %q, header %q, body %v, close %v) = %v, want %v",
-				req.Method, req.URL, req.Host, req.Header, req.Body, req.Close, taken, wantTaken)
+			t.Fatalf("writeSimple took %s %v (Host %q, header %q, body %T %d, close %v) = %v, want %v",
+				req.Method, req.URL, req.Host, req.Header, req.Body, req.ContentLength, req.Close, taken, wantTaken)
 		}
 		if !taken {
 			if got.Len() != 0 {
-				t.Fatalf("writeBodiless wrote %q for a request it did not take", got.String())
+				t.Fatalf("writeSimple wrote %q for a request it did not take", got.String())
 			}
 			return
 		}
 		bw = bufio.NewWriter(&want)
-		if err := req.Write(bw); err != nil {
-			t.Fatalf("Request.Write: %v (writeBodiless wrote %q)", err, got.String())
+		if err := mk().Write(bw); err != nil {
+			t.Fatalf("Request.Write: %v (writeSimple wrote %q)", err, got.String())
 		}
 		bw.Flush()
 		if got.String() != want.String() {
-			t.Fatalf("writeBodiless wrote\n%q\nRequest.Write\n%q", got.String(), want.String())
+			t.Fatalf("writeSimple wrote\n%q\nRequest.Write\n%q", got.String(), want.String())
 		}
+	}
+	check := func(t *testing.T, req *http.Request, wantTaken bool) {
+		t.Helper()
+		checkWith(t, func() *http.Request { return req }, wantTaken)
 	}
 	newReq := func(method, rawURL string) *http.Request {
 		req, err := http.NewRequest(method, rawURL, nil)
@@ -107,9 +114,47 @@ func TestWriteBodilessAsRequestWrite(t *testing.T) {
 		check(t, req, true)
 	})
 
+	t.Run("bodies", func(t *testing.T) {
+		const text = "{\"model\":\"m\",\"messages\":[]}"
+		big := strings.Repeat("0123456789", 1000) // past the bufio.Writer's buffer
+		for _, tc := range []struct {
+			name   string
+			method string
+			body   func() io.ReadCloser
+			length int64
+			taken  bool
+		}{
+			{"bytes.Reader", "POST", func() io.ReadCloser { return io.NopCloser(bytes.NewReader([]byte(text))) }, int64(len(text)), true},
+			{"strings.Reader", "PUT", func() io.ReadCloser { return io.NopCloser(strings.NewReader(text)) }, int64(len(text)), true},
+			{"bytes.Buffer", "PATCH", func() io.ReadCloser { return io.NopCloser(bytes.NewBufferString(text)) }, int64(len(text)), true},
+			{"big", "POST", func() io.ReadCloser { return io.NopCloser(strings.NewReader(big)) }, int64(len(big)), true},
+			{"a custom method", "QUERY", func() io.ReadCloser { return io.NopCloser(strings.NewReader(text)) }, int64(len(text)), true},
+			{"a reader partly read", "POST", func() io.ReadCloser {
+				r := strings.NewReader("xx" + text)
+				r.Seek(2, io.SeekStart)
+				return io.NopCloser(r)
+			}, int64(len(text)), true},
+			{"shorter than its length", "POST", func() io.ReadCloser { return io.NopCloser(strings.NewReader(text)) }, int64(len(text)) + 1, false},
+			{"longer than its length", "POST", func() io.ReadCloser { return io.NopCloser(strings.NewReader(text)) }, int64(len(text)) - 1, false},
+			{"an unknown length", "POST", func() io.ReadCloser { return io.NopCloser(strings.NewReader(text)) }, -1, false},
+			{"not in memory", "POST", func() io.ReadCloser { return io.NopCloser(io.MultiReader(strings.NewReader(text))) }, int64(len(text)), false},
+			{"not a NopCloser", "POST", func() io.ReadCloser { return readCloser{strings.NewReader(text), io.NopCloser(nil)} }, int64(len(text)), false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				for _, h := range []http.Header{{}, {"Content-Type": {"application/json"}, "Content-Length": {"999"}, "User-Agent": {"sdk/2"}}} {
+					checkWith(t, func() *http.Request {
+						req := newReq(tc.method, "https://api.example.com/v1/chat?x=1")
+						req.Body, req.ContentLength, req.Header = tc.body(), tc.length, h.Clone()
+						return req
+					}, tc.taken)
+				}
+			})
+		}
+	})
+
 	t.Run("not taken", func(t *testing.T) {
 		for name, mod := range map[string]func(*http.Request){
-			"a body":            func(r *http.Request) { r.Body, r.ContentLength = http.NoBody, 5 },
+			"NoBody, a length":  func(r *http.Request) { r.Body, r.ContentLength = http.NoBody, 5 },
 			"a length":          func(r *http.Request) { r.ContentLength = 3 },
 			"an unknown length": func(r *http.Request) { r.ContentLength = -1 },
 			"transfer-encoding": func(r *http.Request) { r.TransferEncoding = []string{"chunked"} },
@@ -153,7 +198,22 @@ func TestWriteBodilessAsRequestWrite(t *testing.T) {
 					req.Header[k] = append(req.Header[k], word(8))
 				}
 			}
-			check(t, req, true)
+			if r.IntN(3) > 0 {
+				check(t, req, true)
+				continue
+			}
+			text := "b" + word(20)
+			req.ContentLength = int64(len(text))
+			checkWith(t, func() *http.Request {
+				cp := req.Clone(context.Background())
+				cp.Body = io.NopCloser(strings.NewReader(text))
+				return cp
+			}, true)
 		}
 	})
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
