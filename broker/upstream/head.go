@@ -83,9 +83,8 @@ func writeSimple(bw *bufio.Writer, req *http.Request) bool {
 		bw.WriteString("\r\n")
 	}
 	if body != nil {
-		var n [20]byte
 		bw.WriteString("Content-Length: ")
-		bw.Write(strconv.AppendInt(n[:0], req.ContentLength, 10))
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), req.ContentLength, 10)) // in place
 		bw.WriteString("\r\n")
 	} else {
 		switch method {
