@@ -74,18 +74,25 @@ type Client struct {
 	preparing sync.Map // origin -> chan struct{}: a Prepare dial in flight, closed when it ends
 }
 
-// connKey names the connections a request may use: its pool's to its origin
-// ("https://host:port"). A connection dialled before any request (Prepare's) is kept under
-// its origin with fresh set, until a request of some pool claims it.
+// connKey names the connections a request may use: its pool's to its origin. A connection
+// dialled before any request (Prepare's) is kept under its origin with fresh set, until a
+// request of some pool claims it.
 //
 // Connections dialled offering http/1.1 alone (for WithHTTP1 requests) are kept apart, with
 // http1 set: the host may offer h2, which a request without WithHTTP1 (gRPC's, say) must get.
 // A WithHTTP1 request takes those first, then the pool's others (they negotiated http/1.1).
 type connKey struct {
 	pool   Pool
-	origin string
+	origin origin
 	fresh  bool
 	http1  bool
+}
+
+// origin is a scheme and host:port. Its parts are kept apart rather than joined into one
+// string ("https://host:port"), which would be made anew for every request.
+type origin struct {
+	https bool   // https, else http
+	addr  string // host:port, with the scheme's default port when none was given
 }
 
 // maxResponseHeaderBytes bounds an upstream response's header block.
@@ -114,7 +121,7 @@ func (c *Client) RoundTrip(req *http.Request, pool Pool) (*http.Response, error)
 		closeBody(req)
 		return nil, err
 	}
-	key := connKey{pool: pool, origin: req.URL.Scheme + "://" + addr, http1: h1 && !upgrade && req.URL.Scheme == "https"}
+	key := connKey{pool: pool, origin: origin{https: req.URL.Scheme == "https", addr: addr}, http1: h1 && !upgrade && req.URL.Scheme == "https"}
 	for attempt := 0; ; attempt++ {
 		pc, reused, err := c.get(req.Context(), key, req.URL.Scheme, addr, upgrade, h1)
 		if err != nil {
@@ -149,7 +156,7 @@ func (c *Client) RoundTrip(req *http.Request, pool Pool) (*http.Response, error)
 // to no pool until a request claims it. With http1, for an agent that speaks HTTP/1.1 (see
 // WithHTTP1), it offers only http/1.1, and dials even to a host known to speak h2.
 func (c *Client) Prepare(addr string, http1 bool) {
-	key := connKey{origin: "https://" + addr, fresh: true, http1: http1}
+	key := connKey{origin: origin{https: true, addr: addr}, fresh: true, http1: http1}
 	if (!http1 && c.isH2(addr)) || c.hasIdle(key) {
 		return
 	}
@@ -321,7 +328,13 @@ func (c *Client) put(pc *conn) {
 		pc.close()
 		return
 	}
-	c.idle[pc.key] = append(c.idle[pc.key], pc)
+	list := c.idle[pc.key]
+	if list == nil {
+		// A pool's only idle connection, the common case, needs no array of its own: take
+		// deletes the entry when it empties it, and put would make a new one each time.
+		list = pc.alone[:0:1]
+	}
+	c.idle[pc.key] = append(list, pc)
 	c.nidle++
 	if pc.timer == nil {
 		pc.timer = time.AfterFunc(c.idleTimeout, pc.expire)
@@ -358,14 +371,16 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 		return nil, err
 	}
 	nc := raw
+	var probe *probeConn
 	if scheme == "https" {
 		alpn := []string{"h2", "http/1.1"}
 		if h1 {
 			alpn = []string{"http/1.1"}
 		}
-		var under net.Conn = raw
+		probe = &probeConn{Conn: raw}
+		var under net.Conn = probe
 		if !h1 { // it may negotiate h2 (see corkConn)
-			under = newCorkConn(raw)
+			under = newCorkConn(probe)
 		}
 		tc, err := c.handshake(ctx, under, addr, alpn)
 		if err != nil {
@@ -380,12 +395,13 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 		}
 		nc = tc
 	}
-	pc := &conn{c: c, key: key, Conn: nc}
+	pc := &conn{c: c, key: key, Conn: nc, probe: probe}
 	if sc, ok := raw.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			pc.raw, pc.peekFn = rc, pc.peek
 		}
 	}
+	pc.closeFn = pc.close
 	pc.lr = limitedReader{r: nc, n: -1}
 	pc.br = bufio.NewReader(&pc.lr)
 	pc.bw = bufio.NewWriter(nc)
@@ -417,14 +433,19 @@ type conn struct {
 	c   *Client
 	key connKey // its pool and origin; fresh until a request claims it
 	net.Conn
-	raw    syscall.RawConn       // the TCP connection under TLS, for the liveness peek; nil: none
-	peekFn func(fd uintptr) bool // pc.peek, bound once: a take allocates nothing for it
-	live   bool                  // peek's answer
+	raw    syscall.RawConn  // the TCP connection under TLS, for the liveness peek; nil: none
+	probe  *probeConn       // the TCP connection under TLS, for unread; nil without TLS
+	peekFn func(fd uintptr) // pc.peek, bound once: a take allocates nothing for it
+	live   bool             // peek's answer
 	lr     limitedReader
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	timer  *time.Timer
 	served bool // a response has been read on it (see alive)
+	// alone backs the pool's list of idle connections when pc is the only one (see put). A
+	// list of capacity 1 only ever holds the connection whose array it is.
+	alone   [1]*conn
+	closeFn func() // pc.close, bound once: an exchange's watch on its context allocates nothing for it
 }
 
 func (pc *conn) close() { _ = pc.Conn.Close() }
@@ -447,14 +468,15 @@ func (pc *conn) alive() bool {
 		return true
 	}
 	pc.live = false
-	_ = pc.raw.Read(pc.peekFn)
+	// Control, not Read: RawConn.Read fails without peeking once a read deadline has passed,
+	// and the header timeout's may still be on the connection (see probeConn.clear).
+	_ = pc.raw.Control(pc.peekFn)
 	return pc.live
 }
 
 // peek looks at the socket without reading from it, nor waiting.
-func (pc *conn) peek(fd uintptr) bool {
-	var buf [1]byte
-	n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+func (pc *conn) peek(fd uintptr) {
+	n, err := peekSocket(fd)
 	// Nothing to read (EAGAIN) is a live, quiet connection. A close reads as 0 bytes, a
 	// reset as an error. Bytes waiting (n > 0) may be TLS 1.3 session tickets on a
 	// connection that has not read a response yet (a prepared one), unless the server has
@@ -462,31 +484,65 @@ func (pc *conn) peek(fd uintptr) bool {
 	// close_notify alert (a TLS server's close reads as bytes, not as 0) or data that answers
 	// no request: either way the connection cannot be used.
 	pc.live = (n > 0 && !pc.served && !peerClosed(fd)) || errors.Is(err, unix.EAGAIN)
-	return true
 }
 
 // unread reports whether bytes have come in on pc that it has not read: in its bufio.Reader,
 // or in the tls.Conn under it, which may have read whole TLS records past the last response
-// (the socket peek cannot see those). A read with a deadline in the past takes what is
-// buffered and never waits on the socket; its timeout leaves the tls.Conn usable. A server's
+// (the socket peek cannot see those). The tls.Conn is read with its connection probing (see
+// probeConn): it takes what it holds, and fails at once, as a read past its deadline does,
+// where it would have read the socket; that failure leaves the tls.Conn usable. A server's
 // close (close_notify) reads as an error too, and TLS 1.3 session tickets on a prepared
 // connection are taken without counting as data.
 func (pc *conn) unread() bool {
 	if pc.br.Buffered() > 0 {
 		return true
 	}
-	if _, ok := pc.Conn.(*tls.Conn); !ok {
+	if pc.probe == nil {
 		return false
 	}
-	_ = pc.SetReadDeadline(aLongTimeAgo)
+	pc.probe.probing = true
 	_, err := pc.br.Peek(1)
-	_ = pc.SetReadDeadline(time.Time{})
-	ne, ok := err.(net.Error) // as the tls.Conn returns it: not wrapped
-	return !ok || !ne.Timeout()
+	pc.probe.probing = false
+	_, probed := err.(probeError) // as the tls.Conn returns it: not wrapped
+	return !probed
 }
 
-// aLongTimeAgo is a read deadline that has passed: the read returns at once.
-var aLongTimeAgo = time.Unix(1, 0)
+// probeConn is the TCP connection under an upstream TLS connection. While probing, its reads
+// fail at once with probeError, without a system call: unread learns whether the tls.Conn
+// holds anything without setting a read deadline in the past, then clearing it, on every
+// take (two changes to the runtime's poller, and the timed-out read's error, allocated).
+//
+// It also takes the header timeout's read deadline off the connection before the first read of
+// the socket after the response head (clear, see readResponse): never when the whole response
+// came with its head. A deadline left on a connection after that (it may pass while the
+// connection waits in the pool) affects no read: the next exchange sets its own before it
+// reads, and a probe does not read the socket.
+//
+// Only the goroutine that holds the connection sets probing and clear, and reads them.
+type probeConn struct {
+	net.Conn
+	probing bool
+	clear   bool // take the read deadline off before reading the socket
+}
+
+func (p *probeConn) Read(b []byte) (int, error) {
+	if p.probing {
+		return 0, probeError{}
+	}
+	if p.clear {
+		p.clear = false
+		_ = p.Conn.SetReadDeadline(time.Time{})
+	}
+	return p.Conn.Read(b)
+}
+
+// probeError is a probing probeConn's read. It is a temporary timeout, as a read past its
+// deadline is: crypto/tls returns it as it is, and does not take it for the connection's end.
+type probeError struct{}
+
+func (probeError) Error() string   { return "upstream connection probed" }
+func (probeError) Timeout() bool   { return true }
+func (probeError) Temporary() bool { return true }
 
 // noResponse wraps an error that ended an exchange before any response header arrived.
 type noResponse struct{ error }
@@ -500,7 +556,7 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	vouched := framingVouched(req)
 	sent := onWire(req, vouched)
-	stop := context.AfterFunc(ctx, pc.close) // the agent went away: abandon the exchange
+	stop := context.AfterFunc(ctx, pc.closeFn) // the agent went away: abandon the exchange
 	var wrote chan error
 	if streaming(sent) {
 		wrote = make(chan error, 1)
@@ -557,9 +613,12 @@ func (pc *conn) roundTrip(req *http.Request) (*http.Response, error) {
 
 func (pc *conn) write(req *http.Request) error {
 	// Request.Write sends the body's framing and closes it; the headers and an in-memory
-	// body leave in one write.
-	if err := req.Write(pc.bw); err != nil {
-		return err
+	// body leave in one write. A request without a body, or with one in memory, is written
+	// without its allocations, to the same bytes (see writeSimple).
+	if !writeSimple(pc.bw, req) {
+		if err := req.Write(pc.bw); err != nil {
+			return err
+		}
 	}
 	return pc.bw.Flush()
 }
@@ -568,9 +627,16 @@ func (pc *conn) write(req *http.Request) error {
 // 101, with the header timeout and size limit. An error before the response's first byte that
 // is not the timeout (the connection was closed or reset) is a noResponse; any other error
 // is not: the server got the request, and may be acting on it.
+//
+// The header timeout's deadline goes when readResponse returns; over TLS only once the
+// connection is next read (see probeConn.clear): a response whose body came with its head, the
+// common case, never reads the socket again, and the next exchange sets a deadline of its own.
 func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
+	if pc.probe != nil {
+		pc.probe.clear = false // the deadline set here holds until the head has been read
+	}
 	_ = pc.SetReadDeadline(time.Now().Add(pc.c.headerTimeout))
-	defer pc.SetReadDeadline(time.Time{})
+	defer pc.clearDeadline()
 	for i := range 10 {
 		pc.lr.n = maxResponseHeaderBytes
 		if i == 0 {
@@ -591,6 +657,16 @@ func (pc *conn) readResponse(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return nil, errors.New("upstream sent too many informational (1xx) responses")
+}
+
+// clearDeadline takes the read deadline off pc: at once without TLS, before the next read of
+// the socket under TLS.
+func (pc *conn) clearDeadline() {
+	if pc.probe != nil {
+		pc.probe.clear = true
+		return
+	}
+	_ = pc.SetReadDeadline(time.Time{})
 }
 
 // onWire is req as it is written: with Connection: close when its framing cannot be vouched

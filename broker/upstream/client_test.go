@@ -200,7 +200,7 @@ func keyOf(t testing.TB, rawURL string) connKey {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return connKey{pool: testPool, origin: u.Scheme + "://" + u.Host}
+	return connKey{pool: testPool, origin: origin{https: u.Scheme == "https", addr: u.Host}}
 }
 
 // rawServer is a loopback listener whose connections are served by a test function, for
@@ -942,7 +942,7 @@ func TestClientStaleHandoff(t *testing.T) {
 	c := clientFor(t, srv)
 	addr := srv.Listener.Addr().String()
 	c.Prepare(addr, false)
-	if done, ok := c.preparing.Load("https://" + addr); ok { // else the dial is over already
+	if done, ok := c.preparing.Load(origin{https: true, addr: addr}); ok { // else the dial is over already
 		within(t, done.(chan struct{}), "the prepared dial")
 	}
 	v, ok := c.handoff.Load(addr)

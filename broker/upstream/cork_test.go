@@ -134,7 +134,7 @@ func TestClientH2JoinsHeadersAndBody(t *testing.T) {
 	}), true, true)
 	c := clientFor(t, srv)
 	mustGet(t, c, srv.URL+"/", "HTTP/2.0 ")
-	key := connKey{pool: testPool, origin: "https://" + srv.Listener.Addr().String()}
+	key := connKey{pool: testPool, origin: origin{https: true, addr: srv.Listener.Addr().String()}}
 	c.mu.Lock()
 	p := c.h2conns[key]
 	c.mu.Unlock()

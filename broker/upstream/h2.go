@@ -82,7 +82,7 @@ type h2Conn struct {
 // roundTripH2 sends req over HTTP/2, on a connection of pool. It returns errNotH2, with req
 // untouched, when the host turned out to speak HTTP/1.1 only.
 func (c *Client) roundTripH2(req *http.Request, pool Pool, addr string) (*http.Response, error) {
-	e, err := c.reserveH2(req.Context(), connKey{pool: pool, origin: "https://" + addr}, addr)
+	e, err := c.reserveH2(req.Context(), connKey{pool: pool, origin: origin{https: true, addr: addr}}, addr)
 	if err != nil {
 		if !errors.Is(err, errNotH2) {
 			closeBody(req)

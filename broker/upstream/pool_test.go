@@ -253,7 +253,7 @@ func TestClientPreparedClaimedOnce(t *testing.T) {
 			c := clientFor(t, srv)
 			addr := srv.Listener.Addr().String()
 			c.Prepare(addr, false)
-			if done, ok := c.preparing.Load("https://" + addr); ok { // else the dial is over already
+			if done, ok := c.preparing.Load(origin{https: true, addr: addr}); ok { // else the dial is over already
 				within(t, done.(chan struct{}), "the prepared dial")
 			}
 			ct.wantOpened(t, 1)
