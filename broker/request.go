@@ -91,7 +91,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if small != nil {
 		// So that the upstream client can send an idempotent request again, on a fresh
 		// connection, when its kept-alive one turns out closed before any response.
-		out.GetBody = func() (io.ReadCloser, error) { return newMemBody(small), nil }
+		out.GetBody = func() (io.ReadCloser, error) { return memBody(small), nil }
 	}
 	x.prepareMetered(out, metered)
 	toks, err := x.g.inject(r.Context(), out, granted, d.Scopes)
@@ -286,21 +286,13 @@ func readSmallBody(r *http.Request) ([]byte, error) {
 	if _, err := io.ReadFull(r.Body, buf); err != nil {
 		return nil, fmt.Errorf("%w: reading the request body: %v", errBadRequest, err)
 	}
-	r.Body = newMemBody(buf)
+	r.Body = memBody(buf)
 	return buf, nil
 }
 
-// memBody is a request body held in memory: one allocation, where io.NopCloser around a
-// bytes.Reader makes two.
-type memBody struct{ bytes.Reader }
-
-func newMemBody(b []byte) *memBody {
-	m := new(memBody)
-	m.Reset(b)
-	return m
-}
-
-func (*memBody) Close() error { return nil }
+// memBody is a request body held in memory, in the form the upstream client (and
+// Request.Write) know to be one: they send it in the same write as the headers.
+func memBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 
 // requestInput builds the policy input. Its headers are gathered, and a JSON body up to
 // x.g.maxPolicyBody is read (readPolicyBody), only when the policy can see them; small is the
