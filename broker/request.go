@@ -76,7 +76,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		r.Body = &countingBody{ReadCloser: r.Body, n: &x.bytesIn}
 	}
 
-	body := &x.body
+	body := &x.body // the body as read for the policy, if it is
 	defer func() { body.hold.release() }()
 	in, d, granted, err := b.decide(x, r, t, small, body)
 	if err != nil {
