@@ -143,8 +143,8 @@ func upstreamFailure(addr string, err error) error {
 var errMalformedResponse = errors.New("malformed or unexpected response (the parser's message is not recorded: it may quote the upstream's bytes)")
 
 func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	ne, ok := errors.AsType[net.Error](err)
+	return ok && ne.Timeout()
 }
 
 // errorBody is the JSON the agent gets on any refusal (CONTRACT §5).

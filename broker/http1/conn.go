@@ -42,7 +42,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -411,12 +410,6 @@ func (s *source) count(n int) {
 }
 
 func isTimeout(err error) bool {
-	return errors.Is(err, os.ErrDeadlineExceeded) || isNetTimeout(err)
-}
-
-// isNetTimeout is isTimeout's other half, apart: errors.As's target is allocated with each call
-// of the function that declares it, and the first half answers for most.
-func isNetTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	ne, ok := errors.AsType[net.Error](err) // no allocation, where errors.As's target escapes
+	return ok && ne.Timeout()
 }

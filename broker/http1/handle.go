@@ -57,8 +57,6 @@ func (c *Conn) handle(req *http.Request) outcome {
 		}
 	} else {
 		body.eof = true
-	}
-	if body.eof {
 		c.watchable()
 	}
 
@@ -183,7 +181,7 @@ func (b *requestBody) Read(p []byte) (int, error) {
 func (b *requestBody) Close() error { return nil } // what is left is drained after the handler
 
 // drain reads what the handler left of the body, up to maxDrain; it reports whether the body
-// ended within it (io.CopyN would allocate a LimitedReader for each drain: the response holds
+// ended within it (io.CopyN would allocate a LimitedReader for each drain: the body holds
 // one).
 func (b *requestBody) drain() bool {
 	b.lr = io.LimitedReader{R: b.rc, N: maxDrain + 1}
