@@ -187,15 +187,8 @@ func minimalPrefixes(paths []ast.Ref) []ast.Ref {
 // any other value as 'v' and its text as a complete Rego term (strings quoted, object keys
 // sorted), which never holds a NUL, then a NUL; a missing value as 'm'.
 func (c *decisionCache) key(buf []byte, in *Input) ([]byte, bool) {
-	names := c.names
-	if len(names) != len(c.paths) { // a cache made by hand (tests)
-		names = nil
-		for _, p := range c.paths {
-			names = append(names, namesOf(p))
-		}
-	}
 	for i, p := range c.paths {
-		f, err := in.findNamed(p, names[i])
+		f, err := in.findNamed(p, c.names[i])
 		if err != nil {
 			buf = append(buf, 'm')
 		} else if buf, err = f.appendKey(buf); err != nil {

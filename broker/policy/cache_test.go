@@ -244,7 +244,8 @@ decision := {"allow": false, "reason": "team"} if not input.request.headers["x-t
 // different keys, and equal ones the same key: strings that hold a key's own separators, a
 // string and the number it spells, a value and its absence.
 func TestKeysTellValuesApart(t *testing.T) {
-	c := &decisionCache{paths: []ast.Ref{ast.MustParseRef("input.request.path"), ast.MustParseRef("input.request.body.model")}}
+	refs := []ast.Ref{ast.MustParseRef("input.request.path"), ast.MustParseRef("input.request.body.model")}
+	c := &decisionCache{paths: refs, names: compactNames(refs)}
 	paths := []string{"", "a", "a\x00", "s\x01a", "m", "v1\x00", "\"a\"", "x", "xs"}
 	bodies := []string{`{"model": "1"}`, `{"model": 1}`, `{}`, `{"model": null}`, `{"model": {"a": 1}}`,
 		`{"model": "m"}`, `{"model": "s\u0001a"}`, `{"model": ""}`}

@@ -498,16 +498,19 @@ func (f found) appendKey(buf []byte) ([]byte, error) {
 		// An integer's term is its decimal digits, as ast.Number's text is.
 		return append(strconv.AppendInt(append(buf, 'v'), f.num, 10), 0), nil
 	case f.v == nil && f.b != nil:
-		buf = append(buf, 's')
-		buf = binary.AppendUvarint(buf, uint64(len(f.b)))
-		return append(buf, f.b...), nil
+		return appendKeyString(buf, f.b), nil // without str's conversion
 	}
 	if s, ok := f.str(); ok {
-		buf = append(buf, 's')
-		buf = binary.AppendUvarint(buf, uint64(len(s)))
-		return append(buf, s...), nil
+		return appendKeyString(buf, s), nil
 	}
 	return appendTerm(append(buf, 'v'), f.v)
+}
+
+// appendKeyString appends a string as the decision cache keys one: 's', its length, its bytes.
+func appendKeyString[S string | []byte](buf []byte, s S) []byte {
+	buf = append(buf, 's')
+	buf = binary.AppendUvarint(buf, uint64(len(s)))
+	return append(buf, s...)
 }
 
 // refName is a term of a ref as find reads it: the string it is, if it is one.
