@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"iter"
 	"slices"
 	"sync/atomic"
 
@@ -27,15 +28,25 @@ func (g *generation) responseScrubber(host string) *scrub.Replacer {
 	if c := g.scrubbers.last(exposed[0].Name); c != nil && g.revealsJust(exposed, c.patterns) {
 		return c.r // the usual answer: no pattern has changed, and none was collected
 	}
-	var patterns []string
-	for _, bd := range exposed {
-		for _, v := range g.secrets.Known(bd.Name) {
-			for _, part := range v.Values() { // each field of a secret with several
-				patterns = append(patterns, bd.Reveals(part)...)
+	return g.scrubbers.get(exposed[0].Name, slices.Collect(g.patterns(exposed)))
+}
+
+// patterns yields what a response from a host exposed is bound to is scrubbed of: the forms
+// its bindings reveal of each known value of each, in order.
+func (g *generation) patterns(exposed []*inject.Binding) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for _, bd := range exposed {
+			for _, v := range g.secrets.Known(bd.Name) {
+				for _, part := range v.Values() { // each field of a secret with several
+					for _, p := range bd.Reveals(part) {
+						if !yield(p) {
+							return
+						}
+					}
+				}
 			}
 		}
 	}
-	return g.scrubbers.get(exposed[0].Name, patterns)
 }
 
 // scrubbers keeps, for each credential, the Replacer built for the last response from a host
@@ -58,21 +69,14 @@ func newScrubbers(creds []config.Credential) scrubbers {
 	return s
 }
 
-// revealsJust reports whether the forms of the known values of exposed are patterns, in the
-// order responseScrubber collects them.
+// revealsJust reports whether g.patterns(exposed) are patterns.
 func (g *generation) revealsJust(exposed []*inject.Binding, patterns []string) bool {
 	i := 0
-	for _, bd := range exposed {
-		for _, v := range g.secrets.Known(bd.Name) {
-			for _, part := range v.Values() {
-				for _, p := range bd.Reveals(part) {
-					if i == len(patterns) || patterns[i] != p {
-						return false
-					}
-					i++
-				}
-			}
+	for p := range g.patterns(exposed) {
+		if i == len(patterns) || patterns[i] != p {
+			return false
 		}
+		i++
 	}
 	return i == len(patterns)
 }
