@@ -181,9 +181,7 @@ func run(ctx context.Context, o options) error {
 		return latencyPairs(ctx, up, p, direct, intercept, fullPath, o)
 	}
 	if o.only == "sse" {
-		for _, pa := range paths {
-			pa.sse(ctx, up.url(pa.host(), "/v1/models/sse"))
-		}
+		measureSSE(ctx, up, paths, s.SSE)
 		return nil
 	}
 	if o.only == "floor" {
@@ -217,9 +215,7 @@ func run(ctx context.Context, o options) error {
 	// the peers, every path reads 0.3-0.5 (a peer still at work beside it, though the
 	// proxies had gone quiet by their CPU time).
 	fmt.Fprintln(os.Stderr, "SSE...")
-	for _, pa := range paths {
-		s.SSE[pa.name] = pa.sse(ctx, up.url(pa.host(), "/v1/models/sse"))
-	}
+	measureSSE(ctx, up, paths, s.SSE)
 	// The peers are checked as they start; one that fails is skipped, with the reason.
 	peerPaths, peerResults, stopPeers := startPeers(ctx, up, p, o.peers)
 	defer stopPeers()

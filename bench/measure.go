@@ -355,6 +355,13 @@ type sseResult struct {
 	MeanDelayMS, MaxDelayMS float64
 }
 
+// measureSSE measures each path's SSE delay (sse) into into.
+func measureSSE(ctx context.Context, up *upstream, paths []*path, into map[string]sseResult) {
+	for _, pa := range paths {
+		into[pa.name] = pa.sse(ctx, up.url(pa.host(), "/v1/models/sse"))
+	}
+}
+
 // sse reads an event stream whose events carry their send time and reports how late they came.
 func (pa *path) sse(ctx context.Context, u string) sseResult {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
