@@ -42,8 +42,8 @@ type Set struct {
 	// both are asked for every request, and would otherwise each allocate and try every
 	// binding's hosts.
 	hosts  sync.Map
-	nHosts atomic.Int32
 	memoMu sync.Mutex // serialises storing into hosts
+	nHosts int        // how many hosts holds; under memoMu
 }
 
 // maxHosts bounds the hosts Set remembers the bindings of; past it, they are worked out each time.
@@ -75,9 +75,9 @@ func (s *Set) of(host string) *hostBindings {
 	// A miss is rare (a host's first request): the bound is kept under a lock, which a
 	// check of the count before storing, by two goroutines at once, would overstep.
 	s.memoMu.Lock()
-	if s.nHosts.Load() < maxHosts {
+	if s.nHosts < maxHosts {
 		if _, loaded := s.hosts.LoadOrStore(host, h); !loaded {
-			s.nHosts.Add(1)
+			s.nHosts++
 		}
 	}
 	s.memoMu.Unlock()

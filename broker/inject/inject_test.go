@@ -232,7 +232,10 @@ func TestHostBindingsAreMemoised(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := s.nHosts.Load(); n != maxHosts {
+	s.memoMu.Lock()
+	n := s.nHosts
+	s.memoMu.Unlock()
+	if n != maxHosts {
 		t.Errorf("%d hosts remembered, want the bound %d", n, maxHosts)
 	}
 	_ = append(s.Matching("api.example.com"), "extra")
