@@ -26,7 +26,8 @@ func (w Warning) String() string { return fmt.Sprintf("%s:%d: %s", w.File, w.Lin
 // Warnings reads the policy in fsys as the broker would and reports the expressions whose
 // cost grows with a data array of more than LargeArray entries: a membership test
 // (`x in data.a.b`), an iteration (`data.a.b[_] == x`, `some x in data.a.b`, `every x in
-// data.a.b`), directly or through a rule that is the array (`hosts := data.a.b`). Each such
+// data.a.b`), directly or through a rule or a local variable that is the array or a document
+// above it (`hosts := data.a.b`, `a := data.a` then `x in a.b`). Each such
 // expression visits every entry on every evaluation the decision cache misses; an object
 // keyed by entry, looked up as data.a.b[x], costs the same at any length. A policy that does
 // not read or compile has no warnings: Check reports why.
@@ -66,8 +67,9 @@ type largeDoc struct {
 // linter finds the large arrays of one policy's data and the expressions that scan them.
 type linter struct {
 	data map[string]any
-	// aliases are complete rules (data.pkg.name) whose value is a large array.
-	aliases map[string]largeDoc
+	// aliases are complete rules (data.pkg.name) whose value is a document of data
+	// (data.a.b), by the rule's path.
+	aliases map[string]ast.Ref
 	found   map[Warning]bool
 }
 
@@ -76,7 +78,7 @@ func lint(src *source) []Warning {
 	if err != nil {
 		return nil
 	}
-	l := &linter{data: src.data, aliases: map[string]largeDoc{}, found: map[Warning]bool{}}
+	l := &linter{data: src.data, aliases: map[string]ast.Ref{}, found: map[Warning]bool{}}
 	names := make([]string, 0, len(c.Modules))
 	for name := range c.Modules {
 		names = append(names, name)
@@ -125,11 +127,9 @@ func lint(src *source) []Warning {
 
 // large reports whether ref is a large data array, or a rule that is one.
 func (l *linter) large(ref ast.Ref) (largeDoc, bool) {
+	ref = l.expand(ref)
 	if len(ref) < 2 || !ref[0].Equal(ast.DefaultRootDocument) {
 		return largeDoc{}, false
-	}
-	if d, ok := l.aliases[ref.String()]; ok {
-		return d, true
 	}
 	var v any = l.data
 	for _, t := range ref[1:] {
@@ -151,7 +151,36 @@ func (l *linter) large(ref ast.Ref) (largeDoc, bool) {
 	return largeDoc{}, false
 }
 
-// alias records r if it is a complete rule, without arguments, whose value is a large array.
+// expand rewrites the longest prefix of ref that is an alias into the document it names, until
+// none is (a few links deep: an alias may name another).
+func (l *linter) expand(ref ast.Ref) ast.Ref {
+	for range 8 {
+		k := len(ref)
+		for ; k >= 2; k-- {
+			if to, ok := l.aliases[ref[:k].String()]; ok {
+				ref = to.Concat(ref[k:])
+				break
+			}
+		}
+		if k < 2 {
+			break
+		}
+	}
+	return ref
+}
+
+// dataRef reports whether t is a ground reference into data (data.a.b), which an alias may
+// name.
+func dataRef(t ast.Value) (ast.Ref, bool) {
+	ref, ok := t.(ast.Ref)
+	if !ok || len(ref) < 2 || !ref[0].Equal(ast.DefaultRootDocument) || !ref.IsGround() {
+		return nil, false
+	}
+	return ref, true
+}
+
+// alias records r if it is a complete rule, without arguments, whose value is a document of
+// data.
 func (l *linter) alias(r *ast.Rule) {
 	if r.Module == nil || len(r.Head.Args) > 0 || r.Head.Key != nil || r.Head.Value == nil {
 		return
@@ -160,21 +189,17 @@ func (l *linter) alias(r *ast.Rule) {
 	if !path.IsGround() {
 		return
 	}
-	var d largeDoc
-	var ok bool
-	switch v := r.Head.Value.Value.(type) {
-	case ast.Ref:
-		d, ok = l.large(v)
-	case ast.Var:
+	value := r.Head.Value.Value
+	if v, ok := value.(ast.Var); ok {
 		// The compiler binds the value in the body: `__local0__ = data.a.b`.
 		for _, e := range r.Body {
 			if ref, bound := assigned(e, v); bound {
-				d, ok = l.large(ref)
+				value = ref
 			}
 		}
 	}
-	if ok {
-		l.aliases[path.String()] = d
+	if ref, ok := dataRef(value); ok && !ref.Equal(path) {
+		l.aliases[path.String()] = ref
 	}
 }
 
@@ -198,15 +223,26 @@ func assigned(e *ast.Expr, v ast.Var) (ast.Ref, bool) {
 // bound before it.
 func (l *linter) body(b ast.Body, args ast.VarSet) {
 	bound := args.Copy()
-	locals := map[ast.Var]largeDoc{}
+	// locals are the body's variables bound to a document of data (`a := data.a`), which
+	// a ref may start from (`a.b`): local rewrites such a ref into data's.
+	locals := map[ast.Var]ast.Ref{}
+	local := func(ref ast.Ref) ast.Ref {
+		if v, ok := ref[0].Value.(ast.Var); ok {
+			if to, ok := locals[v]; ok {
+				return to.Concat(ref[1:])
+			}
+		}
+		return ref
+	}
 	// resolve: t is a large array, as a ref or as a local bound to one.
 	resolve := func(t *ast.Term) (largeDoc, bool) {
 		switch v := t.Value.(type) {
 		case ast.Ref:
-			return l.large(v)
+			return l.large(local(v))
 		case ast.Var:
-			d, ok := locals[v]
-			return d, ok
+			if to, ok := locals[v]; ok {
+				return l.large(to)
+			}
 		}
 		return largeDoc{}, false
 	}
@@ -222,6 +258,7 @@ func (l *linter) body(b ast.Body, args ast.VarSet) {
 			}
 		}
 		for _, ref := range refsOf(e) {
+			ref = l.expand(local(ref))
 			for k := 2; k < len(ref); k++ {
 				v, isVar := ref[k].Value.(ast.Var)
 				if !isVar || bound.Contains(v) {
@@ -237,8 +274,8 @@ func (l *linter) body(b ast.Body, args ast.VarSet) {
 			for _, v := range []*ast.Term{e.Operand(0), e.Operand(1)} {
 				if name, ok := v.Value.(ast.Var); ok {
 					if ref, bound := assigned(e, name); bound {
-						if d, ok := l.large(ref); ok {
-							locals[name] = d
+						if ref, ok := dataRef(l.expand(local(ref))); ok {
+							locals[name] = ref
 						}
 					}
 				}

@@ -8,7 +8,8 @@ import (
 )
 
 // lintPolicy reads and iterates over data.allow.hosts, a 1,001-entry array, in every way
-// an author writes it, and looks up data.allow.set, an object of as many entries.
+// an author writes it (directly, through rules and local variables that are the array or
+// data.allow), and looks up data.allow.set, an object of as many entries.
 const lintPolicy = `package broker
 
 import data.allow
@@ -60,6 +61,35 @@ n if "a", input.request.host in data.allow.hosts
 
 nth(i) := data.allow.hosts[i]
 
+o if {
+	doc := data.allow
+	input.request.host in doc.hosts
+}
+
+p if {
+	doc := data.allow
+	some x in doc.hosts
+	x == input.request.host
+}
+
+whole := data.allow
+
+q if input.request.host in whole.hosts
+
+r if whole.hosts[_] == input.request.host
+
+s if {
+	doc := whole
+	listed := doc.hosts
+	input.request.host in listed
+}
+
+t if {
+	doc := data.allow
+	doc.set[input.request.host]
+	count(doc.hosts) > 0
+}
+
 decision := {"allow": a}
 `
 
@@ -98,6 +128,11 @@ func TestWarningsOnLargeDataArrays(t *testing.T) {
 		41: "`input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
 		44: "`some _, v in data.allow.hosts` iterates over data.allow.hosts",
 		48: "`\"a\", input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
+		54: "`input.request.host in doc.hosts` tests membership in data.allow.hosts",
+		59: "`some x in doc.hosts` iterates over data.allow.hosts",
+		65: "`input.request.host in whole.hosts` tests membership in data.allow.hosts",
+		67: "`whole.hosts[_] == input.request.host` iterates over data.allow.hosts",
+		72: "`input.request.host in listed` tests membership in data.allow.hosts",
 	}
 	for line, prefix := range want {
 		if !strings.HasPrefix(got[line], prefix) {
