@@ -27,7 +27,8 @@ func (w Warning) String() string { return fmt.Sprintf("%s:%d: %s", w.File, w.Lin
 // cost grows with a data array of more than LargeArray entries: a membership test
 // (`x in data.a.b`), an iteration (`data.a.b[_] == x`, `some x in data.a.b`, `every x in
 // data.a.b`), directly or through a rule or a local variable that is the array or a document
-// above it (`hosts := data.a.b`, `a := data.a` then `x in a.b`). Each such
+// above it (`hosts := data.a.b`, `a := data.a` then `x in a.b`), or a function it is passed
+// to that scans it (`f(x, l) if x in l`, then `f(x, data.a.b)`). Each such
 // expression visits every entry on every evaluation the decision cache misses; an object
 // keyed by entry, looked up as data.a.b[x], costs the same at any length. A policy that does
 // not read or compile has no warnings: Check reports why.
@@ -70,7 +71,10 @@ type linter struct {
 	// aliases are complete rules (data.pkg.name) whose value is a document of data
 	// (data.a.b), by the rule's path.
 	aliases map[string]ast.Ref
-	found   map[Warning]bool
+	// scans are the parameters of each function (data.pkg.name) that it tests membership
+	// in or iterates over, by position: a large array passed there is scanned.
+	scans map[string]map[int]bool
+	found map[Warning]bool
 }
 
 func lint(src *source) []Warning {
@@ -78,7 +82,7 @@ func lint(src *source) []Warning {
 	if err != nil {
 		return nil
 	}
-	l := &linter{data: src.data, aliases: map[string]ast.Ref{}, found: map[Warning]bool{}}
+	l := &linter{data: src.data, aliases: map[string]ast.Ref{}, scans: map[string]map[int]bool{}, found: map[Warning]bool{}}
 	names := make([]string, 0, len(c.Modules))
 	for name := range c.Modules {
 		names = append(names, name)
@@ -97,16 +101,22 @@ func lint(src *source) []Warning {
 			break
 		}
 	}
-	for _, name := range names {
-		ast.WalkRules(c.Modules[name], func(r *ast.Rule) bool {
-			// A function's arguments are bound by its caller, in each of its bodies.
-			args := r.Head.Args.Vars()
-			ast.WalkBodies(r, func(b ast.Body) bool {
-				l.body(b, args)
+	// Again until no function is found to scan another parameter: a function may pass its
+	// own to another that scans it. Warnings found twice are one.
+	for range 4 {
+		before := l.scanned()
+		for _, name := range names {
+			ast.WalkRules(c.Modules[name], func(r *ast.Rule) bool {
+				ast.WalkBodies(r, func(b ast.Body) bool {
+					l.body(b, r)
+					return false
+				})
 				return false
 			})
-			return false
-		})
+		}
+		if l.scanned() == before {
+			break
+		}
 	}
 	out := make([]Warning, 0, len(l.found))
 	for w := range l.found {
@@ -219,10 +229,35 @@ func assigned(e *ast.Expr, v ast.Var) (ast.Ref, bool) {
 	return ref, ok
 }
 
-// body checks one body's expressions in their (compiled) order; the variables in args are
-// bound before it.
-func (l *linter) body(b ast.Body, args ast.VarSet) {
-	bound := args.Copy()
+// scanned counts the function parameters known to be scanned.
+func (l *linter) scanned() (n int) {
+	for _, ps := range l.scans {
+		n += len(ps)
+	}
+	return n
+}
+
+// body checks one body of rule r, its expressions in their (compiled) order; a function's
+// parameters are bound before it, by its caller.
+func (l *linter) body(b ast.Body, r *ast.Rule) {
+	bound := r.Head.Args.Vars()
+	params := map[ast.Var]int{}
+	for i, a := range r.Head.Args {
+		if v, ok := a.Value.(ast.Var); ok {
+			params[v] = i
+		}
+	}
+	// param records that r scans its parameter t, if t is one.
+	param := func(t *ast.Term) {
+		v, ok := t.Value.(ast.Var)
+		if i, isParam := params[v]; ok && isParam {
+			fn := r.Ref().String()
+			if l.scans[fn] == nil {
+				l.scans[fn] = map[int]bool{}
+			}
+			l.scans[fn][i] = true
+		}
+	}
 	// locals are the body's variables bound to a document of data (`a := data.a`), which
 	// a ref may start from (`a.b`): local rewrites such a ref into data's.
 	locals := map[ast.Var]ast.Ref{}
@@ -246,18 +281,32 @@ func (l *linter) body(b ast.Body, args ast.VarSet) {
 		}
 		return largeDoc{}, false
 	}
+	// scan warns of e scanning t, a large array, or records that it scans a parameter.
+	scan := func(e *ast.Expr, t *ast.Term, what string) {
+		if d, ok := resolve(t); ok {
+			l.warn(e, d, what)
+		} else {
+			param(t)
+		}
+	}
 	for _, e := range b {
 		switch {
 		case e.IsCall() && collectionOf(e) != nil:
-			if d, ok := resolve(collectionOf(e)); ok {
-				l.warn(e, d, "tests membership in")
+			scan(e, collectionOf(e), "tests membership in")
+		case e.IsCall():
+			ops := e.Operands()
+			for i := range l.scans[e.Operator().String()] {
+				if i < len(ops) {
+					scan(e, ops[i], "passes to a function that scans")
+				}
 			}
 		case isEvery(e):
-			if d, ok := resolve(e.Terms.(*ast.Every).Domain); ok {
-				l.warn(e, d, "iterates over")
-			}
+			scan(e, e.Terms.(*ast.Every).Domain, "iterates over")
 		}
 		for _, ref := range refsOf(e) {
+			if v, ok := ref[len(ref)-1].Value.(ast.Var); ok && len(ref) == 2 && !bound.Contains(v) {
+				param(ref[0]) // list[_], list a parameter
+			}
 			ref = l.expand(local(ref))
 			for k := 2; k < len(ref); k++ {
 				v, isVar := ref[k].Value.(ast.Var)

@@ -9,7 +9,8 @@ import (
 
 // lintPolicy reads and iterates over data.allow.hosts, a 1,001-entry array, in every way
 // an author writes it (directly, through rules and local variables that are the array or
-// data.allow), and looks up data.allow.set, an object of as many entries.
+// data.allow, through functions it is passed to), and looks up data.allow.set, an object of
+// as many entries.
 const lintPolicy = `package broker
 
 import data.allow
@@ -90,6 +91,24 @@ t if {
 	count(doc.hosts) > 0
 }
 
+listed(h, list) if h in list
+
+any_of(list) if list[_] == input.request.host
+
+through(h, list) if listed(h, list)
+
+sized(list) if count(list) > 0
+
+u if listed(input.request.host, data.allow.hosts)
+
+v if any_of(data.allow.hosts)
+
+w if through(input.request.host, data.allow.hosts)
+
+x if listed(input.request.host, data.allow.short)
+
+y if sized(data.allow.hosts)
+
 decision := {"allow": a}
 `
 
@@ -133,6 +152,9 @@ func TestWarningsOnLargeDataArrays(t *testing.T) {
 		65: "`input.request.host in whole.hosts` tests membership in data.allow.hosts",
 		67: "`whole.hosts[_] == input.request.host` iterates over data.allow.hosts",
 		72: "`input.request.host in listed` tests membership in data.allow.hosts",
+		89: "`listed(input.request.host, data.allow.hosts)` passes to a function that scans data.allow.hosts",
+		91: "`any_of(data.allow.hosts)` passes to a function that scans data.allow.hosts",
+		93: "`through(input.request.host, data.allow.hosts)` passes to a function that scans data.allow.hosts",
 	}
 	for line, prefix := range want {
 		if !strings.HasPrefix(got[line], prefix) {
