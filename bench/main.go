@@ -26,7 +26,7 @@ import (
 func main() {
 	o := options{}
 	flag.DurationVar(&o.phase, "phase", 800*time.Millisecond, "duration of each throughput phase")
-	flag.IntVar(&o.rounds, "rounds", 3, "throughput rounds over all paths; each figure is a path's best round")
+	flag.IntVar(&o.rounds, "rounds", 2, "throughput rounds over all paths; each figure is a path's best round")
 	flag.IntVar(&o.pairs, "pairs", 20, "pairs of adjacent slices for each of the ratios the targets are stated in (full/intercept, intercept/relay, tunnel/smokescreen; half as many for intercept/direct and the margins over squid and mitmproxy)")
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "duration of each slice of -pairs")
 	flag.IntVar(&o.rate, "rate", 1000, "open-loop request rate for the latency phase (req/s)")
