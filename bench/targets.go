@@ -67,6 +67,11 @@ func (s *summary) measureTargets(ctx context.Context, p *pki, all []*path, procs
 		if a == nil || b == nil {
 			return
 		}
+		// A peer over its capacity in the latency phase (mitmproxy, at times squid) may
+		// still be working off its queue: it would take CPU from the first pairs.
+		if waited, quiet := settle(procs, 10*time.Second); !quiet || waited > time.Second {
+			fmt.Fprintf(stderr, "  %s/%s: waited %s for the proxies to go quiet (quiet: %v)\n", num, den, waited.Round(100*time.Millisecond), quiet)
+		}
 		a.client, b.client = a.withConns(p, 32), b.withConns(p, 32)
 		s.Paired[num+"/"+den] = pairedRatio(ctx, a, b, 32, n, slice)
 	}
