@@ -163,31 +163,30 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	auditLog := audit.New(auditW)
 	defer auditLog.Close() // before the file closes: the last events are written
 
+	// The listeners close when serve returns, whichever way (the servers close them too
+	// when they stop; a second Close only returns an error, ignored).
 	proxyLn, err := net.Listen("tcp", cfg.Proxy.Listen)
 	if err != nil {
 		return fmt.Errorf("proxy.listen: %w", err)
 	}
+	defer proxyLn.Close()
 	token, err := adminToken(cfg.Admin)
 	if err != nil {
-		proxyLn.Close()
 		return err
 	}
 	adminTLSConfig, err := adminTLS(cfg.Admin.TLS)
 	if err != nil {
-		proxyLn.Close()
 		return err
 	}
 	adminLn, err := net.Listen("tcp", cfg.Admin.Listen)
 	if err != nil {
-		proxyLn.Close()
 		return fmt.Errorf("admin.listen: %w", err)
 	}
+	defer adminLn.Close()
 	self := selfAddrs(proxyLn.Addr(), adminLn.Addr())
 	var dnsLn *sandboxdns.Listener // the sandbox's resolver (transparent.dns.listen)
 	if cfg.Transparent.DNS.Listen != "" {
 		if dnsLn, err = sandboxdns.Listen(cfg.Transparent.DNS.Listen); err != nil {
-			proxyLn.Close()
-			adminLn.Close()
 			return fmt.Errorf("transparent.dns.listen: %w", err)
 		}
 		defer dnsLn.Close()
@@ -201,8 +200,6 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	budgets, budgetStore, err := buildBudgets(cfg, engine, metrics, log)
 	if err != nil {
-		proxyLn.Close()
-		adminLn.Close()
 		return err
 	}
 	var grants approvals.GrantStore
@@ -212,16 +209,12 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	ap, err := buildApprovals(ctx, cfg, o.configPath, approvalsPolicyDir, adminLn.Addr(), token, adminTLSConfig != nil, auditLog, metrics, log, grants)
 	if err != nil {
-		proxyLn.Close()
-		adminLn.Close()
 		return err
 	}
 	ap.api.SetUsage(func(ctx context.Context) (any, error) { return budgets.Summary(ctx, agentLabels(cfg)) })
 	var transparentLn net.Listener // connections the sandbox's rules redirect (transparent mode)
 	if cfg.Transparent.Listen != "" {
 		if transparentLn, err = net.Listen("tcp", cfg.Transparent.Listen); err != nil {
-			proxyLn.Close()
-			adminLn.Close()
 			return fmt.Errorf("transparent.listen: %w", err)
 		}
 		defer transparentLn.Close()
@@ -236,8 +229,6 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
 	})
 	if err != nil {
-		proxyLn.Close()
-		adminLn.Close()
 		return err
 	}
 	rl.b = b
@@ -247,8 +238,6 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if g := cfg.Transparent.LogGroup; g != 0 {
 		stopRefused, err := readRefused(ctx, b, g, log)
 		if err != nil {
-			proxyLn.Close()
-			adminLn.Close()
 			return fmt.Errorf("transparent.log_group: %w", err)
 		}
 		defer stopRefused()
