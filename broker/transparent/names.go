@@ -5,7 +5,6 @@ package transparent
 import (
 	"encoding/binary"
 	"hash/fnv"
-	"math/big"
 	"net/netip"
 	"strings"
 	"sync"
@@ -147,9 +146,8 @@ func (n *Names) record(name string, a netip.Addr, family int) {
 
 // pool is one prefix's addresses, the first and last left out (network and broadcast forms).
 type pool struct {
-	prefix netip.Prefix
-	base   *big.Int
-	size   uint64 // usable addresses, at most 2^32
+	prefix netip.Prefix // masked
+	size   uint64       // usable addresses, at most 2^32
 }
 
 func newPool(p netip.Prefix) *pool {
@@ -158,10 +156,11 @@ func newPool(p netip.Prefix) *pool {
 		hostBits = 32
 	}
 	size := uint64(1)<<hostBits - 2
-	return &pool{prefix: p, base: new(big.Int).SetBytes(p.Addr().AsSlice()), size: size}
+	return &pool{prefix: p.Masked(), size: size}
 }
 
-// at is name's k-th candidate address.
+// at is name's k-th candidate address: the prefix's, plus an offset under 2^32 (and under the
+// prefix's size) added to its last four bytes, whose host bits are zero: no carry leaves them.
 func (p *pool) at(name string, k int) netip.Addr {
 	h := fnv.New64a()
 	h.Write([]byte(name))
@@ -169,9 +168,9 @@ func (p *pool) at(name string, k int) netip.Addr {
 	binary.BigEndian.PutUint64(kb[:], uint64(k))
 	h.Write(kb[:])
 	off := 1 + h.Sum64()%p.size
-	v := new(big.Int).Add(p.base, new(big.Int).SetUint64(off))
-	b := make([]byte, p.prefix.Addr().BitLen()/8)
-	v.FillBytes(b)
+	b := p.prefix.Addr().AsSlice()
+	low := b[len(b)-4:]
+	binary.BigEndian.PutUint32(low, binary.BigEndian.Uint32(low)+uint32(off))
 	a, _ := netip.AddrFromSlice(b)
 	return a
 }
