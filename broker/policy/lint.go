@@ -304,8 +304,10 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 			scan(e, e.Terms.(*ast.Every).Domain, "iterates over")
 		}
 		for _, ref := range refsOf(e) {
-			if v, ok := ref[len(ref)-1].Value.(ast.Var); ok && len(ref) == 2 && !bound.Contains(v) {
-				param(ref[0]) // list[_], list a parameter
+			if len(ref) > 1 {
+				if v, ok := ref[1].Value.(ast.Var); ok && !bound.Contains(v) {
+					param(ref[0]) // list[_] or list[_].name, list a parameter
+				}
 			}
 			ref = l.expand(local(ref))
 			for k := 2; k < len(ref); k++ {

@@ -109,6 +109,10 @@ x if listed(input.request.host, data.allow.short)
 
 y if sized(data.allow.hosts)
 
+named(list) if list[_].name == input.request.host
+
+z if named(data.allow.hosts)
+
 decision := {"allow": a}
 `
 
@@ -137,24 +141,25 @@ func TestWarningsOnLargeDataArrays(t *testing.T) {
 		got[w.Line] = w.Message
 	}
 	want := map[int]string{
-		9:  "`input.request.host in data.allow.hosts` tests membership in data.allow.hosts, an array of 1001 entries",
-		11: "`data.allow.hosts[_] == input.request.host` iterates over data.allow.hosts",
-		14: "`some x in allow.hosts` iterates over data.allow.hosts",
-		18: "`input.request.host in also` tests membership in data.allow.hosts",
-		21: "`every x in data.allow.hosts {",
-		34: "`some x in data.allow.hosts` iterates over data.allow.hosts",
-		37: "`some i, _ in data.allow.hosts` iterates over data.allow.hosts",
-		41: "`input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
-		44: "`some _, v in data.allow.hosts` iterates over data.allow.hosts",
-		48: "`\"a\", input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
-		54: "`input.request.host in doc.hosts` tests membership in data.allow.hosts",
-		59: "`some x in doc.hosts` iterates over data.allow.hosts",
-		65: "`input.request.host in whole.hosts` tests membership in data.allow.hosts",
-		67: "`whole.hosts[_] == input.request.host` iterates over data.allow.hosts",
-		72: "`input.request.host in listed` tests membership in data.allow.hosts",
-		89: "`listed(input.request.host, data.allow.hosts)` passes to a function that scans data.allow.hosts",
-		91: "`any_of(data.allow.hosts)` passes to a function that scans data.allow.hosts",
-		93: "`through(input.request.host, data.allow.hosts)` passes to a function that scans data.allow.hosts",
+		9:   "`input.request.host in data.allow.hosts` tests membership in data.allow.hosts, an array of 1001 entries",
+		11:  "`data.allow.hosts[_] == input.request.host` iterates over data.allow.hosts",
+		14:  "`some x in allow.hosts` iterates over data.allow.hosts",
+		18:  "`input.request.host in also` tests membership in data.allow.hosts",
+		21:  "`every x in data.allow.hosts {",
+		34:  "`some x in data.allow.hosts` iterates over data.allow.hosts",
+		37:  "`some i, _ in data.allow.hosts` iterates over data.allow.hosts",
+		41:  "`input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
+		44:  "`some _, v in data.allow.hosts` iterates over data.allow.hosts",
+		48:  "`\"a\", input.request.host in data.allow.hosts` tests membership in data.allow.hosts",
+		54:  "`input.request.host in doc.hosts` tests membership in data.allow.hosts",
+		59:  "`some x in doc.hosts` iterates over data.allow.hosts",
+		65:  "`input.request.host in whole.hosts` tests membership in data.allow.hosts",
+		67:  "`whole.hosts[_] == input.request.host` iterates over data.allow.hosts",
+		72:  "`input.request.host in listed` tests membership in data.allow.hosts",
+		89:  "`listed(input.request.host, data.allow.hosts)` passes to a function that scans data.allow.hosts",
+		91:  "`any_of(data.allow.hosts)` passes to a function that scans data.allow.hosts",
+		93:  "`through(input.request.host, data.allow.hosts)` passes to a function that scans data.allow.hosts",
+		101: "`named(data.allow.hosts)` passes to a function that scans data.allow.hosts",
 	}
 	for line, prefix := range want {
 		if !strings.HasPrefix(got[line], prefix) {
