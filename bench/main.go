@@ -271,12 +271,7 @@ func run(ctx context.Context, o options) error {
 	}
 	fmt.Fprintln(os.Stderr, "latency (open loop)...")
 	for _, pa := range all {
-		switch waited, quiet := settle(procs, 10*time.Second); {
-		case !quiet:
-			fmt.Fprintf(os.Stderr, "  %s: the proxies were still busy after %s; measuring anyway\n", pa.name, waited.Round(time.Second))
-		case waited > time.Second:
-			fmt.Fprintf(os.Stderr, "  %s: waited %s for the proxies to go quiet\n", pa.name, waited.Round(100*time.Millisecond))
-		}
+		settleBefore(procs, pa.name)
 		pa.client = pa.withConns(p, 256)
 		s.Latency[pa.name] = pa.openLoop(ctx, o.rate, o.latencyFor)
 	}

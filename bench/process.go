@@ -215,6 +215,17 @@ func settle(procs []*process, limit time.Duration) (time.Duration, bool) {
 	return time.Since(start), false
 }
 
+// settleBefore settles the proxies (up to 10 s) before what is measured next, and says so when
+// it waited over a second, or in vain.
+func settleBefore(procs []*process, what string) {
+	switch waited, quiet := settle(procs, 10*time.Second); {
+	case !quiet:
+		fmt.Fprintf(stderr, "  %s: the proxies were still busy after %s; measuring anyway\n", what, waited.Round(time.Second))
+	case waited > time.Second:
+		fmt.Fprintf(stderr, "  %s: waited %s for the proxies to go quiet\n", what, waited.Round(100*time.Millisecond))
+	}
+}
+
 // machineCPU is the machine's CPU time so far, from the first line of /proc/stat, in clock
 // ticks: all of it, and the part stolen by the hypervisor (time the VM wanted to run and was
 // not given a CPU). Zero when /proc/stat cannot be read.

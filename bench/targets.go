@@ -69,9 +69,7 @@ func (s *summary) measureTargets(ctx context.Context, p *pki, all []*path, procs
 		}
 		// A peer over its capacity in the latency phase (mitmproxy, at times squid) may
 		// still be working off its queue: it would take CPU from the first pairs.
-		if waited, quiet := settle(procs, 10*time.Second); !quiet || waited > time.Second {
-			fmt.Fprintf(stderr, "  %s/%s: waited %s for the proxies to go quiet (quiet: %v)\n", num, den, waited.Round(100*time.Millisecond), quiet)
-		}
+		settleBefore(procs, num+"/"+den)
 		a.client, b.client = a.withConns(p, 32), b.withConns(p, 32)
 		s.Paired[num+"/"+den] = pairedRatio(ctx, a, b, 32, n, slice)
 	}
@@ -84,7 +82,7 @@ func (s *summary) measureTargets(ctx context.Context, p *pki, all []*path, procs
 	}
 	direct, full := byName["direct"], byName["full"]
 	fmt.Fprintln(stderr, "the full pipeline's added p50, paired with direct...")
-	settle(procs, 10*time.Second)
+	settleBefore(procs, "added p50")
 	direct.client, full.client = direct.withConns(p, 256), full.withConns(p, 256)
 	d := pairedAddedP50(ctx, full, direct, max(pairs/4, 3), rate, time.Second).pairedDiff
 	s.AddedP50Paired = d
