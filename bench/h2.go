@@ -73,16 +73,16 @@ func h2Paths(p *pki, paths []*path, up *upstream) []*path {
 }
 
 // checkH2 checks every h2 path once, and that the brokers' requests reached the h2 upstream
-// over HTTP/1.1: the bench's client speaks HTTP/1.1 to the broker, which speaks to the
-// upstream the protocol the agent spoke.
+// in the protocol the bench's client spoke to the broker: the broker speaks to an upstream
+// the protocol its agent spoke (HTTP/2 where the upstream offers it).
 func checkH2(ctx context.Context, up *upstream, paths []*path) error {
 	for _, pa := range paths {
 		before := up.h2Requests.Load()
 		if err := pa.check(ctx); err != nil {
 			return fmt.Errorf("%s: %w", pa.name, err)
 		}
-		if pa.via != nil && up.h2Requests.Load() != before {
-			return fmt.Errorf("%s: the broker spoke HTTP/2 to the h2 upstream for an HTTP/1.1 client", pa.name)
+		if overH2 := up.h2Requests.Load() != before; pa.via != nil && overH2 != agentH2 {
+			return fmt.Errorf("%s: the broker spoke HTTP/2 to the h2 upstream: %v; for a client offering h2: %v", pa.name, overH2, agentH2)
 		}
 	}
 	return nil

@@ -44,6 +44,10 @@ func (pa *path) host() string {
 	return u.Hostname()
 }
 
+// agentH2 makes the bench's clients offer h2 before http/1.1 (-agent h2): a broker then serves
+// them over HTTP/2, and speaks HTTP/2 to an upstream that offers it.
+var agentH2 bool
+
 func directClient(p *pki, conns int) *http.Client {
 	return &http.Client{Transport: newTransport(nil, p.pool, conns), Timeout: time.Minute}
 }
@@ -60,7 +64,7 @@ func newTransport(proxy func(*http.Request) (*url.URL, error), roots *x509.CertP
 	return &http.Transport{
 		Proxy: proxy, TLSClientConfig: &tls.Config{RootCAs: roots},
 		MaxIdleConns: conns, MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns,
-		DisableCompression: true, ForceAttemptHTTP2: false,
+		DisableCompression: true, ForceAttemptHTTP2: agentH2,
 	}
 }
 
@@ -96,6 +100,18 @@ func (pa *path) do(ctx context.Context) error {
 		return fmt.Errorf("status %d", resp.StatusCode)
 	}
 	return err
+}
+
+// proto is the protocol the client speaks on the path's first hop (to the proxy behind
+// CONNECT, or to the upstream): "HTTP/1.1" or "HTTP/2.0".
+func (pa *path) proto(ctx context.Context) (string, error) {
+	resp, err := pa.post(ctx)
+	if err != nil {
+		return "", err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.Proto, nil
 }
 
 // check is do, with the response's body compared with what the upstream sends.

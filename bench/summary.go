@@ -14,9 +14,11 @@ var stderr io.Writer = os.Stderr
 
 // summary is the JSON written to bench/results/latest.json.
 type summary struct {
-	Machine string  `json:"machine"`
-	Started string  `json:"started"`
-	Commit  string  `json:"commit,omitempty"`
+	Machine string `json:"machine"`
+	Started string `json:"started"`
+	Commit  string `json:"commit,omitempty"`
+	// Agent is what the clients offered in ALPN (-agent): h1 or h2.
+	Agent   string  `json:"agent"`
 	Seconds float64 `json:"seconds"`
 	// Throughput is requests per second by path and number of connections.
 	Throughput map[string]map[int]float64 `json:"throughput_rps"`
