@@ -28,10 +28,11 @@ func (w Warning) String() string { return fmt.Sprintf("%s:%d: %s", w.File, w.Lin
 // (`x in data.a.b`), an iteration (`data.a.b[_] == x`, `some x in data.a.b`, `every x in
 // data.a.b`), directly or through a rule or a local variable that is the array or a document
 // above it (`hosts := data.a.b`, `a := data.a` then `x in a.b`), or a function it is passed
-// to that scans it (`f(x, l) if x in l`, then `f(x, data.a.b)`). Each such
-// expression visits every entry on every evaluation the decision cache misses; an object
-// keyed by entry, looked up as data.a.b[x], costs the same at any length. A policy that does
-// not read or compile has no warnings: Check reports why.
+// to that scans it (`f(x, l) if x in l`, then `f(x, data.a.b)`), or scans it under a document
+// passed (`g(cfg) if cfg.b[_] == x`, then `g(data.a)`). Each such expression visits every
+// entry on every evaluation the decision cache misses; an object keyed by entry, looked up as
+// data.a.b[x], costs the same at any length. A policy that does not read or compile has no
+// warnings: Check reports why.
 func Warnings(fsys fs.FS, display string) []Warning {
 	src, err := readDir(fsys, display, false)
 	if err != nil {
@@ -71,10 +72,18 @@ type linter struct {
 	// aliases are complete rules (data.pkg.name) whose value is a document of data
 	// (data.a.b), by the rule's path.
 	aliases map[string]ast.Ref
-	// scans are the parameters of each function (data.pkg.name) that it tests membership
-	// in or iterates over, by position: a large array passed there is scanned.
-	scans map[string]map[int]bool
+	// scans are what each function (data.pkg.name) tests membership in or iterates over of
+	// its parameters: a parameter itself, or a document under one (`cfg.hosts`). A large
+	// array passed there, or held there by the document passed, is scanned.
+	scans map[string]map[scan]ast.Ref
 	found map[Warning]bool
+}
+
+// A scan is a function's parameter, by position, or the document at a path under it, that the
+// function tests membership in or iterates over; the path is also kept as terms (scans).
+type scan struct {
+	param int
+	under string // the path's ast.Ref.String(), "" for the parameter itself
 }
 
 func lint(src *source) []Warning {
@@ -82,7 +91,7 @@ func lint(src *source) []Warning {
 	if err != nil {
 		return nil
 	}
-	l := &linter{data: src.data, aliases: map[string]ast.Ref{}, scans: map[string]map[int]bool{}, found: map[Warning]bool{}}
+	l := &linter{data: src.data, aliases: map[string]ast.Ref{}, scans: map[string]map[scan]ast.Ref{}, found: map[Warning]bool{}}
 	names := make([]string, 0, len(c.Modules))
 	for name := range c.Modules {
 		names = append(names, name)
@@ -247,19 +256,9 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 			params[v] = i
 		}
 	}
-	// param records that r scans its parameter t, if t is one.
-	param := func(t *ast.Term) {
-		v, ok := t.Value.(ast.Var)
-		if i, isParam := params[v]; ok && isParam {
-			fn := r.Ref().String()
-			if l.scans[fn] == nil {
-				l.scans[fn] = map[int]bool{}
-			}
-			l.scans[fn][i] = true
-		}
-	}
-	// locals are the body's variables bound to a document of data (`a := data.a`), which
-	// a ref may start from (`a.b`): local rewrites such a ref into data's.
+	// locals are the body's variables bound to a document of data (`a := data.a`) or under
+	// a parameter (the compiler's `__local5__ = cfg.hosts`), which a ref may start from
+	// (`a.b`): local rewrites such a ref into the document's.
 	locals := map[ast.Var]ast.Ref{}
 	local := func(ref ast.Ref) ast.Ref {
 		if v, ok := ref[0].Value.(ast.Var); ok {
@@ -269,15 +268,41 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 		}
 		return ref
 	}
-	// resolve: t is a large array, as a ref or as a local bound to one.
-	resolve := func(t *ast.Term) (largeDoc, bool) {
+	// refOf is t as a ref, with a local it starts from (or is) rewritten.
+	refOf := func(t *ast.Term) ast.Ref {
 		switch v := t.Value.(type) {
 		case ast.Ref:
-			return l.large(local(v))
+			return local(v)
 		case ast.Var:
-			if to, ok := locals[v]; ok {
-				return l.large(to)
+			return local(ast.Ref{t})
+		}
+		return nil
+	}
+	// underParam reports the parameter ref starts from, if it does, by position, and the
+	// path under it when that is ground (`cfg.hosts`, not `cfg[i]`).
+	underParam := func(ref ast.Ref) (int, ast.Ref, bool) {
+		if len(ref) == 0 || !ref[1:].IsGround() {
+			return 0, nil, false
+		}
+		v, ok := ref[0].Value.(ast.Var)
+		i, isParam := params[v]
+		return i, ref[1:], ok && isParam
+	}
+	// param records that r scans t, if t is one of its parameters (`list`) or a document
+	// under one (`cfg.hosts`).
+	param := func(t *ast.Term) {
+		if i, under, ok := underParam(refOf(t)); ok {
+			fn := r.Ref().String()
+			if l.scans[fn] == nil {
+				l.scans[fn] = map[scan]ast.Ref{}
 			}
+			l.scans[fn][scan{param: i, under: under.String()}] = under
+		}
+	}
+	// resolve: t is a large array, as a ref or as a local bound to one.
+	resolve := func(t *ast.Term) (largeDoc, bool) {
+		if ref := refOf(t); ref != nil {
+			return l.large(ref)
 		}
 		return largeDoc{}, false
 	}
@@ -295,21 +320,25 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 			scan(e, collectionOf(e), "tests membership in")
 		case e.IsCall():
 			ops := e.Operands()
-			for i := range l.scans[e.Operator().String()] {
-				if i < len(ops) {
-					scan(e, ops[i], "passes to a function that scans")
+			for s, under := range l.scans[e.Operator().String()] {
+				if s.param < len(ops) {
+					if t := within(ops[s.param], under); t != nil {
+						scan(e, t, "passes to a function that scans")
+					}
 				}
 			}
 		case isEvery(e):
 			scan(e, e.Terms.(*ast.Every).Domain, "iterates over")
 		}
 		for _, ref := range refsOf(e) {
-			if len(ref) > 1 {
-				if v, ok := ref[1].Value.(ast.Var); ok && !bound.Contains(v) {
-					param(ref[0]) // list[_] or list[_].name, list a parameter
+			ref = local(ref)
+			for k := 1; k < len(ref); k++ {
+				if v, ok := ref[k].Value.(ast.Var); ok && !bound.Contains(v) {
+					param(ast.RefTerm(ref[:k]...)) // list[_], list[_].name, cfg.hosts[_]
+					break
 				}
 			}
-			ref = l.expand(local(ref))
+			ref = l.expand(ref)
 			for k := 2; k < len(ref); k++ {
 				v, isVar := ref[k].Value.(ast.Var)
 				if !isVar || bound.Contains(v) {
@@ -325,7 +354,9 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 			for _, v := range []*ast.Term{e.Operand(0), e.Operand(1)} {
 				if name, ok := v.Value.(ast.Var); ok {
 					if ref, bound := assigned(e, name); bound {
-						if ref, ok := dataRef(l.expand(local(ref))); ok {
+						ref = l.expand(local(ref))
+						_, _, isParam := underParam(ref)
+						if _, isData := dataRef(ref); isData || isParam {
 							locals[name] = ref
 						}
 					}
@@ -334,6 +365,21 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 		}
 		bound.Update(e.Vars(ast.VarVisitorParams{SkipClosures: true}))
 	}
+}
+
+// within is the document at path under t (`cfg` and `.hosts` make `cfg.hosts`), t itself for
+// an empty path, or nil if t is a value with nothing under it to name.
+func within(t *ast.Term, under ast.Ref) *ast.Term {
+	if len(under) == 0 {
+		return t
+	}
+	switch v := t.Value.(type) {
+	case ast.Ref:
+		return ast.RefTerm(v.Concat(under)...)
+	case ast.Var:
+		return ast.RefTerm(append(ast.Ref{t}, under...)...)
+	}
+	return nil
 }
 
 // collectionOf returns the collection a membership test (`x in c`, `k, v in c`) looks in, or

@@ -113,6 +113,31 @@ named(list) if list[_].name == input.request.host
 
 z if named(data.allow.hosts)
 
+in_field(cfg) if input.request.host in cfg.hosts
+
+iter_field(cfg) if cfg.hosts[_] == input.request.host
+
+some_field(cfg) if {
+	some h in cfg.hosts
+	h == input.request.host
+}
+
+passes_field(cfg) if listed(input.request.host, cfg.hosts)
+
+keyed(cfg) if cfg.set[input.request.host]
+
+aa if in_field(data.allow)
+
+ab if iter_field(data.allow)
+
+ac if some_field(whole)
+
+ad if passes_field(data.allow)
+
+ae if keyed(data.allow)
+
+af if in_field({"hosts": ["a"]})
+
 decision := {"allow": a}
 `
 
@@ -160,6 +185,10 @@ func TestWarningsOnLargeDataArrays(t *testing.T) {
 		91:  "`any_of(data.allow.hosts)` passes to a function that scans data.allow.hosts",
 		93:  "`through(input.request.host, data.allow.hosts)` passes to a function that scans data.allow.hosts",
 		101: "`named(data.allow.hosts)` passes to a function that scans data.allow.hosts",
+		116: "`in_field(data.allow)` passes to a function that scans data.allow.hosts",
+		118: "`iter_field(data.allow)` passes to a function that scans data.allow.hosts",
+		120: "`some_field(whole)` passes to a function that scans data.allow.hosts",
+		122: "`passes_field(data.allow)` passes to a function that scans data.allow.hosts",
 	}
 	for line, prefix := range want {
 		if !strings.HasPrefix(got[line], prefix) {
