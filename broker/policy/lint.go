@@ -213,7 +213,9 @@ func (l *linter) alias(r *ast.Rule) {
 		// The compiler binds the value in the body: `__local0__ = data.a.b`.
 		for _, e := range r.Body {
 			if ref, bound := assigned(e, v); bound {
-				value = ref
+				if _, ok := dataRef(ref); ok {
+					value = ref
+				}
 			}
 		}
 	}
@@ -222,7 +224,8 @@ func (l *linter) alias(r *ast.Rule) {
 	}
 }
 
-// assigned reports the ref that expression e binds to v (`v = ref` or `ref = v`), if any.
+// assigned reports the ref that expression e binds to v (`v = ref` or `ref = v`, a variable
+// standing for the ref of itself alone), if any.
 func assigned(e *ast.Expr, v ast.Var) (ast.Ref, bool) {
 	if !e.IsEquality() || e.Negated {
 		return nil, false
@@ -234,8 +237,13 @@ func assigned(e *ast.Expr, v ast.Var) (ast.Ref, bool) {
 	if a.Value.Compare(v) != 0 {
 		return nil, false
 	}
-	ref, ok := b.Value.(ast.Ref)
-	return ref, ok
+	switch w := b.Value.(type) {
+	case ast.Ref:
+		return w, true
+	case ast.Var: // `c := cfg`: a ref of the variable alone, which locals may resolve
+		return ast.Ref{b}, w.Compare(v) != 0
+	}
+	return nil, false
 }
 
 // scanned counts the function parameters known to be scanned.

@@ -138,6 +138,14 @@ ae if keyed(data.allow)
 
 af if in_field({"hosts": ["a"]})
 
+aliased(cfg) if {
+	c := cfg
+	some h in c.hosts
+	h == input.request.host
+}
+
+ag if aliased(data.allow)
+
 decision := {"allow": a}
 `
 
@@ -189,6 +197,7 @@ func TestWarningsOnLargeDataArrays(t *testing.T) {
 		118: "`iter_field(data.allow)` passes to a function that scans data.allow.hosts",
 		120: "`some_field(whole)` passes to a function that scans data.allow.hosts",
 		122: "`passes_field(data.allow)` passes to a function that scans data.allow.hosts",
+		134: "`aliased(data.allow)` passes to a function that scans data.allow.hosts",
 	}
 	for line, prefix := range want {
 		if !strings.HasPrefix(got[line], prefix) {
