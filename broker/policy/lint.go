@@ -75,13 +75,13 @@ type linter struct {
 	// scans are what each function (data.pkg.name) tests membership in or iterates over of
 	// its parameters: a parameter itself, or a document under one (`cfg.hosts`). A large
 	// array passed there, or held there by the document passed, is scanned.
-	scans map[string]map[scan]ast.Ref
+	scans map[string]map[paramScan]ast.Ref
 	found map[Warning]bool
 }
 
-// A scan is a function's parameter, by position, or the document at a path under it, that the
-// function tests membership in or iterates over; the path is also kept as terms (scans).
-type scan struct {
+// A paramScan is a function's parameter, by position, or the document at a path under it,
+// that the function tests membership in or iterates over; the path is also kept as terms.
+type paramScan struct {
 	param int
 	under string // the path's ast.Ref.String(), "" for the parameter itself
 }
@@ -91,7 +91,7 @@ func lint(src *source) []Warning {
 	if err != nil {
 		return nil
 	}
-	l := &linter{data: src.data, aliases: map[string]ast.Ref{}, scans: map[string]map[scan]ast.Ref{}, found: map[Warning]bool{}}
+	l := &linter{data: src.data, aliases: map[string]ast.Ref{}, scans: map[string]map[paramScan]ast.Ref{}, found: map[Warning]bool{}}
 	names := make([]string, 0, len(c.Modules))
 	for name := range c.Modules {
 		names = append(names, name)
@@ -302,9 +302,9 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 		if i, under, ok := underParam(refOf(t)); ok {
 			fn := r.Ref().String()
 			if l.scans[fn] == nil {
-				l.scans[fn] = map[scan]ast.Ref{}
+				l.scans[fn] = map[paramScan]ast.Ref{}
 			}
-			l.scans[fn][scan{param: i, under: under.String()}] = under
+			l.scans[fn][paramScan{param: i, under: under.String()}] = under
 		}
 	}
 	// resolve: t is a large array, as a ref or as a local bound to one.
