@@ -48,6 +48,9 @@ func (pa *path) host() string {
 // them over HTTP/2, and speaks HTTP/2 to an upstream that offers it.
 var agentH2 bool
 
+// keepAlive is false for a connection per request (-keepalive=false).
+var keepAlive = true
+
 func directClient(p *pki, conns int) *http.Client {
 	return &http.Client{Transport: newTransport(nil, p.pool, conns), Timeout: time.Minute}
 }
@@ -64,7 +67,7 @@ func newTransport(proxy func(*http.Request) (*url.URL, error), roots *x509.CertP
 	return &http.Transport{
 		Proxy: proxy, TLSClientConfig: &tls.Config{RootCAs: roots},
 		MaxIdleConns: conns, MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns,
-		DisableCompression: true, ForceAttemptHTTP2: agentH2,
+		DisableCompression: true, ForceAttemptHTTP2: agentH2, DisableKeepAlives: !keepAlive,
 	}
 }
 
