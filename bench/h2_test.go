@@ -6,13 +6,10 @@ import (
 	"testing"
 )
 
-// TestAgentProtocol: with -agent h2 the client speaks HTTP/2 to the broker and the broker
-// reaches the h2 upstream over HTTP/2; by default both are HTTP/1.1 (checkH2 checks the
-// upstream's side). Direct to the HTTP/1.1 upstream stays HTTP/1.1 either way.
-func TestAgentProtocol(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a broker; skipped with -short")
-	}
+// testUpstream starts the bench's upstream with a CA of its own in a temporary directory,
+// stopped when the test ends.
+func testUpstream(t *testing.T) (string, *pki, *upstream) {
+	t.Helper()
 	dir := t.TempDir()
 	p, err := newPKI("brokerbench test CA", filepath.Join(dir, "upstream-ca.pem"), 0)
 	if err != nil {
@@ -22,7 +19,18 @@ func TestAgentProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer up.close()
+	t.Cleanup(up.close)
+	return dir, p, up
+}
+
+// TestAgentProtocol: with -agent h2 the client speaks HTTP/2 to the broker and the broker
+// reaches the h2 upstream over HTTP/2; by default both are HTTP/1.1 (checkH2 checks the
+// upstream's side). Direct to the HTTP/1.1 upstream stays HTTP/1.1 either way.
+func TestAgentProtocol(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a broker; skipped with -short")
+	}
+	dir, p, up := testUpstream(t)
 	if err := up.startH2(p); err != nil {
 		t.Fatal(err)
 	}

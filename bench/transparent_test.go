@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,16 +26,7 @@ func TestTransparentQuick(t *testing.T) {
 		}
 		t.Skip(why)
 	}
-	dir := t.TempDir()
-	p, err := newPKI("brokerbench test CA", filepath.Join(dir, "upstream-ca.pem"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	up, err := startUpstream(p, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.close()
+	dir, p, up := testUpstream(t)
 	direct := &path{name: "direct", url: up.url(hostIntercept, chatPath)}
 	var progress bytes.Buffer
 	stderr = &progress
