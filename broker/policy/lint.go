@@ -296,10 +296,10 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 		i, isParam := params[v]
 		return i, ref[1:], ok && isParam
 	}
-	// param records that r scans t, if t is one of its parameters (`list`) or a document
-	// under one (`cfg.hosts`).
-	param := func(t *ast.Term) {
-		if i, under, ok := underParam(refOf(t)); ok {
+	// param records that r scans ref, if it is one of r's parameters (`list`) or a
+	// document under one (`cfg.hosts`), its locals rewritten.
+	param := func(ref ast.Ref) {
+		if i, under, ok := underParam(ref); ok {
 			fn := r.Ref().String()
 			if l.scans[fn] == nil {
 				l.scans[fn] = map[paramScan]ast.Ref{}
@@ -307,20 +307,25 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 			l.scans[fn][paramScan{param: i, under: under.String()}] = under
 		}
 	}
-	// resolve: t is a large array, as a ref or as a local bound to one.
-	resolve := func(t *ast.Term) (largeDoc, bool) {
-		if ref := refOf(t); ref != nil {
-			return l.large(ref)
-		}
-		return largeDoc{}, false
-	}
-	// scan warns of e scanning t, a large array, or records that it scans a parameter.
+	// scan warns of e scanning t, a large array (as a ref or a local bound to one), or
+	// records that it scans a parameter.
 	scan := func(e *ast.Expr, t *ast.Term, what string) {
-		if d, ok := resolve(t); ok {
+		ref := refOf(t)
+		if d, ok := l.large(ref); ok {
 			l.warn(e, d, what)
 		} else {
-			param(t)
+			param(ref)
 		}
+	}
+	// iterated is the part of ref before its first variable not yet bound, from position
+	// from on: what `ref[_]...` iterates over.
+	iterated := func(ref ast.Ref, from int) (ast.Ref, bool) {
+		for k := from; k < len(ref); k++ {
+			if v, ok := ref[k].Value.(ast.Var); ok && !bound.Contains(v) {
+				return ref[:k], true
+			}
+		}
+		return nil, false
 	}
 	for _, e := range b {
 		switch {
@@ -340,22 +345,13 @@ func (l *linter) body(b ast.Body, r *ast.Rule) {
 		}
 		for _, ref := range refsOf(e) {
 			ref = local(ref)
-			for k := 1; k < len(ref); k++ {
-				if v, ok := ref[k].Value.(ast.Var); ok && !bound.Contains(v) {
-					param(ast.RefTerm(ref[:k]...)) // list[_], list[_].name, cfg.hosts[_]
-					break
-				}
+			if list, ok := iterated(ref, 1); ok {
+				param(list) // list[_], list[_].name, cfg.hosts[_]
 			}
-			ref = l.expand(ref)
-			for k := 2; k < len(ref); k++ {
-				v, isVar := ref[k].Value.(ast.Var)
-				if !isVar || bound.Contains(v) {
-					continue
-				}
-				if d, ok := l.large(ref[:k]); ok {
+			if list, ok := iterated(l.expand(ref), 2); ok {
+				if d, ok := l.large(list); ok {
 					l.warn(e, d, "iterates over")
 				}
-				break
 			}
 		}
 		if !e.Negated && e.IsEquality() {
