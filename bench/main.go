@@ -42,7 +42,7 @@ func main() {
 	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; curves: only the curves of -curves; charts: only draw the charts")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.BoolVar(&keepAlive, "keepalive", true, "clients keep their connections between requests; false: a connection (a CONNECT and a TLS handshake through a proxy) per request, as one curl command makes")
-	agent := flag.String("agent", "h1", "what the bench's clients offer in ALPN, to the brokers and the upstream alike: h1 (http/1.1 alone, as the LLM SDKs) or h2 (h2 first, then http/1.1, as curl and browsers)")
+	flag.StringVar(&o.agent, "agent", "h1", "what the bench's clients offer in ALPN, to the brokers and the upstream alike: h1 (http/1.1 alone, as the LLM SDKs) or h2 (h2 first, then http/1.1, as curl and browsers)")
 	flag.StringVar(&o.upstream, "upstream", "both", "upstreams: h1 (HTTP/1.1 only), h2 (also one offering h2; -only pairs measures only the h1/h2 pairs) or both; -only takes direct-h2, intercept-h2, full-h2 unless h1")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
 	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
@@ -60,12 +60,11 @@ func main() {
 	}
 	o.peers = strings.Split(*peers, ",")
 	names, err := selectCurves(*curves)
-	switch *agent {
-	case "h1":
-	case "h2":
-		agentH2 = true
+	switch o.agent {
+	case "h1", "h2":
+		agentH2 = o.agent == "h2"
 	default:
-		err = fmt.Errorf("-agent %q: h1 or h2", *agent)
+		err = fmt.Errorf("-agent %q: h1 or h2", o.agent)
 	}
 	if err == nil && o.only == "curves" && len(names) == 0 {
 		err = errors.New("-only curves: no curve selected (-curves NAME,... or all)")
@@ -95,6 +94,7 @@ type options struct {
 	slice             time.Duration
 	latencySlice      time.Duration
 	upstream          string // h1, h2 or both
+	agent             string // h1 or h2 (agentH2)
 }
 
 func run(ctx context.Context, o options) error {
@@ -134,12 +134,9 @@ func run(ctx context.Context, o options) error {
 	defer full.stop()
 
 	s := &summary{
-		Machine: machine(), Started: start.UTC().Format(time.RFC3339), Commit: gitCommit(), Agent: "h1",
+		Machine: machine(), Started: start.UTC().Format(time.RFC3339), Commit: gitCommit(), Agent: o.agent,
 		Throughput: map[string]map[int]float64{}, CPUPerRequestUS: map[string]float64{},
 		Latency: map[string]latency{}, LatencyRate: o.rate, SSE: map[string]sseResult{}, Transfer: map[string]transfer{},
-	}
-	if agentH2 {
-		s.Agent = "h2"
 	}
 	paths := []*path{
 		{name: "direct", url: up.url(hostIntercept, chatPath)},
