@@ -1,0 +1,151 @@
+package strictjson
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestCheck(t *testing.T) {
+	cases := map[string]struct {
+		in   string
+		want error // nil, ErrInvalid or ErrAmbiguous
+	}{
+		"object":               {`{"method":"tools/call","params":{"name":"echo","arguments":{}}}`, nil},
+		"array of objects":     {`[{"name":"a"},{"name":"b"}]`, nil},
+		"same name apart":      {`{"a":{"name":1},"b":{"name":2}}`, nil},
+		"scalar":               {`"text"`, nil},
+		"whitespace":           {" \t\r\n{}\n", nil},
+		"many members":         {manyMembers(40, ""), nil},
+		"exact duplicate":      {`{"name":"echo","name":"delete_repository"}`, ErrAmbiguous},
+		"case":                 {`{"name":"delete_repository","Name":"echo"}`, ErrAmbiguous},
+		"upper":                {`{"method":"a","METHOD":"b"}`, ErrAmbiguous},
+		"long s":               {`{"arguments":{},"argument\u017f":{}}`, ErrAmbiguous},
+		"long s raw":           {"{\"argumentſ\":{},\"ARGUMENTS\":{}}", ErrAmbiguous},
+		"kelvin":               {"{\"kind\":1,\"\u212aind\":2}", ErrAmbiguous},
+		"escaped":              {`{"name":1,"n\u0061me":2}`, ErrAmbiguous},
+		"underscore":           {`{"stream_options":{},"streamOptions":{}}`, ErrAmbiguous},
+		"hyphen":               {`{"include-usage":true,"include_usage":false}`, ErrAmbiguous},
+		"nested":               {`{"params":{"arguments":{"x":1,"X":2}}}`, ErrAmbiguous},
+		"in array":             {`[1,{"a":1,"A":2}]`, ErrAmbiguous},
+		"many then duplicate":  {manyMembers(40, `,"MXX05":0`), ErrAmbiguous},
+		"empty":                {``, ErrInvalid},
+		"two values":           {`{} {}`, ErrInvalid},
+		"trailing comma":       {`{"a":1,}`, ErrInvalid},
+		"invalid utf-8 name":   {"{\"n\xffame\":1}", ErrInvalid},
+		"invalid utf-8 string": {"{\"a\":\"\xc3\"}", ErrInvalid},
+		"lone surrogate":       {`{"a":"\ud800"}`, ErrInvalid},
+		"garbage":              {`{"a":tru}`, ErrInvalid},
+		"unclosed":             {`{"a":[1,2}`, ErrInvalid},
+		"too deep":             {strings.Repeat("[", 10001) + strings.Repeat("]", 10001), ErrInvalid},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := Check([]byte(tc.in))
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("Check = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Check = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func manyMembers(n int, tail string) string {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString(`"m` + strings.Repeat("x", i%3) + string(rune('0'+i/10)) + string(rune('0'+i%10)) + `":0`)
+	}
+	b.WriteString(tail + "}")
+	return b.String()
+}
+
+func TestErrorText(t *testing.T) {
+	err := Check([]byte(`{"name":"x","Name":"y"}`))
+	if got, want := err.Error(), `members "name" and "Name"`; !strings.Contains(got, want) {
+		t.Errorf("error %q does not name %s", got, want)
+	}
+	err = Check([]byte(`{"a":1,"a":2}`))
+	if got, want := err.Error(), `member "a" appears twice`; !strings.Contains(got, want) {
+		t.Errorf("error %q does not say %s", got, want)
+	}
+	// A parse error never quotes the input: it could be an upstream's response.
+	err = Check([]byte(`{"a":"sk-canary-123" x}`))
+	if strings.Contains(err.Error(), "canary") {
+		t.Errorf("error %q quotes the input", err)
+	}
+	long := strings.Repeat("é", 100)
+	err = Check([]byte(`{"` + long + `":1,"` + strings.ToUpper(long) + `":2}`))
+	if len(err.Error()) > 400 {
+		t.Errorf("error is %d bytes: names are not cut", len(err.Error()))
+	}
+}
+
+// TestUnmarshalCaseSensitive: a struct field is filled from its exact name only, never from a
+// member that encoding/json (v1) would match case-insensitively.
+func TestUnmarshalCaseSensitive(t *testing.T) {
+	var call struct {
+		Name string `json:"name"`
+	}
+	body := []byte(`{"Name":"delete_repository"}`)
+	if err := json.Unmarshal(body, &call); err != nil || call.Name != "delete_repository" {
+		t.Fatalf("encoding/json no longer folds (%v, %q): this test's premise is gone", err, call.Name)
+	}
+	call.Name = ""
+	if err := Unmarshal(body, &call); err != nil {
+		t.Fatal(err)
+	}
+	if call.Name != "" {
+		t.Errorf("Unmarshal filled name from \"Name\": %q", call.Name)
+	}
+	if err := Unmarshal([]byte(`{"name":"a","Name":"b"}`), &call); !errors.Is(err, ErrAmbiguous) {
+		t.Errorf("Unmarshal of colliding members = %v, want ErrAmbiguous", err)
+	}
+	if err := Unmarshal([]byte(`{"name":7}`), &call); err == nil {
+		t.Error("Unmarshal of a number into a string succeeded")
+	}
+}
+
+// FuzzCheck: whatever Check accepts, encoding/json accepts too, and decodes to an object with
+// as many members as the text has (no member lost to another).
+func FuzzCheck(f *testing.F) {
+	for _, s := range []string{`{"a":1}`, `{"a":{"b":[1,{"c":2}]}}`, `{"a":1,"A":2}`, `[]`, `"x"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if Check(b) != nil {
+			return
+		}
+		if !json.Valid(b) {
+			t.Fatalf("Check accepted %q, which encoding/json refuses", b)
+		}
+	})
+}
+
+func BenchmarkCheck(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"gpt-4o","stream":true,"messages":[`)
+	for i := range 200 {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		sb.WriteString(`{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor sit amet ", 18) + `"}`)
+	}
+	sb.WriteString(`]}`)
+	body := []byte(sb.String())
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if err := Check(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
