@@ -18,6 +18,7 @@ import (
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/broker/wire/strictjson"
 	"github.com/capbroker/capbroker/credentials"
 )
 
@@ -41,6 +42,16 @@ type denial struct{ reason string }
 func (d denial) Error() string        { return "denied: " + d.reason }
 func (d denial) Is(target error) bool { return target == errDenied }
 
+// ambiguous is a request the broker will not decide on because a server may read it otherwise
+// than the broker would (CONTRACT §8b): a decision-relevant header given twice, say. The
+// reason names what is ambiguous, never a value. A body whose JSON members collide is refused
+// the same way through strictjson.ErrAmbiguous.
+type ambiguous struct{ reason string }
+
+func (a ambiguous) Error() string { return "ambiguous request: " + a.reason }
+
+const hintAmbiguous = "Send each decision-relevant header once and each JSON member once, with its name in one letter case."
+
 // agentError is what the agent is told: the code, the status, a reason and a hint. Internal
 // error text never reaches it; it is logged in the audit event instead.
 type agentError struct {
@@ -60,7 +71,13 @@ func classify(err error) agentError {
 	var ar approvalRefusal
 	var ex *budget.Exceeded
 	var un *budget.Unavailable
+	var amb ambiguous
+	var sj *strictjson.Error
 	switch {
+	case errors.As(err, &amb):
+		return agentError{http.StatusBadRequest, "ambiguous_request", amb.reason, hintAmbiguous}
+	case errors.Is(err, strictjson.ErrAmbiguous) && errors.As(err, &sj):
+		return agentError{http.StatusBadRequest, "ambiguous_request", sj.Error(), hintAmbiguous}
 	case errors.As(err, &ex):
 		return agentError{http.StatusTooManyRequests, "budget_exceeded", ex.Error(),
 			"Retry after the time in the Retry-After header, when the budget's window resets, or ask the operator for a larger budget."}
