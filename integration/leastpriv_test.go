@@ -242,3 +242,119 @@ credentials:
 		}
 	}
 }
+
+// TestLeastPrivLearnSemantic: a monitor-mode recording under a policy that reads neither
+// input.mcp nor input.graphql nor input.jsonrpc still records them for the protocols
+// endpoints; the draft learned from it, run by a broker in enforce mode, lets the seen MCP
+// tool, GraphQL mutation field and JSON-RPC method through, and denies an unseen tool,
+// `mutation AddNote { deleteEverything }` (the seen operation's name, another field) and an
+// unseen method, none of which reaches the upstream.
+func TestLeastPrivLearnSemantic(t *testing.T) {
+	protocols := "protocols:\n" +
+		"  mcp: [{hosts: [\"127.0.0.1\"], path: /open/mcp}]\n" +
+		"  graphql: [{hosts: [\"127.0.0.1\"], path: /open/graphql}]\n" +
+		"  jsonrpc: [{hosts: [\"127.0.0.1\"], path: /open/rpc}]\n"
+	e := newEnv(t, envOpts{mode: "monitor", inputLevel: "metadata", extraConfig: protocols})
+	const (
+		echo      = `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"message":"learn-arg-value-k2"}}}`
+		list      = `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`
+		deleteRep = `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"delete_repository","arguments":{}}}`
+		addNote   = `{"query":"mutation AddNote { addNote(body: \"x\") { id } }"}`
+		deleteAll = `{"query":"mutation AddNote { deleteEverything { id } }"}`
+		renamed   = `{"query":"mutation Renamed { addNote(body: \"y\") { id } }"}`
+		viewer    = `{"query":"query { viewer { login } }"}`
+		ethCall   = `{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[]}`
+		ethSend   = `{"jsonrpc":"2.0","id":1,"method":"eth_sendTransaction","params":[]}`
+	)
+	post := func(e *env, path, body string) (string, error) {
+		return e.curl("-i", "-H", "Content-Type: application/json", "-d", body, e.url(path))
+	}
+	var ids []string
+	for _, c := range [][2]string{{"/open/mcp", echo}, {"/open/mcp", list}, {"/open/graphql", addNote}, {"/open/graphql", viewer}, {"/open/rpc", ethCall}} {
+		out, err := post(e, c[0], c[1])
+		if err != nil || !hasStatus(out, 200) {
+			t.Fatalf("recording %s: %v\n%s", c[1], err, out)
+		}
+		ids = append(ids, headerValue(out, "X-Broker-Request-Id"))
+	}
+	for _, id := range ids {
+		ev := e.broker.waitAudit(t, id)
+		in, _ := ev["input"].(map[string]any)
+		if in["mcp"] == nil && in["graphql"] == nil && in["jsonrpc"] == nil {
+			t.Fatalf("the recorded input carries no protocol meaning: %v", in)
+		}
+	}
+
+	dir := t.TempDir()
+	logFile, draft := filepath.Join(dir, "audit.jsonl"), filepath.Join(dir, "draft")
+	if err := os.WriteFile(logFile, []byte(strings.Join(e.broker.auditLog.snapshot(), "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run(t, dir, "policy", "learn", "--from", logFile, "--out", draft); code != 0 {
+		t.Fatalf("policy learn: exit %d\n%s", code, out)
+	}
+	if out, code := run(t, dir, "policy", "test", draft); code != 0 {
+		t.Fatalf("policy test of the draft: exit %d\n%s", code, out)
+	}
+	data, err := os.ReadFile(filepath.Join(draft, "learned.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, never := range []string{"learn-arg-value-k2", "AddNote", "delete_repository"} {
+		if strings.Contains(string(data), never) {
+			t.Errorf("learned.json carries %q", never)
+		}
+	}
+	rego, err := os.ReadFile(filepath.Join(draft, "learned.rego"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The draft enforced by a broker in front of the same upstream.
+	b := startBroker(t, brokerOpts{
+		policy: string(rego),
+		files:  map[string]string{"learned.json": string(data)},
+		mode:   "enforce",
+		config: canaryConfig(e.pki.File, []string{agentID}, protocols+"audit: {include_input: metadata}\n"),
+		env:    []string{tokenEnv(agentID) + "=" + e.token, "CANARY_SECRET=" + e.canary},
+	})
+	enforced := &env{t: t, pki: e.pki, up: e.up, broker: b, canary: e.canary, token: e.token}
+	for _, c := range []struct {
+		path, body string
+		allow      bool
+		reason     string
+	}{
+		{"/open/mcp", echo, true, ""},
+		{"/open/mcp", list, true, ""},
+		{"/open/mcp", deleteRep, false, "MCP tools/call delete_repository"},
+		{"/open/mcp", "[" + echo + "," + deleteRep + "]", false, "MCP tools/call delete_repository"},
+		{"/open/graphql", addNote, true, ""},
+		{"/open/graphql", renamed, true, ""},
+		{"/open/graphql", deleteAll, false, "GraphQL mutation deleteEverything"},
+		{"/open/graphql", viewer, true, ""},
+		{"/open/rpc", ethCall, true, ""},
+		{"/open/rpc", ethSend, false, "JSON-RPC eth_sendTransaction"},
+	} {
+		before := len(e.received())
+		out, err := post(enforced, c.path, c.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.allow {
+			if !hasStatus(out, 200) || len(e.received()) != before+1 {
+				t.Errorf("seen %s on %s: want 200 and sent\n%s", c.body, c.path, out)
+			}
+			continue
+		}
+		if !hasStatus(out, 403) || !strings.Contains(out, c.reason) {
+			t.Errorf("unseen %s on %s: want 403 naming %q\n%s", c.body, c.path, c.reason, out)
+		}
+		if len(e.received()) != before {
+			t.Errorf("unseen %s on %s reached the upstream", c.body, c.path)
+		}
+		ev := b.waitAudit(t, headerValue(out, "X-Broker-Request-Id"))
+		if ev["decision"] != "deny" || !strings.Contains(fmt.Sprint(ev["reason"]), c.reason) {
+			t.Errorf("audit of %s: %v", c.body, ev)
+		}
+	}
+}
