@@ -123,7 +123,10 @@ func Read(r io.Reader, o Options) (*Draft, error) {
 		line, err := br.ReadBytes('\n')
 		if len(bytes.TrimSpace(line)) > 0 {
 			// JSON v2: member names match exactly, a name given twice is an error; any other
-			// member of the event is ignored.
+			// member of the event is ignored. Not strictjson.Check: the line is the broker's
+			// own, and the names it folds together legitimately differ in the maps it holds
+			// (query and header names such as x-a and x_a); the members read here are the
+			// broker's, matched exactly.
 			var ev event
 			if json.Unmarshal(line, &ev) == nil && (ev.Msg == "decision" || ev.Message == "decision") && ev.Input != nil {
 				if o.SkipDenied && (ev.Decision != "allow" || ev.WouldDeny) {

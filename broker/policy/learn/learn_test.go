@@ -292,6 +292,31 @@ func TestEventObjectsAreNotRead(t *testing.T) {
 	}
 }
 
+// Event members are matched by their exact names: an "Input" beside "input" is not read (JSON
+// v1 would have taken the last of them).
+func TestEventMembersAreExact(t *testing.T) {
+	benign := ev("request", "a", "GET", "h.example", 443, "/x", nil, nil)
+	other := ev("request", "a", "DELETE", "h.example", 443, "/everything", nil, nil)
+	var o struct{ Input json.RawMessage }
+	if err := json.Unmarshal([]byte(other), &o); err != nil {
+		t.Fatal(err)
+	}
+	in := string(o.Input)
+	line := benign[:len(benign)-1] + `,"Input":` + in + `}`
+	d, err := Read(strings.NewReader(line+"\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := d.Agents["a"].Requests; len(r) != 1 || r[0].Method != "GET" {
+		t.Fatalf("learned %+v", r[0])
+	}
+	// The same member twice: the line is not read.
+	twice := benign[:len(benign)-1] + `,"input":` + in + `}`
+	if _, err := Read(strings.NewReader(twice+"\n"), Options{}); !errors.Is(err, ErrNoInput) {
+		t.Fatalf("a line with input twice: %v", err)
+	}
+}
+
 // draftEngine writes d and loads it as the broker would.
 func draftEngine(t *testing.T, d *Draft) *policy.Engine {
 	t.Helper()
@@ -369,6 +394,9 @@ func TestDraftAllowsOnlyWhatWasSeen(t *testing.T) {
 		{"MCP no longer read", "POST", "mcp.example", "/mcp", nil, false, "list it under protocols.mcp"},
 		{"seen JSON-RPC method", "POST", "rpc.example", "/", map[string]any{"jsonrpc": []any{map[string]any{"method": "eth_call"}}}, true, ""},
 		{"unseen JSON-RPC method", "POST", "rpc.example", "/", map[string]any{"jsonrpc": []any{map[string]any{"method": "eth_sendTransaction"}}}, false, "JSON-RPC eth_sendTransaction"},
+		{"MCP message without a method", "POST", "mcp.example", "/mcp", map[string]any{"mcp": []any{map[string]any{"tool": "echo"}}}, false, "MCP  echo"},
+		{"GraphQL operation without a type", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{map[string]any{"fields": []any{"addNote"}}}}, false, "GraphQL  addNote"},
+		{"JSON-RPC message without a method", "POST", "rpc.example", "/", map[string]any{"jsonrpc": []any{map[string]any{}}}, false, "JSON-RPC "},
 		{"MCP on the JSON-RPC endpoint", "POST", "rpc.example", "/", map[string]any{"jsonrpc": []any{}, "mcp": []any{map[string]any{"method": "tools/call", "tool": "x"}}}, false, "MCP tools/call x"},
 	} {
 		got := decide(t, e, "a", c.method, c.host, 443, c.path, c.sem)

@@ -63,29 +63,30 @@ _unread(r) := {p | some p in object.get(r, "protocols", []); not input[p]}
 
 # _unseen(r): what this request asks of a protocol that rule r was not seen asking. A rule
 # learned without any (a recording that did not carry the protocol's meaning) allows none.
-_unseen(r) := ({sprintf("MCP %s %s", [_str(m.method), _mcp_name(m)]) |
+_unseen(r) := ({sprintf("MCP %s %s", [_get(m, "method"), _mcp_name(m)]) |
 	some m in object.get(input, "mcp", [])
 	not _mcp_call(m) in object.get(r, "mcp", [])
-} | {sprintf("GraphQL %s %s", [_str(o.type), f]) |
+} | {sprintf("GraphQL %s %s", [_get(o, "type"), f]) |
 	some o in object.get(input, "graphql", [])
 	some f in _graphql_runs(o)
-	not f in {_graphql_name(x) | some x in object.get(r, "graphql", []); x.type == o.type}
-}) | {sprintf("JSON-RPC %s", [_str(m.method)]) |
+	not f in {_graphql_name(x) | some x in object.get(r, "graphql", []); x.type == _get(o, "type")}
+}) | {sprintf("JSON-RPC %s", [_get(m, "method")]) |
 	some m in object.get(input, "jsonrpc", [])
-	not _str(m.method) in object.get(r, "jsonrpc", [])
+	not _get(m, "method") in object.get(r, "jsonrpc", [])
 }
 
-_mcp_call(m) := {
-	"method": _str(m.method), "tool": _str(object.get(m, "tool", "")),
-	"uri": _str(object.get(m, "uri", "")), "prompt": _str(object.get(m, "prompt", "")),
-}
+# _get(m, k): member k of m if it is a string, else "" (never undefined: an item missing a
+# member is compared as "", not skipped).
+_get(m, k) := _str(object.get(m, k, ""))
 
-_mcp_name(m) := concat(" ", [x | some x in [_str(object.get(m, "tool", "")), _str(object.get(m, "uri", "")), _str(object.get(m, "prompt", ""))]; x != ""])
+_mcp_call(m) := {"method": _get(m, "method"), "tool": _get(m, "tool"), "uri": _get(m, "uri"), "prompt": _get(m, "prompt")}
+
+_mcp_name(m) := concat(" ", [x | some x in [_get(m, "tool"), _get(m, "uri"), _get(m, "prompt")]; x != ""])
 
 # What a GraphQL operation runs: each top-level field, or a persisted query's hash. Its name
 # does not count.
-_graphql_runs(o) := {sprintf("#%s", [_str(o.hash)])} if {
-	o.type == "persisted"
+_graphql_runs(o) := {sprintf("#%s", [_get(o, "hash")])} if {
+	_get(o, "type") == "persisted"
 } else := {_str(f) | some f in object.get(o, "fields", [])} if {
 	count(object.get(o, "fields", [])) > 0
 } else := {""}
