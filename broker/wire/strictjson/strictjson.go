@@ -15,7 +15,10 @@
 //     folding is applied and '_' and '-' are ignored.
 //
 // Unmarshal decodes what Check accepts with case-sensitive names (JSON v2 semantics, through
-// github.com/go-json-experiment/json): a struct field tagged "name" is filled from "name" only.
+// github.com/go-json-experiment/json): a struct field tagged "name" is filled from "name" only,
+// and a member that a case-insensitive decoder would take for a field ("Name", "NAME",
+// "nam\u0065", "ſ" for "s", "include-usage" for "include_usage") is refused as ambiguous even
+// alone: the broker would read the field as absent, a Go server (encoding/json) as given.
 // Use jsontext.Value, not encoding/json's RawMessage, for members kept raw.
 package strictjson
 
@@ -24,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"unicode"
 	"unicode/utf8"
 
@@ -50,10 +54,16 @@ type Error struct {
 	// Names are the two colliding member names (ErrAmbiguous), as they appear decoded.
 	Names [2]string
 	kind  error
+	// field: Names are a field's exact name and a member that is it only under folding.
+	field bool
 }
 
 func (e *Error) Error() string {
 	if e.kind == ErrAmbiguous {
+		if e.field {
+			return fmt.Sprintf("ambiguous JSON: member %q differs from %q only in case, folding or '_'/'-', and a server may read it as that member",
+				cut(e.Names[1]), cut(e.Names[0]))
+		}
 		if e.Names[0] == e.Names[1] {
 			return fmt.Sprintf("ambiguous JSON: member %q appears twice in one object", cut(e.Names[0]))
 		}
@@ -109,11 +119,20 @@ func Check(b []byte) error {
 	}
 }
 
-// Unmarshal checks b (Check) and decodes it into v with case-sensitive member names.
+// Unmarshal checks b (Check) and decodes it into v with case-sensitive member names. A member
+// that names one of v's struct fields only under case folding (or with '_' and '-' left out)
+// is an ErrAmbiguous.
 func Unmarshal(b []byte, v any) error {
 	if err := Check(b); err != nil {
 		return err
 	}
+	if err := decode(b, v); err != nil {
+		return err
+	}
+	return folded(b, reflect.TypeOf(v))
+}
+
+func decode(b []byte, v any) error {
 	if err := json.Unmarshal(b, v); err != nil {
 		// A value of another type than v's: Check passed, so the text itself is sound.
 		var se *json.SemanticError

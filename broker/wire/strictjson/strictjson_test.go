@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 func TestCheck(t *testing.T) {
@@ -90,8 +92,9 @@ func TestErrorText(t *testing.T) {
 	}
 }
 
-// TestUnmarshalCaseSensitive: a struct field is filled from its exact name only, never from a
-// member that encoding/json (v1) would match case-insensitively.
+// TestUnmarshalCaseSensitive: a struct field is filled from its exact name only, and a member
+// that encoding/json (v1) would match to a field case-insensitively is refused even alone: the
+// broker would read the field as absent, a Go server as given.
 func TestUnmarshalCaseSensitive(t *testing.T) {
 	var call struct {
 		Name string `json:"name"`
@@ -100,18 +103,64 @@ func TestUnmarshalCaseSensitive(t *testing.T) {
 	if err := json.Unmarshal(body, &call); err != nil || call.Name != "delete_repository" {
 		t.Fatalf("encoding/json no longer folds (%v, %q): this test's premise is gone", err, call.Name)
 	}
-	call.Name = ""
-	if err := Unmarshal(body, &call); err != nil {
-		t.Fatal(err)
-	}
-	if call.Name != "" {
-		t.Errorf("Unmarshal filled name from \"Name\": %q", call.Name)
+	if err := Unmarshal(body, &call); !errors.Is(err, ErrAmbiguous) || !strings.Contains(err.Error(), `"Name"`) {
+		t.Errorf("Unmarshal of a member folding to a field = %v, want ErrAmbiguous naming it", err)
 	}
 	if err := Unmarshal([]byte(`{"name":"a","Name":"b"}`), &call); !errors.Is(err, ErrAmbiguous) {
 		t.Errorf("Unmarshal of colliding members = %v, want ErrAmbiguous", err)
 	}
 	if err := Unmarshal([]byte(`{"name":7}`), &call); err == nil {
 		t.Error("Unmarshal of a number into a string succeeded")
+	}
+}
+
+// TestUnmarshalFoldedField: a member taken for a field only by folding is refused at any depth
+// the struct reads by name; members of maps and raw values are data and pass.
+func TestUnmarshalFoldedField(t *testing.T) {
+	type params struct {
+		Name      string         `json:"name"`
+		Arguments map[string]any `json:"arguments"`
+		Options   *struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+		Raw   jsontext.Value `json:"raw"`
+		Items []struct {
+			ID string `json:"id"`
+		} `json:"items"`
+	}
+	refused := []string{
+		`{"ARGUMENTS":{}}`,
+		`{"argument\u017f":{}}`,
+		"{\"argument\u017f\":{}}",
+		`{"\u004eame":"x"}`,
+		`{"stream_options":{"Include_Usage":true}}`,
+		`{"stream_options":{"includeusage":true}}`,
+		`{"stream-options":{}}`,
+		`{"items":[{"id":"a"},{"ID":"b"}]}`,
+	}
+	for _, body := range refused {
+		var p params
+		if err := Unmarshal([]byte(body), &p); !errors.Is(err, ErrAmbiguous) {
+			t.Errorf("%s: %v, want ErrAmbiguous", body, err)
+		}
+	}
+	accepted := []string{
+		`{"name":"x","arguments":{"Name":"y","ARGUMENTS":1}}`,
+		`{"raw":{"Name":1},"other":{"Name":2}}`,
+		`{"items":[{"id":"a","Id2":1}]}`,
+		`{"name":"x","nombre":"y"}`,
+	}
+	for _, body := range accepted {
+		var p params
+		if err := Unmarshal([]byte(body), &p); err != nil {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+	var k struct {
+		Key string `json:"key"`
+	}
+	if err := Unmarshal([]byte("{\"\u212aey\":\"x\"}"), &k); !errors.Is(err, ErrAmbiguous) {
+		t.Errorf("Kelvin sign: %v, want ErrAmbiguous", err)
 	}
 }
 
