@@ -1,8 +1,10 @@
 package strictjson
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -197,4 +199,50 @@ func BenchmarkCheck(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// referenceCheck is Check written plainly: a token walk with a map of fold keys per object.
+func referenceCheck(b []byte) error {
+	dec := jsontext.NewDecoder(bytes.NewReader(b), jsontext.AllowDuplicateNames(true))
+	var open []map[string]bool
+	for {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return ErrInvalid
+		}
+		switch tok.Kind() {
+		case '{':
+			open = append(open, map[string]bool{})
+		case '}':
+			open = open[:len(open)-1]
+		case '"':
+			if kind, n := dec.StackIndex(dec.StackDepth()); kind == '{' && n%2 == 1 {
+				key := fold(tok.String())
+				if open[len(open)-1][key] {
+					return ErrAmbiguous
+				}
+				open[len(open)-1][key] = true
+			}
+		}
+		if dec.StackDepth() == 0 {
+			if _, err := dec.ReadToken(); err != io.EOF {
+				return ErrInvalid
+			}
+			return nil
+		}
+	}
+}
+
+// FuzzCheckAgainstReference: Check, with its arena and pooled state, answers as the plain walk.
+func FuzzCheckAgainstReference(f *testing.F) {
+	for _, s := range []string{`{"a":1,"b":{"a":2},"A":3}`, `{"a":{"b":1,"B":2}}`, `[{"x":1},{"x":2}]`, `{"\u0061":1,"a":2}`,
+		`{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"Q":18}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, want := Check(b), referenceCheck(b)
+		if !errors.Is(got, want) && !(got == nil && want == nil) {
+			t.Fatalf("Check(%q) = %v, reference %v", b, got, want)
+		}
+	})
 }
