@@ -61,8 +61,29 @@ func folded(b []byte, t reflect.Type) error {
 	if !hasStruct(t, map[reflect.Type]bool{}) {
 		return nil
 	}
-	dec := jsontext.NewDecoder(bytes.NewReader(b))
-	return walk(dec, t)
+	w := walkers.Get().(*walker)
+	defer w.release()
+	w.bb = *bytes.NewBuffer(b)
+	w.dec.Reset(&w.bb, jsontext.AllowDuplicateNames(true)) // Check has refused them
+	return w.walk(t)
+}
+
+// walker is the state of one folded walk, kept in a pool: a decoder reading the input in
+// place, and room for a name's fold key.
+type walker struct {
+	bb      bytes.Buffer
+	dec     jsontext.Decoder
+	scratch []byte
+}
+
+var walkers = sync.Pool{New: func() any { return new(walker) }}
+
+func (w *walker) release() {
+	w.bb = bytes.Buffer{}
+	w.dec.Reset(&w.bb)
+	if cap(w.scratch) <= 4096 {
+		walkers.Put(w)
+	}
 }
 
 var rawValue = reflect.TypeFor[jsontext.Value]()
@@ -82,8 +103,9 @@ func hasStruct(t reflect.Type, seen map[reflect.Type]bool) bool {
 	return false
 }
 
-// walk reads the next value from dec as one decoded into a t.
-func walk(dec *jsontext.Decoder, t reflect.Type) error {
+// walk reads the next value from the decoder as one decoded into a t.
+func (w *walker) walk(t reflect.Type) error {
+	dec := &w.dec
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -95,22 +117,26 @@ func walk(dec *jsontext.Decoder, t reflect.Type) error {
 			return err
 		}
 		for dec.PeekKind() != '}' {
-			tok, err := dec.ReadToken()
+			raw, err := dec.ReadValue() // the name, as it is in the input
 			if err != nil {
 				return err
 			}
-			name := tok.String()
-			ft, ok := f.exact[name]
+			if w.scratch, err = jsontext.AppendUnquote(w.scratch[:0], raw); err != nil {
+				return err
+			}
+			ft, ok := f.exact[string(w.scratch)]
 			if !ok {
-				if exact, ok := f.folded[fold(name)]; ok {
-					return &Error{Offset: dec.InputOffset(), Names: [2]string{exact, name}, kind: ErrAmbiguous, field: true}
+				n := len(w.scratch)
+				w.scratch = appendFold(w.scratch, w.scratch[:n])
+				if exact, ok := f.folded[string(w.scratch[n:])]; ok {
+					return &Error{Offset: dec.InputOffset(), Names: [2]string{exact, string(w.scratch[:n])}, kind: ErrAmbiguous, field: true}
 				}
 				if err := dec.SkipValue(); err != nil {
 					return err
 				}
 				continue
 			}
-			if err := walk(dec, ft); err != nil {
+			if err := w.walk(ft); err != nil {
 				return err
 			}
 		}
@@ -121,21 +147,21 @@ func walk(dec *jsontext.Decoder, t reflect.Type) error {
 			return err
 		}
 		for dec.PeekKind() != ']' {
-			if err := walk(dec, t.Elem()); err != nil {
+			if err := w.walk(t.Elem()); err != nil {
 				return err
 			}
 		}
 		_, err := dec.ReadToken()
 		return err
-	case t.Kind() == reflect.Map && kind == '{':
+	case t.Kind() == reflect.Map && kind == '{' && hasStruct(t.Elem(), map[reflect.Type]bool{}):
 		if _, err := dec.ReadToken(); err != nil {
 			return err
 		}
 		for dec.PeekKind() != '}' {
-			if _, err := dec.ReadToken(); err != nil { // the key: data
+			if err := dec.SkipValue(); err != nil { // the key: data
 				return err
 			}
-			if err := walk(dec, t.Elem()); err != nil {
+			if err := w.walk(t.Elem()); err != nil {
 				return err
 			}
 		}

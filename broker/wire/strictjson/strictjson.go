@@ -245,7 +245,8 @@ func Unmarshal(b []byte, v any) error {
 }
 
 func decode(b []byte, v any) error {
-	if err := json.Unmarshal(b, v); err != nil {
+	// Check has refused duplicate names: the decoder need not track them again.
+	if err := json.Unmarshal(b, v, jsontext.AllowDuplicateNames(true)); err != nil {
 		// A value of another type than v's: Check passed, so the text itself is sound.
 		var se *json.SemanticError
 		if errors.As(err, &se) {
