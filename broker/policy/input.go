@@ -214,10 +214,11 @@ func (in *Input) parseBody() {
 	}
 }
 
-// parseJSON decodes text (strictjson): nil when it is not JSON every server reads the same way.
+// parseJSON decodes text (strictjson.Value: numbers as their text, so that a number no float64
+// holds does not leave the body null): nil when it is not JSON every server reads the same way.
 func parseJSON(text []byte) any {
-	var v any
-	if strictjson.Unmarshal(text, &v) != nil {
+	v, err := strictjson.Value(text)
+	if err != nil {
 		return nil
 	}
 	return v

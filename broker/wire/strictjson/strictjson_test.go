@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -245,4 +246,23 @@ func FuzzCheckAgainstReference(f *testing.F) {
 			t.Fatalf("Check(%q) = %v, reference %v", b, got, want)
 		}
 	})
+}
+
+// TestValue: Value decodes what Check accepts, numbers as their text, and refuses the rest.
+func TestValue(t *testing.T) {
+	v, err := Value([]byte(` {"a":[1,2.5e1,1e400,12345678901234567890],"b":{"c":"d\u00e9","e":null,"f":true}} `))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"a": []any{json.Number("1"), json.Number("2.5e1"), json.Number("1e400"), json.Number("12345678901234567890")},
+		"b": map[string]any{"c": "dé", "e": nil, "f": true}}
+	if !reflect.DeepEqual(v, want) {
+		t.Errorf("Value = %#v", v)
+	}
+	if _, err := Value([]byte(`{"a":1,"A":2}`)); !errors.Is(err, ErrAmbiguous) {
+		t.Errorf("ambiguous: %v", err)
+	}
+	if _, err := Value([]byte(`{"a":1,}`)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("invalid: %v", err)
+	}
 }
