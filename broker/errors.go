@@ -18,6 +18,7 @@ import (
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/broker/wire"
 	"github.com/capbroker/capbroker/credentials"
 )
 
@@ -34,6 +35,19 @@ var (
 	errUnscrubbable = errors.New("response cannot be scrubbed")
 	errInternal     = errors.New("internal error")
 )
+
+// codeAmbiguous refuses a request the broker will not decide on because the upstream may read
+// it otherwise (CONTRACT §8b): audited as a deny.
+const codeAmbiguous = "ambiguous_request"
+
+// ambiguousReason is the agent-readable text of an ambiguous request's error: the wire
+// package's, which names the header and never its value.
+func ambiguousReason(err error) string {
+	if he, ok := errors.AsType[*wire.HeaderError](err); ok {
+		return he.Error()
+	}
+	return "the request is ambiguous: the upstream may read it otherwise than the broker decides on it"
+}
 
 // denial is a deny whose reason the agent may read.
 type denial struct{ reason string }
@@ -76,6 +90,9 @@ func classify(err error) agentError {
 	case errors.As(err, &d):
 		return agentError{http.StatusForbidden, "denied", d.reason,
 			hintDenied}
+	case errors.Is(err, wire.ErrAmbiguousHeader):
+		return agentError{http.StatusBadRequest, codeAmbiguous, ambiguousReason(err),
+			"Send each of the headers the broker decides on once, in its usual spelling."}
 	case errors.As(err, &br):
 		return agentError{http.StatusBadRequest, "bad_request", br.reason, "Check the request's URL and headers."}
 	case errors.Is(err, inject.ErrNotBound):

@@ -17,6 +17,7 @@ import (
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // redacted replaces every injected secret value found in a response.
@@ -300,8 +301,12 @@ func memBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 // sets body.err: the request is refused, whatever the policy decides without the body. A
 // path, query or method override that the upstream could read differently from the policy is
 // refused here (path.go); the path the policy sees is the one outbound sends, and the one the
-// audit event records.
+// audit event records. Before anything reads a header, a decision-relevant one given twice
+// (wire.CheckHeaders) is refused.
 func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte, body *policyBody) (*policy.Input, error) {
+	if err := wire.CheckHeaders(r.Header); err != nil {
+		return nil, err
+	}
 	raw, path, err := requestPath(r.URL)
 	if err != nil {
 		return nil, err
