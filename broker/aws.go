@@ -35,7 +35,7 @@ func (g *generation) describeAWS(x *exchange, r *http.Request, in *policy.Input)
 		// Not describable (no service in the signature or the host name): input.aws is there
 		// all the same, with empty members, so that the policy refuses it as such. What AWS
 		// could read otherwise than described (two copy sources, an encoded one that decodes
-		// to another bucket...) is refused, as a header given twice is (wire.CheckHeaders).
+		// to another bucket...) is refused, as a header given twice is (wire.CheckRequest).
 		m, _, err := d.Describe(&req)
 		r.Body, r.GetBody = req.Body, req.GetBody // Describe may have read a small form body and put it back
 		if ae, ok := errors.AsType[*aws.AmbiguousError](err); ok {

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"encoding/base64"
@@ -318,4 +320,98 @@ func TestCopySourceDecidedAsS3ReadsIt(t *testing.T) {
 			})
 		}
 	}
+}
+
+// bodyPolicy allows every request but one whose JSON body asks to purge.
+const bodyPolicy = `package broker
+
+default decision := {"allow": false, "reason": "not allowed by the test policy"}
+
+decision := {"allow": true, "intercept": true} if input.phase == "connect"
+
+decision := {"allow": true} if {
+	input.phase == "request"
+	not purge
+}
+
+decision := {"allow": false, "reason": "purging is not allowed"} if {
+	input.phase == "request"
+	purge
+}
+
+purge if input.request.body.action == "purge"
+`
+
+// TestEncodedOrLateDecisionInputRefused: what the policy decides on cannot be hidden from it
+// and still reach a server that reads it. A JSON body the policy reads, sent gzip-encoded
+// (Express's body-parser inflates it), is refused, not decided on as null; a decision-relevant
+// header declared as a trailer is refused before the body.
+func TestEncodedOrLateDecisionInputRefused(t *testing.T) {
+	e := newEnv(t, envOpts{policy: bodyPolicy})
+	client := e.broker.client(t, agentID, e.token)
+	gz := func(s string) []byte {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		_, _ = io.WriteString(w, s)
+		_ = w.Close()
+		return b.Bytes()
+	}
+	send := func(path string, body []byte, header http.Header) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, e.url(path), bytes.NewReader(body))
+		for k, vs := range header {
+			req.Header[k] = vs
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	noneUpstream := func(t *testing.T, path string) {
+		t.Helper()
+		for _, r := range e.received() {
+			if r.URL.Path == path {
+				t.Fatalf("the upstream received the refused request")
+			}
+		}
+	}
+
+	t.Run("plain purge is denied", func(t *testing.T) {
+		resp := send("/open/plain", []byte(`{"action":"purge"}`), http.Header{"Content-Type": {"application/json"}})
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("status %d, want 403", resp.StatusCode)
+		}
+	})
+	t.Run("gzip purge is refused", func(t *testing.T) {
+		path := "/open/" + randHex(6)
+		c := headerCase{header: [][2]string{{"Content-Encoding", "gzip"}}, named: "Content-Encoding"}
+		resp := send(path, gz(`{"action":"purge"}`), http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}})
+		wantAmbiguous(t, resp, c)
+		wantAmbiguousAudit(t, e.broker, path, c)
+		noneUpstream(t, path)
+	})
+	t.Run("gzip octet stream passes", func(t *testing.T) {
+		// Not a body the broker decides on: the policy sees no body either way.
+		resp := send("/open/"+randHex(6), gz("bytes"), http.Header{"Content-Type": {"application/octet-stream"}, "Content-Encoding": {"gzip"}})
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d, want 200", resp.StatusCode)
+		}
+	})
+	t.Run("method override as a trailer", func(t *testing.T) {
+		path := "/open/" + randHex(6)
+		req, _ := http.NewRequest(http.MethodPost, e.url(path), io.NopCloser(strings.NewReader(`{"a":1}`)))
+		req.ContentLength = -1
+		req.Header.Set("Content-Type", "application/json")
+		req.Trailer = http.Header{"X-Http-Method-Override": {"DELETE"}}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := headerCase{header: [][2]string{{"X-Http-Method-Override", "DELETE"}}, named: "X-Http-Method-Override"}
+		wantAmbiguous(t, resp, c)
+		wantAmbiguousAudit(t, e.broker, path, c)
+		noneUpstream(t, path)
+	})
 }

@@ -104,6 +104,47 @@ func CheckHeaders(h http.Header) error {
 	return nil
 }
 
+// CheckRequest refuses a request a server could read otherwise than the broker decides on it:
+// its headers (CheckHeaders), and a decision-relevant header declared as a trailer (it would
+// come after the decision, and some servers merge trailers into the headers). Every request
+// the broker decides on goes through it before the policy input is built.
+func CheckRequest(r *http.Request) error {
+	if err := CheckHeaders(r.Header); err != nil {
+		return err
+	}
+	for name := range r.Trailer {
+		if d, _, ok := decisionHeaderFor(name); ok {
+			return &HeaderError{Name: d.name, why: "is declared as a trailer: it would arrive after the decision, and some servers read trailers as headers"}
+		}
+	}
+	return nil
+}
+
+// CheckBodyEncoding refuses a body the broker is about to read for a decision (JSON for the
+// policy, MCP, JSON-RPC, GraphQL or metering) when h gives it a content coding other than
+// identity: the broker would decide on the encoded bytes while a server that decodes request
+// bodies (Express's body-parser does, by default) acts on what they decode to.
+func CheckBodyEncoding(h http.Header) error {
+	for _, v := range h["Content-Encoding"] {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return &HeaderError{Name: "Content-Encoding", why: "encodes a body the broker reads to decide on; it does not decode request bodies: send the body unencoded"}
+			}
+		}
+	}
+	return nil
+}
+
+// IsDecisionHeader reports whether name, in any spelling, stands for a decision-relevant header
+// (DecisionHeaders, X-Amz-*). Such a field is never forwarded as a trailer.
+func IsDecisionHeader(name string) bool {
+	if len(name) < 6 || !isDecisionCandidate(name[0]) {
+		return false
+	}
+	_, _, ok := decisionHeaderFor(name)
+	return ok
+}
+
 // isDecisionCandidate is a quick test on a name's first letter: the decision-relevant names
 // start with C, M or X.
 func isDecisionCandidate(c byte) bool {

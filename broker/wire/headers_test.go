@@ -87,3 +87,49 @@ func BenchmarkCheckHeaders(b *testing.B) {
 		}
 	}
 }
+
+func TestCheckRequest(t *testing.T) {
+	r, _ := http.NewRequest(http.MethodPost, "https://example.com/", strings.NewReader("x"))
+	r.Trailer = http.Header{"Grpc-Status": nil, "X-Checksum": nil}
+	if err := CheckRequest(r); err != nil {
+		t.Fatalf("ordinary trailers refused: %v", err)
+	}
+	for _, name := range []string{"X-Http-Method-Override", "X-Amz-Copy-Source", "Content-Type", "X_amz_target"} {
+		r.Trailer = http.Header{name: nil}
+		var he *HeaderError
+		if err := CheckRequest(r); !errors.As(err, &he) || !strings.Contains(err.Error(), "trailer") {
+			t.Errorf("trailer %s: err = %v, want a HeaderError about a trailer", name, err)
+		}
+		if !IsDecisionHeader(name) {
+			t.Errorf("IsDecisionHeader(%q) = false", name)
+		}
+	}
+	for _, name := range []string{"Grpc-Status", "Accept", "X-Amzn-Trace-Id", "Authorization", "Te"} {
+		if IsDecisionHeader(name) {
+			t.Errorf("IsDecisionHeader(%q) = true", name)
+		}
+	}
+	r.Trailer = nil
+	r.Header.Add("Content-Type", "a/b")
+	r.Header.Add("Content-Type", "c/d")
+	if err := CheckRequest(r); !errors.Is(err, ErrAmbiguousHeader) {
+		t.Errorf("headers not checked: %v", err)
+	}
+}
+
+func TestCheckBodyEncoding(t *testing.T) {
+	for enc, refused := range map[string]bool{"": false, "identity": false, "IDENTITY, identity": false,
+		"gzip": true, "identity, gzip": true, "x-gzip": true, "br": true, "aws-chunked": true} {
+		h := http.Header{}
+		if enc != "" {
+			h.Set("Content-Encoding", enc)
+		}
+		err := CheckBodyEncoding(h)
+		if (err != nil) != refused {
+			t.Errorf("Content-Encoding %q: err = %v, want refused %v", enc, err, refused)
+		}
+		if err != nil && !strings.Contains(err.Error(), "Content-Encoding") {
+			t.Errorf("the error does not name the header: %v", err)
+		}
+	}
+}
