@@ -38,6 +38,7 @@ type headerCase struct {
 var ambiguousHeaders = map[string]headerCase{
 	"content-type twice": {[][2]string{{"Content-Type", "text/plain"}, {"Content-Type", "application/json"}}, "Content-Type"},
 	"content-type list":  {[][2]string{{"Content-Type", "text/plain, application/json"}}, "Content-Type"},
+	"content-type param": {[][2]string{{"Content-Type", "application/json; x"}}, "Content-Type"},
 	"copy source twice":  {[][2]string{{"X-Amz-Copy-Source", "/data/in.csv"}, {"X-Amz-Copy-Source", "/secret/k"}}, "X-Amz-Copy-Source"},
 	"amz target twice":   {[][2]string{{"X-Amz-Target", "DynamoDB_20120810.GetItem"}, {"X-Amz-Target", "DynamoDB_20120810.DeleteTable"}}, "X-Amz-Target"},
 	"mcp session twice":  {[][2]string{{"Mcp-Session-Id", "sess-one"}, {"Mcp-Session-Id", "sess-two"}}, "Mcp-Session-Id"},
@@ -387,6 +388,15 @@ func TestEncodedOrLateDecisionInputRefused(t *testing.T) {
 		path := "/open/" + randHex(6)
 		c := headerCase{header: [][2]string{{"Content-Encoding", "gzip"}}, named: "Content-Encoding"}
 		resp := send(path, gz(`{"action":"purge"}`), http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}})
+		wantAmbiguous(t, resp, c)
+		wantAmbiguousAudit(t, e.broker, path, c)
+		noneUpstream(t, path)
+	})
+	t.Run("purge under a JSON type mime does not parse", func(t *testing.T) {
+		// Flask reads the text before ';' (JSON), Go's mime refuses it (no body for the policy).
+		path := "/open/" + randHex(6)
+		c := headerCase{header: [][2]string{{"Content-Type", "application/json; x"}}, named: "Content-Type"}
+		resp := send(path, []byte(`{"action":"purge"}`), http.Header{"Content-Type": {"application/json; x"}})
 		wantAmbiguous(t, resp, c)
 		wantAmbiguousAudit(t, e.broker, path, c)
 		noneUpstream(t, path)

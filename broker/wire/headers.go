@@ -3,6 +3,7 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"strings"
 )
@@ -78,7 +79,9 @@ type decisionHeader struct {
 //     decide on one value, and some servers read the first, others the last, others all joined;
 //   - is spelled otherwise than its canonical name up to letter case, with '_' for '-' (CGI,
 //     WSGI, PHP and some proxies read X_Http_Method_Override as X-HTTP-Method-Override);
-//   - is list-less and holds a comma outside a quoted string.
+//   - is list-less and holds a comma outside a quoted string;
+//   - is a Content-Type that lenient servers read as JSON or a form and mime does not
+//     (oneMediaType).
 //
 // h has its names as net/http gives them (canonical, for names that are tokens). Every request
 // the broker decides on goes through it before the policy input is built.
@@ -99,6 +102,9 @@ func CheckHeaders(h http.Header) error {
 		}
 		if d.noList && len(vs) == 1 && hasListComma(vs[0]) {
 			return &HeaderError{Name: d.name, why: "holds a comma outside a quoted string: one value is expected, and a server may read two"}
+		}
+		if d.name == "Content-Type" && len(vs) == 1 && !oneMediaType(vs[0]) {
+			return &HeaderError{Name: d.name, why: "names a JSON or form body but does not parse as one media type with parameters: servers read it differently"}
 		}
 	}
 	return nil
@@ -202,6 +208,31 @@ func foldEqual(a, b string) bool {
 		}
 	}
 	return true
+}
+
+// oneMediaType reports whether a Content-Type that lenient servers read as a type the broker
+// decides on (JSON or a form: Flask and Rack take the text before ';', others its first word)
+// is that same type to
+// a strict parser (mime, which the broker reads it with). "application/json; x" is JSON to the
+// first and nothing to the second: the broker would decide on no body, and the server read one.
+// Other types are not the broker's concern.
+func oneMediaType(ct string) bool {
+	lenient, _, _ := strings.Cut(ct, ";")
+	lenient = strings.ToLower(strings.TrimSpace(lenient))
+	if i := strings.IndexAny(lenient, " \t"); i >= 0 {
+		lenient = lenient[:i] // and those that look at the first word
+	}
+	switch {
+	case lenient == "application/json", strings.HasSuffix(lenient, "+json"),
+		lenient == "application/x-www-form-urlencoded", strings.HasPrefix(lenient, "multipart/"):
+	default:
+		return true
+	}
+	if ct == lenient && strings.Count(ct, "/") == 1 {
+		return true // no parameters, nothing to tell apart (the usual application/json)
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == lenient
 }
 
 // hasListComma reports whether v holds a comma outside a quoted string (RFC 9110 §5.6.4).
