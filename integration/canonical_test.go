@@ -42,6 +42,8 @@ var ambiguousHeaders = map[string]headerCase{
 	"copy source twice":  {[][2]string{{"X-Amz-Copy-Source", "/data/in.csv"}, {"X-Amz-Copy-Source", "/secret/k"}}, "X-Amz-Copy-Source"},
 	"amz target twice":   {[][2]string{{"X-Amz-Target", "DynamoDB_20120810.GetItem"}, {"X-Amz-Target", "DynamoDB_20120810.DeleteTable"}}, "X-Amz-Target"},
 	"mcp session twice":  {[][2]string{{"Mcp-Session-Id", "sess-one"}, {"Mcp-Session-Id", "sess-two"}}, "Mcp-Session-Id"},
+	"mcp session cases":  {[][2]string{{"mcp-session-id", "sess-one"}, {"MCP-SESSION-ID", "sess-two"}}, "Mcp-Session-Id"},
+	"content-type cases": {[][2]string{{"content-type", "text/plain"}, {"CONTENT-TYPE", "application/json"}}, "Content-Type"},
 	"override twice":     {[][2]string{{"X-HTTP-Method-Override", "GET"}, {"X-HTTP-Method-Override", "DELETE"}}, "X-Http-Method-Override"},
 	"x-method twice":     {[][2]string{{"X-Method-Override", "GET"}, {"X-Method-Override", "GET"}}, "X-Method-Override"},
 	"x-http-method list": {[][2]string{{"X-HTTP-Method", "GET, DELETE"}}, "X-Http-Method"},

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // Meaning is what an AWS request does, for the policy (input.aws). Fields that cannot be
@@ -183,8 +184,9 @@ func describeS3(req *http.Request, host string, m *Meaning) error {
 // A value that could name another object than the one read here is refused (*AmbiguousError):
 // one whose decoding leaves escapes (encoded twice: a server that decodes again reads another
 // key), an empty bucket ("/%2Fbucket/key"), an empty key, a key with "." or ".." segments, a
-// bucket with characters no bucket name has, a raw ',' (two values joined), a '?' or '#'
-// that does not start the version, or an invalid escape.
+// bucket with characters no bucket name has, a raw ',' (two values joined) or '+' (a space to
+// some decoders), a '?' or '#' that does not start the version, an invalid escape, or what is
+// not UTF-8 once decoded.
 func ParseCopySource(v string) (*Object, error) {
 	bad := func(why string) error { return &AmbiguousError{Header: "X-Amz-Copy-Source", Reason: why} }
 	raw, version, versioned := strings.Cut(v, "?versionId=") // before decoding: a key may hold an escaped '?'
@@ -193,6 +195,9 @@ func ParseCopySource(v string) (*Object, error) {
 		return nil, bad("has a '?' or '#' that does not start ?versionId=; escape it in the key")
 	case strings.ContainsRune(raw, ','):
 		return nil, bad("has an unescaped ','; escape it in the key as %2C")
+	case strings.ContainsRune(raw, '+'):
+		// A '+' is a space to a form decoder and itself to a path decoder.
+		return nil, bad("has an unescaped '+'; escape it in the key as %2B")
 	case versioned && !validVersion(version):
 		return nil, bad("has a versionId that is not one version id")
 	}
@@ -202,6 +207,9 @@ func ParseCopySource(v string) (*Object, error) {
 	}
 	if hasEscape(src) {
 		return nil, bad("is percent-encoded twice; encode the bucket and key once")
+	}
+	if !utf8.ValidString(src) {
+		return nil, bad("is not UTF-8 once decoded")
 	}
 	src = strings.TrimPrefix(src, "/")
 	var o Object

@@ -110,6 +110,8 @@ func TestDescribeRefusesAmbiguous(t *testing.T) {
 		"stray question mark":         {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a?x=1"}}, want: "'?'"},
 		"two versions":                {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a?versionId=1?versionId=2"}}, want: "versionId"},
 		"version with ampersand":      {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a?versionId=1&x=2"}}, want: "versionId"},
+		"raw plus":                    {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a+b"}}, want: "'+'"},
+		"not utf-8":                   {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a%FF"}}, want: "UTF-8"},
 		"bucket with space":           {headers: [][2]string{{"X-Amz-Copy-Source", "/o%20k/a"}}, want: "bucket"},
 		"arn without object":          {headers: [][2]string{{"X-Amz-Copy-Source", "arn:aws:s3:us-east-1:1:accesspoint/ap"}}, want: "ARN"},
 		"target list":                 {url: "https://dynamodb.eu-west-1.amazonaws.com/", headers: [][2]string{{"X-Amz-Target", "DynamoDB_20120810.GetItem, DynamoDB_20120810.DeleteTable"}}, want: "X-Amz-Target"},
