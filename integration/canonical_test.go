@@ -427,3 +427,37 @@ func TestEncodedOrLateDecisionInputRefused(t *testing.T) {
 		noneUpstream(t, path)
 	})
 }
+
+// TestUndeclaredDecisionTrailerDropped: a trailer the agent did not declare, beside one it
+// did, reaches the upstream only if it is not decision-relevant: a method override the policy
+// never saw is not forwarded after the body.
+func TestUndeclaredDecisionTrailerDropped(t *testing.T) {
+	got := make(chan http.Header, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		got <- r.Trailer.Clone()
+	})
+	e := newEnv(t, envOpts{handler: h})
+	tc := e.dialTunnel(t, e.up.Listener.Addr().String(), "http/1.1")
+	defer tc.Close()
+	fmt.Fprintf(tc, "POST /api/custom/t HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"+
+		"Transfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n7\r\npayload\r\n0\r\n"+
+		"X-Checksum: abc\r\nX-Http-Method-Override: DELETE\r\nX-Amz-Copy-Source: /secret/k\r\n\r\n", e.up.Listener.Addr())
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	tr := <-got
+	if tr.Get("X-Checksum") != "abc" {
+		t.Errorf("the declared trailer was not forwarded: %v", tr)
+	}
+	for _, name := range []string{"X-Http-Method-Override", "X-Amz-Copy-Source"} {
+		if _, ok := tr[name]; ok {
+			t.Errorf("the undeclared trailer %s was forwarded: %v", name, tr)
+		}
+	}
+}
