@@ -92,7 +92,7 @@ func classify(err error) agentError {
 			hintDenied}
 	case errors.Is(err, wire.ErrAmbiguousHeader):
 		return agentError{http.StatusBadRequest, codeAmbiguous, ambiguousReason(err),
-			"Send each of the headers the broker decides on once, in its usual spelling."}
+			"Send the request so that it reads one way only: each header the broker decides on once, in its usual spelling and with one value, and a body it reads unencoded. The reason names the header."}
 	case errors.As(err, &br):
 		return agentError{http.StatusBadRequest, "bad_request", br.reason, "Check the request's URL and headers."}
 	case errors.Is(err, inject.ErrNotBound):
