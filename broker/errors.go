@@ -19,6 +19,7 @@ import (
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/broker/wire"
+	"github.com/capbroker/capbroker/broker/wire/strictjson"
 	"github.com/capbroker/capbroker/credentials"
 )
 
@@ -36,24 +37,27 @@ var (
 	errInternal     = errors.New("internal error")
 )
 
-// codeAmbiguous refuses a request the broker will not decide on because the upstream may read
-// it otherwise (CONTRACT §8b): audited as a deny.
+// codeAmbiguous is the error of a request the broker will not decide on (ambiguous): audited
+// as a deny.
 const codeAmbiguous = "ambiguous_request"
-
-// ambiguousReason is the agent-readable text of an ambiguous request's error: the wire
-// package's, which names the header and never its value.
-func ambiguousReason(err error) string {
-	if he, ok := errors.AsType[*wire.HeaderError](err); ok {
-		return he.Error()
-	}
-	return "the request is ambiguous: the upstream may read it otherwise than the broker decides on it"
-}
 
 // denial is a deny whose reason the agent may read.
 type denial struct{ reason string }
 
 func (d denial) Error() string        { return "denied: " + d.reason }
 func (d denial) Is(target error) bool { return target == errDenied }
+
+// ambiguous is a request the broker will not decide on because a server may read it otherwise
+// than the broker would (CONTRACT §8b): a decision-relevant header given twice, say. The
+// reason names what is ambiguous, never a value. A body whose JSON members collide is refused
+// the same way through strictjson.ErrAmbiguous, and a header through a *wire.HeaderError (given
+// twice, spelled with '_', an encoded body the broker reads, an x-amz-copy-source S3 could read
+// as another object).
+type ambiguous struct{ reason string }
+
+func (a ambiguous) Error() string { return "ambiguous request: " + a.reason }
+
+const hintAmbiguous = "Send each decision-relevant header once and each JSON member once, with its name in one letter case, and a body the broker reads unencoded; the reason says what is ambiguous."
 
 // agentError is what the agent is told: the code, the status, a reason and a hint. Internal
 // error text never reaches it; it is logged in the audit event instead.
@@ -74,7 +78,16 @@ func classify(err error) agentError {
 	var ar approvalRefusal
 	var ex *budget.Exceeded
 	var un *budget.Unavailable
+	var amb ambiguous
+	var sj *strictjson.Error
+	var wh *wire.HeaderError
 	switch {
+	case errors.As(err, &amb):
+		return agentError{http.StatusBadRequest, codeAmbiguous, amb.reason, hintAmbiguous}
+	case errors.Is(err, strictjson.ErrAmbiguous) && errors.As(err, &sj):
+		return agentError{http.StatusBadRequest, codeAmbiguous, sj.Error(), hintAmbiguous}
+	case errors.As(err, &wh):
+		return agentError{http.StatusBadRequest, codeAmbiguous, wh.Error(), hintAmbiguous}
 	case errors.As(err, &ex):
 		return agentError{http.StatusTooManyRequests, "budget_exceeded", ex.Error(),
 			"Retry after the time in the Retry-After header, when the budget's window resets, or ask the operator for a larger budget."}
@@ -90,9 +103,6 @@ func classify(err error) agentError {
 	case errors.As(err, &d):
 		return agentError{http.StatusForbidden, "denied", d.reason,
 			hintDenied}
-	case errors.Is(err, wire.ErrAmbiguousHeader):
-		return agentError{http.StatusBadRequest, codeAmbiguous, ambiguousReason(err),
-			"Send the request so that it reads one way only: each header the broker decides on once, in its usual spelling and with one value, and a body it reads unencoded. The reason names the header."}
 	case errors.As(err, &br):
 		return agentError{http.StatusBadRequest, "bad_request", br.reason, "Check the request's URL and headers."}
 	case errors.Is(err, inject.ErrNotBound):

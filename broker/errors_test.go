@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/capbroker/capbroker/broker/identity"
+	"github.com/capbroker/capbroker/broker/wire/strictjson"
 )
 
 // TestUpstreamFailureDropsParserText: an error that may quote the upstream's bytes is recorded
@@ -177,5 +179,35 @@ func TestChallengeIsNotADeny(t *testing.T) {
 	r.Header.Set("Proxy-Authorization", "Basic eDp5")
 	if isChallenge(r, identity.ErrUnauthenticated) {
 		t.Error("wrong credentials: a challenge")
+	}
+}
+
+// TestClassifyAmbiguous: a request the broker will not decide on is a 400 ambiguous_request
+// (CONTRACT §8b), whether a header was given twice or a body's JSON members collide, and the
+// reason names the members, not their values.
+func TestClassifyAmbiguous(t *testing.T) {
+	bodyErr := strictjson.Check([]byte(`{"name":"sk-canary-value","Name":"echo"}`))
+	cases := map[string]struct {
+		err    error
+		reason string
+	}{
+		"header twice":     {ambiguous{`header "Content-Type" is given more than once`}, "Content-Type"},
+		"members collide":  {fmt.Errorf("reading the MCP call: %w", bodyErr), `"name" and "Name"`},
+		"member duplicate": {strictjson.Check([]byte(`{"a":1,"a":2}`)), `"a" appears twice`},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			ae := classify(c.err)
+			if ae.status != http.StatusBadRequest || ae.code != "ambiguous_request" {
+				t.Fatalf("classify = %d %s, want 400 ambiguous_request", ae.status, ae.code)
+			}
+			if !strings.Contains(ae.reason, c.reason) || strings.Contains(ae.reason, "canary") {
+				t.Errorf("reason %q: want it to name %s and no value", ae.reason, c.reason)
+			}
+		})
+	}
+	// Invalid JSON is not ambiguous: each surface keeps its own answer for it.
+	if ae := classify(strictjson.Check([]byte(`{`))); ae.code == "ambiguous_request" {
+		t.Error("invalid JSON classified as ambiguous_request")
 	}
 }
