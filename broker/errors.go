@@ -57,7 +57,7 @@ type ambiguous struct{ reason string }
 
 func (a ambiguous) Error() string { return "ambiguous request: " + a.reason }
 
-const hintAmbiguous = "Send each decision-relevant header once and each JSON member once, with its name in one letter case, and a body the broker reads unencoded; the reason says what is ambiguous."
+const hintAmbiguous = "Send each decision-relevant header once and each JSON member once, with its name in one letter case."
 
 // agentError is what the agent is told: the code, the status, a reason and a hint. Internal
 // error text never reaches it; it is logged in the audit event instead.
@@ -83,9 +83,9 @@ func classify(err error) agentError {
 	var wh *wire.HeaderError
 	switch {
 	case errors.As(err, &amb):
-		return agentError{http.StatusBadRequest, codeAmbiguous, amb.reason, hintAmbiguous}
+		return agentError{http.StatusBadRequest, "ambiguous_request", amb.reason, hintAmbiguous}
 	case errors.Is(err, strictjson.ErrAmbiguous) && errors.As(err, &sj):
-		return agentError{http.StatusBadRequest, codeAmbiguous, sj.Error(), hintAmbiguous}
+		return agentError{http.StatusBadRequest, "ambiguous_request", sj.Error(), hintAmbiguous}
 	case errors.As(err, &wh):
 		return agentError{http.StatusBadRequest, codeAmbiguous, wh.Error(), hintAmbiguous}
 	case errors.As(err, &ex):
