@@ -32,12 +32,7 @@ func (e *HeaderError) Is(target error) bool { return target == ErrAmbiguousHeade
 // broker decides on it, found by one of the protocol readers (an x-amz-copy-source that
 // decodes to two possible objects, for one): name is the header ("" for what is not one), why
 // says what is wrong with it, without its value.
-func AmbiguousHeader(name, why string) error {
-	if name == "" {
-		return &HeaderError{why: why}
-	}
-	return &HeaderError{Name: name, why: why}
-}
+func AmbiguousHeader(name, why string) error { return &HeaderError{Name: name, why: why} }
 
 // DecisionHeaders are the request headers the broker, its policy input or one of its protocol
 // readers takes as a single value, by their canonical names: the ones a request may carry at
@@ -166,6 +161,9 @@ func isDecisionCandidate(c byte) bool {
 // canonical spelling. An X-Amz- header's canonical spelling is the name's own canonical form;
 // '_' is allowed after the prefix of user metadata (X-Amz-Meta-), where it is data.
 func decisionHeaderFor(name string) (d decisionHeader, exact, ok bool) {
+	if len(name) < len(amzPrefix) {
+		return decisionHeader{}, false, false // shorter than any of them
+	}
 	for _, d := range DecisionHeaders {
 		if foldEqual(name, d.name) {
 			return d, name == d.name, true

@@ -97,7 +97,7 @@ func BenchmarkCheckHeaders(b *testing.B) {
 
 func TestCheckRequest(t *testing.T) {
 	r, _ := http.NewRequest(http.MethodPost, "https://example.com/", strings.NewReader("x"))
-	r.Trailer = http.Header{"Grpc-Status": nil, "X-Checksum": nil}
+	r.Trailer = http.Header{"Grpc-Status": nil, "X-Checksum": nil, "X": nil, "Te": nil}
 	if err := CheckRequest(r); err != nil {
 		t.Fatalf("ordinary trailers refused: %v", err)
 	}
@@ -111,7 +111,7 @@ func TestCheckRequest(t *testing.T) {
 			t.Errorf("IsDecisionHeader(%q) = false", name)
 		}
 	}
-	for _, name := range []string{"Grpc-Status", "Accept", "X-Amzn-Trace-Id", "Authorization", "Te"} {
+	for _, name := range []string{"Grpc-Status", "Accept", "X-Amzn-Trace-Id", "Authorization", "Te", "", "X-Amz"} {
 		if IsDecisionHeader(name) {
 			t.Errorf("IsDecisionHeader(%q) = true", name)
 		}
@@ -139,4 +139,21 @@ func TestCheckBodyEncoding(t *testing.T) {
 			t.Errorf("the error does not name the header: %v", err)
 		}
 	}
+}
+
+// FuzzCheckRequest: any names and values, as headers or trailers, are checked without a panic,
+// and a refusal never quotes a value.
+func FuzzCheckRequest(f *testing.F) {
+	f.Add("Content-Type", "application/json; x", "X")
+	f.Add("x_amz_copy_source", "/a/b", "X-Amz-")
+	f.Add("X-Amz-Meta-A_b", "v", "Mcp-Session-Id")
+	f.Fuzz(func(t *testing.T, name, value, trailer string) {
+		r := &http.Request{Header: http.Header{name: {value, value}}, Trailer: http.Header{trailer: nil}}
+		err := CheckRequest(r)
+		if err != nil && len(value) > 8 && strings.Contains(err.Error(), value) && !strings.Contains(name, value) {
+			t.Errorf("the error quotes the value: %v", err)
+		}
+		_ = IsDecisionHeader(name)
+		_ = CheckBodyEncoding(http.Header{"Content-Encoding": {value}})
+	})
 }

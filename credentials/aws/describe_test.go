@@ -151,3 +151,28 @@ func httptestRequest(u string) *http.Request {
 	req, _ := http.NewRequest("GET", u, nil)
 	return req
 }
+
+// FuzzParseCopySource: whatever the value, a copy source read is one object with a bucket and
+// a key, none of whose segments is '.' or '..', and nothing is left to decode.
+func FuzzParseCopySource(f *testing.F) {
+	for _, s := range []string{"/src/k", "%2Fsrc%2Fk", "src/a%3Fb?versionId=1", "arn:aws:s3:r:1:accesspoint/a/object/k", "/%2Fsrc/k", "src/a%2541"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		o, err := ParseCopySource(v)
+		if err != nil {
+			if _, ok := err.(*AmbiguousError); !ok {
+				t.Fatalf("error %T", err)
+			}
+			return
+		}
+		if o.Bucket == "" || o.Key == "" || hasEscape(o.Bucket+o.Key) {
+			t.Fatalf("%q read as %+v", v, o)
+		}
+		for seg := range strings.SplitSeq(o.Key, "/") {
+			if seg == "." || seg == ".." {
+				t.Fatalf("%q read with a dot segment: %+v", v, o)
+			}
+		}
+	})
+}
