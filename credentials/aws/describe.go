@@ -66,6 +66,9 @@ func (s *Signer) Describe(req *http.Request) (m Meaning, ok bool, err error) {
 	if m.Service == "" {
 		return Meaning{}, false, nil
 	}
+	if err := checkAmzQuery(req); err != nil {
+		return m, true, err
+	}
 	if m.Service == "s3" {
 		return m, true, describeS3(req, host, &m)
 	}
@@ -92,6 +95,33 @@ func (e *AmbiguousError) Error() string {
 		return "the query protocol's Action " + e.Reason
 	}
 	return "the header " + e.Header + " " + e.Reason
+}
+
+// checkAmzQuery refuses x-amz-* parameters in the query that AWS could act on while the
+// broker reads the header: one given twice, one also sent as a header (which of the two AWS
+// takes is not the broker's to guess), and X-Amz-Copy-Source or X-Amz-Target, which Describe
+// reads only as headers. Presigned URLs carry x-amz-* parameters once each.
+func checkAmzQuery(req *http.Request) error {
+	q, _ := parseQuery(req.URL.RawQuery)
+	for i, p := range q {
+		if len(p.k) < 6 || !strings.EqualFold(p.k[:6], "x-amz-") {
+			continue
+		}
+		name := http.CanonicalHeaderKey(p.k)
+		bad := func(why string) error { return &AmbiguousError{Header: name, Reason: why} }
+		switch {
+		case name == "X-Amz-Copy-Source" || name == "X-Amz-Target":
+			return bad("is in the query; send it as a header")
+		case len(req.Header.Values(name)) > 0:
+			return bad("is both in the query and a header")
+		}
+		for _, o := range q[i+1:] {
+			if strings.EqualFold(o.k, p.k) {
+				return bad("is in the query more than once")
+			}
+		}
+	}
+	return nil
 }
 
 // validTarget reports whether an X-Amz-Target is one name: letters, digits and ._-: with a
