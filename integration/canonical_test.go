@@ -287,6 +287,23 @@ func TestCopySourceDecidedAsS3ReadsIt(t *testing.T) {
 		}
 	})
 
+	t.Run("copy source in the query", func(t *testing.T) {
+		m := e.s3.mark()
+		key := "out/copy-" + randHex(4)
+		req, _ := http.NewRequest(http.MethodPut, e.endpoint+"/data/"+key+"?x-amz-copy-source=%2Fsecret%2Fk", nil)
+		fakeSigV4(req)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := headerCase{header: [][2]string{{"", "/secret/k"}}, named: "X-Amz-Copy-Source"}
+		wantAmbiguous(t, resp, c)
+		wantAmbiguousAudit(t, e.broker, "/data/"+key, c)
+		if len(e.s3Entries(t, m)) != 0 {
+			t.Error("the refused copy reached the S3 stand-in")
+		}
+	})
+
 	refused := map[string]headerCase{
 		"encoded slash, empty bucket": {[][2]string{{"X-Amz-Copy-Source", "/%2Fsecret/k"}}, "X-Amz-Copy-Source"},
 		"double slash":                {[][2]string{{"X-Amz-Copy-Source", "//secret/k"}}, "X-Amz-Copy-Source"},
