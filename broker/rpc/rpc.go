@@ -81,8 +81,8 @@ func Parse(body []byte) ([]Message, error) {
 	return msgs, nil
 }
 
-// JSONRPC is input.jsonrpc for msgs: a list of {method} (a response: method ""). It has the
-// shape of MCP; it never fails.
+// JSONRPC is input.jsonrpc for msgs: a list of {method} (a response: method ""). Its
+// signature is MCP's; it never fails.
 func JSONRPC(msgs []Message) ([]any, error) {
 	l := make([]any, len(msgs))
 	for i, m := range msgs {
