@@ -180,18 +180,10 @@ func (b *Broker) holdBody(x *exchange, r *http.Request, small []byte, body *poli
 	return buf, nil
 }
 
-// secretFree returns what removes, from text shown to the person deciding, every value of
-// every configured credential the broker knows, and their forms for host.
+// secretFree returns what removes, from text shown to the person deciding, every value the
+// broker has sent (inject.Known), whatever host it went to, and their forms for host.
 func (g *generation) secretFree(host string) func(string) string {
-	var values []string
-	for name := range g.scrubbers {
-		for _, v := range g.secrets.Known(name) {
-			if s := v.Reveal(); s != "" {
-				values = append(values, s)
-			}
-		}
-	}
-	all, forms := redactor(values), g.responseScrubber(host)
+	all, forms := redactor(g.known.Values()), g.responseScrubber(host)
 	return func(text string) string { return forms.String(all.String(text)) }
 }
 

@@ -29,6 +29,8 @@ type Binding struct {
 	revealed atomic.Pointer[map[string][]string]
 	// alone is the slice of this binding alone, which Resolve answers a grant of it with.
 	alone []*Binding
+	// key identifies the binding across reloads (bindingKey), for Known.
+	key string
 }
 
 // Set is the configured bindings. Immutable after NewSet.
@@ -88,7 +90,7 @@ func (s *Set) of(host string) *hostBindings {
 func NewSet(creds []config.Credential) *Set {
 	s := &Set{byName: map[string]*Binding{}, headers: map[string]bool{}}
 	for _, c := range creds {
-		b := &Binding{Name: c.Name, hosts: c.Hosts, rule: c.Inject}
+		b := &Binding{Name: c.Name, hosts: c.Hosts, rule: c.Inject, key: bindingKey(c.Name, c.Hosts, c.Inject)}
 		b.alone = []*Binding{b}
 		s.byName[c.Name] = b
 		s.order = append(s.order, b)
