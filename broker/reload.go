@@ -39,11 +39,11 @@ type generation struct {
 	// known is the broker's registry of the secret values it has sent, shared by every
 	// generation: what a response is scrubbed of does not depend on the config it is served
 	// with (see inject.Known).
-	known   *inject.Known
-	secrets Secrets
-	derived       Derivers // the minters and signers among secrets
-	transport     upstreamClient
-	dialer        *upstream.Dialer
+	known     *inject.Known
+	secrets   Secrets
+	derived   Derivers // the minters and signers among secrets
+	transport upstreamClient
+	dialer    *upstream.Dialer
 	// transparentPorts are the destination ports redirected connections may go to.
 	transparentPorts []int
 
