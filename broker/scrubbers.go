@@ -19,7 +19,7 @@ import (
 func (g *generation) responseScrubber(host string) *scrub.Replacer {
 	for _, b := range g.bindings.Exposed(host) {
 		for _, v := range g.secrets.Known(b.Name) {
-			_ = g.known.Record(b, v, false)
+			g.known.Hold(b, v)
 		}
 	}
 	return g.known.Scrubber(host)

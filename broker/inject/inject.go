@@ -29,8 +29,10 @@ type Binding struct {
 	revealed atomic.Pointer[map[string][]string]
 	// alone is the slice of this binding alone, which Resolve answers a grant of it with.
 	alone []*Binding
-	// key identifies the binding across reloads (bindingKey), for Known.
-	key string
+	// key identifies the binding across reloads (bindingKey), for Known; known is the entry
+	// of the value it last recorded there.
+	key   string
+	known atomic.Pointer[knownEntry]
 }
 
 // Set is the configured bindings. Immutable after NewSet.

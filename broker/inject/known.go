@@ -66,11 +66,14 @@ type knownKey struct{ binding, value string }
 
 type knownEntry struct {
 	id     uint64
+	k      *Known
 	b      *Binding
 	val    credentials.Secret
+	value  string   // val.Reveal()
 	forms  []string // what reveals the value as b sends it (Reveals of each of its fields)
 	minted bool
 	until  atomic.Int64 // Unix nanoseconds: known until then
+	gone   atomic.Bool  // pruned: no longer in k
 }
 
 // KnownOptions configure a Known. Zero values mean the defaults.
@@ -121,12 +124,18 @@ func (k *Known) Record(b *Binding, v credentials.Secret, minted bool) error {
 			until = exp
 		}
 	}
+	// The usual case: the value b sent last time, still known.
+	if e := b.known.Load(); e != nil && e.k == k && e.value == v.Reveal() && !e.gone.Load() {
+		e.extend(until.UnixNano())
+		return nil
+	}
 	key := knownKey{binding: b.key, value: v.Reveal()}
 	k.mu.RLock()
 	e := k.entries[key]
 	k.mu.RUnlock()
 	if e != nil {
 		e.extend(until.UnixNano())
+		b.known.Store(e)
 		return nil
 	}
 
@@ -147,9 +156,10 @@ func (k *Known) Record(b *Binding, v credentials.Secret, minted bool) error {
 		forms = append(forms, b.Reveals(part)...)
 	}
 	k.seq++
-	e = &knownEntry{id: k.seq, b: b, val: v, forms: slices.Clip(slices.Compact(forms)), minted: minted}
+	e = &knownEntry{id: k.seq, k: k, b: b, val: v, value: v.Reveal(), forms: slices.Clip(slices.Compact(forms)), minted: minted}
 	e.until.Store(until.UnixNano())
 	k.entries[key] = e
+	b.known.Store(e)
 	k.live[b.Name]++
 	if at := until.UnixNano(); at < k.pruneAt.Load() || k.pruneAt.Load() == 0 {
 		k.pruneAt.Store(at)
@@ -158,11 +168,37 @@ func (k *Known) Record(b *Binding, v credentials.Secret, minted bool) error {
 	return nil
 }
 
-// extend makes e known until at least until.
+// extendSlack is how much later than it is known until a value's time must move before it is
+// written: every request records the values it sends, and a write each time would be shared
+// memory written by every core.
+const extendSlack = int64(time.Minute)
+
+// Hold notes that the credential store holds v for b: it is known from now on, as Record(b, v,
+// false) makes it, though it may never be sent (the upstream that issued a key may show it
+// unasked). A value already known is not kept longer: only sending it does that. It is
+// called for every response, so it reads no clock unless v is new.
+func (k *Known) Hold(b *Binding, v credentials.Secret) {
+	if v.IsZero() {
+		return
+	}
+	if e := b.known.Load(); e != nil && e.k == k && e.value == v.Reveal() && !e.gone.Load() {
+		return
+	}
+	k.mu.RLock()
+	e := k.entries[knownKey{binding: b.key, value: v.Reveal()}]
+	k.mu.RUnlock()
+	if e != nil {
+		return
+	}
+	// No room: the value is refused when it is about to be sent (Record).
+	_ = k.Record(b, v, false)
+}
+
+// extend makes e known until at least until (less extendSlack).
 func (e *knownEntry) extend(until int64) {
 	for {
 		cur := e.until.Load()
-		if until <= cur || e.until.CompareAndSwap(cur, until) {
+		if until <= cur+extendSlack || e.until.CompareAndSwap(cur, until) {
 			return
 		}
 	}
@@ -192,6 +228,7 @@ func (k *Known) pruneLocked(now time.Time) {
 	for key, e := range k.entries {
 		until := e.until.Load()
 		if until <= t {
+			e.gone.Store(true)
 			delete(k.entries, key)
 			if k.live[e.b.Name]--; k.live[e.b.Name] == 0 {
 				delete(k.live, e.b.Name)
