@@ -130,8 +130,6 @@ func (s Secret) Until(t time.Time) Secret {
 // zero when that is not known.
 func (s Secret) Expires() time.Time { return s.expires }
 
-// timeless is s without the limits of its lifetime.
-func (s Secret) timeless() Secret { return Secret{v: s.v, fields: s.fields} }
 
 // Reveal returns the value (for a secret with fields, their JSON object). Call it only where
 // the value is put on the wire.
