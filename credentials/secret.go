@@ -130,7 +130,6 @@ func (s Secret) Until(t time.Time) Secret {
 // zero when that is not known.
 func (s Secret) Expires() time.Time { return s.expires }
 
-
 // Reveal returns the value (for a secret with fields, their JSON object). Call it only where
 // the value is put on the wire.
 func (s Secret) Reveal() string { return s.v }
