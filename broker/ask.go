@@ -181,9 +181,16 @@ func (b *Broker) holdBody(x *exchange, r *http.Request, small []byte, body *poli
 }
 
 // secretFree returns what removes, from text shown to the person deciding, every value the
-// broker has sent (inject.Known), whatever host it went to, and their forms for host.
+// broker knows (inject.Known: what it has sent, and what its store holds of every configured
+// credential), whatever host it concerns, and their forms for host.
 func (g *generation) secretFree(host string) func(string) string {
-	all, forms := redactor(g.known.Values()), g.responseScrubber(host)
+	for _, b := range g.bindings.All() {
+		for _, v := range g.secrets.Known(b.Name) {
+			g.known.Hold(b, v)
+		}
+	}
+	forms := g.responseScrubber(host)
+	all := redactor(g.known.Values())
 	return func(text string) string { return forms.String(all.String(text)) }
 }
 

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/credentials"
 )
 
 // TestMintedTokensStayKnownOrNoneIsSent: an upstream that refuses every token makes the broker
@@ -61,5 +63,31 @@ func TestMintedTokensStayKnownOrNoneIsSent(t *testing.T) {
 	before := len(up.auths)
 	if w := derivedRequest(br, tun, ""); w.Code != 503 || len(up.auths) != before {
 		t.Errorf("again: %d, %d sent (want 503 and nothing sent)", w.Code, len(up.auths)-before)
+	}
+}
+
+// namedSecrets gives each credential its own value: "value-of-NAME-0123456789".
+type namedSecrets struct{}
+
+func (namedSecrets) Get(_ context.Context, name string) (credentials.Secret, error) {
+	return credentials.NewSecret("value-of-" + name + "-0123456789"), nil
+}
+
+func (s namedSecrets) Known(name string) []credentials.Secret {
+	v, _ := s.Get(context.Background(), name)
+	return []credentials.Secret{v}
+}
+
+// TestApprovalCardFreeOfEveryValue: what a person is shown about a request to one host is
+// cleaned of the values of every configured credential, bound to that host or not, sent or
+// not.
+func TestApprovalCardFreeOfEveryValue(t *testing.T) {
+	br, _ := testBroker(t, testConfig(t), Deps{Policy: allowAll{}, Secrets: namedSecrets{}}, memoryUpstream{}, "api.openai.com")
+	clean := br.gen.Load().secretFree("api.openai.com")
+	for _, name := range []string{"openai", "github", "anthropic"} {
+		v := "value-of-" + name + "-0123456789"
+		if out := clean("body with " + v + " in it"); strings.Contains(out, v) {
+			t.Errorf("the approval card shows %s's value: %s", name, out)
+		}
 	}
 }

@@ -127,6 +127,9 @@ func (s *Set) Exposed(host string) []*Binding {
 	return s.of(host).exposed
 }
 
+// All returns every binding, in config order. The slice is shared: it must not be changed.
+func (s *Set) All() []*Binding { return s.order }
+
 // Resolve returns the bindings for granted names, checking that each is bound to host. The
 // slice of one binding, the usual grant, is shared: it must not be changed.
 func (s *Set) Resolve(names []string, host string) ([]*Binding, error) {
