@@ -39,19 +39,19 @@ func BenchmarkStream(b *testing.B) {
 	b.Run("unmetered", func(b *testing.B) { run(b, func(*http.Response) {}) })
 	b.Run("metered", func(b *testing.B) {
 		run(b, func(r *http.Response) {
-			m, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true}}`))
+			m, _, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true}}`), Options{})
 			m.Wrap(r, nil)
 		})
 	})
 	b.Run("metered_asked", func(b *testing.B) {
 		run(b, func(r *http.Response) {
-			m, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`))
+			m, _, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`), Options{})
 			m.Wrap(r, nil)
 		})
 	})
 	b.Run("metered_capped", func(b *testing.B) {
 		run(b, func(r *http.Response) {
-			m, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`))
+			m, _, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`), Options{})
 			m.Cap(&tokenLimit{limit: 1 << 40}, "a", nil)
 			m.Wrap(r, nil)
 		})

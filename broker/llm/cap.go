@@ -2,7 +2,7 @@ package llm
 
 import (
 	"bytes"
-	"encoding/json"
+	"encoding/json" // only to write the cut stream's last event, never to read
 
 	"github.com/capbroker/capbroker/broker/usage"
 )
@@ -18,7 +18,6 @@ type Limiter interface {
 type capState struct {
 	lim   Limiter
 	call  usage.Call // agent, labels, provider
-	text  int64      // bytes of the content deltas' text so far
 	asked int64      // the tokens last asked about
 	cutBy string     // the budget the stream was cut for
 }
@@ -53,14 +52,13 @@ func (m *Meter) capEvent(data []byte) bool {
 	if c.cutBy != "" {
 		return false
 	}
-	keep := m.event(data)
-	c.text += deltaText(m.ep.API, data)
+	keep := m.streamEvent(data)
 	call := c.call
 	call.Model = m.req.Model
 	if call.Model == "" {
 		call.Model = m.respModel
 	}
-	call.In, call.Out, call.Cached = m.in, max(m.out, c.text/bytesPerToken), m.cached
+	call.In, call.Out, call.Cached = m.in, max(m.out, m.text/bytesPerToken), m.cached
 	if n := call.In + call.Out; n != c.asked {
 		c.asked = n
 		if ok, name := c.lim.Within(call); !ok {
