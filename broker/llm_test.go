@@ -85,7 +85,8 @@ func testMeteredStream(t *testing.T, messages string) {
 	br.serveTunnel(w, r, tun)
 	lg.Close()
 
-	if sent := <-up.sent; string(sent) != `{"stream_options":{"include_usage":true},`+reqBody[1:] {
+	sentWant := `{"stream":true,"stream_options":{"include_usage":true},"model":"gpt-4o-mini","messages":` + messages + `}`
+	if sent := <-up.sent; string(sent) != sentWant {
 		t.Errorf("the upstream was sent %.200s", sent)
 	}
 	if got := w.Body.String(); strings.Contains(got, "usage") || !strings.Contains(got, `"content":"ok"`) || !strings.HasSuffix(got, "data: [DONE]\n\n") {
