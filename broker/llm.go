@@ -8,6 +8,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/llm"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/usage"
@@ -20,8 +21,16 @@ import (
 // instead of r's when the broker rewrote it (the stream decision, usage asked for), or nil. A
 // body the broker will not meter is refused: ambiguous JSON (400 ambiguous_request), a stream
 // member of no clear value, or, under a tokens or cost budget, a body it cannot read (400
-// bad_request).
-func (x *exchange) meterRequest(r *http.Request, in *policy.Input, t target, small []byte, body *policyBody) ([]byte, error) {
+// bad_request). A credential substituted into bodies is never sent to an LLM API's host.
+func (x *exchange) meterRequest(r *http.Request, in *policy.Input, t target, small []byte, body *policyBody, granted []*inject.Binding) ([]byte, error) {
+	if x.g.llm.Provider(t.host) != "" {
+		// config.validateBodyOnLLM refuses such a config; this holds whatever the config.
+		for _, g := range granted {
+			if g.InBody() {
+				return nil, denial{"a credential substituted into request bodies may not be sent to an LLM API's host: the model could stream the secret back split across events, where it cannot be scrubbed"}
+			}
+		}
+	}
 	ep, ok := x.g.llm.Match(t.host, in.Path)
 	if !ok || in.Method != http.MethodPost { // GET /v1/chat/completions lists stored ones: no call
 		return nil, nil

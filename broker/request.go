@@ -85,7 +85,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err := b.checkMCPSession(x, r, in); err != nil {
 		return nil, err
 	}
-	metered, err := x.meterRequest(r, in, t, small, body)
+	metered, err := x.meterRequest(r, in, t, small, body, granted)
 	if err != nil {
 		return nil, err
 	}
