@@ -92,47 +92,72 @@ func (m *Meter) cutEvent() []byte {
 }
 
 // deltaKeys are the members whose string values are generated text, by API: content,
-// reasoning and tool-call arguments of a chat chunk; a Responses delta event's delta (the
-// ".done" events restate the text under other names); Anthropic's text, JSON and thinking
-// deltas; Gemini's parts.
-var deltaKeys = map[API][]string{
-	ChatCompletions: {`"content"`, `"reasoning_content"`, `"reasoning"`, `"refusal"`, `"arguments"`},
-	Responses:       {`"delta"`},
-	Messages:        {`"text"`, `"partial_json"`, `"thinking"`},
-	GenerateContent: {`"text"`},
+// reasoning and tool-call arguments of a chat chunk; a completion chunk's text; a Responses
+// delta event's delta (the ".done" events restate the text under other names); Anthropic's
+// text, JSON and thinking deltas; Gemini's parts.
+var deltaKeys = map[API][][]byte{
+	ChatCompletions: {[]byte(`"content"`), []byte(`"reasoning_content"`), []byte(`"reasoning"`), []byte(`"refusal"`), []byte(`"arguments"`)},
+	Completions:     {[]byte(`"text"`)},
+	Responses:       {[]byte(`"delta"`)},
+	Messages:        {[]byte(`"text"`), []byte(`"partial_json"`), []byte(`"thinking"`)},
+	GenerateContent: {[]byte(`"text"`)},
 }
 
 // deltaText is the length of the generated text an event carries, as written in its JSON (an
-// escape counts its bytes): the string values of the API's deltaKeys, found without decoding
-// the event. A quote inside a JSON string is escaped, so a match is a member name.
+// escape counts its bytes): the string values of the API's deltaKeys, found in one pass from
+// string to string without decoding the event. It is what a call is estimated from when its
+// usage cannot be read.
 func deltaText(api API, data []byte) int64 {
+	keys := deltaKeys[api]
 	var n int64
-	for _, key := range deltaKeys[api] {
-		rest := data
-		for {
-			i := bytes.Index(rest, []byte(key))
-			if i < 0 {
+	for i := 0; ; {
+		q := bytes.IndexByte(data[i:], '"')
+		if q < 0 {
+			return n
+		}
+		i += q
+		end := stringEnd(data, i)
+		if end < 0 {
+			return n
+		}
+		for _, k := range keys {
+			if end-i != len(k) || !bytes.Equal(data[i:end], k) {
+				continue
+			}
+			v := bytes.TrimLeft(data[end:], " \t\r\n")
+			if len(v) == 0 || v[0] != ':' {
 				break
 			}
-			rest = bytes.TrimLeft(rest[i+len(key):], " \t\r\n")
-			if len(rest) == 0 || rest[0] != ':' {
-				continue
+			v = bytes.TrimLeft(v[1:], " \t\r\n")
+			if len(v) == 0 || v[0] != '"' {
+				break
 			}
-			rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-			if len(rest) == 0 || rest[0] != '"' {
-				continue
+			start := len(data) - len(v)
+			if vEnd := stringEnd(data, start); vEnd > 0 {
+				n += int64(vEnd - start - 2)
+				end = vEnd
 			}
-			rest = rest[1:]
-			j := 0
-			for j < len(rest) && rest[j] != '"' {
-				if rest[j] == '\\' {
-					j++
-				}
-				j++
-			}
-			n += int64(min(j, len(rest)))
-			rest = rest[min(j+1, len(rest)):]
+			break
 		}
+		i = end
 	}
-	return n
+}
+
+// stringEnd: data[i] is a quote; the index just past the string's closing quote, or -1.
+func stringEnd(data []byte, i int) int {
+	for j := i + 1; ; {
+		q := bytes.IndexByte(data[j:], '"')
+		if q < 0 {
+			return -1
+		}
+		q += j
+		bs := 0 // backslashes right before the quote: an odd number escapes it
+		for k := q - 1; k > i && data[k] == '\\'; k-- {
+			bs++
+		}
+		if bs%2 == 0 {
+			return q + 1
+		}
+		j = q + 1
+	}
 }

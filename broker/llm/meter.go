@@ -197,6 +197,8 @@ func (p *passBody) Read(b []byte) (int, error) {
 	n, err := p.src.Read(b)
 	if p.s != nil {
 		p.s.feed(b[:n], nil)
+	} else {
+		p.f.m.text += int64(n) // unreadable: the output is estimated from its bytes
 	}
 	if err == io.EOF && !p.eof {
 		p.eof = true

@@ -42,6 +42,9 @@ func TestMatch(t *testing.T) {
 		"openai chat":           {"api.openai.com", "/v1/chat/completions", Endpoint{Provider: OpenAI, API: ChatCompletions, AskUsage: true}, true},
 		"openai responses":      {"api.openai.com", "/v1/responses", Endpoint{Provider: OpenAI, API: Responses}, true},
 		"openai models":         {"api.openai.com", "/v1/models", Endpoint{}, false},
+		"openai completions":    {"api.openai.com", "/v1/completions", Endpoint{Provider: OpenAI, API: Completions, AskUsage: true}, true},
+		"openai embeddings":     {"api.openai.com", "/v1/embeddings", Endpoint{Provider: OpenAI, API: Embeddings}, true},
+		"compatible embeddings": {"llm.internal", "/openai/v1/embeddings", Endpoint{Provider: "vllm", API: Embeddings}, true},
 		"openai sub-path":       {"api.openai.com", "/v1/chat/completions/x", Endpoint{}, false},
 		"anthropic":             {"api.anthropic.com", "/v1/messages", Endpoint{Provider: Anthropic, API: Messages}, true},
 		"anthropic count":       {"api.anthropic.com", "/v1/messages/count_tokens", Endpoint{}, false},
@@ -66,6 +69,35 @@ func TestMatch(t *testing.T) {
 				t.Errorf("Match(%q, %q) = %+v, %v; want %+v, %v", c.host, c.path, got, ok, c.want, c.ok)
 			}
 		})
+	}
+}
+
+func TestProviderAndFree(t *testing.T) {
+	e := NewEndpoints(config.LLM{OpenAICompatible: []config.OpenAICompatible{{Name: "vllm", Hosts: []string{"*.inference.example"}}}})
+	for host, want := range map[string]string{"api.openai.com": OpenAI, "api.anthropic.com": Anthropic,
+		"generativelanguage.googleapis.com": Gemini, "a.inference.example": "vllm", "inference.example": "", "example.com": ""} {
+		if got := e.Provider(host); got != want {
+			t.Errorf("Provider(%q) = %q, want %q", host, got, want)
+		}
+	}
+	cases := []struct {
+		method, path  string
+		upgrade, free bool
+	}{
+		{"GET", "/v1/models", false, true},
+		{"HEAD", "/v1/responses/resp_1", false, true},
+		{"GET", "/v1/realtime", true, false},
+		{"POST", "/v1/messages/count_tokens", false, true},
+		{"POST", "/v1beta/models/gemini-2.0-flash:countTokens", false, true},
+		{"POST", "/v1/audio/speech", false, false},
+		{"POST", "/v1/batches", false, false},
+		{"PUT", "/v1/chat/completions", false, false},
+		{"OPTIONS", "/v1/chat/completions", false, false},
+	}
+	for _, c := range cases {
+		if got := Free(c.method, c.path, c.upgrade); got != c.free {
+			t.Errorf("Free(%s %s, upgrade %v) = %v", c.method, c.path, c.upgrade, got)
+		}
 	}
 }
 
@@ -107,7 +139,11 @@ func TestAskUsage(t *testing.T) {
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			m, nb, err := Start(chat, []byte(c.body), Options{})
+			in := []byte(c.body)
+			m, nb, err := Start(chat, in, Options{})
+			if string(in) != c.body {
+				t.Fatalf("the agent's body was changed in place: %s", in)
+			}
 			if c.err != nil {
 				if !errors.Is(err, c.err) {
 					t.Fatalf("Start(%s): error %v, want %v", c.body, err, c.err)
@@ -522,5 +558,50 @@ func BenchmarkParseRequest(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
 		readRequest(chatEP, body, true)
+	}
+}
+
+// Embeddings and legacy completions are metered: usage in the body, or in a completions
+// stream's last chunk.
+func TestEmbeddingsAndCompletions(t *testing.T) {
+	emb := Endpoint{Provider: OpenAI, API: Embeddings}
+	body := `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,-0.2]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":8,"total_tokens":8}}`
+	if _, call, _ := meter(t, emb, `{"model":"text-embedding-3-small","input":"hi"}`, "application/json", []byte(body), 3); !call.Reported || call.In != 8 || call.Out != 0 || call.Model != "text-embedding-3-small" {
+		t.Errorf("embeddings: %+v", call)
+	}
+	comp := Endpoint{Provider: OpenAI, API: Completions, AskUsage: true}
+	stream := "data: {\"choices\":[{\"text\":\"hello\",\"index\":0}],\"model\":\"gpt-3.5-turbo-instruct\"}\n\n" +
+		"data: {\"choices\":[],\"model\":\"gpt-3.5-turbo-instruct\",\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12}}\n\ndata: [DONE]\n\n"
+	m, nb, err := Start(comp, []byte(`{"model":"gpt-3.5-turbo-instruct","prompt":"x","stream":"true"}`), Options{})
+	if err != nil || string(nb) != `{"stream":true,"stream_options":{"include_usage":true},"model":"gpt-3.5-turbo-instruct","prompt":"x"}` {
+		t.Fatalf("completions request sent as %s, %v", nb, err)
+	}
+	resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: io.NopCloser(strings.NewReader(stream))}
+	var call usage.Call
+	m.Wrap(resp, func(c usage.Call) { call = c })
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !call.Reported || call.In != 5 || call.Out != 7 || strings.Contains(string(got), "usage") {
+		t.Errorf("completions stream: %+v, the agent got %s", call, got)
+	}
+}
+
+// A stream the agent leaves before its usage came is charged what came, estimated: leaving
+// early does not make a call free.
+func TestAgentLeavesEarly(t *testing.T) {
+	m, _, _ := Start(chatEP, []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"`+strings.Repeat("p", 400)+`"}]}`), Options{})
+	var events [][]byte // one per read, as an upstream sends them
+	for range 10 {
+		events = append(events, []byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"abcdefgh\"}}]}\n\n"))
+	}
+	events = append(events, []byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":20}}\n\n"))
+	resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: io.NopCloser(&eventReader{events: events})}
+	var call usage.Call
+	m.Wrap(resp, func(c usage.Call) { call = c })
+	buf := make([]byte, 5*len(events[0]))
+	io.ReadFull(resp.Body, buf)
+	resp.Body.Close()
+	if call.Reported || !call.Estimated || call.In < 100 || call.Out < 10 {
+		t.Errorf("a stream left early: %+v", call)
 	}
 }

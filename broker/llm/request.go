@@ -211,7 +211,7 @@ type member struct {
 // decoding their values.
 func topLevel(b []byte) (object, error) {
 	var o object
-	d := jsontext.NewDecoder(bytes.NewReader(b))
+	d := jsontext.NewDecoder(bytes.NewBuffer(b)) // a Buffer is read in place, not copied
 	tok, err := d.ReadToken()
 	if err != nil || tok.Kind() != '{' {
 		return o, errors.New("not a JSON object")
