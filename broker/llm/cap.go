@@ -110,7 +110,14 @@ var deltaKeys = map[API][][]byte{
 func deltaText(api API, data []byte) int64 {
 	keys := deltaKeys[api]
 	var n int64
-	for i := 0; ; {
+	i := 0
+	if a := deltaAnchors[api]; a != nil {
+		// The text is inside this member: the members before it are skipped in one search.
+		if i = memberAt(data, a); i < 0 {
+			return 0
+		}
+	}
+	for {
 		q := bytes.IndexByte(data[i:], '"')
 		if q < 0 {
 			return n
@@ -140,6 +147,36 @@ func deltaText(api API, data []byte) int64 {
 			break
 		}
 		i = end
+	}
+}
+
+// deltaAnchors name the member each API's generated text is inside of.
+var deltaAnchors = map[API][]byte{
+	ChatCompletions: []byte(`"choices"`),
+	Completions:     []byte(`"choices"`),
+	Responses:       []byte(`"delta"`),
+	Messages:        []byte(`"delta"`),
+	GenerateContent: []byte(`"candidates"`),
+}
+
+// memberAt is the index of the first member named name (quoted) in data, or -1: a match
+// preceded by '{' or ',' (and spaces) is a member name, not the end of an escaped quote in a
+// string.
+func memberAt(data, name []byte) int {
+	for off := 0; ; {
+		i := bytes.Index(data[off:], name)
+		if i < 0 {
+			return -1
+		}
+		i += off
+		j := i - 1
+		for j >= 0 && (data[j] == ' ' || data[j] == '\t' || data[j] == '\r' || data[j] == '\n') {
+			j--
+		}
+		if j >= 0 && (data[j] == '{' || data[j] == ',') {
+			return i
+		}
+		off = i + 1
 	}
 }
 

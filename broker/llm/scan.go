@@ -51,6 +51,7 @@ var (
 	keptNames   = []string{"usage", "model", "type", "usagemetadata", "modelversion"}
 	innerNames  = []string{"response", "message"}
 	innerKept   = []string{"usage", "model"}
+	bracket     = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true}
 	jsonLiteral = [256]bool{'t': true, 'f': true, 'n': true, '-': true, '0': true, '1': true, '2': true, '3': true, '4': true, '5': true, '6': true, '7': true, '8': true, '9': true}
 )
 
@@ -63,6 +64,15 @@ func (s *skeleton) feed(b []byte) {
 		if s.inStr {
 			i = s.str(b, i)
 			continue
+		}
+		if s.capDepth == 0 && s.depth > s.rootDepth && !(s.inner && s.depth == s.rootDepth+1) {
+			// Deep in a member not kept: only strings and brackets matter until it ends.
+			for i < len(b) && !bracket[b[i]] {
+				i++
+			}
+			if i == len(b) {
+				return
+			}
 		}
 		c := b[i]
 		i++
