@@ -3,6 +3,7 @@ package llm
 import (
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"io"
 	"mime"
 	"net/http"
@@ -365,7 +366,7 @@ func (m *Meter) root(skel []byte) {
 		Model string         `json:"model"`
 		Usage jsontext.Value `json:"usage"`
 	}
-	if strictjson.Unmarshal(skel, &v) != nil {
+	if !m.decode(skel, &v) {
 		m.bad = true
 		return
 	}
@@ -420,7 +421,7 @@ func (m *Meter) event(data []byte) bool {
 			Choices []jsontext.Value `json:"choices"`
 			Usage   jsontext.Value   `json:"usage"`
 		}
-		if strictjson.Unmarshal(data, &v) != nil {
+		if !m.decode(data, &v) {
 			m.bad = true
 			return true
 		}
@@ -441,7 +442,7 @@ func (m *Meter) event(data []byte) bool {
 				Usage jsontext.Value `json:"usage"`
 			} `json:"response"`
 		}
-		if strictjson.Unmarshal(data, &v) != nil || v.Response == nil {
+		if !m.decode(data, &v) || v.Response == nil {
 			m.bad = true
 			return true
 		}
@@ -462,7 +463,7 @@ func (m *Meter) event(data []byte) bool {
 			} `json:"message"`
 			Usage jsontext.Value `json:"usage"`
 		}
-		if strictjson.Unmarshal(data, &v) != nil {
+		if !m.decode(data, &v) {
 			m.bad = true
 			return true
 		}
@@ -491,7 +492,7 @@ func (m *Meter) event(data []byte) bool {
 			ModelVersion  string         `json:"modelVersion"`
 			UsageMetadata jsontext.Value `json:"usageMetadata"`
 		}
-		if strictjson.Unmarshal(data, &v) != nil {
+		if !m.decode(data, &v) {
 			m.bad = true
 			return true
 		}
@@ -499,6 +500,60 @@ func (m *Meter) event(data []byte) bool {
 		m.geminiUsage(v.UsageMetadata)
 	}
 	return true
+}
+
+// decode reads an event (or a skeleton) through strictjson. An event with usage in two
+// spellings a client may read as one (usage and Usage, a member twice) is not believed: each
+// is read alone and the largest counts are kept, and the call is marked unreadable, so that it
+// is charged at least those and at least the estimate (Call).
+func (m *Meter) decode(data []byte, v any) bool {
+	err := strictjson.Unmarshal(data, v)
+	if errors.Is(err, strictjson.ErrAmbiguous) {
+		m.largest(data, 0)
+	}
+	return err == nil
+}
+
+// largest reads, one by one, the members of an ambiguous object that are spelled like a usage
+// member (at the top, or under response or message), and keeps the largest counts read.
+func (m *Meter) largest(data []byte, depth int) {
+	d := jsontext.NewDecoder(bytes.NewBuffer(data), jsontext.AllowDuplicateNames(true))
+	if tok, err := d.ReadToken(); err != nil || tok.Kind() != '{' {
+		return
+	}
+	for d.PeekKind() != '}' {
+		tok, err := d.ReadToken()
+		if err != nil {
+			return
+		}
+		q, _ := jsontext.AppendQuote(nil, tok.String())
+		v, err := d.ReadValue()
+		if err != nil {
+			return
+		}
+		switch {
+		case looksLike(q, []string{"usage", "usagemetadata"}):
+			one := &Meter{ep: m.ep}
+			switch m.ep.API {
+			case ChatCompletions, Completions:
+				one.chatUsage(v)
+			case Embeddings:
+				one.embeddingsUsage(v)
+			case Responses:
+				one.responsesUsage(v)
+			case Messages:
+				one.anthropicUsage(v, true)
+			case GenerateContent:
+				one.geminiUsage(v)
+			}
+			if one.have {
+				m.in, m.out, m.cached = max(m.in, one.in), max(m.out, one.out), 0
+			}
+		case depth == 0 && looksLike(q, innerNames) && len(v) > 0 && v[0] == '{':
+			m.largest(bytes.Clone(v), 1)
+		}
+	}
+	m.bad = true
 }
 
 // peekModel reads the model an event names, when the request did not say.

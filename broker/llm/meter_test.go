@@ -388,6 +388,9 @@ func TestAmbiguousUsage(t *testing.T) {
 		if call.Reported || !call.Estimated {
 			t.Errorf("%s: %+v, want an estimate", name, call)
 		}
+		if name != "inner" && (call.In < 900 || call.Out < 900) {
+			t.Errorf("%s: %+v, want the larger of the two usages", name, call)
+		}
 	}
 }
 
