@@ -34,6 +34,7 @@ type Meter struct {
 	ended     bool      // the response was read to its end
 	text      int64     // bytes of generated text (streams) or of the body (JSON), for an estimate
 	cap       *capState // a hard budget applies (cap.go), or nil
+	stream    bool      // the response is a stream of events
 }
 
 // Options say how a call is metered.
@@ -100,6 +101,7 @@ func (m *Meter) Wrap(resp *http.Response, done func(usage.Call)) {
 		m.bad = true
 		resp.Body = &passBody{src: bodyOrEmpty(resp.Body), f: f}
 	case isEventStream(resp.Header.Get("Content-Type")):
+		m.stream = true
 		s := &sse{event: m.streamEvent, big: m.root}
 		if m.cap != nil {
 			s.event = m.capEvent
@@ -145,6 +147,11 @@ func (m *Meter) Call() usage.Call {
 		c.In, c.Out, c.Cached = m.in, m.out, m.cached
 	}
 	estOut := (m.text + bytesPerToken - 1) / bytesPerToken
+	if !m.ended && !m.stream {
+		// A JSON answer is generated whole before it is sent: one the agent left before its
+		// end cost what the request allowed, not the part of it that came.
+		estOut = max(estOut, m.req.MaxOut)
+	}
 	switch {
 	case m.cap != nil && m.cap.cutBy != "":
 		// Cut at a hard budget: what was let through counts, estimated where not reported.

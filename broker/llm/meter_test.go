@@ -608,3 +608,18 @@ func TestAgentLeavesEarly(t *testing.T) {
 		t.Errorf("a stream left early: %+v", call)
 	}
 }
+
+// A JSON answer the agent leaves before its end was generated whole: it is charged at least
+// the output the request allowed.
+func TestAgentLeavesJSONEarly(t *testing.T) {
+	m, _, _ := Start(chatEP, []byte(`{"model":"m","max_completion_tokens":3000,"messages":[]}`), Options{})
+	body := `{"model":"m","choices":[{"message":{"content":"` + strings.Repeat("x", 100000) + `"}}],"usage":{"prompt_tokens":10,"completion_tokens":2500}}`
+	resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(&pieces{b: []byte(body), n: 1000})}
+	var call usage.Call
+	m.Wrap(resp, func(c usage.Call) { call = c })
+	io.ReadFull(resp.Body, make([]byte, 2000))
+	resp.Body.Close()
+	if call.Reported || !call.Estimated || call.Out < 3000 {
+		t.Errorf("a JSON answer left early: %+v", call)
+	}
+}

@@ -30,7 +30,13 @@ type Request struct {
 	// Size is the request body's length in bytes (the input estimate of a call whose usage
 	// cannot be read), or -1 when not known.
 	Size int64
+	// MaxOut is the most output tokens the request asks for (max_tokens,
+	// max_completion_tokens, max_output_tokens), or 0.
+	MaxOut int64
 }
+
+// maxOutNames are the members in which the APIs take the most output tokens to generate.
+var maxOutNames = []string{"max_tokens", "max_completion_tokens", "max_output_tokens"}
 
 // ErrUnreadable is wrapped by the error refusing a metered call's request body that the broker
 // cannot classify: not JSON where a budget needs it read, or a stream, stream_options or
@@ -97,6 +103,12 @@ func readRequest(ep Endpoint, body []byte, budgeted bool) (Request, []byte, erro
 		var s string
 		if strictjson.Unmarshal(v, &s) == nil {
 			r.Model = cut(s)
+		}
+	}
+	for _, n := range maxOutNames {
+		var v int64
+		if raw := top.value(n); raw != nil && strictjson.Unmarshal(raw, &v) == nil && v > r.MaxOut {
+			r.MaxOut = v
 		}
 	}
 	if ep.API == Responses {
