@@ -52,7 +52,12 @@ var (
 	innerNames  = []string{"response", "message"}
 	innerKept   = []string{"usage", "model"}
 	bracket     = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true}
-	jsonLiteral = [256]bool{'t': true, 'f': true, 'n': true, '-': true, '0': true, '1': true, '2': true, '3': true, '4': true, '5': true, '6': true, '7': true, '8': true, '9': true}
+	scalarBytes = func() (t [256]bool) { // the bytes of numbers, true, false and null
+		for _, c := range []byte("0123456789+-.eEtruefalsn") {
+			t[c] = true
+		}
+		return t
+	}()
 )
 
 // feed reads the next piece of the text.
@@ -79,8 +84,8 @@ func (s *skeleton) feed(b []byte) {
 		switch c {
 		case ' ', '\t', '\r', '\n':
 		case '"':
-			if !s.started {
-				s.bad = true
+			if s.depth == 0 {
+				s.bad = true // a text that is no object or array, or a second value
 				return
 			}
 			s.inStr = true
@@ -164,11 +169,7 @@ func (s *skeleton) feed(b []byte) {
 			s.copy(c)
 			s.expect = s.depth > 0 && s.kinds[len(s.kinds)-1] == '{'
 		default:
-			if !jsonLiteral[c] && c != '.' && c != 'e' && c != 'E' && c != '+' && (c < 'a' || c > 'z') {
-				s.bad = true
-				return
-			}
-			if !s.started {
+			if !scalarBytes[c] || s.depth == 0 {
 				s.bad = true
 				return
 			}

@@ -26,6 +26,8 @@ func TestSkeleton(t *testing.T) {
 		"scalars":        {`{"model":"m","usage":null,"type":true}`, []string{`{"model":"m","usage":null,"type":true}`}, true},
 		"cut short":      {`{"model":"m","usage":{"a":1}`, nil, false},
 		"two values":     {`{"usage":1}{"usage":2}`, []string{`{"usage":1}`}, false},
+		"then a string":  {`{"usage":1} "x"`, []string{`{"usage":1}`}, false},
+		"then a number":  {`{"usage":1} 5`, []string{`{"usage":1}`}, false},
 		"not json":       {`<html>usage</html>`, nil, false},
 		"a string":       {`"usage"`, nil, false},
 		"array of other": {`[1,2]`, nil, true}, // whole, but no usage in it
