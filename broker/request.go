@@ -87,7 +87,10 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err := b.checkMCPSession(x, r, in); err != nil {
 		return nil, err
 	}
-	metered := x.meterRequest(in, t, small, body)
+	metered, err := x.meterRequest(r, in, t, small, body, granted)
+	if err != nil {
+		return nil, err
+	}
 
 	out := outbound(r, t, in.Path)
 	if small != nil {
