@@ -103,7 +103,7 @@ func TestComposeTransparentWiring(t *testing.T) {
 		if err != nil {
 			t.Fatalf("broker transparent rules: %v\n%s", err, out)
 		}
-		for _, want := range []string{"meta skuid " + uid + " return", "redirect to :15001", "redirect to :15053"} {
+		for _, want := range []string{"meta skuid " + uid + " return", "redirect to :15001", "redirect to :15053", "tcp dport 9090 reject"} {
 			if !strings.Contains(string(out), want) {
 				t.Errorf("the rules lack %q:\n%s", want, out)
 			}

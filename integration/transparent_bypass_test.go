@@ -428,3 +428,48 @@ transparent: {listen: "127.0.0.1:0", dns: {listen: "127.0.0.1:0"}}
 		}
 	}
 }
+
+// TestTransparentPodAdminPort: in the pod form, the agent shares the broker's loopback; the
+// rules keep every user but the broker's off the admin listener's port (--admin-port), so a
+// token is not the only thing between the agent and the approvals API.
+func TestTransparentPodAdminPort(t *testing.T) {
+	sn := newSandboxNet(t)
+	requireNft(t)
+	const brokerUID = "4243"
+	pod := sn.agentNS
+	admin := serveTCP(t, pod, "127.0.0.1:0") // the admin listener's stand-in
+	out, err := exec.Command("ip", "netns", "exec", pod, brokerBin, "transparent", "rules", "--hook", "output",
+		"--broker-uid", brokerUID, "--transparent-port", "15001", "--dns-port", "0", "--admin-port", fmt.Sprint(admin.port()), "--apply").CombinedOutput()
+	if err != nil {
+		t.Fatalf("broker transparent rules --hook output --apply: %v\n%s", err, out)
+	}
+	probeAs := func(uid string, targets ...string) map[string]string {
+		t.Helper()
+		cmd := exec.Command("ip", append([]string{"netns", "exec", pod, "setpriv", "--reuid", uid, "--regid", uid, "--clear-groups",
+			"python3", "-c", packetProbe}, targets...)...)
+		cmd.Env = []string{"PATH=" + agentPath}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("probe as %s: %v\n%s", uid, err, out)
+		}
+		got := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			target, result, _ := strings.Cut(l, " ")
+			got[target] = result
+		}
+		return got
+	}
+	targets := []string{fmt.Sprintf("tcp:127.0.0.1:%d", admin.port()), fmt.Sprintf("tcp:[::1]:%d", admin.port())}
+	got := probeAs(agentUID, targets...)
+	for _, target := range targets {
+		if got[target] != "ECONNREFUSED" && got[target] != "EPERM" {
+			t.Errorf("the agent's %s: %q, want refused", target, got[target])
+		}
+	}
+	if n := admin.accepted.Load(); n != 0 {
+		t.Errorf("the admin listener accepted %d of the agent's connections", n)
+	}
+	if got := probeAs(brokerUID, targets[0]); got[targets[0]] != "connected" || admin.accepted.Load() != 1 {
+		t.Errorf("the broker's user should reach its admin listener: %v", got)
+	}
+}

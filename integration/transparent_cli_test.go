@@ -64,19 +64,20 @@ transparent:
 		code int
 		want string
 	}{
-		"no subcommand":         {nil, 2, "Usage: broker transparent rules"},
-		"gateway without iface": {[]string{"rules", "--sandbox-cidr", "10.0.0.0/8"}, 2, "needs the sandbox's interface"},
-		"bad iface":             {[]string{"rules", "--sandbox-iface", "veth 0"}, 2, "sandbox-iface"},
-		"iface in pod form":     {[]string{"rules", "--hook", "output", "--broker-uid", "5", "--sandbox-iface", "eth0"}, 2, "takes no sandbox prefix or interface"},
-		"pod without uid":       {[]string{"rules", "--hook", "output"}, 2, "needs the broker's uid"},
-		"pod as root":           {[]string{"rules", "--hook", "output", "--broker-uid", "0"}, 2, "not 0"},
-		"uid in gateway form":   {[]string{"rules", "--sandbox-cidr", "10.0.0.0/8", "--broker-uid", "5"}, 2, "--broker-uid is for --hook output"},
-		"apply and remove":      {[]string{"rules", "--apply", "--remove"}, 2, "exclude each other"},
-		"bad cidr":              {[]string{"rules", "--sandbox-cidr", "10.0.0.300/8"}, 2, "sandbox-cidr"},
-		"port out of range":     {[]string{"rules", "--sandbox-cidr", "10.0.0.0/8", "--dns-port", "70000"}, 2, "out of range"},
-		"unknown hook":          {[]string{"rules", "--hook", "input", "--sandbox-cidr", "10.0.0.0/8"}, 2, `hook "input"`},
-		"transparent mode off":  {[]string{"rules", "--config", "off.yaml", "--sandbox-cidr", "10.0.0.0/8"}, 1, "transparent.listen is not set"},
-		"config does not parse": {[]string{"rules", "--config", "missing.yaml", "--sandbox-cidr", "10.0.0.0/8"}, 1, "missing.yaml"},
+		"no subcommand":              {nil, 2, "Usage: broker transparent rules"},
+		"gateway without iface":      {[]string{"rules", "--sandbox-cidr", "10.0.0.0/8"}, 2, "needs the sandbox's interface"},
+		"bad iface":                  {[]string{"rules", "--sandbox-iface", "veth 0"}, 2, "sandbox-iface"},
+		"admin port in gateway form": {[]string{"rules", "--sandbox-iface", "eth0", "--admin-port", "9090"}, 2, "--admin-port is for --hook output"},
+		"iface in pod form":          {[]string{"rules", "--hook", "output", "--broker-uid", "5", "--sandbox-iface", "eth0"}, 2, "takes no sandbox prefix or interface"},
+		"pod without uid":            {[]string{"rules", "--hook", "output"}, 2, "needs the broker's uid"},
+		"pod as root":                {[]string{"rules", "--hook", "output", "--broker-uid", "0"}, 2, "not 0"},
+		"uid in gateway form":        {[]string{"rules", "--sandbox-cidr", "10.0.0.0/8", "--broker-uid", "5"}, 2, "--broker-uid is for --hook output"},
+		"apply and remove":           {[]string{"rules", "--apply", "--remove"}, 2, "exclude each other"},
+		"bad cidr":                   {[]string{"rules", "--sandbox-cidr", "10.0.0.300/8"}, 2, "sandbox-cidr"},
+		"port out of range":          {[]string{"rules", "--sandbox-cidr", "10.0.0.0/8", "--dns-port", "70000"}, 2, "out of range"},
+		"unknown hook":               {[]string{"rules", "--hook", "input", "--sandbox-cidr", "10.0.0.0/8"}, 2, `hook "input"`},
+		"transparent mode off":       {[]string{"rules", "--config", "off.yaml", "--sandbox-cidr", "10.0.0.0/8"}, 1, "transparent.listen is not set"},
+		"config does not parse":      {[]string{"rules", "--config", "missing.yaml", "--sandbox-cidr", "10.0.0.0/8"}, 1, "missing.yaml"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			out, code := run(t, dir, append([]string{"transparent"}, c.args...)...)

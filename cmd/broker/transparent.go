@@ -21,7 +21,7 @@ import (
 )
 
 const transparentRulesSynopsis = `transparent rules [--sandbox-iface NAME]... [--sandbox-cidr CIDR]... [--config FILE] [--hook prerouting|output]
-         [--broker-uid UID] [--transparent-port N] [--dns-port N] [--proxy-addr HOST:PORT]
+         [--broker-uid UID] [--transparent-port N] [--dns-port N] [--admin-port N] [--proxy-addr HOST:PORT]
          [--log-group N] [--apply | --remove]`
 
 func cmdTransparent(args []string, stdout, stderr io.Writer) error {
@@ -76,6 +76,7 @@ func cmdTransparentRules(args []string, stdout, stderr io.Writer) error {
 	uid := fs.Int("broker-uid", -1, "the broker's user, whose sockets are left alone (hook output)")
 	tport := fs.Int("transparent-port", -1, "the transparent listener's port (default: transparent.listen's, else 15001)")
 	dport := fs.Int("dns-port", -1, "the resolver's port, 0 for none (default: transparent.dns.listen's, else 53)")
+	aport := fs.Int("admin-port", -1, "the admin listener's port, which no user but the broker's reaches, 0 for none (hook output; default: admin.listen's)")
 	proxy := fs.String("proxy-addr", "", "the explicit proxy's address, left alone (default: proxy.listen, else :8080)")
 	group := fs.Int("log-group", -1, "the netfilter log group refused packets go to, 0 for none (default: transparent.log_group, else 0)")
 	apply := fs.Bool("apply", false, "load the rules (nft -f -) instead of printing them")
@@ -85,6 +86,11 @@ func cmdTransparentRules(args []string, stdout, stderr io.Writer) error {
 	}
 	if *apply && *remove {
 		fmt.Fprintln(stderr, "--apply and --remove exclude each other")
+		fs.Usage()
+		return errUsage
+	}
+	if *aport != -1 && rules.Hook(*hook) != rules.Output {
+		fmt.Fprintln(stderr, "--admin-port is for --hook output (the gateway form lets the sandbox reach the broker's listeners only)")
 		fs.Usage()
 		return errUsage
 	}
@@ -147,7 +153,7 @@ func cmdTransparentRules(args []string, stdout, stderr io.Writer) error {
 		v    int
 		max  int
 		dst  *uint16
-	}{{"transparent-port", *tport, 65535, &o.TransparentPort}, {"dns-port", *dport, 65535, &o.DNSPort}, {"log-group", *group, 65535, &o.LogGroup}} {
+	}{{"transparent-port", *tport, 65535, &o.TransparentPort}, {"dns-port", *dport, 65535, &o.DNSPort}, {"log-group", *group, 65535, &o.LogGroup}, {"admin-port", *aport, 65535, &o.AdminPort}} {
 		if f.v == -1 {
 			continue
 		}
