@@ -223,8 +223,9 @@ func gateway(w *writer, o Options) {
 	w.line(2, "%s jump sandbox_source", fromSandbox)
 	w.line(1, "}")
 	w.line(1, "chain sandbox_source {")
-	w.line(2, "# Neighbour discovery (link-local, hop limit 255: never routed).")
-	w.line(2, "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } ip6 hoplimit 255 return")
+	w.line(2, "# Neighbour discovery from link-local sources, or none (duplicate address detection):")
+	w.line(2, "# hop limit 255, never routed. From any other source it is checked as the rest.")
+	w.line(2, "ip6 saddr { ::, fe80::/10 } icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } ip6 hoplimit 255 return")
 	w.line(2, "# Reverse path: the source must be routed back through the interface the packet came in on.")
 	w.line(2, "fib saddr . iif oif missing jump sandbox_bad_source")
 	if len(o.Sandbox) > 0 {
