@@ -174,6 +174,9 @@ func cmdTransparentRules(args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return errUsage
 	}
+	if o.LogGroup == 0 {
+		fmt.Fprintln(stderr, "warning: --log-group is 0 (transparent.log_group): refused packets are dropped, not audited")
+	}
 	if !*apply {
 		_, err := io.WriteString(stdout, script)
 		return err
