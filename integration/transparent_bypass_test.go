@@ -473,3 +473,32 @@ func TestTransparentPodAdminPort(t *testing.T) {
 		t.Errorf("the broker's user should reach its admin listener: %v", got)
 	}
 }
+
+// TestTransparentRulesRefuseUplink: the reverse path holds a source to what is routed through
+// the sandbox's interface; through the interface of the default route, every address is. The
+// rules refuse to be applied on one, IPv4's or IPv6's, and leave the packet filter alone.
+func TestTransparentRulesRefuseUplink(t *testing.T) {
+	sn := newSandboxNet(t)
+	requireNft(t)
+	for _, family := range []string{"-4", "-6"} {
+		t.Run(family, func(t *testing.T) {
+			via := map[string]string{"-4": agentSideIP, "-6": "fd00:250::2"}[family]
+			if family == "-6" {
+				ipCmd(t, "-n", sn.brokerNS, "-6", "addr", "add", "fd00:250::1/64", "dev", sn.vethB, "nodad")
+			}
+			ipCmd(t, "-n", sn.brokerNS, family, "route", "add", "default", "via", via)
+			defer ipCmd(t, "-n", sn.brokerNS, family, "route", "del", "default")
+			for _, iface := range []string{sn.vethB, sn.vethB[:4] + "*"} {
+				cmd := exec.Command("ip", "netns", "exec", sn.brokerNS, brokerBin, "transparent", "rules",
+					"--sandbox-iface", iface, "--transparent-port", "15001", "--log-group", "7", "--apply")
+				out, err := cmd.CombinedOutput()
+				if err == nil || !strings.Contains(string(out), "carries this namespace's default route") {
+					t.Fatalf("--sandbox-iface %s: %v\n%s", iface, err, out)
+				}
+				if tables := ipCmd(t, "netns", "exec", sn.brokerNS, "nft", "list", "tables"); strings.Contains(tables, "capbroker") {
+					t.Fatalf("the rules were applied:\n%s", tables)
+				}
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -181,6 +182,17 @@ func cmdTransparentRules(args []string, stdout, stderr io.Writer) error {
 		_, err := io.WriteString(stdout, script)
 		return err
 	}
+	if o.Hook == rules.Prerouting {
+		// The reverse path holds a source to what is routed through the interface: through
+		// one that carries the default route, every address is, forged ones included.
+		for _, up := range defaultRouteIfaces() {
+			for _, n := range o.Interfaces {
+				if up == n || strings.HasSuffix(n, "*") && strings.HasPrefix(up, strings.TrimSuffix(n, "*")) {
+					return fmt.Errorf("--sandbox-iface %s: %s carries this namespace's default route, so the rules could not tell the sandbox's packets, or its forged sources, from the rest; give the sandbox an interface of its own", n, up)
+				}
+			}
+		}
+	}
 	if err := runNft(script); err != nil {
 		return err
 	}
@@ -240,6 +252,29 @@ func ifaceHint(sandbox []netip.Prefix) string {
 		return ""
 	}
 	return fmt.Sprintf("here, the sandbox's prefixes are on: --sandbox-iface %s", strings.Join(names, " --sandbox-iface "))
+}
+
+// defaultRouteIfaces names the interfaces of this network namespace's default routes (IPv4
+// and IPv6, main table), from /proc/net.
+func defaultRouteIfaces() []string {
+	var out []string
+	if b, err := os.ReadFile("/proc/net/route"); err == nil {
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(l)
+			if len(f) >= 8 && f[1] == "00000000" && f[7] == "00000000" {
+				out = append(out, f[0])
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/net/ipv6_route"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) == 10 && f[0] == strings.Repeat("0", 32) && f[1] == "00" && f[9] != "lo" {
+				out = append(out, f[9])
+			}
+		}
+	}
+	return out
 }
 
 // runNft pipes a script to `nft -f -`.
