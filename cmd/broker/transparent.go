@@ -72,7 +72,7 @@ func cmdTransparentRules(args []string, stdout, stderr io.Writer) error {
 	var ifaces ifaceList
 	fs.Var(&ifaces, "sandbox-iface", "the interface the sandbox's packets arrive on; \"veth*\" for every name with that start (repeatable; gateway form; default: transparent.interfaces)")
 	fs.Var(&sandbox, "sandbox-cidr", "a source prefix the sandbox may use, IPv4 or IPv6; any other source is dropped (repeatable; gateway form)")
-	path := fs.String("config", "", "the broker's config: ports of transparent.listen, transparent.dns.listen and proxy.listen, and transparent.log_group")
+	path := fs.String("config", "", "the broker's config: ports (and families) of transparent.listen, transparent.dns.listen and proxy.listen; transparent.log_group and transparent.interfaces; admin.listen's port (hook output)")
 	hook := fs.String("hook", string(rules.Prerouting), "prerouting (the broker is the sandbox's gateway) or output (agent and broker share a network namespace: a pod)")
 	uid := fs.Int("broker-uid", -1, "the broker's user, whose sockets are left alone (hook output)")
 	tport := fs.Int("transparent-port", -1, "the transparent listener's port (default: transparent.listen's, else 15001)")
@@ -187,7 +187,7 @@ func cmdTransparentRules(args []string, stdout, stderr io.Writer) error {
 		// one that carries the default route, every address is, forged ones included.
 		for _, up := range defaultRouteIfaces() {
 			for _, n := range o.Interfaces {
-				if up == n || strings.HasSuffix(n, "*") && strings.HasPrefix(up, strings.TrimSuffix(n, "*")) {
+				if rules.InterfaceMatches(n, up) {
 					return fmt.Errorf("--sandbox-iface %s: %s carries this namespace's default route, so the rules could not tell the sandbox's packets, or its forged sources, from the rest; give the sandbox an interface of its own", n, up)
 				}
 			}

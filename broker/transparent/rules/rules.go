@@ -78,6 +78,15 @@ type Options struct {
 	AdminPort uint16
 }
 
+// InterfaceMatches says whether the interface name is one pattern (a name, or a start and
+// '*') names, as nftables' iifname matches it.
+func InterfaceMatches(pattern, name string) bool {
+	if start, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(name, start)
+	}
+	return pattern == name
+}
+
 // CheckInterface says whether name can be an interface's name in the rules: what Linux
 // allows (at most 15 bytes, no '/', ':' or white space), restricted to letters, digits and
 // "_.-", with an optional '*' at the end for every name that starts with the rest.

@@ -201,3 +201,17 @@ func TestCheckInterface(t *testing.T) {
 		}
 	}
 }
+
+func TestInterfaceMatches(t *testing.T) {
+	for _, c := range []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"veth0", "veth0", true}, {"veth0", "veth01", false}, {"veth*", "veth01", true},
+		{"veth*", "veth", true}, {"veth*", "vet", false}, {"br-*", "eth0", false},
+	} {
+		if got := InterfaceMatches(c.pattern, c.name); got != c.want {
+			t.Errorf("InterfaceMatches(%q, %q) = %v", c.pattern, c.name, got)
+		}
+	}
+}
