@@ -30,6 +30,7 @@ const (
 	// one in a range it does not.
 	addedRoutedIP = "10.250.9.9"
 	addedIP       = "10.99.0.9"
+	addedIP6      = "fd00:99::9"
 )
 
 // bypassAttack runs each spec as root in the agent's namespace (NET_RAW and NET_ADMIN: the
@@ -119,6 +120,7 @@ func TestTransparentBypass(t *testing.T) {
 	ipCmd(t, "-n", sn.brokerNS, "route", "add", "10.250.9.0/24", "via", agentSideIP)
 	ipCmd(t, "-n", sn.agentNS, "addr", "add", addedRoutedIP+"/32", "dev", sn.vethA)
 	ipCmd(t, "-n", sn.agentNS, "addr", "add", addedIP+"/32", "dev", sn.vethA)
+	ipCmd(t, "-n", sn.agentNS, "-6", "addr", "add", addedIP6+"/128", "dev", sn.vethA, "nodad")
 
 	outTCP := serveTCP(t, outsideNS, ":0") // both families, every address of the outside
 	outUDP := serveUDP(t, outsideNS, ":0", "")
@@ -195,6 +197,7 @@ transparent:
 			{"UDP with a forged IPv6 source", "raw|" + forgedIP6 + "|" + outside6 + "|" + udpPort + "|" + sport, false, forgedIP6, outside6},
 			{"TCP from an added address the gateway routes", "tcp|" + addedRoutedIP + "|" + outsideIP + "|" + tcpPort + "|0", true, addedRoutedIP, outsideIP},
 			{"UDP from an added address", "udp|" + addedIP + "|" + outsideIP + "|" + udpPort + "|0", false, addedIP, outsideIP},
+			{"UDP from an added IPv6 address", "udp|" + addedIP6 + "|" + outside6 + "|" + udpPort + "|0", false, addedIP6, outside6},
 		}
 	}
 	specs := func(as []attackSpec) (out []string) {
@@ -213,15 +216,15 @@ transparent:
 				t.Errorf("%s: %q, want %q", a.name, got[a.spec], want)
 			}
 		}
-		// TCP: the two connections accepted. UDP: three datagrams of each of the three
+		// TCP: the two connections accepted. UDP: three datagrams of each of the four
 		// attacks; counted as they arrive, so wait for them (the outside echoes each, which
 		// the attacker never reads).
-		eventually(t, "the outside's nine datagrams", func() bool { return outUDP.got.Load()-udpBefore >= 9 })
+		eventually(t, "the outside's twelve datagrams", func() bool { return outUDP.got.Load()-udpBefore >= 12 })
 		if n := outTCP.accepted.Load() - tcpBefore; n != 2 {
 			t.Errorf("the outside accepted %d connections, want 2", n)
 		}
-		if n := outUDP.got.Load() - udpBefore; n != 9 {
-			t.Errorf("the outside received %d datagrams, want 9", n)
+		if n := outUDP.got.Load() - udpBefore; n != 12 {
+			t.Errorf("the outside received %d datagrams, want 12", n)
 		}
 		if t.Failed() {
 			t.Fatal("the topology does not carry the attacks: the checks below would prove nothing")
@@ -325,8 +328,9 @@ transparent:
 			"TCP from an added address the gateway routes": {audit: func(a attackSpec) func(auditEvent) bool {
 				return refusedBy(a, "no agent is configured with source address "+addedRoutedIP)
 			}},
-			// Not routed back through the sandbox's interface: the reverse path drops it.
-			"UDP from an added address": dropped,
+			// Not routed back through the sandbox's interface: the reverse path drops them.
+			"UDP from an added address":      dropped,
+			"UDP from an added IPv6 address": dropped,
 		})
 		reachAPI(t)
 	})
