@@ -31,7 +31,7 @@ RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w" -o /out/demo-up
 FROM busybox:1.37 AS ca-init
 COPY --from=build /out/broker /usr/local/bin/broker
 COPY --chmod=0755 deploy/broker/ca-init.sh /usr/local/bin/ca-init
-RUN mkdir -p /ca /ca-public && chown 65532:65532 /ca /ca-public && chmod 0700 /ca
+RUN mkdir -p /ca /ca-public /admin && chown 65532:65532 /ca /ca-public /admin && chmod 0700 /ca /admin
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/ca-init"]
 

@@ -272,7 +272,7 @@ func startBrokerWith(bin, dir string, up *upstream, p *pki, full bool, agentYAML
 	}
 	b := &broker{token: "bench-token"}
 	cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0", %s}
-admin: {listen: "127.0.0.1:0"}
+admin: {listen: "127.0.0.1:0", token_env: BENCH_ADMIN_TOKEN}
 ca: {cert_file: %q, key_file: %q}
 policy: {dir: %q, mode: enforce}
 upstream:
@@ -309,7 +309,9 @@ audit: {file: %q}
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	if err := b.run(bin, cfgFile, "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret); err != nil {
+	// The admin API takes a token: in transparent mode, with its listener and agent on
+	// loopback, the broker refuses to start without one (an agent there could approve).
+	if err := b.run(bin, cfgFile, "BENCH_AGENT_TOKEN="+b.token, "BENCH_SECRET="+secret, "BENCH_ADMIN_TOKEN="+rand.Text()); err != nil {
 		return nil, err
 	}
 	pool, err := poolFromFile(filepath.Join(dir, "ca", "ca.crt"))

@@ -42,6 +42,7 @@ func TestResolverPolicy(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Agents = append(cfg.Agents, config.Agent{ID: "sidecar", Addresses: []string{"10.250.0.2/32"}, Labels: map[string]string{"team": "x"}})
 	cfg.Transparent.DNS.Listen = "127.0.0.1:0"
+	adminToken(cfg)
 	pol := &portPolicy{}
 	b, _ := testBroker(t, cfg, Deps{Policy: pol, Secrets: benchSecrets{}, Audit: al}, memoryUpstream{}, "example.com")
 	rp := resolverPolicy{b: b}
@@ -118,6 +119,7 @@ decision := {"allow": true} if {
 	cfg := testConfig(b)
 	cfg.Agents = append(cfg.Agents, config.Agent{ID: "sidecar", Addresses: []string{"10.250.0.2/32"}})
 	cfg.Transparent.DNS.Listen = "127.0.0.1:0"
+	adminToken(cfg)
 	br, _ := testBroker(b, cfg, Deps{Policy: e, Secrets: benchSecrets{}}, memoryUpstream{}, "example.com")
 	rp := resolverPolicy{b: br}
 	for name, want := range map[string]bool{"api.example.com": true, "evil.example": false} {

@@ -19,6 +19,9 @@ type Flow struct {
 	// Host names the destination when it is known (a TLS server name); else the audit event
 	// names the name the resolver answered the pool address for, or the address.
 	Host string
+	// Forged is set when the rules dropped the packet for its source address: the address
+	// names no agent then, whoever it belongs to.
+	Forged bool
 }
 
 // RefuseFlow writes the audit event of a refused flow (decision deny, mode transparent,
@@ -47,7 +50,7 @@ func (b *Broker) RefuseFlow(f Flow, reason string) {
 		Mode:       audit.ModeTransparent,
 		PolicyMode: g.mode,
 	}
-	if a, err := g.agents.Identify("", f.Source.Addr().Unmap()); err == nil {
+	if a, err := g.agents.Identify("", f.Source.Addr().Unmap()); err == nil && !f.Forged {
 		ev.Agent = a.ID
 	}
 	b.metrics.requests.WithLabelValues(ev.Phase, audit.Deny).Inc()

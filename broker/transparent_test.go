@@ -85,11 +85,16 @@ type transparentEnv struct {
 	events chan map[string]any
 }
 
+// adminToken gives cfg's admin listener a token: with a transparent listener or an agent on
+// loopback, the agent would share it, and the config refuses a tokenless one.
+func adminToken(cfg *config.Config) { cfg.Admin.TokenEnv = "CAPBROKER_TEST_ADMIN_TOKEN" }
+
 func newTransparentEnv(t testing.TB, configure ...func(*config.Config)) *transparentEnv {
 	t.Helper()
 	cfg := testConfig(t)
 	cfg.Agents[0].Addresses = []string{"127.0.0.1/32"}
 	cfg.Transparent.Listen = "127.0.0.1:0"
+	adminToken(cfg)
 	for _, f := range configure {
 		f(cfg)
 	}

@@ -103,10 +103,38 @@ func TestComposeTransparentWiring(t *testing.T) {
 		if err != nil {
 			t.Fatalf("broker transparent rules: %v\n%s", err, out)
 		}
-		for _, want := range []string{"meta skuid " + uid + " return", "redirect to :15001", "redirect to :15053"} {
+		for _, want := range []string{"meta skuid " + uid + " return", "redirect to :15001", "redirect to :15053", "tcp dport 9090 reject"} {
 			if !strings.Contains(string(out), want) {
 				t.Errorf("the rules lack %q:\n%s", want, out)
 			}
+		}
+	})
+
+	// The agent shares the broker's network namespace: it reaches the admin listener on
+	// loopback, and whoever reaches the admin API approves held requests (docs/approvals.md).
+	t.Run("the admin API takes a token the agent cannot read", func(t *testing.T) {
+		if cfg.Admin.TokenFile == "" {
+			t.Fatalf("%s: admin %+v has no token_file, in a namespace the agent shares", demoTransparentConfig, cfg.Admin)
+		}
+		m, ok := mountOf(broker, cfg.Admin.TokenFile)
+		if !ok || m.Type != types.VolumeTypeVolume || !m.ReadOnly {
+			t.Fatalf("the broker reads admin.token_file %s from %+v: want a named volume, read-only", cfg.Admin.TokenFile, m)
+		}
+		for name, svc := range p.Services {
+			if _, mounted := mountedAt(svc, m.Source); mounted && name != "broker" && name != "ca-init" {
+				t.Errorf("service %s mounts the admin token's volume %s", name, m.Source)
+			}
+		}
+		if _, mounted := mountedAt(agent, m.Source); mounted {
+			t.Errorf("the agent mounts the admin token's volume %s", m.Source)
+		}
+		ca := service(t, p, "ca-init")
+		at, ok := mountedAt(ca, m.Source)
+		if !ok || envValue(ca, "ADMIN_DIR") != at || at != m.Target {
+			t.Errorf("ca-init should write the token into %s (ADMIN_DIR %q, mounted at %q)", m.Source, envValue(ca, "ADMIN_DIR"), at)
+		}
+		if d, ok := broker.DependsOn["ca-init"]; !ok || d.Condition != types.ServiceConditionCompletedSuccessfully {
+			t.Errorf("the broker does not wait for ca-init's token: %v", broker.DependsOn)
 		}
 	})
 

@@ -314,7 +314,7 @@ transparent:
 
 	rulesCmd := func(args ...string) string { t.Helper(); return sn.transparentRules(t, args...) }
 	apply := []string{"--config", filepath.Join(b.dir, "broker.yaml"),
-		"--sandbox-cidr", agentSideIP + "/32", "--sandbox-cidr", "fd00:250::2/128",
+		"--sandbox-iface", sn.vethB, "--sandbox-cidr", agentSideIP + "/32", "--sandbox-cidr", "fd00:250::2/128",
 		"--proxy-addr", b.proxyAddr, "--dns-port", fmt.Sprint(dns.port()), "--apply"}
 	out := rulesCmd(apply...)
 	if !strings.Contains(out, fmt.Sprintf("TCP to port 15001, DNS to port %d, log group %d", dns.port(), nflogGroup)) {
@@ -444,7 +444,7 @@ transparent:
 			t.Fatal(err)
 		}
 		second := filepath.Join(b.dir, "second.yaml")
-		if err := os.WriteFile(second, []byte(strings.Replace(string(yml), `listen: "0.0.0.0:15001"`, `listen: "127.0.0.1:0"`, 1)), 0o600); err != nil {
+		if err := os.WriteFile(second, []byte(strings.Replace(string(yml), `listen: "0.0.0.0:15001"`, `listen: "`+brokerSideIP+`:0"`, 1)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", sn.brokerNS, brokerBin, "run", "--config", second)

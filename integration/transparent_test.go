@@ -24,7 +24,7 @@ import (
 // Transparent mode as a user deploys it, in the sandbox topology (netns_test.go) made a
 // gateway (sandboxNet.gateway): the agent's default routes (IPv4 and IPv6) go through the
 // broker's namespace, where the rules are the ones the built binary writes and applies
-// (`broker transparent rules --sandbox-cidr ... --config broker.yaml --apply`); the agent's
+// (`broker transparent rules --sandbox-iface ... --config broker.yaml --apply`); the agent's
 // resolv.conf names the broker's resolver (transparent.dns.listen) and nothing else gives it
 // a name; refused packets are logged to transparent.log_group, which the broker reads. The
 // agent's clients have no proxy settings.
@@ -172,7 +172,7 @@ transparent:
 	})
 	b.logs.wait(t, `"message":"resolver listening"`)
 	// The rules, from the broker's own config, as the operator applies them.
-	out := sn.transparentRules(t, "--sandbox-cidr", agentSideIP+"/32", "--sandbox-cidr", agentSideIP6+"/128",
+	out := sn.transparentRules(t, "--sandbox-iface", sn.vethB, "--sandbox-cidr", agentSideIP+"/32", "--sandbox-cidr", agentSideIP6+"/128",
 		"--config", filepath.Join(b.dir, "broker.yaml"), "--apply")
 	if !strings.Contains(out, fmt.Sprintf("TCP to port %s, DNS to port 53, log group %d", transparentPort, transparentLog)) {
 		t.Fatalf("--apply said:\n%s", out)

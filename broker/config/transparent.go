@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
+
+	"github.com/capbroker/capbroker/broker/transparent/rules"
 )
 
 // Transparent makes the broker the sandbox's network path for clients that ignore proxy
@@ -23,6 +26,10 @@ type Transparent struct {
 	// other than DNS, QUIC among it): the broker reads it and writes one audit event per
 	// refused flow. 0 = not read (the packets are still refused by the rules).
 	LogGroup int `yaml:"log_group"`
+	// Interfaces are the interfaces the sandbox's packets arrive on, where the broker is the
+	// sandbox's gateway (a veth, a bridge; "veth*" for every name with that start): the
+	// rules' --sandbox-iface (`broker transparent rules`). The broker itself does not read it.
+	Interfaces []string `yaml:"interfaces"`
 }
 
 // TransparentDNS is the sandbox's resolver. It never forwards a query: a name the policy
@@ -120,7 +127,13 @@ func (c *Config) validateTransparent(e *errs) {
 	if t.LogGroup < 0 || t.LogGroup > 65535 {
 		e.add("transparent.log_group", "%d is not a netfilter log group (0-65535)", t.LogGroup)
 	}
+	for i, n := range t.Interfaces {
+		if err := rules.CheckInterface(n); err != nil {
+			e.add(fmt.Sprintf("transparent.interfaces[%d]", i), "%v", err)
+		}
+	}
 	if t.Listen != "" || t.DNS.Listen != "" {
+		c.validateTransparentAdmin(e)
 		byAddress := false
 		for _, a := range c.Agents {
 			byAddress = byAddress || len(a.Addresses) > 0
@@ -128,5 +141,39 @@ func (c *Config) validateTransparent(e *errs) {
 		if !byAddress {
 			e.add("transparent", "transparent mode identifies agents by source address, and no agent has addresses")
 		}
+	}
+}
+
+// validateTransparentAdmin refuses an admin listener without authentication that an agent
+// can reach: whoever reaches it approves held requests. Off loopback, the admin section's
+// own check refuses it in every mode. On loopback, it is the agent's too when the agent
+// shares the broker's network namespace, as transparent mode's pod form has it: a listener
+// of the rules' on loopback (the rules can only redirect there from inside the namespace),
+// or an agent whose addresses cover loopback (its connections come from there).
+func (c *Config) validateTransparentAdmin(e *errs) {
+	ad := c.Admin
+	if ad.TokenEnv != "" || ad.TokenFile != "" || ad.TLS != nil || !LoopbackListen(ad.Listen) {
+		return
+	}
+	var why string
+	for _, l := range []struct{ key, addr string }{{"transparent.listen", c.Transparent.Listen}, {"transparent.dns.listen", c.Transparent.DNS.Listen}} {
+		if l.addr != "" && LoopbackListen(l.addr) {
+			why = fmt.Sprintf("%s %q is on loopback, so the agent shares the broker's network namespace", l.key, l.addr)
+			break
+		}
+	}
+	for i, a := range c.Agents {
+		if why != "" {
+			break
+		}
+		if slices.ContainsFunc(a.Addresses, func(s string) bool {
+			p, err := ParsePrefix(s)
+			return err == nil && (p.Contains(netip.AddrFrom4([4]byte{127, 0, 0, 1})) || p.Contains(netip.IPv6Loopback()) || p.Addr().IsLoopback())
+		}) {
+			why = fmt.Sprintf("agents[%d] (%s) is known by an address on loopback, so it connects from there", i, a.ID)
+		}
+	}
+	if why != "" {
+		e.add("admin.listen", "%q has no authentication, and in transparent mode an agent reaches it: %s, and whoever reaches the admin API approves held requests. Set admin.token_file (a file the agent cannot read), admin.token_env or admin.tls", ad.Listen, why)
 	}
 }

@@ -1,6 +1,8 @@
 #!/bin/sh
 # The docker-compose demo's ca-init job: creates the broker's CA on first start and publishes
-# its certificate (never the key) to the volume the agent mounts read-only.
+# its certificate (never the key) to the volume the agent mounts read-only. With ADMIN_DIR set
+# (the transparent variant), it also creates the admin API's token there on first start: 256
+# random bits in a file only the broker's user reads, on a volume the agent never mounts.
 set -eu
 CA_DIR="${CA_DIR:-/ca}"
 PUBLIC_DIR="${PUBLIC_DIR:-/ca-public}"
@@ -13,3 +15,13 @@ fi
 cp "$CA_DIR/ca.crt" "$PUBLIC_DIR/ca.crt.tmp"
 chmod 0644 "$PUBLIC_DIR/ca.crt.tmp"
 mv -f "$PUBLIC_DIR/ca.crt.tmp" "$PUBLIC_DIR/ca.crt"
+if [ -n "${ADMIN_DIR:-}" ]; then
+	if [ -s "$ADMIN_DIR/token" ]; then
+		echo "ca-init: keeping the admin token in $ADMIN_DIR"
+	else
+		umask 077
+		head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$ADMIN_DIR/token.tmp"
+		mv -f "$ADMIN_DIR/token.tmp" "$ADMIN_DIR/token"
+		echo "ca-init: created the admin token in $ADMIN_DIR"
+	fi
+fi

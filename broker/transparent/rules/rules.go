@@ -4,6 +4,13 @@
 // clients excepted), and every other packet is refused, and logged to a netfilter log group
 // the broker reads, so that each refusal is audited.
 //
+// The rules deny by default. The gateway form knows the sandbox by the interfaces its packets
+// arrive on, never by their source address alone, and for both address families: a packet
+// whose source the sandbox could forge (NET_RAW) or add (NET_ADMIN) is still the sandbox's,
+// and gets no further than one the rules expected. A source address the sandbox may not use
+// (not routed back through the interface the packet came in on, or outside the sandbox's
+// prefixes) is dropped before anything else, and logged with LogPrefixSource.
+//
 // The rules live in one table, inet capbroker, which the script replaces as a whole: applying
 // it twice leaves one copy, and removing the table removes everything.
 package rules
@@ -31,17 +38,32 @@ const (
 	Output Hook = "output"
 )
 
+// LogPrefixSource is the log prefix of packets dropped for their source address, so that the
+// broker's audit can say why (the other refused packets carry no prefix).
+const LogPrefixSource = "capbroker: source"
+
 // Options are what the rules need to know. Ports are the broker's: TCP connections go to
 // TransparentPort, DNS queries (UDP and TCP port 53) to DNSPort, and connections to ProxyPort
 // on the broker's own addresses are left alone (explicit-proxy clients).
 type Options struct {
 	Hook Hook
-	// Sandbox are the sandbox's source prefixes (gateway form; at least one).
+	// Interfaces are the interfaces the sandbox's packets arrive on (gateway form; at least
+	// one): a veth, a bridge, "veth*" for every name with that start. Every packet arriving
+	// on them is the sandbox's, whatever its addresses.
+	Interfaces []string
+	// Sandbox are the source prefixes the sandbox may use (gateway form; optional): a packet
+	// from its interfaces with any other source is dropped and logged. Without them, the
+	// reverse-path check alone holds the sources to what is routed through the interfaces.
 	Sandbox []netip.Prefix
-	// TransparentPort is the transparent listener's port (required).
+	// TransparentPort is the transparent listener's port (required). TransparentAddr, when
+	// valid and specified, is its address: only its family is redirected (gateway form), the
+	// other's TCP is refused like the rest.
 	TransparentPort uint16
+	TransparentAddr netip.Addr
 	// DNSPort is the resolver's port; 0 = no resolver: DNS is refused like other UDP.
+	// DNSAddr narrows the redirect to its family, as TransparentAddr does.
 	DNSPort uint16
+	DNSAddr netip.Addr
 	// ProxyPort is the explicit proxy's port; 0 = none. ProxyAddr, when valid and specified,
 	// narrows the exception to that address; else any of the broker host's own addresses.
 	ProxyPort uint16
@@ -51,6 +73,39 @@ type Options struct {
 	// BrokerUID is the broker's user (pod form; not root): its sockets are neither
 	// redirected nor refused. The gateway form ignores it.
 	BrokerUID int
+	// AdminPort is the broker's admin listener's port (pod form; 0 = unknown): no other user
+	// of the namespace connects to it, on any address.
+	AdminPort uint16
+}
+
+// InterfaceMatches says whether the interface name is one pattern (a name, or a start and
+// '*') names, as nftables' iifname matches it.
+func InterfaceMatches(pattern, name string) bool {
+	if start, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(name, start)
+	}
+	return pattern == name
+}
+
+// CheckInterface says whether name can be an interface's name in the rules: what Linux
+// allows (at most 15 bytes, no '/', ':' or white space), restricted to letters, digits and
+// "_.-", with an optional '*' at the end for every name that starts with the rest.
+func CheckInterface(name string) error {
+	base := strings.TrimSuffix(name, "*")
+	switch {
+	case base == "":
+		return fmt.Errorf("interface %q: a name is needed (a wildcard needs a start: \"veth*\")", name)
+	case len(base) > 15:
+		return fmt.Errorf("interface %q: longer than 15 bytes, no interface has that name", name)
+	case base == "." || base == "..":
+		return fmt.Errorf("interface %q is not a name", name)
+	}
+	for _, r := range base {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == '-') {
+			return fmt.Errorf("interface %q: %q is not allowed (letters, digits, '_', '.', '-', and '*' at the end)", name, r)
+		}
+	}
+	return nil
 }
 
 // SnapLen is how much of a refused packet the rules copy to the log group: the network and
@@ -61,8 +116,13 @@ func (o Options) check() error {
 	var errs []error
 	switch o.Hook {
 	case Prerouting:
-		if len(o.Sandbox) == 0 {
-			errs = append(errs, errors.New("the gateway form (hook prerouting) needs at least one sandbox prefix"))
+		if len(o.Interfaces) == 0 {
+			errs = append(errs, errors.New("the gateway form (hook prerouting) needs the sandbox's interface (--sandbox-iface, transparent.interfaces): the sandbox is known by where its packets arrive, not by the source addresses it could forge"))
+		}
+		for _, n := range o.Interfaces {
+			if err := CheckInterface(n); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		for _, p := range o.Sandbox {
 			if !p.IsValid() {
@@ -70,8 +130,8 @@ func (o Options) check() error {
 			}
 		}
 	case Output:
-		if len(o.Sandbox) > 0 {
-			errs = append(errs, errors.New("the pod form (hook output) takes no sandbox prefix: it covers every socket of the namespace but the broker's"))
+		if len(o.Sandbox) > 0 || len(o.Interfaces) > 0 {
+			errs = append(errs, errors.New("the pod form (hook output) takes no sandbox prefix or interface: it covers every socket of the namespace but the broker's"))
 		}
 		if o.BrokerUID <= 0 {
 			// Not root either: its exception would cover every root process of the namespace.
@@ -130,8 +190,28 @@ func gateway(w *writer, o Options) {
 	v4 = slices.Compact(v4)
 	slices.Sort(v6)
 	v6 = slices.Compact(v6)
+	ifaces := slices.Clone(o.Interfaces)
+	slices.Sort(ifaces)
+	ifaces = slices.Compact(ifaces)
+	quoted := make([]string, len(ifaces))
+	for i, n := range ifaces {
+		quoted[i] = `"` + n + `"`
+	}
+	// Every packet arriving on the sandbox's interfaces, IPv4 and IPv6, whatever its source.
+	fromSandbox := fmt.Sprintf("iifname { %s }", strings.Join(quoted, ", "))
+	logRule := func(indent int, prefix string) {
+		if o.LogGroup == 0 {
+			return
+		}
+		if prefix != "" {
+			w.line(indent, "log prefix %q group %d snaplen %d", prefix, o.LogGroup, SnapLen)
+		} else {
+			w.line(indent, "log group %d snaplen %d", o.LogGroup, SnapLen)
+		}
+	}
+
 	if len(v4) > 0 {
-		w.line(1, "# The sandbox's source addresses.")
+		w.line(1, "# The source addresses the sandbox may use; any other is dropped.")
 		w.line(1, "set sandbox4 {")
 		w.line(2, "type ipv4_addr; flags interval")
 		w.line(2, "elements = { %s }", strings.Join(v4, ", "))
@@ -143,25 +223,52 @@ func gateway(w *writer, o Options) {
 		w.line(2, "elements = { %s }", strings.Join(v6, ", "))
 		w.line(1, "}")
 	}
-	fromSandbox := func(verdict string) {
+
+	w.line(0, "")
+	w.line(1, "# First of all (priority raw): the sandbox is known by the interfaces its packets arrive")
+	w.line(1, "# on, and a source address it could forge (NET_RAW) or add (NET_ADMIN) gets nothing.")
+	w.line(1, "chain guard {")
+	w.line(2, "type filter hook prerouting priority raw; policy accept;")
+	w.line(2, "%s jump sandbox_source", fromSandbox)
+	w.line(1, "}")
+	w.line(1, "chain sandbox_source {")
+	w.line(2, "# Neighbour discovery from link-local sources, or none (duplicate address detection):")
+	w.line(2, "# hop limit 255, never routed. From any other source it is checked as the rest.")
+	w.line(2, "ip6 saddr { ::, fe80::/10 } icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } ip6 hoplimit 255 return")
+	w.line(2, "# Reverse path: the source must be routed back through the interface the packet came in on.")
+	w.line(2, "fib saddr . iif oif missing jump sandbox_bad_source")
+	if len(o.Sandbox) > 0 {
+		w.line(2, "# And be one of the sandbox's prefixes; a family without any is refused whole.")
 		if len(v4) > 0 {
-			w.line(2, "ip saddr @sandbox4 %s", verdict)
+			w.line(2, "ip saddr != @sandbox4 jump sandbox_bad_source")
+		} else {
+			w.line(2, "meta nfproto ipv4 jump sandbox_bad_source")
 		}
 		if len(v6) > 0 {
-			w.line(2, "ip6 saddr @sandbox6 %s", verdict)
+			w.line(2, "ip6 saddr != @sandbox6 jump sandbox_bad_source")
+		} else {
+			w.line(2, "meta nfproto ipv6 jump sandbox_bad_source")
 		}
 	}
+	w.line(1, "}")
+	w.line(1, "chain sandbox_bad_source {")
+	w.line(2, "# Dropped, not answered: an answer would go to the forged address. Logged for the")
+	w.line(2, "# broker's audit, but for the link's own multicast and broadcast chatter.")
+	w.line(2, "fib daddr type { broadcast, multicast } drop")
+	logRule(2, LogPrefixSource)
+	w.line(2, "drop")
+	w.line(1, "}")
 
 	w.line(0, "")
 	w.line(1, "# Where the sandbox's packets are sent, before routing.")
 	w.line(1, "chain prerouting {")
 	w.line(2, "type nat hook prerouting priority dstnat; policy accept;")
-	fromSandbox("jump sandbox_nat")
+	w.line(2, "%s jump sandbox_nat", fromSandbox)
 	w.line(1, "}")
 	w.line(1, "chain sandbox_nat {")
 	if o.DNSPort != 0 {
 		w.line(2, "# Every DNS query, to any server: to the broker's resolver.")
-		w.line(2, "meta l4proto { tcp, udp } th dport 53 redirect to :%d", o.DNSPort)
+		w.line(2, "%smeta l4proto { tcp, udp } th dport 53 redirect to :%d", family(o.DNSAddr), o.DNSPort)
 	}
 	if o.ProxyPort != 0 {
 		w.line(2, "# Explicit-proxy clients reach the broker's proxy unchanged.")
@@ -176,7 +283,7 @@ func gateway(w *writer, o Options) {
 	}
 	w.line(2, "# Every other TCP connection: to the transparent listener, which reads the original")
 	w.line(2, "# destination from the socket and refuses, audited, what it does not serve.")
-	w.line(2, "meta l4proto tcp redirect to :%d", o.TransparentPort)
+	w.line(2, "%smeta l4proto tcp redirect to :%d", family(o.TransparentAddr), o.TransparentPort)
 	w.line(1, "}")
 
 	if o.LogGroup != 0 {
@@ -185,11 +292,11 @@ func gateway(w *writer, o Options) {
 		w.line(1, "# route (a packet without one never reaches the forward chain), for the broker's audit.")
 		w.line(1, "chain prerouting_log {")
 		w.line(2, "type filter hook prerouting priority dstnat + 10; policy accept;")
-		fromSandbox("jump sandbox_log")
+		w.line(2, "%s jump sandbox_log", fromSandbox)
 		w.line(1, "}")
 		w.line(1, "chain sandbox_log {")
 		w.line(2, "fib daddr type { local, broadcast, multicast } return")
-		w.line(2, "log group %d snaplen %d", o.LogGroup, SnapLen)
+		logRule(2, "")
 		w.line(1, "}")
 	}
 
@@ -197,7 +304,7 @@ func gateway(w *writer, o Options) {
 	w.line(1, "# Nothing from the sandbox is routed past the broker: UDP (QUIC among it), ICMP, all.")
 	w.line(1, "chain forward {")
 	w.line(2, "type filter hook forward priority filter; policy accept;")
-	fromSandbox("jump sandbox_reject")
+	w.line(2, "%s jump sandbox_reject", fromSandbox)
 	w.line(1, "}")
 	w.line(1, "chain sandbox_reject {")
 	w.line(2, "meta l4proto tcp reject with tcp reset")
@@ -209,7 +316,7 @@ func gateway(w *writer, o Options) {
 	w.line(1, "# (not its admin port, not Vault, not anything else listening there).")
 	w.line(1, "chain input {")
 	w.line(2, "type filter hook input priority filter; policy accept;")
-	fromSandbox("jump sandbox_input")
+	w.line(2, "%s jump sandbox_input", fromSandbox)
 	w.line(1, "}")
 	w.line(1, "chain sandbox_input {")
 	ports := []string{fmt.Sprint(o.TransparentPort)}
@@ -224,11 +331,22 @@ func gateway(w *writer, o Options) {
 	w.line(2, "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } accept")
 	w.line(2, "ct state related accept")
 	w.line(2, "fib daddr type { broadcast, multicast } drop")
-	if o.LogGroup != 0 {
-		w.line(2, "log group %d snaplen %d", o.LogGroup, SnapLen)
-	}
+	logRule(2, "")
 	w.line(2, "jump sandbox_reject")
 	w.line(1, "}")
+}
+
+// family is the match that narrows a redirect to a listener's address family: none for a
+// wildcard (Go listens on both) or an unknown address.
+func family(a netip.Addr) string {
+	switch {
+	case !a.IsValid() || a.IsUnspecified():
+		return ""
+	case a.Unmap().Is4():
+		return "meta nfproto ipv4 "
+	default:
+		return "meta nfproto ipv6 "
+	}
 }
 
 func pod(w *writer, o Options) {
@@ -256,6 +374,11 @@ func pod(w *writer, o Options) {
 	w.line(1, "chain output {")
 	w.line(2, "type filter hook output priority filter; policy accept;")
 	w.line(2, "meta skuid %d accept", o.BrokerUID)
+	if o.AdminPort != 0 {
+		w.line(2, "# The broker's admin listener is the broker's user's alone: an agent that reached it")
+		w.line(2, "# could approve its own held requests.")
+		w.line(2, "tcp dport %d reject with tcp reset", o.AdminPort)
+	}
 	w.line(2, "ip daddr 127.0.0.1 accept")
 	w.line(2, "ip6 daddr ::1 accept")
 	w.line(2, "# Replies on connections made to the pod (probes, services), ICMP errors, and the")

@@ -24,19 +24,24 @@ func prefixes(s ...string) []netip.Prefix {
 // forms are the scripts the golden files hold; every one must also load into nft.
 var forms = map[string]Options{
 	"gateway": {
-		Hook: Prerouting, Sandbox: prefixes("10.250.0.2/30", "fd00:250::/64"),
+		Hook: Prerouting, Interfaces: []string{"veth-sb"}, Sandbox: prefixes("10.250.0.2/30", "fd00:250::/64"),
 		TransparentPort: 15001, DNSPort: 53, ProxyPort: 8080, LogGroup: 7,
 	},
+	"gateway-interfaces-only": {
+		Hook: Prerouting, Interfaces: []string{"br-sandbox", "vsb*", "br-sandbox"},
+		TransparentPort: 15001, TransparentAddr: netip.MustParseAddr("10.250.0.1"),
+		DNSPort: 53, DNSAddr: netip.MustParseAddr("10.250.0.1"), LogGroup: 7,
+	},
 	"gateway-v4-proxy-addr-no-dns-no-log": {
-		Hook: Prerouting, Sandbox: prefixes("172.28.0.0/24", "172.28.0.0/24", "10.1.0.0/16"),
+		Hook: Prerouting, Interfaces: []string{"eth1"}, Sandbox: prefixes("172.28.0.0/24", "172.28.0.0/24", "10.1.0.0/16"),
 		TransparentPort: 15001, ProxyPort: 8080, ProxyAddr: netip.MustParseAddr("172.28.0.2"),
 	},
 	"gateway-v6-proxy-addr": {
-		Hook: Prerouting, Sandbox: prefixes("fd00:250::2/64"),
+		Hook: Prerouting, Interfaces: []string{"veth0"}, Sandbox: prefixes("fd00:250::2/64"),
 		TransparentPort: 15001, DNSPort: 5353, ProxyPort: 8080, ProxyAddr: netip.MustParseAddr("fd00:250::1"), LogGroup: 65535,
 	},
 	"pod": {
-		Hook: Output, TransparentPort: 15001, DNSPort: 15053, ProxyPort: 8080, LogGroup: 7, BrokerUID: 65532,
+		Hook: Output, TransparentPort: 15001, DNSPort: 15053, ProxyPort: 8080, LogGroup: 7, BrokerUID: 65532, AdminPort: 9090,
 	},
 }
 
@@ -111,12 +116,14 @@ func TestScriptRefuses(t *testing.T) {
 		o    Options
 		want string
 	}{
-		"gateway without sandbox": {Options{Hook: Prerouting, TransparentPort: 1}, "at least one sandbox prefix"},
-		"pod without uid":         {Options{Hook: Output, TransparentPort: 1}, "broker's uid"},
-		"pod with sandbox":        {Options{Hook: Output, TransparentPort: 1, BrokerUID: 5, Sandbox: prefixes("10.0.0.0/8")}, "takes no sandbox prefix"},
-		"no transparent port":     {Options{Hook: Output, BrokerUID: 5}, "transparent listener's port"},
-		"unknown hook":            {Options{Hook: "input", TransparentPort: 1}, `hook "input"`},
-		"invalid prefix":          {Options{Hook: Prerouting, TransparentPort: 1, Sandbox: []netip.Prefix{{}}}, "not valid"},
+		"gateway without interface": {Options{Hook: Prerouting, TransparentPort: 1, Sandbox: prefixes("10.0.0.0/8")}, "needs the sandbox's interface"},
+		"bad interface":             {Options{Hook: Prerouting, TransparentPort: 1, Interfaces: []string{`a"b`}}, "is not allowed"},
+		"pod with interface":        {Options{Hook: Output, TransparentPort: 1, BrokerUID: 5, Interfaces: []string{"eth0"}}, "takes no sandbox prefix or interface"},
+		"pod without uid":           {Options{Hook: Output, TransparentPort: 1}, "broker's uid"},
+		"pod with sandbox":          {Options{Hook: Output, TransparentPort: 1, BrokerUID: 5, Sandbox: prefixes("10.0.0.0/8")}, "takes no sandbox prefix"},
+		"no transparent port":       {Options{Hook: Output, BrokerUID: 5}, "transparent listener's port"},
+		"unknown hook":              {Options{Hook: "input", TransparentPort: 1}, `hook "input"`},
+		"invalid prefix":            {Options{Hook: Prerouting, TransparentPort: 1, Sandbox: []netip.Prefix{{}}}, "not valid"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Script(c.o)
@@ -141,16 +148,35 @@ func TestScriptShape(t *testing.T) {
 			t.Errorf("gateway form lacks %q", want)
 		}
 	}
-	for _, chain := range []string{"prerouting", "prerouting_log", "forward", "input"} {
+	// Every hook knows the sandbox by its interface, never by a source address; the source
+	// addresses are checked first, for both families.
+	for _, chain := range []string{"guard", "prerouting", "prerouting_log", "forward", "input"} {
 		body := s[strings.Index(s, "chain "+chain+" {"):]
-		body = body[:strings.Index(body, "}")]
-		if !strings.Contains(body, "ip saddr @sandbox4") || !strings.Contains(body, "ip6 saddr @sandbox6") {
-			t.Errorf("chain %s does not match both sandbox sets:\n%s", chain, body)
+		body = body[strings.Index(body, "\n"):strings.Index(body, "\n\t}")]
+		if !strings.Contains(body, `iifname { "veth-sb" } jump`) || strings.Contains(body, "saddr") {
+			t.Errorf("chain %s does not match the sandbox by its interface alone:\n%s", chain, body)
 		}
 	}
+	for _, want := range []string{"type filter hook prerouting priority raw;", "fib saddr . iif oif missing jump sandbox_bad_source",
+		"ip saddr != @sandbox4 jump sandbox_bad_source", "ip6 saddr != @sandbox6 jump sandbox_bad_source",
+		`log prefix "capbroker: source" group 7 snaplen 128`} {
+		if !strings.Contains(s, want) {
+			t.Errorf("gateway form lacks %q", want)
+		}
+	}
+	s, _ = Script(forms["gateway-interfaces-only"])
+	for _, want := range []string{`iifname { "br-sandbox", "vsb*" } jump`, "fib saddr . iif oif missing",
+		"meta nfproto ipv4 meta l4proto tcp redirect to :15001", "meta nfproto ipv4 meta l4proto { tcp, udp } th dport 53 redirect"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("interfaces-only gateway form lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "@sandbox") {
+		t.Errorf("no prefixes: no prefix check:\n%s", s)
+	}
 	s, _ = Script(forms["gateway-v4-proxy-addr-no-dns-no-log"])
-	if strings.Contains(s, " log ") || strings.Contains(s, "dport 53") || strings.Contains(s, "sandbox6") {
-		t.Errorf("no log group, no resolver, no IPv6 prefix: the script should say none of them:\n%s", s)
+	if strings.Contains(s, " log ") || strings.Contains(s, "dport 53") || strings.Contains(s, "sandbox6") || !strings.Contains(s, "meta nfproto ipv6 jump sandbox_bad_source") {
+		t.Errorf("no log group, no resolver, no IPv6 prefix: the script should say none of them, and refuse IPv6:\n%s", s)
 	}
 	if !strings.Contains(s, "elements = { 10.1.0.0/16, 172.28.0.0/24 }") || !strings.Contains(s, "ip daddr 172.28.0.2 tcp dport 8080 return") {
 		t.Errorf("prefixes not deduplicated, or the proxy's address not used:\n%s", s)
@@ -158,5 +184,34 @@ func TestScriptShape(t *testing.T) {
 	s, _ = Script(forms["pod"])
 	if !bytes.Contains([]byte(s), []byte("meta skuid 65532 return")) || !strings.Contains(s, "meta skuid 65532 accept") {
 		t.Errorf("the pod form does not leave the broker's uid alone:\n%s", s)
+	}
+	if !strings.Contains(s, "meta skuid 65532 accept\n\t\t# The broker's admin") || !strings.Contains(s, "tcp dport 9090 reject with tcp reset") {
+		t.Errorf("the pod form lets other users reach the admin port:\n%s", s)
+	}
+}
+
+func TestCheckInterface(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"veth0": true, "br-sandbox": true, "vsb*": true, "eth1.100": true, "a_b": true, "123456789012345": true,
+		"": false, "*": false, "1234567890123456": false, "a b": false, "a/b": false, "a:b": false,
+		`a"b`: false, "a*b": false, ".": false, "..": false, "vé": false, "a\n": false,
+	} {
+		if err := CheckInterface(name); (err == nil) != ok {
+			t.Errorf("CheckInterface(%q) = %v, want ok %v", name, err, ok)
+		}
+	}
+}
+
+func TestInterfaceMatches(t *testing.T) {
+	for _, c := range []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"veth0", "veth0", true}, {"veth0", "veth01", false}, {"veth*", "veth01", true},
+		{"veth*", "veth", true}, {"veth*", "vet", false}, {"br-*", "eth0", false},
+	} {
+		if got := InterfaceMatches(c.pattern, c.name); got != c.want {
+			t.Errorf("InterfaceMatches(%q, %q) = %v", c.pattern, c.name, got)
+		}
 	}
 }
