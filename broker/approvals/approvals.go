@@ -13,8 +13,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -94,6 +97,20 @@ type Request struct {
 
 // BodyPreviewMax bounds the body preview a person is shown (Request.BodyPreview).
 const BodyPreviewMax = 2 << 10
+
+// URL is the request's URL as it will be sent: the port when it is not the scheme's own, and
+// the query (its values scrubbed, as shown).
+func (r Request) URL() string {
+	host := r.Host
+	if (r.Scheme == "https" && r.Port != 443) || (r.Scheme == "http" && r.Port != 80) {
+		host = net.JoinHostPort(r.Host, strconv.Itoa(r.Port))
+	}
+	u := r.Scheme + "://" + host + r.Path // the path as sent: already escaped
+	if len(r.Query) > 0 {
+		u += "?" + url.Values(r.Query).Encode()
+	}
+	return u
+}
 
 // target is what a grant made from the request must cover.
 func (r Request) target() Target {

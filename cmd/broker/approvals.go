@@ -207,6 +207,17 @@ func printApprovals(w io.Writer, sub, id string, out map[string]any) {
 			return fmt.Sprint(v)
 		}
 	}
+	// grantHost is a grant's scheme, host and port: it covers that port only.
+	grantHost := func(g map[string]any) string {
+		h := str(g, "host")
+		if p := str(g, "port"); p != "" && p != "0" {
+			h += ":" + p
+		}
+		if s := str(g, "scheme"); s != "" {
+			h = s + "://" + h
+		}
+		return h
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
 	switch sub {
@@ -249,11 +260,11 @@ func printApprovals(w io.Writer, sub, id string, out map[string]any) {
 			if expires == "" {
 				expires = "never (policy data)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", str(g, "id"), str(g, "kind"), str(g, "agent"), method, str(g, "host"), str(g, "path_prefix"), expires, str(g, "created_by"))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", str(g, "id"), str(g, "kind"), str(g, "agent"), method, grantHost(g), str(g, "path_prefix"), expires, str(g, "created_by"))
 		}
 	case "approve":
 		if g, ok := out["grant"].(map[string]any); ok {
-			fmt.Fprintf(tw, "approved %s; grant %s (%s) for %s %s%s\n", id, str(g, "id"), str(g, "kind"), str(g, "agent"), str(g, "host"), str(g, "path_prefix"))
+			fmt.Fprintf(tw, "approved %s; grant %s (%s) for %s %s%s\n", id, str(g, "id"), str(g, "kind"), str(g, "agent"), grantHost(g), str(g, "path_prefix"))
 			return
 		}
 		fmt.Fprintf(tw, "approved %s (this request only)\n", id)
