@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/capbroker/capbroker/internal/harness"
 )
 
@@ -361,4 +363,35 @@ func TestFullWidthDotsRefused(t *testing.T) {
 	e.broker.waitAuditWhere(t, 7, "the refusals", func(ev auditEvent) bool {
 		return ev["msg"] == "decision" && ev["decision"] == "deny" && fmt.Sprint(ev["status"]) == "400" && strings.Contains(fmt.Sprint(ev["reason"]), "NFKC")
 	})
+}
+
+// TestConsoleCardShowsWhatIsApproved: in the console, the card of a held request names the
+// credentials approving attaches, every query value (a secret scrubbed), and says when the
+// body shown is cut.
+func TestConsoleCardShowsWhatIsApproved(t *testing.T) {
+	b := newBrokerBackend(t)
+	ctx := newBrowser(t)
+	login(t, ctx, b.adminURL(), b.adminToken())
+	body := `{"action":"archive","note":"` + strings.Repeat("x", 3000) + `"}`
+	path := "/held/card?force=true&cascade=yes&key=" + b.e.canary
+	res := b.request(t, "POST", path, map[string]string{"Content-Type": "application/json"}, body)
+	id := pendingID(t, b, "/held/card")
+	c := card(id)
+	do(t, ctx, chromedp.WaitVisible(chromedp.CSS(c)))
+	if got := eval[string](t, ctx, `document.querySelector('`+c+` .credentials').textContent`); got != "Approving attaches the credentials: canary" {
+		t.Errorf("credentials line: %q", got)
+	}
+	text := eval[string](t, ctx, `document.querySelector('`+c+`').textContent`)
+	for _, want := range []string{`query force"true"`, `query cascade"yes"`, `query key"[REDACTED]"`, "cut: only its start is shown"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the card lacks %q:\n%.600s", want, text)
+		}
+	}
+	if strings.Contains(text, b.e.canary) {
+		t.Error("the card shows the secret")
+	}
+	do(t, ctx, chromedp.Click(chromedp.CSS(c+" button.deny")))
+	if r := recv(t, res); r.status != 403 {
+		t.Fatalf("denied: %d", r.status)
+	}
 }
