@@ -134,6 +134,9 @@ func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, bo
 		return nil, policy.Decision{}, nil, err
 	}
 	b.readUsage(x, r, in)
+	if x.g.auditInput.Logs() {
+		in.LoadProtocols() // recorded whatever the policy reads (docs/learn.md)
+	}
 	d, err := b.policy.Decide(r.Context(), in)
 	if body.err != nil {
 		return nil, d, nil, body.err

@@ -52,3 +52,38 @@ test_no_graphql_settings if {
 	e := graphql.github_decision with input as req("a", [m("", ["addComment"])]) with data.settings.github as {"credential": "gh"}
 	not e.allow
 }
+
+# Mutations that administer, merge, push or delete are refused even when an operator lists
+# them for the agent: "write" on GraphQL is what it is on the REST API.
+admin_mutations := [
+	"updateRepository", "deleteRepository", "archiveRepository", "transferIssue",
+	"createBranchProtectionRule", "updateBranchProtectionRule", "deleteBranchProtectionRule",
+	"createRepositoryRuleset", "updateRepositoryRuleset", "updateRepositoryWebCommitSignoffSetting",
+	"mergePullRequest", "enablePullRequestAutoMerge", "dismissPullRequestReview",
+	"createCommitOnBranch", "createRef", "updateRef", "updateRefs", "deleteRef",
+	"createEnvironment", "deleteEnvironment", "createDeployment", "deleteIssue",
+	"updateTeamsRepository", "addUpvote", "cloneTemplateRepository", "createRepository",
+]
+
+listing_everything := {"credential": "gh", "graphql": {"mutations": {"bot": array.concat(admin_mutations, ["addComment"])}}}
+
+test_admin_mutations_refused_even_when_listed[f] if {
+	some f in admin_mutations
+	d := graphql.github_decision with input as req("bot", [m("AddComment", [f])]) with data.settings.github as listing_everything
+	not d.allow
+	d.reason == sprintf("GraphQL mutation %s is not part of write (issues, comments, labels, pull requests, reviews): mutations that administer, merge, push or delete are never allowed (docs/policy.md, GitHub write)", [f])
+}
+
+test_listed_write_mutation_still_allowed if {
+	d := graphql.github_decision with input as req("bot", [m("", ["addComment"])]) with data.settings.github as listing_everything
+	d.allow
+}
+
+app_settings := object.union(settings, {"app": true})
+
+test_app_scopes if {
+	d := graphql.github_decision with input as req("a", [q("", ["viewer"])]) with data.settings.github as app_settings
+	d.credentials == [{"name": "gh", "scope": {"permissions": {"contents": "read", "issues": "read", "pull_requests": "read"}}}]
+	e := graphql.github_decision with input as req("bot", [m("", ["addComment"])]) with data.settings.github as app_settings
+	e.credentials == [{"name": "gh", "scope": {"permissions": {"issues": "write", "pull_requests": "write"}}}]
+}

@@ -1,27 +1,29 @@
 // Package learn drafts a policy from an audit log of a monitor-mode run (`broker policy
 // learn`): per agent, the hosts it connected to and the requests it made, with identifiers in
-// paths generalised, the credentials it was granted, and the MCP tools and GraphQL operations
-// it used where the input carries them.
+// paths generalised, the credentials it was granted, and what each request asked of the
+// protocols the broker reads (CONTRACT §8): the MCP calls, the GraphQL operations by type and
+// top-level field, the JSON-RPC methods.
 //
 // It reads, from each decision event's `input` (audit.include_input metadata or more):
 // phase, agent.id, request.method, request.host, request.port, request.path, and, when
-// present, input.mcp[].method and input.mcp[].tool, input.graphql[].type and
-// input.graphql[].name (CONTRACT §8). From the event itself it reads the credentials granted
-// (`credentials`, on events that were not would_deny) and, when the input has no such
-// list, the event's `mcp` {method, tool} and `graphql` {type, name} objects. Header values,
-// query values and bodies are never read into the draft.
+// present, input.mcp[] (method, tool, uri, prompt), input.graphql[] (type, fields, hash) and
+// input.jsonrpc[] (method); the broker records these for every endpoint under its config's
+// protocols while inputs are recorded, whatever the recording policy reads. From the event
+// itself it reads the credentials granted (`credentials`, on events that were not
+// would_deny). Header values, query values, bodies, MCP arguments and GraphQL operation
+// names are never read into the draft.
 package learn
 
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
+
+	"github.com/go-json-experiment/json"
 )
 
 // ErrNoInput is returned for a log without any decision event carrying its input.
@@ -48,6 +50,10 @@ type Endpoint struct {
 	Port int    `json:"port"`
 }
 
+// Protocols whose meaning the broker reads into the input (input.mcp, input.graphql,
+// input.jsonrpc), in the order a rule lists them.
+var Protocols = []string{"graphql", "jsonrpc", "mcp"}
+
 // Rule is one kind of request: a method on a host and port, on paths matching Path
 // (segments of Wildcard match any one segment).
 type Rule struct {
@@ -57,25 +63,39 @@ type Rule struct {
 	Port        int      `json:"port"`
 	Path        string   `json:"path"`
 	Credentials []string `json:"credentials"`
-	// MCP and GraphQL, when not empty, are the only MCP calls and GraphQL operations the
-	// rule allows; a rule learned without them does not look at input.mcp or input.graphql.
-	MCP     []MCPCall   `json:"mcp,omitempty"`
-	GraphQL []GraphQLOp `json:"graphql,omitempty"`
-	Seen    []string    `json:"-"` // observed paths, for the tests
-	seenMCP [][]MCPCall // observed MCP lists, for the tests
-	seenGQL [][]GraphQLOp
+	// Protocols are the protocols whose meaning the recording carried for requests on this
+	// rule ("graphql", "jsonrpc", "mcp"): the draft then requires it in the input, so that
+	// a broker that stopped reading it does not let every operation through.
+	Protocols []string `json:"protocols,omitempty"`
+	// MCP, GraphQL and JSONRPC are the only MCP calls, GraphQL fields and JSON-RPC methods
+	// the rule allows. Empty: none (a request on the rule carrying any is denied).
+	MCP     []MCPCall      `json:"mcp,omitempty"`
+	GraphQL []GraphQLField `json:"graphql,omitempty"`
+	JSONRPC []string       `json:"jsonrpc,omitempty"`
+	Seen    []string       `json:"-"` // observed paths, for the tests
+	// seenSemantic holds, for each of Seen, the protocol parts of the first input with that
+	// path (input.mcp, input.graphql, input.jsonrpc), for the tests.
+	seenSemantic []map[string]any
 }
 
-// MCPCall is an MCP JSON-RPC method and, for tools/call, the tool ("" otherwise).
+// MCPCall is an MCP message: its JSON-RPC method and, where the method has them, the tool
+// (tools/call), the resource URI (resources/read, subscribe, unsubscribe) and the prompt
+// (prompts/get); "" otherwise.
 type MCPCall struct {
 	Method string `json:"method"`
 	Tool   string `json:"tool"`
+	URI    string `json:"uri"`
+	Prompt string `json:"prompt"`
 }
 
-// GraphQLOp is a GraphQL operation's type and name ("" for an anonymous one).
-type GraphQLOp struct {
-	Type string `json:"type"`
-	Name string `json:"name"`
+// GraphQLField is what a GraphQL operation may run: one top-level field of an operation of a
+// type ("query", "mutation", "subscription"), or, for a persisted query, its hash (Field "").
+// An operation is allowed when each of its fields is learned for its type; its name does not
+// count: a name says nothing about what runs.
+type GraphQLField struct {
+	Type  string `json:"type"`
+	Field string `json:"field"`
+	Hash  string `json:"hash"`
 }
 
 type event struct {
@@ -84,8 +104,6 @@ type event struct {
 	WouldDeny   bool           `json:"would_deny"`
 	Decision    string         `json:"decision"`
 	Credentials []string       `json:"credentials"`
-	MCP         map[string]any `json:"mcp"`
-	GraphQL     map[string]any `json:"graphql"`
 	Input       map[string]any `json:"input"`
 }
 
@@ -104,10 +122,13 @@ func Read(r io.Reader, o Options) (*Draft, error) {
 	for n := 1; ; n++ {
 		line, err := br.ReadBytes('\n')
 		if len(bytes.TrimSpace(line)) > 0 {
+			// JSON v2: member names match exactly, a name given twice is an error; any other
+			// member of the event is ignored. Not strictjson.Check: the line is the broker's
+			// own, and the names it folds together legitimately differ in the maps it holds
+			// (query and header names such as x-a and x_a); the members read here are the
+			// broker's, matched exactly.
 			var ev event
-			dec := json.NewDecoder(bytes.NewReader(line))
-			dec.UseNumber()
-			if dec.Decode(&ev) == nil && (ev.Msg == "decision" || ev.Message == "decision") && ev.Input != nil {
+			if json.Unmarshal(line, &ev) == nil && (ev.Msg == "decision" || ev.Message == "decision") && ev.Input != nil {
 				if o.SkipDenied && (ev.Decision != "allow" || ev.WouldDeny) {
 					d.Skipped++
 				} else if lerr := d.add(&ev); lerr != nil {
@@ -138,14 +159,8 @@ func str(m map[string]any, k string) string {
 }
 
 func num(m map[string]any, k string) (int, bool) {
-	switch v := m[k].(type) {
-	case json.Number:
-		n, err := strconv.Atoi(v.String())
-		return n, err == nil
-	case float64:
-		return int(v), true
-	}
-	return 0, false
+	v, ok := m[k].(float64)
+	return int(v), ok && v == float64(int(v))
 }
 
 func (d *Draft) add(ev *event) error {
@@ -191,8 +206,13 @@ func (d *Draft) add(ev *event) error {
 		found = r
 		a.Requests = append(a.Requests, r)
 	}
+	sem, err := semantic(in)
+	if err != nil {
+		return err
+	}
 	if !slices.Contains(found.Seen, path) {
 		found.Seen = append(found.Seen, path)
+		found.seenSemantic = append(found.seenSemantic, sem)
 	}
 	if ev.Decision == "allow" && !ev.WouldDeny {
 		for _, c := range ev.Credentials {
@@ -201,57 +221,95 @@ func (d *Draft) add(ev *event) error {
 			}
 		}
 	}
-	calls := mcpCalls(in, ev)
-	for _, c := range calls {
-		if !slices.Contains(found.MCP, c) {
-			found.MCP = append(found.MCP, c)
-		}
+	for p := range sem {
+		found.Protocols = addOnce(found.Protocols, p)
 	}
-	ops := graphqlOps(in, ev)
-	for _, o := range ops {
-		if !slices.Contains(found.GraphQL, o) {
-			found.GraphQL = append(found.GraphQL, o)
-		}
+	for _, c := range mcpCalls(sem["mcp"]) {
+		found.MCP = addOnce(found.MCP, c)
 	}
-	found.seenMCP = append(found.seenMCP, calls)
-	found.seenGQL = append(found.seenGQL, ops)
+	for _, f := range graphqlFields(sem["graphql"]) {
+		found.GraphQL = addOnce(found.GraphQL, f)
+	}
+	for _, m := range jsonrpcMethods(sem["jsonrpc"]) {
+		found.JSONRPC = addOnce(found.JSONRPC, m)
+	}
 	return nil
 }
 
-// items returns input[key] as a list of objects, or, when the input has no such list, the
-// event's object of the same name as a list of one.
-func items(in map[string]any, fallback map[string]any, key string) []map[string]any {
-	var out []map[string]any
-	if l, ok := in[key].([]any); ok {
+func addOnce[T comparable](l []T, x T) []T {
+	if slices.Contains(l, x) {
+		return l
+	}
+	return append(l, x)
+}
+
+// semantic returns the protocol parts of an input: each of input.mcp, input.graphql and
+// input.jsonrpc it has, which must be lists of objects.
+func semantic(in map[string]any) (map[string]any, error) {
+	out := map[string]any{}
+	for _, p := range Protocols {
+		v, ok := in[p]
+		if !ok {
+			continue
+		}
+		l, ok := v.([]any)
+		if !ok {
+			return nil, fmt.Errorf("input.%s is not a list", p)
+		}
 		for _, x := range l {
-			if m, ok := x.(map[string]any); ok {
-				out = append(out, m)
+			if _, ok := x.(map[string]any); !ok {
+				return nil, fmt.Errorf("an item of input.%s is not an object", p)
 			}
 		}
-		return out
+		out[p] = l
 	}
-	if fallback != nil {
-		out = append(out, fallback)
+	return out, nil
+}
+
+func objects(v any) []map[string]any {
+	l, _ := v.([]any)
+	out := make([]map[string]any, 0, len(l))
+	for _, x := range l {
+		out = append(out, x.(map[string]any)) // semantic checked each is one
 	}
 	return out
 }
 
-func mcpCalls(in map[string]any, ev *event) []MCPCall {
+func mcpCalls(v any) []MCPCall {
 	var out []MCPCall
-	for _, m := range items(in, ev.MCP, "mcp") {
-		if c := (MCPCall{Method: str(m, "method"), Tool: str(m, "tool")}); c.Method != "" && !slices.Contains(out, c) {
-			out = append(out, c)
+	for _, m := range objects(v) {
+		out = addOnce(out, MCPCall{Method: str(m, "method"), Tool: str(m, "tool"), URI: str(m, "uri"), Prompt: str(m, "prompt")})
+	}
+	return out
+}
+
+// graphqlFields returns what each operation runs: a persisted query's hash, or each of its
+// top-level fields under its type.
+func graphqlFields(v any) []GraphQLField {
+	var out []GraphQLField
+	for _, m := range objects(v) {
+		t := str(m, "type")
+		if t == "persisted" {
+			out = addOnce(out, GraphQLField{Type: t, Hash: str(m, "hash")})
+			continue
+		}
+		fields, _ := m["fields"].([]any)
+		if len(fields) == 0 {
+			fields = []any{""} // nothing to run: learned as such, so that the draft allows it again
+		}
+		for _, f := range fields {
+			if name, ok := f.(string); ok {
+				out = addOnce(out, GraphQLField{Type: t, Field: name})
+			}
 		}
 	}
 	return out
 }
 
-func graphqlOps(in map[string]any, ev *event) []GraphQLOp {
-	var out []GraphQLOp
-	for _, m := range items(in, ev.GraphQL, "graphql") {
-		if o := (GraphQLOp{Type: str(m, "type"), Name: str(m, "name")}); o.Type != "" && !slices.Contains(out, o) {
-			out = append(out, o)
-		}
+func jsonrpcMethods(v any) []string {
+	var out []string
+	for _, m := range objects(v) {
+		out = addOnce(out, str(m, "method"))
 	}
 	return out
 }
@@ -281,8 +339,14 @@ func (d *Draft) sort() {
 		})
 		for _, r := range a.Requests {
 			slices.Sort(r.Credentials)
-			slices.SortFunc(r.MCP, func(x, y MCPCall) int { return strings.Compare(x.Method+"\x00"+x.Tool, y.Method+"\x00"+y.Tool) })
-			slices.SortFunc(r.GraphQL, func(x, y GraphQLOp) int { return strings.Compare(x.Type+"\x00"+x.Name, y.Type+"\x00"+y.Name) })
+			slices.Sort(r.Protocols)
+			slices.SortFunc(r.MCP, func(x, y MCPCall) int {
+				return strings.Compare(strings.Join([]string{x.Method, x.Tool, x.URI, x.Prompt}, "\x00"), strings.Join([]string{y.Method, y.Tool, y.URI, y.Prompt}, "\x00"))
+			})
+			slices.SortFunc(r.GraphQL, func(x, y GraphQLField) int {
+				return strings.Compare(x.Type+"\x00"+x.Field+"\x00"+x.Hash, y.Type+"\x00"+y.Field+"\x00"+y.Hash)
+			})
+			slices.Sort(r.JSONRPC)
 		}
 	}
 }

@@ -127,12 +127,12 @@ func TestLearnDraftPassesItsTestsAndReplay(t *testing.T) {
 		t.Error("Write overwrote a draft without force")
 	}
 	data, _ := os.ReadFile(filepath.Join(dir, DataFile))
-	for _, want := range []string{`"tool": "search_issues"`, `"name": "Viewer"`, `"method": "initialize"`} {
+	for _, want := range []string{`"tool": "search_issues"`, `"field": "viewer"`, `"method": "initialize"`, `"protocols": [`} {
 		if !bytes.Contains(data, []byte(want)) {
 			t.Errorf("%s lacks %s:\n%s", DataFile, want, data)
 		}
 	}
-	for _, never := range []string{"accept", "arguments", `"q"`, "10.0.0.5"} {
+	for _, never := range []string{"accept", "arguments", `"q"`, "10.0.0.5", "Viewer"} {
 		if bytes.Contains(data, []byte(never)) {
 			t.Errorf("%s carries %s", DataFile, never)
 		}
@@ -182,14 +182,16 @@ func TestLearnDraftPassesItsTestsAndReplay(t *testing.T) {
 	// Near misses through the engine: an unseen tool, another port.
 	for _, line := range []string{
 		ev("request", "coder-2", "POST", "mcp.example.com", 8443, "/mcp", nil, map[string]any{"mcp": []any{map[string]any{"method": "tools/call", "tool": "delete_repository"}}}),
-		ev("request", "coder-1", "POST", "api.github.com", 443, "/graphql", nil, map[string]any{"graphql": []any{map[string]any{"type": "mutation", "name": "DeleteRepo"}}}),
+		ev("request", "coder-1", "POST", "api.github.com", 443, "/graphql", nil, map[string]any{"graphql": []any{map[string]any{"type": "mutation", "name": "DeleteRepo", "fields": []any{"deleteRepository"}}}}),
+		ev("request", "coder-1", "POST", "api.github.com", 443, "/graphql", nil, map[string]any{"graphql": []any{map[string]any{"type": "query", "name": "Viewer", "fields": []any{"repository"}}}}),
+		ev("request", "coder-1", "POST", "api.github.com", 443, "/graphql", nil, nil),
 		ev("request", "coder-1", "DELETE", "api.github.com", 443, "/repos/o/r/issues/9", nil, nil),
 		ev("connect", "coder-1", "CONNECT", "api.github.com", 8443, "", nil, nil),
 	} {
 		var evt struct{ Input any }
 		_ = json.Unmarshal([]byte(line), &evt)
 		got, err := e.DecideValue(ctx, evt.Input)
-		if err != nil || got.Allow || !strings.HasPrefix(got.Reason, "learned policy: agent ") {
+		if err != nil || got.Allow || !strings.HasPrefix(got.Reason, "learned policy: ") {
 			t.Errorf("%s decided %+v, %v", line, got, err)
 		}
 	}
@@ -261,8 +263,9 @@ func TestSibling(t *testing.T) {
 	}
 }
 
-// Without input.mcp or input.graphql, the event's own mcp and graphql objects are read.
-func TestEventObjectsWhenTheInputHasNoList(t *testing.T) {
+// The event's own mcp and graphql objects (the first message, the operation's name) are
+// not read: a rule learned without input.mcp or input.graphql allows none of them.
+func TestEventObjectsAreNotRead(t *testing.T) {
 	line := ev("request", "coder-1", "POST", "mcp.example.com", 443, "/mcp", nil, nil)
 	line = strings.Replace(line, `"msg":"decision"`, `"msg":"decision","mcp":{"method":"tools/call","tool":"search"},"graphql":{"type":"query","name":""}`, 1)
 	d, err := Read(strings.NewReader(line+"\n"), Options{})
@@ -270,12 +273,170 @@ func TestEventObjectsWhenTheInputHasNoList(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := d.Agents["coder-1"].Requests[0]
-	if len(r.MCP) != 1 || r.MCP[0] != (MCPCall{"tools/call", "search"}) || len(r.GraphQL) != 1 || r.GraphQL[0] != (GraphQLOp{"query", ""}) {
+	if len(r.MCP) != 0 || len(r.GraphQL) != 0 || len(r.Protocols) != 0 {
 		t.Errorf("rule %+v", r)
 	}
-	// An empty input.mcp list is the input's word: the event's object is not used.
-	line = strings.Replace(line, `"input":{`, `"input":{"mcp":[],`, 1)
-	if d, err = Read(strings.NewReader(line+"\n"), Options{}); err != nil || len(d.Agents["coder-1"].Requests[0].MCP) != 0 {
-		t.Errorf("with an empty input.mcp: %v %+v", err, d.Agents["coder-1"].Requests[0])
+	e := draftEngine(t, d)
+	for _, sem := range []map[string]any{
+		{"mcp": []any{map[string]any{"method": "tools/call", "tool": "search"}}},
+		{"mcp": []any{map[string]any{"method": "tools/call", "tool": "delete_repository"}}},
+		{"graphql": []any{map[string]any{"type": "mutation", "name": "", "fields": []any{"deleteEverything"}}}},
+		{"jsonrpc": []any{map[string]any{"method": "eth_sendTransaction"}}},
+	} {
+		if got := decide(t, e, "coder-1", "POST", "mcp.example.com", 443, "/mcp", sem); got.Allow || !strings.Contains(got.Reason, "was not seen sending") {
+			t.Errorf("%v decided %+v", sem, got)
+		}
+	}
+	if got := decide(t, e, "coder-1", "POST", "mcp.example.com", 443, "/mcp", map[string]any{"mcp": []any{}}); !got.Allow {
+		t.Errorf("a request with no MCP message decided %+v", got)
+	}
+}
+
+// Event members are matched by their exact names: an "Input" beside "input" is not read (JSON
+// v1 would have taken the last of them).
+func TestEventMembersAreExact(t *testing.T) {
+	benign := ev("request", "a", "GET", "h.example", 443, "/x", nil, nil)
+	other := ev("request", "a", "DELETE", "h.example", 443, "/everything", nil, nil)
+	var o struct{ Input json.RawMessage }
+	if err := json.Unmarshal([]byte(other), &o); err != nil {
+		t.Fatal(err)
+	}
+	in := string(o.Input)
+	line := benign[:len(benign)-1] + `,"Input":` + in + `}`
+	d, err := Read(strings.NewReader(line+"\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := d.Agents["a"].Requests; len(r) != 1 || r[0].Method != "GET" {
+		t.Fatalf("learned %+v", r[0])
+	}
+	// The same member twice: the line is not read.
+	twice := benign[:len(benign)-1] + `,"input":` + in + `}`
+	if _, err := Read(strings.NewReader(twice+"\n"), Options{}); !errors.Is(err, ErrNoInput) {
+		t.Fatalf("a line with input twice: %v", err)
+	}
+}
+
+// draftEngine writes d and loads it as the broker would.
+func draftEngine(t *testing.T, d *Draft) *policy.Engine {
+	t.Helper()
+	dir := t.TempDir()
+	if err := Write(dir, d, false); err != nil {
+		t.Fatal(err)
+	}
+	e, err := policy.NewDir(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// decide decides a request-phase input with the protocol parts in sem.
+func decide(t *testing.T, e *policy.Engine, agent, method, host string, port int, path string, sem map[string]any) policy.Decision {
+	t.Helper()
+	in := map[string]any{"phase": "request", "agent": map[string]any{"id": agent, "labels": map[string]any{}},
+		"request": map[string]any{"method": method, "scheme": "https", "host": host, "port": port, "path": path}}
+	for k, v := range sem {
+		in[k] = v
+	}
+	got, err := e.DecideValue(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func gqlOp(typ, name string, fields ...any) map[string]any {
+	return map[string]any{"type": typ, "name": name, "fields": fields}
+}
+
+// TestDraftAllowsOnlyWhatWasSeen: GraphQL is learned by operation type and top-level field,
+// never by name; MCP by method and tool (or resource, or prompt); JSON-RPC by method. What
+// was not seen is denied, and so is a request on a rule learned with a protocol whose input
+// lacks it.
+func TestDraftAllowsOnlyWhatWasSeen(t *testing.T) {
+	log := strings.Join([]string{
+		ev("request", "a", "POST", "api.example", 443, "/graphql", nil, map[string]any{"graphql": []any{gqlOp("mutation", "AddNote", "addNote"), gqlOp("query", "Q", "viewer", "notes")}}),
+		ev("request", "a", "POST", "api.example", 443, "/graphql", nil, map[string]any{"graphql": []any{map[string]any{"type": "persisted", "name": "P", "fields": []any{}, "hash": "abc"}}}),
+		ev("request", "a", "POST", "mcp.example", 443, "/mcp", nil, map[string]any{"mcp": []any{
+			map[string]any{"method": "tools/call", "tool": "echo", "arguments": map[string]any{"x": "secret-arg"}, "uri": ""},
+			map[string]any{"method": "resources/read", "tool": "", "uri": "test://static/1"},
+		}}),
+		ev("request", "a", "GET", "mcp.example", 443, "/mcp", nil, map[string]any{"mcp": []any{}}),
+		ev("request", "a", "POST", "rpc.example", 443, "/", nil, map[string]any{"jsonrpc": []any{map[string]any{"method": "eth_call"}}}),
+	}, "\n") + "\n"
+	d, err := Read(strings.NewReader(log), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := draftEngine(t, d)
+	for _, c := range []struct {
+		name, method, host, path string
+		sem                      map[string]any
+		allow                    bool
+		reason                   string
+	}{
+		{"seen mutation", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{gqlOp("mutation", "AddNote", "addNote")}}, true, ""},
+		{"seen mutation under another name", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{gqlOp("mutation", "Whatever", "addNote")}}, true, ""},
+		{"seen name, unseen field", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{gqlOp("mutation", "AddNote", "deleteEverything")}}, false, "GraphQL mutation deleteEverything"},
+		{"seen field and an unseen one", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{gqlOp("mutation", "AddNote", "addNote", "deleteEverything")}}, false, "GraphQL mutation deleteEverything"},
+		{"a query's field as a mutation", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{gqlOp("mutation", "Q", "viewer")}}, false, "GraphQL mutation viewer"},
+		{"seen query fields, one at a time", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{gqlOp("query", "", "notes")}}, true, ""},
+		{"seen persisted hash", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{map[string]any{"type": "persisted", "name": "P", "fields": []any{}, "hash": "abc"}}}, true, ""},
+		{"unseen persisted hash", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{map[string]any{"type": "persisted", "name": "P", "fields": []any{}, "hash": "abd"}}}, false, "GraphQL persisted #abd"},
+		{"GraphQL no longer read", "POST", "api.example", "/graphql", nil, false, "does not read the graphql of api.example/graphql"},
+		{"seen tool", "POST", "mcp.example", "/mcp", map[string]any{"mcp": []any{map[string]any{"method": "tools/call", "tool": "echo", "arguments": map[string]any{"y": 1}}}}, true, ""},
+		{"unseen tool", "POST", "mcp.example", "/mcp", map[string]any{"mcp": []any{map[string]any{"method": "tools/call", "tool": "delete_repository"}}}, false, "MCP tools/call delete_repository"},
+		{"seen tool batched with an unseen one", "POST", "mcp.example", "/mcp", map[string]any{"mcp": []any{map[string]any{"method": "tools/call", "tool": "echo"}, map[string]any{"method": "tools/call", "tool": "rm"}}}, false, "MCP tools/call rm"},
+		{"unseen resource", "POST", "mcp.example", "/mcp", map[string]any{"mcp": []any{map[string]any{"method": "resources/read", "uri": "file:///etc/passwd"}}}, false, "MCP resources/read file:///etc/passwd"},
+		{"seen resource", "POST", "mcp.example", "/mcp", map[string]any{"mcp": []any{map[string]any{"method": "resources/read", "uri": "test://static/1"}}}, true, ""},
+		{"seen GET, no message", "GET", "mcp.example", "/mcp", map[string]any{"mcp": []any{}}, true, ""},
+		{"MCP no longer read", "POST", "mcp.example", "/mcp", nil, false, "list it under protocols.mcp"},
+		{"seen JSON-RPC method", "POST", "rpc.example", "/", map[string]any{"jsonrpc": []any{map[string]any{"method": "eth_call"}}}, true, ""},
+		{"unseen JSON-RPC method", "POST", "rpc.example", "/", map[string]any{"jsonrpc": []any{map[string]any{"method": "eth_sendTransaction"}}}, false, "JSON-RPC eth_sendTransaction"},
+		{"MCP message without a method", "POST", "mcp.example", "/mcp", map[string]any{"mcp": []any{map[string]any{"tool": "echo"}}}, false, "MCP  echo"},
+		{"GraphQL operation without a type", "POST", "api.example", "/graphql", map[string]any{"graphql": []any{map[string]any{"fields": []any{"addNote"}}}}, false, "GraphQL  addNote"},
+		{"JSON-RPC message without a method", "POST", "rpc.example", "/", map[string]any{"jsonrpc": []any{map[string]any{}}}, false, "JSON-RPC "},
+		{"MCP on the JSON-RPC endpoint", "POST", "rpc.example", "/", map[string]any{"jsonrpc": []any{}, "mcp": []any{map[string]any{"method": "tools/call", "tool": "x"}}}, false, "MCP tools/call x"},
+	} {
+		got := decide(t, e, "a", c.method, c.host, 443, c.path, c.sem)
+		if got.Allow != c.allow || !c.allow && !strings.Contains(got.Reason, c.reason) {
+			t.Errorf("%s: decided %+v, want allow %v, reason with %q", c.name, got, c.allow, c.reason)
+		}
+	}
+	data, _ := json.Marshal(d)
+	if bytes.Contains(data, []byte("secret-arg")) || bytes.Contains(data, []byte("AddNote")) {
+		t.Errorf("the draft carries arguments or operation names: %s", data)
+	}
+	// The draft's own tests pass, near misses on each protocol included.
+	dir := t.TempDir()
+	if err := Write(dir, d, false); err != nil {
+		t.Fatal(err)
+	}
+	tests := Tests(d)
+	for _, want := range []string{"_unseen_graphql_field_denied", "_unseen_mcp_tool_denied", "_unseen_jsonrpc_method_denied", "_mcp_unread_denied"} {
+		if !strings.Contains(tests, want) {
+			t.Errorf("the draft's tests lack a %s case", want)
+		}
+	}
+	runDraftTests(t, dir)
+}
+
+// runDraftTests runs the draft's own tests in dir and fails for any that does not pass.
+func runDraftTests(t *testing.T, dir string) {
+	t.Helper()
+	ch, err := policy.RunTests(context.Background(), os.DirFS(dir), dir, policy.TestOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for r := range ch {
+		n++
+		if r.Fail || r.Error != nil {
+			t.Errorf("%s failed: %v", r.Name, r.Error)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no draft tests ran")
 	}
 }

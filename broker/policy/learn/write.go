@@ -25,11 +25,12 @@ const (
 
 // Near-miss values: names no learning run produces.
 const (
-	otherHost  = "not-seen.learn.invalid"
-	otherAgent = "not-seen-agent"
-	otherSeg   = "not-seen-sibling"
-	otherTool  = "not_seen_tool"
-	otherOp    = "NotSeenOperation"
+	otherHost   = "not-seen.learn.invalid"
+	otherAgent  = "not-seen-agent"
+	otherSeg    = "not-seen-sibling"
+	otherTool   = "not_seen_tool"
+	otherField  = "notSeenField"
+	otherMethod = "not_seen/method"
 )
 
 // Write writes the draft into dir (created if missing): the data, the module and its tests.
@@ -144,11 +145,15 @@ func (d *Draft) cases() []testCase {
 			p := fmt.Sprintf("a%d_request%d", ai, ri)
 			for si, path := range r.Seen {
 				in := requestInput(id, r, r.Method, r.Host, path)
-				if si < len(r.seenMCP) && len(r.seenMCP[si]) > 0 {
-					in["mcp"] = r.seenMCP[si]
+				for k, v := range r.seenSemantic[si] {
+					in[k] = v
 				}
-				if si < len(r.seenGQL) && len(r.seenGQL[si]) > 0 {
-					in["graphql"] = r.seenGQL[si]
+				// Every protocol the rule requires is in the input (a request seen before the
+				// broker read it has an empty list).
+				for _, k := range r.Protocols {
+					if _, ok := in[k]; !ok {
+						in[k] = []any{}
+					}
 				}
 				out = append(out, testCase{fmt.Sprintf("%s_seen%d_allowed", p, si), true, in})
 			}
@@ -165,17 +170,47 @@ func (d *Draft) cases() []testCase {
 			out = append(out,
 				testCase{p + "_other_host_denied", false, requestInput(id, r, r.Method, otherHost, path)},
 				testCase{p + "_other_agent_denied", false, requestInput(stranger, r, r.Method, r.Host, path)})
-			if len(r.MCP) > 0 && len(d.rulesFor(id, r, path)) == 1 {
-				in := requestInput(id, r, r.Method, r.Host, path)
-				in["mcp"] = []MCPCall{{Method: "tools/call", Tool: otherTool}}
-				out = append(out, testCase{p + "_unseen_mcp_tool_denied", false, in})
-			}
-			if len(r.GraphQL) > 0 && len(d.rulesFor(id, r, path)) == 1 {
-				in := requestInput(id, r, r.Method, r.Host, path)
-				in["graphql"] = []GraphQLOp{{Type: "mutation", Name: otherOp}}
-				out = append(out, testCase{p + "_unseen_graphql_operation_denied", false, in})
+			if len(d.rulesFor(id, r, path)) == 1 {
+				out = append(out, r.unseenCases(p, id, path)...)
 			}
 		}
+	}
+	return out
+}
+
+// unseenCases are the near misses of rule r on protocols it was learned reading: an unseen
+// MCP tool, a GraphQL operation named as a seen one running an unseen field, an unseen
+// JSON-RPC method, and the protocol missing from the input.
+func (r *Rule) unseenCases(p, agent, path string) []testCase {
+	var out []testCase
+	with := func(k string, v any) map[string]any {
+		in := requestInput(agent, r, r.Method, r.Host, path)
+		for _, q := range r.Protocols {
+			in[q] = []any{}
+		}
+		in[k] = v
+		return in
+	}
+	for _, k := range r.Protocols {
+		switch k {
+		case "mcp":
+			out = append(out, testCase{p + "_unseen_mcp_tool_denied", false, with(k, []any{MCPCall{Method: "tools/call", Tool: otherTool}})})
+		case "graphql":
+			name := ""
+			for _, s := range r.seenSemantic {
+				for _, o := range objects(s["graphql"]) {
+					if str(o, "type") == "mutation" || name == "" {
+						name = str(o, "name")
+					}
+				}
+			}
+			op := map[string]any{"type": "mutation", "name": name, "fields": []any{otherField}}
+			out = append(out, testCase{p + "_unseen_graphql_field_denied", false, with(k, []any{op})})
+		case "jsonrpc":
+			out = append(out, testCase{p + "_unseen_jsonrpc_method_denied", false, with(k, []any{map[string]any{"method": otherMethod}})})
+		}
+		in := requestInput(agent, r, r.Method, r.Host, path)
+		out = append(out, testCase{p + "_" + k + "_unread_denied", false, in})
 	}
 	return out
 }

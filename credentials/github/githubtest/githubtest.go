@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/cgi"
 	"net/http/httptest"
@@ -83,6 +84,14 @@ type Server struct {
 	hold     chan struct{}
 	log      []string // method path auth-kind, for asserting what reached GitHub
 	jwtFails int
+	asked    []Asked
+}
+
+// Asked is what one token request asked for, as its body said (nil: left out, the
+// installation's own).
+type Asked struct {
+	Repositories []string
+	Permissions  map[string]string
 }
 
 type issued struct {
@@ -190,6 +199,13 @@ func (s *Server) Revoked() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.revoked)
+}
+
+// Asked returns what every token request whose app JWT verified asked for, oldest first.
+func (s *Server) Asked() []Asked {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.asked)
 }
 
 // Seen returns "METHOD PATH AUTH" for every request, AUTH being bearer, basic, or none.
@@ -339,6 +355,9 @@ func (s *Server) mint(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]any{"message": "Problems parsing JSON"})
 		return
 	}
+	s.mu.Lock()
+	s.asked = append(s.asked, Asked{Repositories: slices.Clone(req.Repositories), Permissions: maps.Clone(req.Permissions)})
+	s.mu.Unlock()
 	for _, name := range req.Repositories {
 		if !slices.Contains(s.opts.Repos, name) {
 			writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"message": "There is at least one repository that does not exist or is not accessible to the parent installation."})
