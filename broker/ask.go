@@ -68,7 +68,7 @@ func (b *Broker) ask(x *exchange, r *http.Request, in *policy.Input, d policy.De
 		if held, err = b.holdBody(x, r, small, body); err != nil {
 			return d, err
 		}
-		if err := showable(r.Header.Get("Content-Type"), held); err != nil {
+		if err := showable(r.Header, held); err != nil {
 			return d, err
 		}
 	}
@@ -233,9 +233,14 @@ func preview(clean func(string) string, body []byte) (string, bool) {
 // or folding): the preview shows the first 2 KiB, and a second member after it would be
 // approved unseen, and even in plain sight nobody can tell which one a server keeps. One that
 // is not valid JSON is refused when it is longer than the preview: a lenient server may read
-// past what the strict reader could check.
-func showable(contentType string, body []byte) error {
-	if !jsonMediaType(contentType) && !looksLikeJSON(body) {
+// past what the strict reader could check. A body labelled JSON and sent encoded
+// (Content-Encoding: gzip...) is refused too: the server decodes it, the preview cannot.
+func showable(h http.Header, body []byte) error {
+	labelled := jsonMediaType(h.Get("Content-Type"))
+	if labelled && encoded(h) {
+		return badRequest{"the request is held for a person's approval, and its JSON body is sent with a Content-Encoding the person cannot be shown: send it unencoded"}
+	}
+	if !labelled && !looksLikeJSON(body) {
 		return nil
 	}
 	err := strictjson.Check(bytes.TrimPrefix(body, utf8BOM))
@@ -251,6 +256,18 @@ func showable(contentType string, body []byte) error {
 }
 
 var utf8BOM = []byte("\xef\xbb\xbf")
+
+// encoded reports whether a request's body is sent with a Content-Encoding other than identity.
+func encoded(h http.Header) bool {
+	for _, v := range h.Values("Content-Encoding") {
+		for _, c := range strings.Split(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // jsonMediaType reports whether a Content-Type names JSON: application/json or any +json type.
 func jsonMediaType(ct string) bool {
