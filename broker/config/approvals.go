@@ -103,7 +103,7 @@ func (a Admin) Token() (string, error) {
 	}
 	if bits := AdminTokenBits(v); bits < MinAdminTokenBits {
 		return "", &Problem{Path: key, Msg: fmt.Sprintf("the admin token in %s is too weak: %d characters count as %d bits, and an admin token must carry at least %d "+
-			"(counted as length × bits per character of the smallest alphabet holding them all: hex 4, base64 6, other printable ASCII 6.5; "+
+			"(counted as length × bits per character of the smallest alphabet holding them all: hex 4, base32 5, base64 6, other printable ASCII 6.5; "+
 			"fewer than 8 different characters count as nothing): 32 hex digits or 22 base64 characters, e.g. from `openssl rand -hex 16`",
 			from, len([]rune(v)), int(bits), MinAdminTokenBits)}
 	}
@@ -111,21 +111,19 @@ func (a Admin) Token() (string, error) {
 }
 
 // AdminTokenBits is how strong a token counts as: its length in characters times log2 of the
-// smallest alphabet that holds every one of them (hex 16; base64 or base64url 64; printable
-// ASCII and anything else 95). A token of fewer than 8 different characters ("aaaa…",
+// smallest alphabet that holds every one of them (hex 16; base32, in one letter case, 32;
+// base64 or base64url 64; printable ASCII and anything else 95). A token of fewer than 8 different characters ("aaaa…",
 // "01010101…") is a placeholder, not a secret, and counts 0.
 func AdminTokenBits(tok string) float64 {
 	distinct := map[rune]bool{}
-	hex, b64 := true, true
+	hex, upper32, lower32, b64 := true, true, true, true
 	for _, r := range tok {
 		distinct[r] = true
-		switch {
-		case '0' <= r && r <= '9', 'a' <= r && r <= 'f', 'A' <= r && r <= 'F':
-		case 'g' <= r && r <= 'z', 'G' <= r && r <= 'Z', r == '+', r == '/', r == '-', r == '_', r == '=':
-			hex = false
-		default:
-			hex, b64 = false, false
-		}
+		digit := '0' <= r && r <= '9'
+		hex = hex && (digit || 'a' <= r && r <= 'f' || 'A' <= r && r <= 'F')
+		upper32 = upper32 && ('2' <= r && r <= '7' || 'A' <= r && r <= 'Z' || r == '=')
+		lower32 = lower32 && ('2' <= r && r <= '7' || 'a' <= r && r <= 'z' || r == '=')
+		b64 = b64 && (digit || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || strings.ContainsRune("+/-_=", r))
 	}
 	if len(distinct) < 8 {
 		return 0
@@ -134,6 +132,8 @@ func AdminTokenBits(tok string) float64 {
 	switch {
 	case hex:
 		alphabet = 16
+	case upper32 || lower32:
+		alphabet = 32
 	case b64:
 		alphabet = 64
 	}

@@ -14,19 +14,21 @@ func TestAdminTokenStrength(t *testing.T) {
 		token string
 		ok    bool
 	}{
-		"two characters":     {"q7", false},
-		"31 hex digits":      {"0123456789abcdef0123456789abcde", false},
-		"32 hex digits":      {"0123456789abcdef0123456789abcdef", true},
-		"32 hex, upper":      {"0123456789ABCDEF0123456789ABCDEF", true},
-		"21 base64":          {"Zm9vYmFyYmF6cXV4cXV1e", false},
-		"22 base64url":       {"Zm9vYmFy_mF6cXV4-XV1eX", true},
-		"22 base64 + pad":    {"Zm9vYmFyYmF6cXV4cXV1eQ==", true},
-		"19 printable":       {"p@ss!w0rd#L0ng%X?*^", false},
-		"20 printable":       {"p@ss!w0rd#L0ng%X?*^~", true},
-		"one repeated":       {strings.Repeat("a", 64), false},
-		"seven different":    {strings.Repeat("abcdefg", 10), false},
-		"s3cret-admin":       {"s3cret-admin", false},
-		"white space around": {"  0123456789abcdef0123456789abcdef\n", true},
+		"two characters":        {"q7", false},
+		"31 hex digits":         {"0123456789abcdef0123456789abcde", false},
+		"32 hex digits":         {"0123456789abcdef0123456789abcdef", true},
+		"32 hex, upper":         {"0123456789ABCDEF0123456789ABCDEF", true},
+		"25 base32":             {"MZXW6YTBOJRGC6TRPV4HC5LV4", false},
+		"26 base32 (rand.Text)": {"MZXW6YTBOJRGC6TRPV4HC5LV4A", true},
+		"21 base64":             {"Zm9vYmFyYmF6cXV4cXV1e", false},
+		"22 base64url":          {"Zm9vYmFy_mF6cXV4-XV1eX", true},
+		"22 base64 + pad":       {"Zm9vYmFyYmF6cXV4cXV1eQ==", true},
+		"19 printable":          {"p@ss!w0rd#L0ng%X?*^", false},
+		"20 printable":          {"p@ss!w0rd#L0ng%X?*^~", true},
+		"one repeated":          {strings.Repeat("a", 64), false},
+		"seven different":       {strings.Repeat("abcdefg", 10), false},
+		"s3cret-admin":          {"s3cret-admin", false},
+		"white space around":    {"  0123456789abcdef0123456789abcdef\n", true},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
