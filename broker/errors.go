@@ -18,6 +18,7 @@ import (
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/broker/wire"
 	"github.com/capbroker/capbroker/broker/wire/strictjson"
 	"github.com/capbroker/capbroker/credentials"
 )
@@ -36,6 +37,10 @@ var (
 	errInternal     = errors.New("internal error")
 )
 
+// codeAmbiguous is the error of a request the broker will not decide on (ambiguous): audited
+// as a deny.
+const codeAmbiguous = "ambiguous_request"
+
 // denial is a deny whose reason the agent may read.
 type denial struct{ reason string }
 
@@ -45,7 +50,9 @@ func (d denial) Is(target error) bool { return target == errDenied }
 // ambiguous is a request the broker will not decide on because a server may read it otherwise
 // than the broker would (CONTRACT §8b): a decision-relevant header given twice, say. The
 // reason names what is ambiguous, never a value. A body whose JSON members collide is refused
-// the same way through strictjson.ErrAmbiguous.
+// the same way through strictjson.ErrAmbiguous, and a header through a *wire.HeaderError (given
+// twice, spelled with '_', an encoded body the broker reads, an x-amz-copy-source S3 could read
+// as another object).
 type ambiguous struct{ reason string }
 
 func (a ambiguous) Error() string { return "ambiguous request: " + a.reason }
@@ -78,11 +85,14 @@ func classify(err error) agentError {
 	var un *budget.Unavailable
 	var amb ambiguous
 	var sj *strictjson.Error
+	var wh *wire.HeaderError
 	switch {
 	case errors.As(err, &amb):
 		return agentError{http.StatusBadRequest, "ambiguous_request", amb.reason, hintAmbiguous}
 	case errors.Is(err, strictjson.ErrAmbiguous) && errors.As(err, &sj):
 		return agentError{http.StatusBadRequest, "ambiguous_request", sj.Error(), hintAmbiguous}
+	case errors.As(err, &wh):
+		return agentError{http.StatusBadRequest, codeAmbiguous, wh.Error(), hintAmbiguous}
 	case errors.As(err, &ex):
 		return agentError{http.StatusTooManyRequests, "budget_exceeded", ex.Error(),
 			"Retry after the time in the Retry-After header, when the budget's window resets, or ask the operator for a larger budget."}

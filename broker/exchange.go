@@ -101,7 +101,7 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 	ae := classify(err)
 	x.code = ae.code
 	switch {
-	case ae.code == "denied" || ae.code == "budget_exceeded" || refusedByApprover(ae.code):
+	case ae.code == "denied" || ae.code == codeAmbiguous || ae.code == "budget_exceeded" || refusedByApprover(ae.code):
 		x.ev.Decision = audit.Deny
 		x.ev.Reason = ae.reason
 	case isChallenge(r, err):

@@ -17,6 +17,7 @@ import (
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // redacted replaces every injected secret value found in a response.
@@ -303,8 +304,12 @@ func memBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 // sets body.err: the request is refused, whatever the policy decides without the body. A
 // path, query or method override that the upstream could read differently from the policy is
 // refused here (path.go); the path the policy sees is the one outbound sends, and the one the
-// audit event records.
+// audit event records. Before anything reads a header, a decision-relevant one given twice
+// (wire.CheckRequest) is refused.
 func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []byte, body *policyBody) (*policy.Input, error) {
+	if err := wire.CheckRequest(r); err != nil {
+		return nil, err
+	}
 	raw, path, err := requestPath(r.URL)
 	if err != nil {
 		return nil, err
@@ -346,6 +351,11 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 	}
 	in.ReadBody = func() ([]byte, int64) {
 		readable := graphQL || isJSON(r.Header.Get("Content-Type")) // a GraphQL body is read whatever its type
+		if readable {
+			if body.err = wire.CheckBodyEncoding(r.Header); body.err != nil {
+				return nil, r.ContentLength
+			}
+		}
 		if small == nil && readable && r.ContentLength <= x.g.maxPolicyBody {
 			// The bytes about to be held count against the agent's budget until the
 			// request has been sent (bodyBudget); unknown length counts as the limit.

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/capbroker/capbroker/broker/scrub"
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // Trailers are header fields sent after a body: gRPC carries its status in them (grpc-status,
@@ -32,9 +33,10 @@ func (g *generation) forwardTrailers(r, out *http.Request) {
 }
 
 // trailerAllowed reports whether an agent's request trailer may be forwarded: never a
-// hop-by-hop field, nor one that carries credentials (which could duplicate an injected one).
+// hop-by-hop field, nor one that carries credentials (which could duplicate an injected one),
+// nor a decision-relevant one (the policy never saw it: wire.IsDecisionHeader).
 func (g *generation) trailerAllowed(name string) bool {
-	return !isHopByHop(name) && !g.bindings.CredentialHeader(strings.ToLower(name))
+	return !isHopByHop(name) && !g.bindings.CredentialHeader(strings.ToLower(name)) && !wire.IsDecisionHeader(name)
 }
 
 // trailerCopier copies src's trailer values into dst when the body reaches its end.

@@ -5,6 +5,10 @@
 // with Transfer-Encoding. A proxy that reads a message one way while the upstream reads it
 // another is the root of request smuggling, so the guard rejects every message whose framing
 // is ambiguous, with 400 and a closed connection, before any of its bytes reach the parser.
+//
+// Once parsed, whatever the protocol (HTTP/1.1, HTTP/2, inside a tunnel or not), a request's
+// headers go through CheckHeaders before anything decides on them: a header the broker reads
+// as one value may be there once only (headers.go).
 package wire
 
 import (

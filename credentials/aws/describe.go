@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // Meaning is what an AWS request does, for the policy (input.aws). Fields that cannot be
@@ -26,8 +27,9 @@ type Meaning struct {
 
 // Object is an S3 object.
 type Object struct {
-	Bucket string `json:"bucket"`
-	Key    string `json:"key"`
+	Bucket    string `json:"bucket"`
+	Key       string `json:"key"`
+	VersionID string `json:"version_id,omitempty"` // a copy source's ?versionId=
 }
 
 // maxFormBody is the largest form body read for the query protocol's Action.
@@ -37,9 +39,11 @@ const maxFormBody = 64 << 10
 // Signer's overrides, else the agent's credential scope, else the endpoint's name), the
 // operation where it can be known (S3's REST method, path and sub-resources; X-Amz-Target;
 // the query protocol's Action, in the query or a small form body), and S3's bucket and key
-// (virtual-hosted and path style). ok is false when neither the signature nor the host
-// names a service.
-func (s *Signer) Describe(req *http.Request) (m Meaning, ok bool) {
+// (virtual-hosted and path style), and the object a copy reads. ok is false when neither the
+// signature nor the host names a service. err (an *AmbiguousError) is a request AWS could read
+// otherwise than described: an x-amz-copy-source, X-Amz-Target or Action that does not say
+// one thing only. Such a request is refused, not described by a guess.
+func (s *Signer) Describe(req *http.Request) (m Meaning, ok bool, err error) {
 	host := req.Host
 	if host == "" {
 		host = req.URL.Host
@@ -60,18 +64,77 @@ func (s *Signer) Describe(req *http.Request) (m Meaning, ok bool) {
 		m.Region = s.opts.Region
 	}
 	if m.Service == "" {
-		return Meaning{}, false
+		return Meaning{}, false, nil
+	}
+	if err := checkAmzQuery(req); err != nil {
+		return m, true, err
 	}
 	if m.Service == "s3" {
-		describeS3(req, host, &m)
-		return m, true
+		return m, true, describeS3(req, host, &m)
 	}
 	if t := req.Header.Get("X-Amz-Target"); t != "" {
+		if !validTarget(t) {
+			return m, true, &AmbiguousError{Header: "X-Amz-Target", Reason: "is not one ServicePrefix.Operation name"}
+		}
 		m.Operation = t[strings.LastIndexByte(t, '.')+1:]
-		return m, true
+		return m, true, nil
 	}
-	m.Operation = action(req)
-	return m, true
+	m.Operation, err = action(req)
+	return m, true, err
+}
+
+// AmbiguousError is a request part AWS could read otherwise than Describe would (see there).
+// Its text names the header or parameter, never its value.
+type AmbiguousError struct {
+	Header string // the header, or "" for the query protocol's Action
+	Reason string
+}
+
+func (e *AmbiguousError) Error() string {
+	if e.Header == "" {
+		return "the query protocol's Action " + e.Reason
+	}
+	return "the header " + e.Header + " " + e.Reason
+}
+
+// checkAmzQuery refuses x-amz-* parameters in the query that AWS could act on while the
+// broker reads the header: one given twice, one also sent as a header (which of the two AWS
+// takes is not the broker's to guess), and X-Amz-Copy-Source or X-Amz-Target, which Describe
+// reads only as headers. Presigned URLs carry x-amz-* parameters once each.
+func checkAmzQuery(req *http.Request) error {
+	q, _ := parseQuery(req.URL.RawQuery)
+	for i, p := range q {
+		if len(p.k) < 6 || !strings.EqualFold(p.k[:6], "x-amz-") {
+			continue
+		}
+		name := http.CanonicalHeaderKey(p.k)
+		bad := func(why string) error { return &AmbiguousError{Header: name, Reason: why} }
+		switch {
+		case name == "X-Amz-Copy-Source" || name == "X-Amz-Target":
+			return bad("is in the query; send it as a header")
+		case len(req.Header.Values(name)) > 0:
+			return bad("is both in the query and a header")
+		}
+		for _, o := range q[i+1:] {
+			if strings.EqualFold(o.k, p.k) {
+				return bad("is in the query more than once")
+			}
+		}
+	}
+	return nil
+}
+
+// validTarget reports whether an X-Amz-Target is one name: letters, digits and ._-: with a
+// '.' before the operation (DynamoDB_20120810.GetItem).
+func validTarget(t string) bool {
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':') {
+			return false
+		}
+	}
+	i := strings.LastIndexByte(t, '.')
+	return i > 0 && i < len(t)-1
 }
 
 // fromHost reads service and region from an AWS endpoint name:
@@ -109,8 +172,9 @@ func fromHost(host string) (service, region string) {
 	}
 }
 
-// describeS3 fills in the operation, bucket and key of an S3 request.
-func describeS3(req *http.Request, host string, m *Meaning) {
+// describeS3 fills in the operation, bucket and key of an S3 request, and the object a copy
+// reads.
+func describeS3(req *http.Request, host string, m *Meaning) error {
 	path := req.URL.Path
 	// Virtual-hosted style: the bucket is the host's labels before ".s3." or ".s3-".
 	for _, sep := range []string{".s3.", ".s3-"} {
@@ -127,15 +191,129 @@ func describeS3(req *http.Request, host string, m *Meaning) {
 	// The query as the signer reads it, and as AWS does: '&'-separated, ';' and '+' literal.
 	q, _ := parseQuery(req.URL.RawQuery)
 	has := func(k string) bool { return slices.ContainsFunc(q, func(p param) bool { return p.k == k }) }
-	copySrc := req.Header.Get("X-Amz-Copy-Source")
-	if copySrc != "" {
-		raw, _, _ := strings.Cut(copySrc, "?versionId=") // before decoding: a key may hold an escaped '?'
-		if src, err := url.PathUnescape(strings.TrimPrefix(raw, "/")); err == nil {
-			b, k, _ := strings.Cut(src, "/")
-			m.CopySource = &Object{Bucket: b, Key: k}
+	copying := false
+	if vs := req.Header.Values("X-Amz-Copy-Source"); len(vs) > 0 {
+		if len(vs) > 1 {
+			return &AmbiguousError{Header: "X-Amz-Copy-Source", Reason: "appears more than once"}
+		}
+		src, err := ParseCopySource(vs[0])
+		if err != nil {
+			return err
+		}
+		m.CopySource, copying = src, true
+	}
+	m.Operation = s3Operation(req.Method, m.Bucket, m.Key, has, copying)
+	return nil
+}
+
+// ParseCopySource reads an x-amz-copy-source value as S3 does: percent-decoded once, then an
+// optional leading '/', the bucket up to the next '/' and the key after it; an unencoded
+// "?versionId=" ends the object (a '?' in a key is sent escaped). An access point's object is
+// "arn:...:accesspoint/NAME/object/KEY": its bucket is the access point's ARN.
+//
+// A value that could name another object than the one read here is refused (*AmbiguousError):
+// one whose decoding leaves escapes (encoded twice: a server that decodes again reads another
+// key), an empty bucket ("/%2Fbucket/key"), an empty key, a key with "." or ".." segments, a
+// bucket with characters no bucket name has, a raw ',' (two values joined) or '+' (a space to
+// some decoders), a '?' or '#' that does not start the version, an invalid escape, or what is
+// not UTF-8 once decoded.
+func ParseCopySource(v string) (*Object, error) {
+	bad := func(why string) error { return &AmbiguousError{Header: "X-Amz-Copy-Source", Reason: why} }
+	raw, version, versioned := strings.Cut(v, "?versionId=") // before decoding: a key may hold an escaped '?'
+	switch {
+	case strings.ContainsAny(raw, "?#"):
+		return nil, bad("has a '?' or '#' that does not start ?versionId=; escape it in the key")
+	case strings.ContainsRune(raw, ','):
+		return nil, bad("has an unescaped ','; escape it in the key as %2C")
+	case strings.ContainsRune(raw, '+'):
+		// A '+' is a space to a form decoder and itself to a path decoder.
+		return nil, bad("has an unescaped '+'; escape it in the key as %2B")
+	case versioned && !validVersion(version):
+		return nil, bad("has a versionId that is not one version id")
+	}
+	src, err := url.PathUnescape(raw)
+	if err != nil {
+		return nil, bad("is not valid percent-encoding")
+	}
+	if hasEscape(src) {
+		return nil, bad("is percent-encoded twice; encode the bucket and key once")
+	}
+	if !utf8.ValidString(src) {
+		return nil, bad("is not UTF-8 once decoded")
+	}
+	src = strings.TrimPrefix(src, "/")
+	var o Object
+	if strings.HasPrefix(src, "arn:") {
+		i := strings.Index(src, "/object/")
+		if i < 0 {
+			return nil, bad("is an ARN without /object/")
+		}
+		o.Bucket, o.Key = src[:i], src[i+len("/object/"):]
+	} else {
+		o.Bucket, o.Key, _ = strings.Cut(src, "/")
+		if !validBucket(o.Bucket) {
+			return nil, bad("does not start with a bucket name (after an optional '/')")
 		}
 	}
-	m.Operation = s3Operation(req.Method, m.Bucket, m.Key, has, copySrc != "")
+	if o.Key == "" {
+		return nil, bad("names no object key")
+	}
+	for seg := range strings.SplitSeq(o.Key, "/") {
+		if seg == "." || seg == ".." {
+			return nil, bad("has a '.' or '..' segment in its key, which servers resolve differently")
+		}
+	}
+	o.VersionID = version
+	return &o, nil
+}
+
+// validBucket reports whether b can be a bucket name: 3 to 255 letters, digits, '.', '-' and
+// '_' (the legacy rules of us-east-1; today's are narrower).
+func validBucket(b string) bool {
+	if len(b) < 3 || len(b) > 255 {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// validVersion reports whether v can be an S3 version id ("null", or letters, digits and
+// ._+/=-), sent as it is.
+func validVersion(v string) bool {
+	if v == "" || len(v) > 1024 {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._+/=-", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// hasEscape reports whether s holds a percent-escape (%XX with hex digits).
+func hasEscape(s string) bool {
+	for i := strings.IndexByte(s, '%'); i >= 0 && i+2 < len(s); {
+		if ishex(s[i+1]) && ishex(s[i+2]) {
+			return true
+		}
+		j := strings.IndexByte(s[i+1:], '%')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	return false
+}
+
+func ishex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 // bucketSub are the bucket sub-resources, by the name their operations use.
@@ -252,18 +430,24 @@ func s3Operation(method, bucket, key string, has func(string) bool, copying bool
 }
 
 // action is the query protocol's Action (IAM, STS, EC2, SQS, ...): from the query, or from a
-// form body of at most 64 KiB, which is put back to be sent.
-func action(req *http.Request) string {
+// form body of at most 64 KiB, which is put back to be sent. An Action given twice, or in both
+// the query and the body, is ambiguous: servers differ on which they act on.
+func action(req *http.Request) (string, error) {
+	twice := &AmbiguousError{Reason: "is given more than once (query and form body count together)"}
 	q, _ := parseQuery(req.URL.RawQuery)
+	var act []string
 	for _, p := range q {
 		if p.k == "Action" {
-			return p.v
+			act = append(act, p.v)
 		}
 	}
 	ct, _, _ := mime.ParseMediaType(req.Header.Get("Content-Type"))
 	if ct != "application/x-www-form-urlencoded" || req.Body == nil || req.Body == http.NoBody ||
 		req.ContentLength < 0 || req.ContentLength > maxFormBody {
-		return ""
+		if len(act) > 1 {
+			return "", twice
+		}
+		return first(act), nil
 	}
 	b, err := io.ReadAll(io.LimitReader(req.Body, maxFormBody+1))
 	rest := req.Body
@@ -272,14 +456,23 @@ func action(req *http.Request) string {
 		io.Closer
 	}{io.MultiReader(bytes.NewReader(b), rest), rest}
 	if err != nil || len(b) > maxFormBody {
-		return ""
+		return first(act), nil
 	}
 	if req.GetBody == nil && int64(len(b)) == req.ContentLength {
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 	}
-	v, err := url.ParseQuery(string(b))
-	if err != nil {
+	if v, err := url.ParseQuery(string(b)); err == nil {
+		act = append(act, v["Action"]...)
+	}
+	if len(act) > 1 {
+		return "", twice
+	}
+	return first(act), nil
+}
+
+func first(l []string) string {
+	if len(l) == 0 {
 		return ""
 	}
-	return v.Get("Action")
+	return l[0]
 }

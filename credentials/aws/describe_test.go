@@ -30,9 +30,17 @@ func TestDescribe(t *testing.T) {
 		"bucket policy":  {method: "PUT", url: "https://s3.us-east-1.amazonaws.com/data?policy", want: Meaning{Service: "s3", Region: "us-east-1", Operation: "PutBucketPolicy", Bucket: "data"}},
 		"head":           {method: "HEAD", url: "https://s3.us-east-1.amazonaws.com/data/k", want: Meaning{Service: "s3", Region: "us-east-1", Operation: "HeadObject", Bucket: "data", Key: "k"}},
 		"copy": {method: "PUT", url: "https://s3.us-east-1.amazonaws.com/data/out/x", headers: map[string]string{"X-Amz-Copy-Source": "/secret-bucket/k%201?versionId=3"},
-			want: Meaning{Service: "s3", Region: "us-east-1", Operation: "CopyObject", Bucket: "data", Key: "out/x", CopySource: &Object{Bucket: "secret-bucket", Key: "k 1"}}},
+			want: Meaning{Service: "s3", Region: "us-east-1", Operation: "CopyObject", Bucket: "data", Key: "out/x", CopySource: &Object{Bucket: "secret-bucket", Key: "k 1", VersionID: "3"}}},
 		"copy, escaped question mark": {method: "PUT", url: "https://s3.us-east-1.amazonaws.com/data/out/x", headers: map[string]string{"X-Amz-Copy-Source": "src/a%3FversionId%3D1/b"},
 			want: Meaning{Service: "s3", Region: "us-east-1", Operation: "CopyObject", Bucket: "data", Key: "out/x", CopySource: &Object{Bucket: "src", Key: "a?versionId=1/b"}}},
+		"copy, encoded slashes": {method: "PUT", url: "https://s3.us-east-1.amazonaws.com/data/out/x", headers: map[string]string{"X-Amz-Copy-Source": "%2Fother-bucket%2Fsecret.txt"},
+			want: Meaning{Service: "s3", Region: "us-east-1", Operation: "CopyObject", Bucket: "data", Key: "out/x", CopySource: &Object{Bucket: "other-bucket", Key: "secret.txt"}}},
+		"copy, no leading slash": {method: "PUT", url: "https://s3.us-east-1.amazonaws.com/data/out/x", headers: map[string]string{"X-Amz-Copy-Source": "src/dir/a%2Bb.txt"},
+			want: Meaning{Service: "s3", Region: "us-east-1", Operation: "CopyObject", Bucket: "data", Key: "out/x", CopySource: &Object{Bucket: "src", Key: "dir/a+b.txt"}}},
+		"copy, access point": {method: "PUT", url: "https://s3.us-east-1.amazonaws.com/data/out/x", headers: map[string]string{"X-Amz-Copy-Source": "arn%3Aaws%3As3%3Aus-east-1%3A123456789012%3Aaccesspoint%2Fap%2Fobject%2Fk%2F1"},
+			want: Meaning{Service: "s3", Region: "us-east-1", Operation: "CopyObject", Bucket: "data", Key: "out/x", CopySource: &Object{Bucket: "arn:aws:s3:us-east-1:123456789012:accesspoint/ap", Key: "k/1"}}},
+		"upload part copy": {method: "PUT", url: "https://s3.us-east-1.amazonaws.com/data/out/x?partNumber=1&uploadId=u", headers: map[string]string{"X-Amz-Copy-Source": "/src/k?versionId=3/L4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY+MTRCxf3vjVBH40Nr8X8gdRQBpUMLUo"},
+			want: Meaning{Service: "s3", Region: "us-east-1", Operation: "UploadPartCopy", Bucket: "data", Key: "out/x", CopySource: &Object{Bucket: "src", Key: "k", VersionID: "3/L4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY+MTRCxf3vjVBH40Nr8X8gdRQBpUMLUo"}}},
 		"iam query":   {method: "GET", url: "https://iam.amazonaws.com/?Action=CreateUser&UserName=x", want: Meaning{Service: "iam", Region: "us-east-1", Operation: "CreateUser"}},
 		"sts form":    {method: "POST", url: "https://sts.eu-west-1.amazonaws.com/", body: "Action=AssumeRole&RoleArn=x", headers: map[string]string{"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"}, want: Meaning{Service: "sts", Region: "eu-west-1", Operation: "AssumeRole"}},
 		"json target": {method: "POST", url: "https://dynamodb.eu-west-1.amazonaws.com/", body: "{}", headers: map[string]string{"X-Amz-Target": "DynamoDB_20120810.DeleteTable"}, want: Meaning{Service: "dynamodb", Region: "eu-west-1", Operation: "DeleteTable"}},
@@ -52,9 +60,9 @@ func TestDescribe(t *testing.T) {
 			for k, v := range c.headers {
 				req.Header.Set(k, v)
 			}
-			m, ok := (*Signer)(nil).Describe(req)
-			if !ok {
-				t.Fatal("not described")
+			m, ok, err := (*Signer)(nil).Describe(req)
+			if !ok || err != nil {
+				t.Fatalf("not described: %v", err)
 			}
 			if m.CopySource != nil && c.want.CopySource != nil && *m.CopySource == *c.want.CopySource {
 				m.CopySource = c.want.CopySource
@@ -70,16 +78,104 @@ func TestDescribe(t *testing.T) {
 			}
 		})
 	}
-	if _, ok := (*Signer)(nil).Describe(httptestRequest("https://example.com/x")); ok {
+	if _, ok, _ := (*Signer)(nil).Describe(httptestRequest("https://example.com/x")); ok {
 		t.Error("a non-AWS request was described")
 	}
 	s := newTestSigner(t, false, Options{Service: "execute-api", Region: "eu-west-3"})
-	if m, _ := s.Describe(httptestRequest("https://api.example.com/x")); m.Service != "execute-api" || m.Region != "eu-west-3" {
+	if m, _, _ := s.Describe(httptestRequest("https://api.example.com/x")); m.Service != "execute-api" || m.Region != "eu-west-3" {
 		t.Errorf("overrides: %+v", m)
+	}
+}
+
+// TestDescribeRefusesAmbiguous: what AWS could read as another object or operation than the
+// policy would see is refused, naming the header, not described by a guess.
+func TestDescribeRefusesAmbiguous(t *testing.T) {
+	cases := map[string]struct {
+		url     string
+		headers [][2]string
+		body    string
+		want    string // in the error
+	}{
+		"copy source twice":           {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a"}, {"X-Amz-Copy-Source", "/secret/b"}}, want: "X-Amz-Copy-Source"},
+		"encoded slash, empty bucket": {headers: [][2]string{{"X-Amz-Copy-Source", "/%2Fsecret/b"}}, want: "bucket"},
+		"double slash":                {headers: [][2]string{{"X-Amz-Copy-Source", "//secret/b"}}, want: "bucket"},
+		"double encoded":              {headers: [][2]string{{"X-Amz-Copy-Source", "/src%252F..%252Fsecret/b"}}, want: "twice"},
+		"double encoded key":          {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a%2541"}}, want: "twice"},
+		"bad escape":                  {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a%zz"}}, want: "percent-encoding"},
+		"comma joined":                {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a, /secret/b"}}, want: "','"},
+		"no key":                      {headers: [][2]string{{"X-Amz-Copy-Source", "/src/"}}, want: "key"},
+		"bucket only":                 {headers: [][2]string{{"X-Amz-Copy-Source", "src"}}, want: "key"},
+		"dot dot key":                 {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a/../../secret/b"}}, want: "'..'"},
+		"encoded dot dot key":         {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a%2F%2E%2E%2Fb"}}, want: "'..'"},
+		"stray question mark":         {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a?x=1"}}, want: "'?'"},
+		"two versions":                {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a?versionId=1?versionId=2"}}, want: "versionId"},
+		"version with ampersand":      {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a?versionId=1&x=2"}}, want: "versionId"},
+		"raw plus":                    {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a+b"}}, want: "'+'"},
+		"not utf-8":                   {headers: [][2]string{{"X-Amz-Copy-Source", "/src/a%FF"}}, want: "UTF-8"},
+		"bucket with space":           {headers: [][2]string{{"X-Amz-Copy-Source", "/o%20k/a"}}, want: "bucket"},
+		"arn without object":          {headers: [][2]string{{"X-Amz-Copy-Source", "arn:aws:s3:us-east-1:1:accesspoint/ap"}}, want: "ARN"},
+		"target list":                 {url: "https://dynamodb.eu-west-1.amazonaws.com/", headers: [][2]string{{"X-Amz-Target", "DynamoDB_20120810.GetItem, DynamoDB_20120810.DeleteTable"}}, want: "X-Amz-Target"},
+		"copy source in the query":    {url: "https://s3.us-east-1.amazonaws.com/data/out/x?x-amz-copy-source=%2Fsecret%2Fk", want: "X-Amz-Copy-Source"},
+		"acl in query and header":     {url: "https://s3.us-east-1.amazonaws.com/data/out/x?x-amz-acl=public-read", headers: [][2]string{{"X-Amz-Acl", "private"}}, want: "X-Amz-Acl"},
+		"acl twice in the query":      {url: "https://s3.us-east-1.amazonaws.com/data/out/x?X-Amz-Acl=private&x-amz-acl=public-read", want: "X-Amz-Acl"},
+		"action twice":                {url: "https://iam.amazonaws.com/?Action=ListUsers&Action=CreateUser", want: "Action"},
+		"action query and body": {url: "https://iam.amazonaws.com/?Action=ListUsers", body: "Action=CreateUser&UserName=x",
+			headers: [][2]string{{"Content-Type", "application/x-www-form-urlencoded"}}, want: "Action"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			u := c.url
+			if u == "" {
+				u = "https://s3.us-east-1.amazonaws.com/data/out/x"
+			}
+			var body io.Reader
+			if c.body != "" {
+				body = strings.NewReader(c.body)
+			}
+			req, _ := http.NewRequest("PUT", u, body)
+			for _, h := range c.headers {
+				req.Header.Add(h[0], h[1])
+			}
+			_, _, err := (*Signer)(nil).Describe(req)
+			ae, ok := err.(*AmbiguousError)
+			if !ok || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want an *AmbiguousError with %q", err, c.want)
+			}
+			for _, h := range c.headers {
+				if strings.Contains(ae.Reason, h[1]) {
+					t.Errorf("the reason quotes the value: %q", ae.Reason)
+				}
+			}
+		})
 	}
 }
 
 func httptestRequest(u string) *http.Request {
 	req, _ := http.NewRequest("GET", u, nil)
 	return req
+}
+
+// FuzzParseCopySource: whatever the value, a copy source read is one object with a bucket and
+// a key, none of whose segments is '.' or '..', and nothing is left to decode.
+func FuzzParseCopySource(f *testing.F) {
+	for _, s := range []string{"/src/k", "%2Fsrc%2Fk", "src/a%3Fb?versionId=1", "arn:aws:s3:r:1:accesspoint/a/object/k", "/%2Fsrc/k", "src/a%2541"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		o, err := ParseCopySource(v)
+		if err != nil {
+			if _, ok := err.(*AmbiguousError); !ok {
+				t.Fatalf("error %T", err)
+			}
+			return
+		}
+		if o.Bucket == "" || o.Key == "" || hasEscape(o.Bucket+o.Key) {
+			t.Fatalf("%q read as %+v", v, o)
+		}
+		for seg := range strings.SplitSeq(o.Key, "/") {
+			if seg == "." || seg == ".." {
+				t.Fatalf("%q read with a dot segment: %+v", v, o)
+			}
+		}
+	})
 }
