@@ -236,7 +236,7 @@ func preview(clean func(string) string, body []byte) (string, bool) {
 // past what the strict reader could check. A body labelled JSON and sent encoded
 // (Content-Encoding: gzip...) is refused too: the server decodes it, the preview cannot.
 func showable(h http.Header, body []byte) error {
-	labelled := jsonMediaType(h.Get("Content-Type"))
+	labelled := isJSON(h.Get("Content-Type"))
 	if labelled && encoded(h) {
 		return badRequest{"the request is held for a person's approval, and its JSON body is sent with a Content-Encoding the person cannot be shown: send it unencoded"}
 	}
@@ -267,13 +267,6 @@ func encoded(h http.Header) bool {
 		}
 	}
 	return false
-}
-
-// jsonMediaType reports whether a Content-Type names JSON: application/json or any +json type.
-func jsonMediaType(ct string) bool {
-	mt, _, _ := strings.Cut(ct, ";")
-	mt = strings.ToLower(strings.TrimSpace(mt))
-	return mt == "application/json" || strings.HasSuffix(mt, "+json")
 }
 
 // looksLikeJSON reports whether a body starts, after white space or a byte order mark, like a
