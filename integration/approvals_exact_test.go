@@ -160,6 +160,13 @@ func TestApprovalCardShowsQueryValuesAndCredentials(t *testing.T) {
 	if fmt.Sprint(p["credentials"]) != "[canary]" {
 		t.Fatalf("credentials shown: %v", p["credentials"])
 	}
+	cmd := exec.Command(brokerBin, "approvals", "list", "--admin", "http://"+e.broker.adminAddr)
+	cmd.Env = harness.Env()
+	if out, err := cmd.CombinedOutput(); err != nil || strings.Contains(string(out), e.canary) ||
+		!strings.Contains(string(out), "cascade=yes&cascade=all&force=true&key=%5BREDACTED%5D") || !strings.Contains(string(out), "CREDENTIALS") ||
+		!strings.Contains(string(out), " canary ") {
+		t.Fatalf("broker approvals list: %v\n%s", err, out)
+	}
 	msg := <-hook
 	if strings.Contains(string(msg), e.canary) {
 		t.Fatalf("the webhook carries the secret: %s", msg)
