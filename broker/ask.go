@@ -105,7 +105,7 @@ func (b *Broker) ask(x *exchange, r *http.Request, in *policy.Input, d policy.De
 			}
 			req.Query[clean(k)] = shown
 		}
-		req.Credentials = slices.Clone(d.Credentials)
+		req.Credentials = append([]string{}, d.Credentials...) // [] rather than null: none attached
 		req.BodyPreview, req.BodyTruncated = preview(clean, held)
 	}
 	out, err := q.Hold(r.Context(), req)
