@@ -190,18 +190,17 @@ func (b *Broker) holdBody(x *exchange, r *http.Request, small []byte, body *poli
 	return buf, nil
 }
 
-// secretFree returns what removes, from text shown to the person deciding, every value of
-// every configured credential the broker knows, and their forms for host.
+// secretFree returns what removes, from text shown to the person deciding, every value the
+// broker knows (inject.Known: what it has sent, and what its store holds of every configured
+// credential), whatever host it concerns, and their forms for host.
 func (g *generation) secretFree(host string) func(string) string {
-	var values []string
-	for name := range g.scrubbers {
-		for _, v := range g.secrets.Known(name) {
-			if s := v.Reveal(); s != "" {
-				values = append(values, s)
-			}
+	for _, b := range g.bindings.All() {
+		for _, v := range g.secrets.Known(b.Name) {
+			g.known.Hold(b, v)
 		}
 	}
-	all, forms := redactor(values), g.responseScrubber(host)
+	forms := g.responseScrubber(host)
+	all := redactor(g.known.Values())
 	return func(text string) string { return forms.String(all.String(text)) }
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/rpc"
 	"github.com/capbroker/capbroker/broker/transparent"
@@ -49,9 +50,10 @@ type upstreamClient interface {
 // Secrets returns credential values by name. *credentials.Store implements it.
 type Secrets interface {
 	Get(ctx context.Context, name string) (credentials.Secret, error)
-	// Known returns, without reading the source, every value of the credential that may be
-	// out in the world (the current one and those a rotation replaced recently): a response
-	// from a host the credential is bound to is scrubbed of all of them.
+	// Known returns, without reading the source, the values of the credential it holds (the
+	// current one and those a rotation replaced recently). They join the registry of known
+	// secrets (Deps.Known) as soon as a response from a host they are bound to is scrubbed,
+	// before any is sent: the upstream that issued a key may show it without being sent it.
 	Known(name string) []credentials.Secret
 }
 
@@ -77,6 +79,10 @@ type Deps struct {
 	// Recorder is given the usage of each metered LLM call (broker/llm) and prices it; nil
 	// meters for the audit event and metrics alone, at cost 0.
 	Recorder usage.Recorder
+	// Known is the registry of the secret values the broker sends, for the whole process:
+	// responses are scrubbed of them across reloads, and minters ask it for room before
+	// minting (inject.Known). Nil: a registry with the default bounds.
+	Known *inject.Known
 }
 
 // Limits of the agent-facing side.
@@ -133,7 +139,11 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 	if deps.Policy == nil || deps.Secrets == nil || deps.CA == nil || deps.Audit == nil {
 		return nil, errors.New("broker: Policy, Secrets, CA and Audit are required")
 	}
-	g, err := newGeneration(cfg, deps.Secrets, deps.Self, nil)
+	known := deps.Known
+	if known == nil {
+		known = inject.NewKnown(inject.KnownOptions{})
+	}
+	g, err := newGeneration(cfg, deps.Secrets, known, deps.Self, nil)
 	if err != nil {
 		return nil, err
 	}

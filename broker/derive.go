@@ -13,8 +13,8 @@ import (
 // Derivers finds what derives a credential's value per request: the Minter of a credential
 // that mints tokens, the Signer of one that signs requests, nil for both when the credential
 // is sent as its source reads it. A Secrets that implements it gives the broker derived
-// credentials; its Known must then include the tokens its minters hold, so that they are
-// scrubbed from responses like any other value.
+// credentials. The tokens minted are recorded in the registry of known secrets as they are
+// put into a request (minted.put), and scrubbed from responses until they expire.
 type Derivers interface {
 	Minter(name string) credentials.Minter
 	Signer(name string) credentials.Signer
@@ -36,6 +36,7 @@ type TokenInjector interface {
 type minted struct {
 	binding *inject.Binding
 	minter  credentials.Minter
+	known   *inject.Known
 	scope   credentials.Scope
 	tok     credentials.Secret
 }
@@ -58,17 +59,28 @@ func (g *generation) inject(ctx context.Context, out *http.Request, granted []*i
 	for _, b := range granted {
 		switch m := g.derived.Minter(b.Name); {
 		case m != nil:
-			t := minted{binding: b, minter: m, scope: credentials.Scope(scopes[b.Name])}
+			t := minted{binding: b, minter: m, known: g.known, scope: credentials.Scope(scopes[b.Name])}
 			if err := t.put(ctx, out); err != nil {
 				return nil, err
 			}
 			toks = append(toks, t)
 		case g.derived.Signer(b.Name) != nil:
-			// Signed last (sign), once the request will change no more.
+			// Signed last (sign), once the request will change no more. The key's id goes
+			// out in the signature: the key is known from now on.
+			secret, err := g.secrets.Get(ctx, b.Name)
+			if err != nil {
+				return nil, err
+			}
+			if err := g.known.Record(b, secret, false); err != nil {
+				return nil, err
+			}
 		default:
 			secret, err := g.secrets.Get(ctx, b.Name)
 			if err != nil {
 				return nil, err // never forward without a credential the decision granted
+			}
+			if err := g.known.Record(b, secret, false); err != nil {
+				return nil, err // never send what could not be scrubbed from responses
 			}
 			b.Apply(out, secret)
 		}
@@ -82,10 +94,14 @@ func (g *generation) inject(ctx context.Context, out *http.Request, granted []*i
 	return toks, nil
 }
 
-// put mints (or takes from the cache) a token and puts it into out.
+// put mints (or takes from the cache) a token, records it as known until it expires, and puts
+// it into out.
 func (t *minted) put(ctx context.Context, out *http.Request) error {
 	tok, err := t.minter.Token(ctx, t.scope)
 	if err != nil {
+		return err
+	}
+	if err := t.known.Record(t.binding, tok, true); err != nil {
 		return err
 	}
 	t.tok = tok

@@ -36,11 +36,14 @@ type generation struct {
 	bodies        *bodyBudget
 	agents        *identity.Identifier
 	bindings      *inject.Set
-	scrubbers     scrubbers
-	secrets       Secrets
-	derived       Derivers // the minters and signers among secrets
-	transport     upstreamClient
-	dialer        *upstream.Dialer
+	// known is the broker's registry of the secret values it has sent, shared by every
+	// generation: what a response is scrubbed of does not depend on the config it is served
+	// with (see inject.Known).
+	known     *inject.Known
+	secrets   Secrets
+	derived   Derivers // the minters and signers among secrets
+	transport upstreamClient
+	dialer    *upstream.Dialer
 	// transparentPorts are the destination ports redirected connections may go to.
 	transparentPorts []int
 
@@ -73,7 +76,7 @@ func (k upstreamKey) equal(o upstreamKey) bool {
 
 // newGeneration builds a generation from a validated config. prev, when not nil, is the one it
 // replaces: its upstream client is kept if the upstream settings are the same.
-func newGeneration(cfg *config.Config, secrets Secrets, self []netip.AddrPort, prev *generation) (*generation, error) {
+func newGeneration(cfg *config.Config, secrets Secrets, known *inject.Known, self []netip.AddrPort, prev *generation) (*generation, error) {
 	if secrets == nil {
 		return nil, errors.New("broker: Secrets is required")
 	}
@@ -102,7 +105,7 @@ func newGeneration(cfg *config.Config, secrets Secrets, self []netip.AddrPort, p
 		llm:        llm.NewEndpoints(cfg.LLM),
 		graphql:    cfg.Protocols.GraphQL,
 		protocols:  cfg.Protocols,
-		scrubbers:  newScrubbers(cfg.Credentials),
+		known:      known,
 		secrets:    secrets,
 		upstream:   key,
 		derived:    staticOnly{},
@@ -142,7 +145,7 @@ func (b *Broker) Reload(cfg *config.Config, secrets Secrets) error {
 	b.reloadMu.Lock()
 	defer b.reloadMu.Unlock()
 	prev := b.gen.Load()
-	g, err := newGeneration(cfg, secrets, b.self, prev)
+	g, err := newGeneration(cfg, secrets, prev.known, b.self, prev)
 	if err != nil {
 		return err
 	}

@@ -2,93 +2,97 @@ package broker
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 
-	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/credentials"
 )
 
-func TestScrubbersFollowTheSecrets(t *testing.T) {
-	s := newScrubbers([]config.Credential{{Name: "a"}, {Name: "b"}})
-	check := func(name string, got interface{ String(string) string }, secret string) {
-		t.Helper()
-		if out := got.String("x " + secret + " y"); out != "x "+redacted+" y" {
-			t.Errorf("%s: %q not redacted: %q", name, secret, out)
-		}
-	}
-	first := s.get("a", []string{"sk-one"})
-	check("first", first, "sk-one")
-	if again := s.get("a", []string{"sk-one"}); again != first {
-		t.Error("the same secrets built a second Replacer")
-	}
-	rotated := s.get("a", []string{"sk-two", "sk-one"})
-	check("rotated", rotated, "sk-two")
-	check("rotated, the previous secret", rotated, "sk-one")
-	if s.get("a", []string{"sk-one"}) == rotated {
-		t.Error("a Replacer was reused for other secrets")
-	}
-	check("another credential", s.get("b", []string{"sk-b"}), "sk-b")
-	check("a credential not configured", s.get("c", []string{"sk-c"}), "sk-c")
-	if s.get("a", []string{"sk-one"}) == s.get("b", []string{"sk-one"}) {
-		t.Error("two credentials share an entry")
-	}
-}
-
-// rotatingSecrets is a credential source whose known values the test changes.
+// rotatingSecrets is a credential source whose value the test changes.
 type rotatingSecrets struct {
-	mu    sync.Mutex
-	known []string
+	mu  sync.Mutex
+	cur string
 }
 
-func (s *rotatingSecrets) set(vals ...string) {
+func (s *rotatingSecrets) set(v string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.known = vals
+	s.cur = v
 }
 
 func (s *rotatingSecrets) Get(context.Context, string) (credentials.Secret, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return credentials.NewSecret(s.known[0]), nil
+	return credentials.NewSecret(s.cur), nil
 }
 
+// Known is what a store remembers: only the current value (the registry must remember the rest).
 func (s *rotatingSecrets) Known(string) []credentials.Secret {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []credentials.Secret
-	for _, v := range s.known {
-		out = append(out, credentials.NewSecret(v))
+	if s.cur == "" {
+		return nil
 	}
-	return out
+	return []credentials.Secret{credentials.NewSecret(s.cur)}
 }
 
-// TestResponseScrubberFollowsRotation: the Replacer of a credentialed host is reused while the
-// known values stay the same, and redacts a new value, an added one and not a dropped one as
-// soon as the source knows of it.
+// TestResponseScrubberFollowsRotation: a host's responses are scrubbed of every value the
+// broker has sent it, from the request that first sends it on, the previous ones too after a
+// rotation and after a reload that drops the credential; a host nothing was sent for gets no
+// patterns, and the Replacer is reused while nothing changes.
 func TestResponseScrubberFollowsRotation(t *testing.T) {
-	src := &rotatingSecrets{known: []string{"sk-rot-one-0123456789"}}
-	br, _ := testBroker(t, testConfig(t), Deps{Policy: allowAll{}, Secrets: src}, memoryUpstream{}, "api.openai.com")
-	g := br.gen.Load()
-	redacts := func(r interface{ String(string) string }, v string) bool { return r.String(v) != v }
-	first := g.responseScrubber("api.openai.com")
-	if first.Empty() || !redacts(first, "sk-rot-one-0123456789") {
-		t.Fatal("the credentialed host's responses are not scrubbed of its secret")
+	src := &rotatingSecrets{}
+	cfg := testConfig(t)
+	br, tun := testBroker(t, cfg, Deps{Policy: fixedDecision{policy.Decision{Allow: true, Credentials: []string{"openai"}}}, Secrets: src},
+		memoryUpstream{}, "api.openai.com")
+	send := func() {
+		t.Helper()
+		r := httptest.NewRequest(http.MethodGet, "/v1/models", nil)
+		r.Host = "api.openai.com"
+		w := httptest.NewRecorder()
+		br.serveTunnel(w, r, tun)
+		if w.Code != http.StatusOK {
+			t.Fatalf("status %d: %s", w.Code, w.Body)
+		}
 	}
-	if g.responseScrubber("api.openai.com") != first {
-		t.Error("the same secrets built a second Replacer")
+	redacts := func(host, v string) bool {
+		r := br.gen.Load().responseScrubber(host)
+		return r.String(v) != v
 	}
-	src.set("sk-rot-two-0123456789", "sk-rot-one-0123456789")
-	rotated := g.responseScrubber("api.openai.com")
-	if !redacts(rotated, "sk-rot-two-0123456789") || !redacts(rotated, "sk-rot-one-0123456789") {
-		t.Error("after rotation, the new or the previous value is not redacted")
+	if redacts("api.openai.com", "sk-rot-one-0123456789") {
+		t.Error("a value never read is scrubbed")
+	}
+	src.set("sk-rot-one-0123456789")
+	send()
+	first := br.gen.Load().responseScrubber("api.openai.com")
+	if !redacts("api.openai.com", "sk-rot-one-0123456789") {
+		t.Fatal("the credentialed host's responses are not scrubbed of the value it was sent")
+	}
+	send()
+	if br.gen.Load().responseScrubber("api.openai.com") != first {
+		t.Error("the same values built a second Replacer")
 	}
 	src.set("sk-rot-two-0123456789")
-	dropped := g.responseScrubber("api.openai.com")
-	if !redacts(dropped, "sk-rot-two-0123456789") || redacts(dropped, "sk-rot-one-0123456789") {
-		t.Error("the Replacer does not follow a value dropped from the known ones")
+	send()
+	if !redacts("api.openai.com", "sk-rot-two-0123456789") || !redacts("api.openai.com", "sk-rot-one-0123456789") {
+		t.Error("after rotation, the new or the previous value is not redacted")
 	}
-	if !g.responseScrubber("unrelated.example").Empty() {
-		t.Error("a host with no credential got patterns")
+	if !br.gen.Load().responseScrubber("unrelated.example").Empty() {
+		t.Error("a host nothing was sent for got patterns")
+	}
+
+	// A reload that removes the credential, with a store that never read it: what was sent
+	// is still known.
+	next := testConfig(t)
+	next.Credentials = nil
+	next.SetDefaults()
+	if err := br.Reload(next, &rotatingSecrets{}); err != nil {
+		t.Fatal(err)
+	}
+	if !redacts("api.openai.com", "sk-rot-two-0123456789") || !redacts("api.openai.com", "sk-rot-one-0123456789") {
+		t.Error("a reload that removed the credential forgot its values")
 	}
 }

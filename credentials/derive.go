@@ -26,17 +26,22 @@ type Scope map[string]any
 type Minter interface {
 	// Token returns a token for scope, from the cache while it is good for a while yet, minted
 	// otherwise (one mint in flight per credential and scope however many requests wait).
-	// Failures wrap ErrUnavailable and never carry a secret or a response body.
+	// The token's Expires is when it stops working: the broker scrubs it from responses until
+	// then. Failures wrap ErrUnavailable and never carry a secret or a response body.
 	Token(ctx context.Context, scope Scope) (Secret, error)
 	// Reject is told that the upstream refused tok (a 401): it is not handed out again.
 	Reject(tok Secret)
-	// Known returns every token minted that may still be valid, for scrubbing responses.
-	Known() []Secret
 	// Status reports the credential's state for /readyz and the metrics.
 	Status() DerivedStatus
 	// Close revokes what can be revoked (GitHub installation tokens) when the broker stops.
 	Close(ctx context.Context) error
 }
+
+// Room is asked by a minter before each mint: nil when the broker can remember one more
+// token of the credential until it expires, an error wrapping ErrUnavailable when it could
+// only by forgetting one that may still be valid. A minter then refuses to mint: a token the
+// broker cannot scrub from responses must not exist. Nil Room means always room (tests).
+type Room func() error
 
 // A Signer authorises a request by signing it (AWS SigV4): it replaces the agent's signature,
 // made with placeholder keys, by one made with the root secret. It is the last thing done to

@@ -119,8 +119,16 @@ func (s Secret) expiring(refreshBy, expires time.Time) Secret {
 	return s
 }
 
-// timeless is s without the limits of its lifetime.
-func (s Secret) timeless() Secret { return Secret{v: s.v, fields: s.fields} }
+// Until returns s marked as unusable after t: a minted token's end, which the broker keeps
+// scrubbing it until.
+func (s Secret) Until(t time.Time) Secret {
+	s.expires = t
+	return s
+}
+
+// Expires returns when the value stops working (a minted token's end, a Vault lease's), or
+// zero when that is not known.
+func (s Secret) Expires() time.Time { return s.expires }
 
 // Reveal returns the value (for a secret with fields, their JSON object). Call it only where
 // the value is put on the wire.

@@ -2,7 +2,6 @@ package credentials
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -17,10 +16,6 @@ import (
 var ErrUnknown = errors.New("unknown credential")
 
 const (
-	// previousMin is the shortest time Previous keeps reporting a replaced value.
-	previousMin = 5 * time.Minute
-	// maxPrevious bounds how many replaced values Previous keeps per credential.
-	maxPrevious = 8
 	// retryMin is the first delay before a failed fetch is tried again (capped by Refresh).
 	retryMin = time.Second
 	// fetchTimeout bounds one background fetch, so a source that hangs is retried.
@@ -46,7 +41,9 @@ const (
 //     calls to Vault; in the meantime Get serves the cached value or the last error at once.
 //   - While one caller re-reads a value, other callers are served the cached value instead of
 //     waiting for the source.
-//   - When a re-read returns a different value (a rotation), the old one is kept for Previous.
+//
+// A rotated value is forgotten here: the broker's registry of known secrets (broker/inject
+// Known) records every value as it is sent, and keeps scrubbing it after a rotation.
 //
 // It never returns an empty secret.
 type Store struct {
@@ -59,7 +56,6 @@ type entry struct {
 	src  Source
 	cur  atomic.Pointer[cached]
 	last atomic.Pointer[error]
-	prev atomic.Pointer[[]replaced]
 
 	mu      sync.Mutex // serialises fetches of this credential; guards the fields below
 	retry   backoff
@@ -74,12 +70,6 @@ type entry struct {
 type cached struct {
 	val     Secret
 	fetched time.Time
-}
-
-// replaced is a value that a rotation replaced, and when.
-type replaced struct {
-	val Secret
-	at  time.Time
 }
 
 // StoreOptions tunes caching. Zero values mean Refresh 1m and MaxStale 15m.
@@ -165,9 +155,6 @@ func (s *Store) fetchLocked(ctx context.Context, name string, e *entry, early bo
 	e.last.Store(nil)
 	e.retry.reset()
 	e.retryAt = time.Time{}
-	if c != nil && !sameValue(c.val, v) {
-		s.remember(e, c.val, v, now)
-	}
 	e.cur.Store(&cached{val: v, fetched: now})
 	return v, nil
 }
@@ -184,70 +171,20 @@ func (s *Store) usable(c *cached, now time.Time) bool {
 		(c.val.expires.IsZero() || now.Before(c.val.expires))
 }
 
-// previousWindow is how long Previous reports a replaced value: at least 5 minutes, and at
-// least one refresh interval. Requests that were given the old value may still be streaming
-// responses, and an upstream may echo the old value for a while after a rotation.
-func (s *Store) previousWindow() time.Duration { return max(s.refresh, previousMin) }
-
-// remember records that old was replaced by cur at now. e.mu must be held.
-func (s *Store) remember(e *entry, old, cur Secret, now time.Time) {
-	list := []replaced{{val: old.timeless(), at: now}}
-	if p := e.prev.Load(); p != nil {
-		for _, r := range *p {
-			if len(list) == maxPrevious {
-				break
-			}
-			if now.Sub(r.at) < s.previousWindow() && !sameValue(r.val, cur) && !sameValue(r.val, old) {
-				list = append(list, r)
-			}
-		}
-	}
-	e.prev.Store(&list)
-}
-
-// Previous returns the values of the named credential that a rotation replaced within the
-// last max(Refresh, 5m), newest first (at most 8). The broker scrubs them from responses too,
-// so an old value that is still in flight is not shown to the agent.
-func (s *Store) Previous(name string) []Secret {
-	e, ok := s.entries[name]
-	if !ok {
-		return nil
-	}
-	p := e.prev.Load()
-	if p == nil {
-		return nil
-	}
-	now := s.now()
-	var out []Secret
-	for _, r := range *p {
-		if now.Sub(r.at) < s.previousWindow() {
-			out = append(out, r.val)
-		}
-	}
-	return out
-}
-
-// Known returns every value of the named credential that this store has read and that may
-// still be out in the world: the cached value, however stale, and the values a rotation
-// replaced within the last max(Refresh, 5m), newest first. It never reads the source. A
-// response from a host the credential is bound to is scrubbed of all of them, whether or not
-// its request was granted the credential: an agent could have had the upstream store a value
-// through one request and read it back through another.
+// Known returns the value of the named credential this store holds, however stale, or none
+// if it has read none. It never reads the source. The broker holds it as known (scrubbed from
+// responses from the credential's hosts) from the first response from one of them, sent or
+// not: the upstream that issued a key may show it unasked.
 func (s *Store) Known(name string) []Secret {
 	e, ok := s.entries[name]
 	if !ok {
 		return nil
 	}
-	prev := s.Previous(name)
 	c := e.cur.Load()
 	if c == nil {
-		return prev
+		return nil
 	}
-	return append([]Secret{c.val}, prev...)
-}
-
-func sameValue(a, b Secret) bool {
-	return subtle.ConstantTimeCompare([]byte(a.v), []byte(b.v)) == 1
+	return []Secret{c.val}
 }
 
 // Warm fetches every credential once, up to warmParallel at a time, and returns the problems,
@@ -400,33 +337,17 @@ func (s *Store) Names() []string {
 // rather than copied — its cached value, the values a rotation replaced, its backoff after a
 // failure — so it is not fetched again, and the old store (still serving the requests that
 // began before the reload) and the new one never fetch it twice. A credential whose source
-// changed starts unread, but the values old knew of it count as replaced ones (Previous,
-// Known) for the usual window, so responses are still scrubbed of them. Credentials not in
-// sources are left to old, which is read only by requests that began before the reload.
+// changed starts unread (what the old one sent stays known to the broker's registry of known
+// secrets). Credentials not in sources are left to old, which is read only by requests that
+// began before the reload.
 func NewStoreFrom(old *Store, sources map[string]Source, unchanged func(name string) bool, opts StoreOptions) *Store {
 	s := NewStore(sources, opts)
 	if old == nil {
 		return s
 	}
-	now := s.now()
 	for name := range s.entries {
-		oe, ok := old.entries[name]
-		if !ok {
-			continue
-		}
-		if unchanged(name) {
+		if oe, ok := old.entries[name]; ok && unchanged(name) {
 			s.entries[name] = oe
-			continue
-		}
-		var list []replaced
-		for _, v := range old.Known(name) {
-			if len(list) == maxPrevious {
-				break
-			}
-			list = append(list, replaced{val: v, at: now})
-		}
-		if len(list) > 0 {
-			s.entries[name].prev.Store(&list)
 		}
 	}
 	return s

@@ -29,6 +29,10 @@ type Binding struct {
 	revealed atomic.Pointer[map[string][]string]
 	// alone is the slice of this binding alone, which Resolve answers a grant of it with.
 	alone []*Binding
+	// key identifies the binding across reloads (bindingKey), for Known; known is the entry
+	// of the value it last recorded there.
+	key   string
+	known atomic.Pointer[knownEntry]
 }
 
 // Set is the configured bindings. Immutable after NewSet.
@@ -88,7 +92,7 @@ func (s *Set) of(host string) *hostBindings {
 func NewSet(creds []config.Credential) *Set {
 	s := &Set{byName: map[string]*Binding{}, headers: map[string]bool{}}
 	for _, c := range creds {
-		b := &Binding{Name: c.Name, hosts: c.Hosts, rule: c.Inject}
+		b := &Binding{Name: c.Name, hosts: c.Hosts, rule: c.Inject, key: bindingKey(c.Name, c.Hosts, c.Inject)}
 		b.alone = []*Binding{b}
 		s.byName[c.Name] = b
 		s.order = append(s.order, b)
@@ -122,6 +126,9 @@ func (s *Set) Exposed(host string) []*Binding {
 	}
 	return s.of(host).exposed
 }
+
+// All returns every binding, in config order. The slice is shared: it must not be changed.
+func (s *Set) All() []*Binding { return s.order }
 
 // Resolve returns the bindings for granted names, checking that each is bound to host. The
 // slice of one binding, the usual grant, is shared: it must not be changed.

@@ -87,8 +87,8 @@ func (b *Binding) Reveals(secret credentials.Secret) []string {
 	return f
 }
 
-// maxRevealed bounds the values a binding keeps the forms of: the current one and the eight a
-// credential store remembers after rotations, with room to spare. Past it, the cache starts over.
+// maxRevealed bounds the values a binding keeps the forms of (the registry of known secrets
+// keeps its own, computed once per value it records). Past it, the cache starts over.
 const maxRevealed = 16
 
 // forms returns the forms of v as this binding reveals it.

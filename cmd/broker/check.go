@@ -46,7 +46,7 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 	}
 	problems = append(problems, checkPolicy(cfg)...)
 	warnPolicy(cfg, stderr)
-	if creds, err := buildCredentials(cfg, zerolog.Nop()); err != nil {
+	if creds, err := buildCredentials(cfg, zerolog.Nop(), nil); err != nil {
 		problems = append(problems, err)
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

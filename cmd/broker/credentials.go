@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/credentials"
 	"github.com/capbroker/capbroker/credentials/aws"
 )
@@ -31,22 +32,27 @@ type credentialSet struct {
 	// The derived credentials' minters and signers, by name (derived.go).
 	minters map[string]credentials.Minter
 	signers map[string]credentials.Signer
-	// retired holds, by name, the minters of the sets a reload replaced: their tokens stay
-	// valid until they expire, so they are still scrubbed, and revoked when the broker stops.
+	// retired holds, by name, the minters of the sets a reload replaced, to revoke what they
+	// minted when the broker stops. (Their tokens are scrubbed until they expire by the
+	// registry of known secrets, which recorded them as they were sent.)
 	retired map[string][]credentials.Minter
+	// known is the broker's registry of known secrets, which the minters ask for room before
+	// minting; nil (check-config) is always room.
+	known *inject.Known
 }
 
-// buildCredentials builds the sources named in the config. Nothing is fetched yet.
-func buildCredentials(cfg *config.Config, log zerolog.Logger) (*credentialSet, error) {
-	return buildCredentialsWith(cfg, log, nil, nil, nil)
+// buildCredentials builds the sources named in the config. Nothing is fetched yet. known is
+// the broker's registry of known secrets (nil when nothing will be sent).
+func buildCredentials(cfg *config.Config, log zerolog.Logger, known *inject.Known) (*credentialSet, error) {
+	return buildCredentialsWith(cfg, log, known, nil, nil, nil)
 }
 
 // buildCredentialsWith is buildCredentials for a reload: vault, when not nil, is the running
 // Vault client, used rather than a new one (and kept, for Close, even if cfg has no vault
 // section); the store takes over from old the credentials unchanged reports true for
 // (credentials.NewStoreFrom).
-func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, vault *credentials.Vault, old *credentials.Store, unchanged func(string) bool) (*credentialSet, error) {
-	set := &credentialSet{checks: map[string]func(context.Context) error{}, paths: map[string]string{}, vault: vault}
+func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, known *inject.Known, vault *credentials.Vault, old *credentials.Store, unchanged func(string) bool) (*credentialSet, error) {
+	set := &credentialSet{checks: map[string]func(context.Context) error{}, paths: map[string]string{}, vault: vault, known: known}
 	opts := credentials.StoreOptions{}
 	if v := cfg.Vault; v != nil {
 		opts.Refresh, opts.MaxStale = v.RefreshInterval, v.MaxStale

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/credentials"
 	"github.com/capbroker/capbroker/credentials/aws"
 )
@@ -61,17 +63,26 @@ func (s *credentialSet) Get(ctx context.Context, name string) (credentials.Secre
 	return s.store.Get(ctx, name)
 }
 
-// Known returns every value of the credential that may be out in the world: its source's
-// current and recently rotated values, and the tokens minted from it that may still be valid.
-func (s *credentialSet) Known(name string) []credentials.Secret {
-	known := s.store.Known(name)
-	if m := s.minters[name]; m != nil {
-		known = append(known, m.Known()...)
+// Known returns the values of the credential the store holds, without reading its source.
+// Minted tokens are not among them: the broker records each in its registry of known secrets
+// as it sends it (inject.Known).
+func (s *credentialSet) Known(name string) []credentials.Secret { return s.store.Known(name) }
+
+// room is what the minter of the named credential asks before minting (credentials.Room).
+func (s *credentialSet) room(name string) credentials.Room {
+	if s.known == nil {
+		return nil
 	}
-	for _, m := range s.retired[name] {
-		known = append(known, m.Known()...)
+	return func() error { return s.known.Room(name) }
+}
+
+// knownRetain is how long the registry of known secrets keeps a value that is not a minted
+// token after it was last sent: inject.DefaultRetain, or the refresh interval if longer.
+func knownRetain(cfg *config.Config) time.Duration {
+	if cfg.Vault != nil {
+		return max(cfg.Vault.RefreshInterval, inject.DefaultRetain)
 	}
-	return known
+	return inject.DefaultRetain
 }
 
 // Status reports every credential: a derived one is ready when its root secret is (if it has
@@ -94,8 +105,8 @@ func (s *credentialSet) Status() map[string]credentials.CredentialStatus {
 	return out
 }
 
-// retire makes s the successor of prev (a reload): prev's minters are kept for scrubbing and
-// for revoking at stop, not for minting.
+// retire makes s the successor of prev (a reload): prev's minters are kept for revoking what
+// they minted at stop, not for minting.
 func (s *credentialSet) retire(prev *credentialSet) {
 	s.retired = map[string][]credentials.Minter{}
 	for name, ms := range prev.retired {

@@ -23,6 +23,7 @@ func (s *credentialSet) githubApp(cfg *config.Config, path string, c config.Cred
 	opts := github.Options{
 		Name: c.Name, AppID: g.AppID, InstallationID: g.InstallationID, APIURL: g.APIURL,
 		HTTPClient: client, Log: log.With().Str("component", "github_app").Logger(),
+		Room: s.room(c.Name),
 	}
 	if t := g.Transit; t != nil {
 		if s.vault == nil {

@@ -15,7 +15,7 @@ func (s *credentialSet) oauth2Minter(cfg *config.Config, c config.Credential, ro
 	if err != nil {
 		return nil, err
 	}
-	deps := oauth2.Deps{Root: root, HTTPClient: hc, Log: log}
+	deps := oauth2.Deps{Root: root, HTTPClient: hc, Log: log, Room: s.room(c.Name)}
 	if g := c.GoogleServiceAccount; g != nil {
 		return oauth2.NewGoogle(c.Name, oauth2.GoogleConfig{Scopes: g.Scopes, Subject: g.Subject}, deps)
 	}

@@ -173,7 +173,7 @@ type credentialStats struct{ added, changed, removed []string }
 // gets a new client.
 func (r *reloader) buildCredentials(ctx context.Context, cfg *config.Config, log zerolog.Logger) (*credentialSet, credentialStats, error) {
 	var st credentialStats
-	set, err := buildCredentialsWith(cfg, log, r.creds.vault, r.creds.store, r.unchanged(cfg))
+	set, err := buildCredentialsWith(cfg, log, r.creds.known, r.creds.vault, r.creds.store, r.unchanged(cfg))
 	if err != nil {
 		return nil, st, err
 	}

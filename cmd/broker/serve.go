@@ -23,6 +23,7 @@ import (
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	sandboxdns "github.com/capbroker/capbroker/broker/transparent/dns"
 )
@@ -130,7 +131,10 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	} else if engine, err = policy.New(ctx, policyFS); err != nil {
 		return fmt.Errorf("policy.dir %s: %w", cfg.Policy.Dir, err)
 	}
-	creds, err := buildCredentials(cfg, log)
+	// One registry of the secrets the broker sends, for the life of the process: reloads
+	// and minted-token rotation do not make it forget a value (inject.Known).
+	known := inject.NewKnown(inject.KnownOptions{Retain: knownRetain(cfg)})
+	creds, err := buildCredentials(cfg, log, known)
 	if err != nil {
 		return err
 	}
@@ -227,6 +231,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Approvals: ap.queue,
 		Budgets:   budgets,
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
+		Known:     known,
 	})
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,10 @@ type Options struct {
 	HTTPClient *http.Client
 	Log        zerolog.Logger
 	Now        func() time.Time // nil means time.Now (tests move it)
+	// Room is asked before each mint (credentials.Room): the broker's registry of known
+	// secrets, which scrubs every token until it expires, refuses one more when it is full.
+	// Nil: always room.
+	Room credentials.Room
 }
 
 // App is a credentials.Minter for one GitHub App installation.
@@ -82,10 +87,12 @@ type App struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // mints in flight
 
-	mu          sync.Mutex
-	cache       map[string]*entry // by canonical scope
-	known       []known           // every token handed out that may still be valid
-	skew        time.Duration     // GitHub's clock minus ours, when more than maxSkew
+	mu    sync.Mutex
+	cache map[string]*entry // by canonical scope
+	// issued holds every token minted that may still be valid, to revoke at Close. The
+	// broker's registry of known secrets bounds how many there are (Options.Room).
+	issued      []known
+	skew        time.Duration // GitHub's clock minus ours, when more than maxSkew
 	lastRefresh time.Time
 	lastErr     string // class of the last failure, "" after a success
 	closed      bool
@@ -239,7 +246,11 @@ func (a *App) mint(sc scope) (credentials.Secret, error) {
 
 	ctx, cancel := context.WithTimeout(a.bg, mintTimeout)
 	defer cancel()
-	ans, err := a.request(ctx, sc, skew)
+	var ans *answer
+	err := a.hasRoom()
+	if err == nil {
+		ans, err = a.request(ctx, sc, skew)
+	}
 	var se *statusError
 	if errors.As(err, &se) && se.status == http.StatusUnauthorized {
 		// GitHub refuses a JWT from a clock that is off: if its answer showed that, once more
@@ -278,13 +289,26 @@ func (a *App) mint(sc scope) (credentials.Secret, error) {
 	expires := ans.ExpiresAt.Add(-a.skew)
 	life := expires.Sub(now)
 	val := credentials.NewSecret(ans.Token)
+	val = val.Until(expires)
 	e.tok = &token{val: val, expires: expires, refreshAt: expires.Add(-min(refreshBefore, life/2))}
 	e.delay, e.retryAt, e.err = 0, time.Time{}, nil
-	a.known = append(a.known, known{val: val, expires: expires})
+	a.forget(now)
+	a.issued = append(a.issued, known{val: val, expires: expires})
 	a.lastRefresh = now
 	a.lastErr = ""
 	a.log.Info().Str("scope", sc.key).Time("expires", expires).Msg("github app token minted")
 	return val, nil
+}
+
+// hasRoom asks the broker whether one more token can be known until it expires.
+func (a *App) hasRoom() error {
+	if a.opts.Room == nil {
+		return nil
+	}
+	if err := a.opts.Room(); err != nil {
+		return a.fail("no room", "no room to remember one more token until it expires: "+err.Error(), err)
+	}
+	return nil
 }
 
 // Check signs an app JWT as a mint would, without asking GitHub for anything: the key can be
@@ -392,8 +416,8 @@ func (a *App) observeClock(resp *http.Response) {
 	}
 }
 
-// Reject drops tok from the cache: the next request mints a new token. It stays known (and
-// is revoked at Close) until it expires.
+// Reject drops tok from the cache: the next request mints a new token. The broker scrubs it
+// until it expires, and Close revokes it.
 func (a *App) Reject(tok credentials.Secret) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -405,30 +429,16 @@ func (a *App) Reject(tok credentials.Secret) {
 	}
 }
 
-// Known returns every token handed out that has not expired, for scrubbing. (The broker
-// calls it for every response, so it also forgets expired scopes.)
-func (a *App) Known() []credentials.Secret {
-	now := a.now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	live := a.known[:0]
-	out := make([]credentials.Secret, 0, len(a.known))
-	for _, k := range a.known {
-		if now.Before(k.expires) {
-			live = append(live, k)
-			out = append(out, k.val)
-		}
-	}
-	clear(a.known[len(live):])
-	a.known = live
-	// Scopes whose token has expired and that are not backing off are forgotten, so a
-	// policy that grants many scopes over time does not grow the cache without bound.
+// forget drops the tokens that have expired from issued, and the scopes whose token has
+// expired and that are not backing off, so that a policy that grants many scopes over time
+// does not grow the cache without bound. a.mu is held.
+func (a *App) forget(now time.Time) {
+	a.issued = slices.DeleteFunc(a.issued, func(k known) bool { return !now.Before(k.expires) })
 	for key, e := range a.cache {
 		if (e.tok == nil || !now.Before(e.tok.expires)) && !now.Before(e.retryAt) {
 			delete(a.cache, key)
 		}
 	}
-	return out
 }
 
 // Status reports the newest cached token's expiry, the last mint, and the last failure's
@@ -468,9 +478,13 @@ func (a *App) Close(ctx context.Context) error {
 	a.cancel()
 	a.wg.Wait()
 
-	toks := a.Known()
 	a.mu.Lock()
-	a.known = nil
+	a.forget(a.now())
+	toks := make([]credentials.Secret, len(a.issued))
+	for i, k := range a.issued {
+		toks[i] = k.val
+	}
+	a.issued = nil
 	clear(a.cache)
 	a.mu.Unlock()
 	var errs []error

@@ -176,7 +176,7 @@ func TestTokenScopedAndCachedPerScope(t *testing.T) {
 	if n := f.srv.Mints(); n != 3 {
 		t.Fatalf("mints = %d, want 3", n)
 	}
-	if k := f.app.Known(); len(k) != 3 {
+	if k := f.app.issuedLive(); len(k) != 3 {
 		t.Fatalf("Known() has %d tokens, want 3", len(k))
 	}
 	st := f.app.Status()
@@ -268,7 +268,7 @@ func TestRefreshAheadOutageAndExpiry(t *testing.T) {
 	if t2 == t1 {
 		t.Fatal("an expired token was served")
 	}
-	if k := f.app.Known(); len(k) != 1 || k[0].Reveal() != t2 {
+	if k := f.app.issuedLive(); len(k) != 1 || k[0].Reveal() != t2 {
 		t.Fatalf("Known() after expiry has %d tokens", len(k))
 	}
 	if st := f.app.Status(); !st.Ready || st.LastError != "" {
@@ -283,7 +283,7 @@ func TestRefreshReplacesTokenAhead(t *testing.T) {
 	if got := f.token(t, r1write); got != t1 {
 		t.Fatal("the cached token should serve while the refresh runs")
 	}
-	waitFor(t, "the refresh", func() bool { return f.srv.Mints() == 2 && len(f.app.Known()) == 2 })
+	waitFor(t, "the refresh", func() bool { return f.srv.Mints() == 2 && len(f.app.issuedLive()) == 2 })
 	if t2 := f.token(t, r1write); t2 == t1 {
 		t.Fatal("the refreshed token is not served")
 	}
@@ -313,7 +313,7 @@ func TestUnusableAnswersAreRefused(t *testing.T) {
 			if st := f.app.Status(); st.LastError != c.class || st.Ready {
 				t.Fatalf("status %+v, want class %q", st, c.class)
 			}
-			if len(f.app.Known()) != 0 {
+			if len(f.app.issuedLive()) != 0 {
 				t.Fatal("a refused token is known as served")
 			}
 			if c.revoke && !slices.Equal(f.srv.Revoked(), f.srv.Issued()) {
@@ -363,7 +363,7 @@ func TestRejectDropsToken(t *testing.T) {
 	if t2 == t1 {
 		t.Fatal("a rejected token was served again")
 	}
-	if len(f.app.Known()) != 2 {
+	if len(f.app.issuedLive()) != 2 {
 		t.Fatal("a rejected token must stay known for scrubbing until it expires")
 	}
 }
@@ -522,7 +522,7 @@ func TestExpiredScopesAreForgotten(t *testing.T) {
 	f.token(t, r1write)
 	f.token(t, nil)
 	f.clk.Advance(2 * time.Hour)
-	if k := f.app.Known(); len(k) != 0 {
+	if k := f.app.issuedLive(); len(k) != 0 {
 		t.Fatalf("Known() has %d expired tokens", len(k))
 	}
 	f.app.mu.Lock()
@@ -535,4 +535,16 @@ func TestExpiredScopesAreForgotten(t *testing.T) {
 	if f.srv.Mints() != 3 {
 		t.Fatalf("mints = %d", f.srv.Mints())
 	}
+}
+
+// issuedLive returns the tokens Close would revoke: those minted that have not expired.
+func (a *App) issuedLive() []credentials.Secret {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.forget(a.now())
+	out := make([]credentials.Secret, len(a.issued))
+	for i, k := range a.issued {
+		out[i] = k.val
+	}
+	return out
 }

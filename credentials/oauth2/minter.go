@@ -45,8 +45,6 @@ const (
 	// again (the error is returned at once meanwhile), so an outage is not hammered.
 	retryMin = time.Second
 	retryMax = 30 * time.Second
-	// maxKnown bounds the tokens kept for scrubbing per scope.
-	maxKnown = 8
 	// rejectGrace: a token minted to replace a rejected one is not dropped on a refusal
 	// within this time. An upstream that refuses every request on some path (401 for 403)
 	// would otherwise have the broker mint a token per request.
@@ -68,6 +66,10 @@ type Deps struct {
 	Log zerolog.Logger
 	// Now is the clock; nil means time.Now. Tests move it.
 	Now func() time.Time
+	// Room is asked before each mint (credentials.Room): the broker's registry of known
+	// secrets, which scrubs every token until it expires, refuses one more when it is full.
+	// Nil: always room.
+	Room credentials.Room
 }
 
 // mintFunc asks the endpoint for a token with these scopes (nil: the configured default).
@@ -81,7 +83,8 @@ type Minter struct {
 	allowed []string // configured scopes; a decision may only narrow them
 	mint    mintFunc
 	after   func() string // class of a problem that outlives a successful mint ("" if none)
-	skew    *skewWatch    // the token endpoint's clock against ours (nil in some tests)
+	room    credentials.Room
+	skew    *skewWatch // the token endpoint's clock against ours (nil in some tests)
 
 	bg     context.Context // cancelled by Close: mints in flight stop
 	cancel context.CancelFunc
@@ -100,7 +103,6 @@ type Minter struct {
 // entry is the state of one scope. Its fields are written under Minter.mu.
 type entry struct {
 	cur     atomic.Pointer[token] // the token handed out, nil if none
-	known   []*token              // minted tokens that may still be valid, newest first (for scrubbing)
 	flight  *flight               // non-nil while a mint is in flight
 	err     error                 // the last mint's failure, nil after a success
 	retryAt time.Time
@@ -136,6 +138,7 @@ func newMinter(name string, allowed []string, deps Deps, mint mintFunc) *Minter 
 		now:     now,
 		allowed: allowed,
 		mint:    mint,
+		room:    deps.Room,
 		bg:      bg,
 		cancel:  cancel,
 	}
@@ -213,7 +216,11 @@ func (m *Minter) start(e *entry, scopes []string) *flight {
 		ctx, cancel := context.WithTimeout(m.bg, mintTimeout)
 		defer cancel()
 		began := m.now()
-		tok, err := m.mintChecked(ctx, scopes, began)
+		var tok *token
+		err := m.hasRoom()
+		if err == nil {
+			tok, err = m.mintChecked(ctx, scopes, began)
+		}
 		var after string
 		if err == nil && m.after != nil {
 			after = m.after()
@@ -237,16 +244,22 @@ func (m *Minter) start(e *entry, scopes []string) *flight {
 		}
 		e.err, e.delay, e.retryAt = nil, 0, time.Time{}
 		e.cur.Store(tok)
-		e.known = append([]*token{tok}, e.known...)
-		e.known = slices.DeleteFunc(e.known, func(t *token) bool { return !began.Before(t.expires) })
-		if len(e.known) > maxKnown {
-			e.known = e.known[:maxKnown]
-		}
 		m.lastRefresh = m.now()
 		m.lastErr = joinProblems(after, skew)
 		m.log.Debug().Time("valid_until", tok.expires).Strs("scopes", scopes).Msg("access token minted")
 	}()
 	return f
+}
+
+// hasRoom asks the broker whether one more token can be known until it expires.
+func (m *Minter) hasRoom() error {
+	if m.room == nil {
+		return nil
+	}
+	if err := m.room(); err != nil {
+		return failure("no room to remember one more token until it expires: %v", err)
+	}
+	return nil
 }
 
 // mintChecked mints and checks what the endpoint answered. began is when the request was
@@ -289,7 +302,7 @@ func (m *Minter) mintChecked(ctx context.Context, scopes []string, began time.Ti
 	guard := min(guardMax, life/10)
 	exp := began.Add(life)
 	return &token{
-		val:       credentials.NewSecret(t.AccessToken),
+		val:       credentials.NewSecret(t.AccessToken).Until(exp),
 		minted:    began,
 		expires:   exp,
 		refreshAt: exp.Add(-ahead),
@@ -370,7 +383,7 @@ func (m *Minter) scopeKey(scope credentials.Scope) (string, error) {
 }
 
 // Reject implements credentials.Minter: the upstream refused tok, so it is not handed out
-// again and the next Token mints a new one. It stays in Known until it expires. A token that
+// again and the next Token mints a new one. The broker scrubs it until it expires. A token that
 // itself replaced a rejected one less than rejectGrace ago is kept: the request, not the
 // token, is what the upstream refuses.
 func (m *Minter) Reject(tok credentials.Secret) {
@@ -397,23 +410,6 @@ func (m *Minter) Reject(tok credentials.Secret) {
 		m.log.Info().Msg("the upstream refused an access token; a new one will be minted")
 		return true
 	})
-}
-
-// Known implements credentials.Minter: every minted token that has not expired.
-func (m *Minter) Known() []credentials.Secret {
-	now := m.now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []credentials.Secret
-	m.entries.Range(func(_, v any) bool {
-		for _, t := range v.(*entry).known {
-			if now.Before(t.expires) {
-				out = append(out, t.val)
-			}
-		}
-		return true
-	})
-	return out
 }
 
 // Status implements credentials.Minter.
