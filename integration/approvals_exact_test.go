@@ -202,7 +202,7 @@ func TestApprovalWebhookEscapesAgentText(t *testing.T) {
 	if err := json.Unmarshal(<-hook, &m); err != nil {
 		t.Fatal(err)
 	}
-	if strings.ContainsAny(m.Text, "<>") || !strings.Contains(m.Text, "&lt;https://evil.example/approve|Approve here&gt; &lt;!channel&gt; &amp; &lt;@U0123&gt;") {
+	if strings.ContainsAny(m.Text, "<>") || !strings.Contains(m.Text, "Reason: `the agent says: &lt;https://evil.example/approve|Approve here&gt; &lt;!channel&gt; &amp; &lt;@U0123&gt;`.") {
 		t.Fatalf("webhook text: %s", m.Text)
 	}
 	a.call("POST", "/api/approvals/"+id+"/deny", `{}`, nil)

@@ -84,7 +84,10 @@ func (w *Webhook) Message(r Request) []byte {
 		target = r.Method + " " + r.URL()
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "capbroker: agent %s asks for %s. %s", r.Agent, target, sentence(r.Reason))
+	fmt.Fprintf(&b, "capbroker: agent %s asks for %s.", r.Agent, code(target))
+	if reason := strings.TrimSpace(r.Reason); reason != "" {
+		fmt.Fprintf(&b, " Reason: %s.", code(reason))
+	}
 	if len(r.Credentials) > 0 {
 		fmt.Fprintf(&b, " Approving attaches the credentials %s.", strings.Join(r.Credentials, ", "))
 	}
@@ -108,20 +111,16 @@ func (w *Webhook) Message(r Request) []byte {
 	return msg
 }
 
+// code puts text that may carry an agent's words (the URL, the policy's reason) in a code
+// span, where neither Slack nor Mattermost makes links (bare URLs included), mentions or
+// markup; a backquote in it, which would end the span, becomes "'".
+func code(s string) string {
+	return "`" + strings.ReplaceAll(strings.Join(strings.Fields(s), " "), "`", "'") + "`"
+}
+
 // slackEscape escapes the three characters Slack's (and Mattermost's) message text gives a
 // meaning: "<" opens a link or mention, "&" an entity.
 var slackEscape = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace
-
-func sentence(s string) string {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return ""
-	}
-	if !strings.HasSuffix(s, ".") {
-		s += "."
-	}
-	return s
-}
 
 func (w *Webhook) deliver(ctx context.Context, r Request) {
 	body := w.Message(r)

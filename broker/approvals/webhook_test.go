@@ -113,7 +113,7 @@ func TestWebhookMessageEscapesAndShowsWhatIsApproved(t *testing.T) {
 	hook := &Webhook{ConsoleURL: "https://broker.test/console/"}
 	r := req("a1", "DELETE", "/v1/<http://evil.test|click>")
 	r.ID, r.Port = "ap-1", 8443
-	r.Reason = "DELETE <!channel> & <https://evil.test|approve here>"
+	r.Reason = "DELETE <!channel> & <https://evil.test|approve here> [Approve](https://evil.test) `break out https://evil.test"
 	r.Query = map[string][]string{"force": {"true"}, "cascade": {"yes"}}
 	r.Credentials = []string{"prod_api"}
 	r.BodySize, r.BodyTruncated = 5000, true
@@ -128,8 +128,8 @@ func TestWebhookMessageEscapesAndShowsWhatIsApproved(t *testing.T) {
 		t.Fatalf("unescaped: %q", msg.Text)
 	}
 	for _, want := range []string{
-		"DELETE https://api.example.com:8443/v1/&lt;http://evil.test|click&gt;?cascade=yes&amp;force=true",
-		"&lt;!channel&gt; &amp; &lt;https://evil.test|approve here&gt;",
+		"`DELETE https://api.example.com:8443/v1/&lt;http://evil.test|click&gt;?cascade=yes&amp;force=true`",
+		"Reason: `DELETE &lt;!channel&gt; &amp; &lt;https://evil.test|approve here&gt; [Approve](https://evil.test) 'break out https://evil.test`.",
 		"attaches the credentials prod_api", "5000 bytes", "first 2048",
 		"https://broker.test/console/#approval-ap-1",
 	} {
