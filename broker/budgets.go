@@ -9,6 +9,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/llm"
 	"github.com/capbroker/capbroker/broker/policy"
 )
 
@@ -38,9 +39,16 @@ func (b *Broker) checkBudgets(x *exchange, r *http.Request, t target, in *policy
 	}
 	// A metered endpoint (broker/llm: built-in, or one the config names) says its provider;
 	// other requests to an LLM API's host count for that API too.
-	provider := b.budgets.Provider(t.host)
-	if ep, ok := x.g.llm.Match(t.host, in.Path); ok {
+	provider := x.g.llm.Provider(t.host)
+	if provider == "" {
+		provider = b.budgets.Provider(t.host)
+	}
+	ep, metered := x.g.llm.Match(t.host, in.Path)
+	if metered {
 		provider = ep.Provider
+	}
+	if err := b.checkMetered(x, r, in, provider, metered && in.Method == http.MethodPost); err != nil {
+		return err
 	}
 	err := b.budgets.Check(r.Context(), budget.Request{
 		Agent: x.agent.ID, Labels: x.agent.Labels, Provider: provider,
@@ -59,6 +67,29 @@ func (b *Broker) checkBudgets(x *exchange, r *http.Request, t target, in *policy
 	} else {
 		return fmt.Errorf("%w: %v", policy.ErrEvaluation, err)
 	}
+	if x.g.mode == config.ModeMonitor {
+		x.ev.WouldDeny = true
+		x.ev.Reason = err.Error()
+		return nil
+	}
+	return err
+}
+
+// checkMetered refuses a request to an LLM API's host that the broker cannot meter (an
+// endpoint it does not know, a method other than POST on one it does, a protocol upgrade)
+// and that is not free (llm.Free: reads, counting tokens), when a tokens or cost budget
+// applies: such a call would spend tokens no budget counts. In monitor mode it is recorded as
+// would_deny and sent.
+func (b *Broker) checkMetered(x *exchange, r *http.Request, in *policy.Input, provider string, metered bool) error {
+	if provider == "" || metered || llm.Free(in.Method, in.Path, r.Header.Get("Upgrade") != "") {
+		return nil
+	}
+	name := b.budgets.Metering(x.agent.ID, x.agent.Labels, provider)
+	if name == "" {
+		return nil
+	}
+	x.ev.Budget = name
+	err := denial{fmt.Sprintf("%s %s on an LLM API's host is no call the broker can meter, and the tokens or cost budget %q applies: it is refused rather than left uncounted", in.Method, in.Path, name)}
 	if x.g.mode == config.ModeMonitor {
 		x.ev.WouldDeny = true
 		x.ev.Reason = err.Error()

@@ -224,7 +224,30 @@ const (
 	shapeOpenAI                      // OpenAI-compatible API paths and hosts
 	shapeAnthropic                   // Anthropic's API
 	shapeGit                         // git's smart HTTP: text/plain, printed as "remote: ..."
+	shapeJSONRPC                     // a configured MCP or JSON-RPC endpoint: a JSON-RPC error
 )
+
+// jsonRPCBody is a refusal of a request to an MCP server or JSON-RPC endpoint: a JSON-RPC 2.0
+// error response (id null: the refused request's ids are not trusted), its message the one
+// line an SDK prints, the broker's fields in its data.
+type jsonRPCBody struct {
+	JSONRPC string `json:"jsonrpc"` // always "2.0"
+	ID      *int   `json:"id"`      // always null
+	Error   struct {
+		Code    int       `json:"code"`
+		Message string    `json:"message"`
+		Data    errorBody `json:"data"`
+	} `json:"error"`
+}
+
+// jsonRPCCode is the JSON-RPC error code of a refusal with this status: a request the broker
+// will not read is an invalid request (-32600), any other refusal a server error (-32000).
+func jsonRPCCode(status int) int {
+	if status == http.StatusBadRequest {
+		return -32600
+	}
+	return -32000
+}
 
 // openAIResources are the first path segments after /v1/ of OpenAI's API (and of the many
 // servers that copy it: vLLM, Ollama, LiteLLM, OpenRouter...).
@@ -301,6 +324,10 @@ func errorContent(shape errorShape, ae agentError, eb errorBody) (contentType st
 		text := "capbroker " + ae.code + ": " + ae.reason + "\n" + ae.hint + "\n" +
 			"request_id: " + eb.RequestID + " agent: " + eb.Agent + " host: " + eb.Host + "\n"
 		return "text/plain; charset=utf-8", []byte(text)
+	case shapeJSONRPC:
+		jb := jsonRPCBody{JSONRPC: "2.0"}
+		jb.Error.Code, jb.Error.Message, jb.Error.Data = jsonRPCCode(ae.status), apiMessage(ae), eb
+		body, _ = json.Marshal(jb)
 	case shapeOpenAI, shapeAnthropic:
 		ob := openAIBody{apiError{apiErrorType(ae.status), apiMessage(ae), ae.code}, eb.Reason, eb.RequestID, eb.Agent, eb.Host, eb.Hint}
 		if shape == shapeOpenAI {
@@ -348,8 +375,13 @@ func statusReason(text string) string {
 // the body of a CONNECT response is shown by no client, the status line by several (Python,
 // Go, curl -v). The 407 challenge keeps the standard words.
 func errorResponse(req *http.Request, ae agentError, requestID, agent, host string) *http.Response {
+	return shapedErrorResponse(req, shapeFor(req, host), ae, requestID, agent, host)
+}
+
+// shapedErrorResponse is errorResponse with its body in shape.
+func shapedErrorResponse(req *http.Request, shape errorShape, ae agentError, requestID, agent, host string) *http.Response {
 	eb := errorBody{ae.code, ae.reason, requestID, agent, host, ae.hint}
-	ctype, b := errorContent(shapeFor(req, host), ae, eb)
+	ctype, b := errorContent(shape, ae, eb)
 	h := http.Header{}
 	h.Set("Content-Type", ctype)
 	h.Set("Content-Length", strconv.Itoa(len(b)))

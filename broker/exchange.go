@@ -46,6 +46,9 @@ type exchange struct {
 	// (requestInput): here rather than allocated on their own.
 	in   policy.Input
 	body policyBody
+	// jsonRPC: the request is to a configured MCP or JSON-RPC endpoint, whose client reads a
+	// refusal as a JSON-RPC error (describeRPC).
+	jsonRPC bool
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
@@ -116,7 +119,11 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 			x.ev.Reason = ae.reason
 		}
 	}
-	resp := errorResponse(r, ae, x.ev.RequestID, x.agent.ID, x.ev.Host)
+	shape := shapeFor(r, x.ev.Host)
+	if x.jsonRPC {
+		shape = shapeJSONRPC
+	}
+	resp := shapedErrorResponse(r, shape, ae, x.ev.RequestID, x.agent.ID, x.ev.Host)
 	setRetryAfter(resp, err)
 	x.ev.Status = ae.status
 	x.bytesOut.Add(resp.ContentLength)

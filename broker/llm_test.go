@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -11,6 +12,9 @@ import (
 	"testing"
 
 	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/identity"
+	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/broker/usage"
 )
@@ -85,7 +89,8 @@ func testMeteredStream(t *testing.T, messages string) {
 	br.serveTunnel(w, r, tun)
 	lg.Close()
 
-	if sent := <-up.sent; string(sent) != `{"stream_options":{"include_usage":true},`+reqBody[1:] {
+	sentWant := `{"stream":true,"stream_options":{"include_usage":true},"model":"gpt-4o-mini","messages":` + messages + `}`
+	if sent := <-up.sent; string(sent) != sentWant {
 		t.Errorf("the upstream was sent %.200s", sent)
 	}
 	if got := w.Body.String(); strings.Contains(got, "usage") || !strings.Contains(got, `"content":"ok"`) || !strings.HasSuffix(got, "data: [DONE]\n\n") {
@@ -171,5 +176,45 @@ func BenchmarkStreamEvent(b *testing.B) {
 			pw.Close()
 			<-done
 		})
+	}
+}
+
+type grantAll struct{ creds []string }
+
+func (g grantAll) Decide(context.Context, *policy.Input) (policy.Decision, error) {
+	return policy.Decision{Allow: true, Credentials: g.creds, Revision: "test"}, nil
+}
+
+// A credential substituted into bodies never reaches an LLM API's host, whatever the config:
+// config validation refuses it, and so does the pipeline when a config gets past it.
+func TestBodySubstitutionRefusedOnLLMHost(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Credentials = append(cfg.Credentials, config.Credential{Name: "ph", Hosts: []string{"api.openai.com"},
+		Source: config.Source{Env: "PH"}, Inject: config.Inject{Placeholder: "PH_PLACEHOLDER_0123", Body: true}})
+	cfg.SetDefaults()
+	if errs := cfg.Validate(); len(errs) == 0 {
+		t.Fatal("the config validated")
+	}
+	deps := Deps{Policy: grantAll{[]string{"ph"}}, Secrets: benchSecrets{}, Audit: audit.New(io.Discard)}
+	deps.CA, _ = testCA(t)
+	br, err := New(cfg, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := streamUpstream{sent: make(chan []byte, 1)}
+	br.setTransport(up)
+	tun := &tunnel{agent: identity.Agent{ID: "dev-agent"}, target: newTarget("https", "api.openai.com", 443), gen: br.gen.Load()}
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"PH_PLACEHOLDER_0123"}]}`))
+	r.Host = "api.openai.com"
+	r.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	br.serveTunnel(w, r, tun)
+	if w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "substituted into request bodies") {
+		t.Errorf("%d %s", w.Code, w.Body)
+	}
+	select {
+	case b := <-up.sent:
+		t.Errorf("the upstream was sent %s", b)
+	default:
 	}
 }

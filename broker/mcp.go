@@ -26,10 +26,12 @@ func protocolAt(endpoints []config.ProtocolEndpoint, host, path string) bool {
 // endpoint asks for: input.mcp and input.jsonrpc, derived from the body only if the policy
 // reads them (policy.Input.ReadMCP). A request without a body (an MCP client's GET for the
 // server's stream, its DELETE of the session) has no messages; a body that is not JSON-RPC
-// (or not JSON, or not sent as JSON) is rpc.ErrNotJSONRPC, which denies it.
+// (or not JSON, or not sent as JSON) is rpc.ErrNotJSONRPC, which denies it; an ambiguous one
+// (strictjson.ErrAmbiguous) is refused as such. Every refusal of a request to these endpoints
+// is a JSON-RPC error (shapeJSONRPC), which the client reads.
 func (g *generation) describeRPC(x *exchange, r *http.Request, in *policy.Input) {
 	hasBody := r.Body != nil && r.Body != http.NoBody
-	derive := func(meaning func([]rpc.Message) []any, isMCP bool) func([]byte) ([]any, error) {
+	derive := func(meaning func([]rpc.Message) ([]any, error), isMCP bool) func([]byte) ([]any, error) {
 		return func(text []byte) ([]any, error) {
 			if !hasBody {
 				return []any{}, nil
@@ -38,7 +40,10 @@ func (g *generation) describeRPC(x *exchange, r *http.Request, in *policy.Input)
 			if err != nil {
 				return nil, err
 			}
-			l := meaning(msgs)
+			l, err := meaning(msgs)
+			if err != nil {
+				return nil, err
+			}
 			if isMCP {
 				first := l[0].(map[string]any)
 				x.ev.MCP = &audit.MCPCall{Method: first["method"].(string), Tool: first["tool"].(string)}
@@ -47,10 +52,10 @@ func (g *generation) describeRPC(x *exchange, r *http.Request, in *policy.Input)
 		}
 	}
 	if protocolAt(g.protocols.MCP, in.Host, in.Path) {
-		in.ReadMCP = derive(rpc.MCP, true)
+		in.ReadMCP, x.jsonRPC = derive(rpc.MCP, true), true
 	}
 	if protocolAt(g.protocols.JSONRPC, in.Host, in.Path) {
-		in.ReadJSONRPC = derive(rpc.JSONRPC, false)
+		in.ReadJSONRPC, x.jsonRPC = derive(rpc.JSONRPC, false), true
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -206,6 +207,103 @@ decision := {"allow": true} if {
 		br.serveTunnel(w, mcpPost(tc.path, tc.body, ""), tun)
 		if w.Code != tc.code || !strings.Contains(w.Body.String(), tc.reason) {
 			t.Errorf("%s %s: %d %s; want %d %q", tc.path, tc.body, w.Code, w.Body, tc.code, tc.reason)
+		}
+	}
+}
+
+// TestMCPAmbiguousRefused: an MCP call whose members a server may read otherwise than the
+// policy is refused before the upstream, with 400 ambiguous_request as a JSON-RPC error
+// naming the members (never their values), in every mode; the audit event says deny with the
+// reason. A policy denial on the endpoint is a JSON-RPC error too.
+func TestMCPAmbiguousRefused(t *testing.T) {
+	for _, mode := range []string{config.ModeEnforce, config.ModeMonitor} {
+		t.Run(mode, func(t *testing.T) {
+			var events bytes.Buffer
+			sent := 0
+			e, err := policy.New(context.Background(), fstest.MapFS{"p.rego": {Data: []byte(mcpPolicy)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig(t)
+			cfg.Policy.Mode = mode
+			cfg.Protocols.MCP = []config.ProtocolEndpoint{{Hosts: []string{mcpHost}, Path: "/mcp"}}
+			br, tun := testBroker(t, cfg, Deps{Policy: e, Secrets: benchSecrets{}, Audit: audit.New(&events)},
+				mcpUpstream(func(r *http.Request) *http.Response { sent++; return sessionUpstream(r) }), mcpHost)
+			w := httptest.NewRecorder()
+			br.serveTunnel(w, mcpPost("/mcp", `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"delete","Name":"sk-canary-echo","arguments":{}}}`, ""), tun)
+			var got struct {
+				JSONRPC string `json:"jsonrpc"`
+				ID      any    `json:"id"`
+				Error   struct {
+					Code    int       `json:"code"`
+					Message string    `json:"message"`
+					Data    errorBody `json:"data"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
+				t.Fatalf("%d %s: %v", w.Code, w.Body, err)
+			}
+			if w.Code != 400 || got.JSONRPC != "2.0" || got.ID != nil || got.Error.Code != -32600 ||
+				got.Error.Data.Error != "ambiguous_request" || !strings.Contains(got.Error.Data.Reason, `"name" and "Name"`) ||
+				!strings.Contains(got.Error.Message, "ambiguous_request") {
+				t.Errorf("%d %s", w.Code, w.Body)
+			}
+			if strings.Contains(w.Body.String(), "canary") {
+				t.Errorf("the refusal quotes a value: %s", w.Body)
+			}
+			if sent != 0 {
+				t.Errorf("the upstream was sent %d requests", sent)
+			}
+			br.audit.Close()
+			if ev := events.String(); !strings.Contains(ev, `"decision":"deny"`) || !strings.Contains(ev, `ambiguous JSON`) {
+				t.Errorf("audit: %s", ev)
+			}
+		})
+	}
+	br, tun := mcpBroker(t, mcpUpstream(sessionUpstream), nil)
+	w := httptest.NewRecorder()
+	br.serveTunnel(w, mcpPost("/mcp", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"delete","arguments":{}}}`, ""), tun)
+	if w.Code != 403 || !strings.HasPrefix(w.Body.String(), `{"jsonrpc":"2.0","id":null,"error":{"code":-32000,`) {
+		t.Errorf("denied: %d %s", w.Code, w.Body)
+	}
+}
+
+// TestPolicyBodyRefusals: a request whose body the policy reads is refused when the body is
+// ambiguous (400 ambiguous_request) or sent as JSON and not JSON (400 bad_request); a body of
+// whitespace is no body, and a policy that reads no body is not concerned.
+func TestPolicyBodyRefusals(t *testing.T) {
+	const readsBody = `package broker
+default decision := {"allow": false, "reason": "purge is not allowed"}
+decision := {"allow": true} if input.request.body.action != "purge"
+decision := {"allow": true} if input.request.body == null`
+	const readsPath = `package broker
+decision := {"allow": true} if input.request.path == "/x"`
+	for _, tc := range []struct {
+		policy, body string
+		code         int
+		want         string
+	}{
+		{readsBody, `{"action":"archive"}`, 200, ""},
+		{readsBody, `{"action":"purge"}`, 403, "purge is not allowed"},
+		{readsBody, `{"action":"purge","Action":"archive"}`, 400, `"ambiguous_request"`},
+		{readsBody, `{"action":"archive","action":"purge"}`, 400, `member \"action\" appears twice`},
+		{readsBody, `{"items":[{"id":1,"i\u0064":2}]}`, 400, `"ambiguous_request"`},
+		{readsBody, `{"action":"purge",}`, 400, `"bad_request"`},
+		{readsBody, "{\"action\":\"pur\xffge\"}", 400, `"bad_request"`},
+		{readsBody, "  \n", 200, ""},
+		{readsPath, `{"action":"purge","Action":"archive"}`, 200, ""},
+	} {
+		e, err := policy.New(context.Background(), fstest.MapFS{"p.rego": {Data: []byte(tc.policy)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := 0
+		br, tun := testBroker(t, testConfig(t), Deps{Policy: e, Secrets: benchSecrets{}},
+			mcpUpstream(func(r *http.Request) *http.Response { sent++; return sessionUpstream(r) }), mcpHost)
+		w := httptest.NewRecorder()
+		br.serveTunnel(w, mcpPost("/x", tc.body, ""), tun)
+		if w.Code != tc.code || !strings.Contains(w.Body.String(), tc.want) || (tc.code != 200) != (sent == 0) {
+			t.Errorf("%q: %d %s (sent %d); want %d %s", tc.body, w.Code, w.Body, sent, tc.code, tc.want)
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/broker/wire"
+	"github.com/capbroker/capbroker/broker/wire/strictjson"
 )
 
 // redacted replaces every injected secret value found in a response.
@@ -86,7 +87,10 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err := b.checkMCPSession(x, r, in); err != nil {
 		return nil, err
 	}
-	metered := x.meterRequest(in, t, small, body)
+	metered, err := x.meterRequest(r, in, t, small, body, granted)
+	if err != nil {
+		return nil, err
+	}
 
 	out := outbound(r, t, in.Path)
 	if small != nil {
@@ -139,6 +143,9 @@ func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, bo
 		in.LoadProtocols() // recorded whatever the policy reads (docs/learn.md)
 	}
 	d, err := b.policy.Decide(r.Context(), in)
+	if body.err == nil {
+		body.err = bodyRefusal(err)
+	}
 	if body.err != nil {
 		return nil, d, nil, body.err
 	}
@@ -378,6 +385,20 @@ func (b *Broker) requestInput(x *exchange, r *http.Request, t target, small []by
 		return text, size
 	}
 	return in, nil
+}
+
+// bodyRefusal is the refusal, in every mode, of a body the policy reads that the broker cannot
+// read as the upstream will (policy.Input's check, broker/rpc, broker/graphql): an ambiguous
+// one (strictjson.ErrAmbiguous, 400 ambiguous_request), one sent as JSON that is not (400
+// bad_request). nil for any other err of Decide's.
+func bodyRefusal(err error) error {
+	switch {
+	case errors.Is(err, strictjson.ErrAmbiguous):
+		return err
+	case errors.Is(err, policy.ErrBodyNotJSON):
+		return badRequest{err.Error()}
+	}
+	return nil
 }
 
 // policyBody is what reading the body for the policy left: the bytes held against the

@@ -510,6 +510,21 @@ func (b *Budgets) HardApplies(agent string, labels map[string]string, provider s
 	return false
 }
 
+// Metering names a tokens or cost budget that may apply to a call of agent to provider (of
+// whichever model), or "": a call such a budget applies to must be metered, or refused.
+func (b *Budgets) Metering(agent string, labels map[string]string, provider string) string {
+	s, err := b.set()
+	if err != nil {
+		return ""
+	}
+	for _, bu := range s.Budgets {
+		if bu.Unit != UnitRequests && bu.appliesToAgent(agent, labels) && (bu.Provider == "" || bu.Provider == provider) {
+			return bu.Name
+		}
+	}
+	return ""
+}
+
 // Usage is input.usage: the budgets that apply to the agent (whatever the provider or
 // model), each with its counter now. It reads the shared store once; when that fails, the
 // counters this broker holds.

@@ -67,4 +67,46 @@ func (c *Config) validateLLM(e *errs) {
 			e.add(p+".path_prefix", "must be a path starting with /, without query or escapes, not %q", pp)
 		}
 	}
+	c.validateBodyOnLLM(e)
+}
+
+// LLMHosts are the hosts of the LLM APIs the broker knows: the built-in providers' and the
+// configured compatible endpoints' (patterns as the config spells them).
+func (c *Config) LLMHosts() []string {
+	hosts := []string{"api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com"}
+	for _, oc := range append(c.LLM.OpenAICompatible[:len(c.LLM.OpenAICompatible):len(c.LLM.OpenAICompatible)], c.LLM.AnthropicCompatible...) {
+		hosts = append(hosts, oc.Hosts...)
+	}
+	return hosts
+}
+
+// validateBodyOnLLM refuses a credential substituted into request bodies (inject.body) that
+// may be sent to an LLM API's host: a prompt carrying the secret reaches the model, which can
+// stream it back a few characters per event, where no scrubber sees it whole (docs/llm.md).
+func (c *Config) validateBodyOnLLM(e *errs) {
+	llm := c.LLMHosts()
+next:
+	for i, cr := range c.Credentials {
+		if !cr.Inject.Body || cr.Inject.Placeholder == "" {
+			continue
+		}
+		for _, h := range cr.Hosts {
+			for _, l := range llm {
+				if hostsOverlap(h, l) {
+					e.add(fmt.Sprintf("credentials[%d].inject.body", i), "the credential may be sent to %q, an LLM API's host (%s): a secret substituted into a prompt can come back streamed a few characters per event, which the broker cannot scrub; substitute it in a header instead", h, l)
+					continue next
+				}
+			}
+		}
+	}
+}
+
+// hostsOverlap reports whether some host is named by both patterns (HostMatches).
+func hostsOverlap(a, b string) bool {
+	if a == b || HostMatches(a, b) || HostMatches(b, a) {
+		return true
+	}
+	sa, wa := strings.CutPrefix(a, "*")
+	sb, wb := strings.CutPrefix(b, "*")
+	return wa && wb && (strings.HasSuffix(sa, sb) || strings.HasSuffix(sb, sa))
 }

@@ -45,3 +45,41 @@ func TestValidateLLM(t *testing.T) {
 		})
 	}
 }
+
+// A credential substituted into request bodies may not be sent to an LLM API's host (built in,
+// or a compatible endpoint, by any overlap of host patterns).
+func TestBodyOnLLMHost(t *testing.T) {
+	const base = "ca: {cert_file: ca.pem, key_file: ca.key}\npolicy: {dir: policies}\nllm:\n  openai_compatible: [{name: vllm, hosts: [\"*.inference.example\", llm.internal]}]\n"
+	cred := func(hosts string, body bool) string {
+		return "credentials:\n  - {name: c, hosts: " + hosts + ", source: {env: C}, inject: {placeholder: PLACEHOLDER_c_12345, body: " + map[bool]string{true: "true", false: "false"}[body] + "}}\n"
+	}
+	cases := map[string]struct {
+		yaml string
+		bad  bool
+	}{
+		"openai":             {cred("[api.openai.com]", true), true},
+		"anthropic":          {cred("[a.example, api.anthropic.com]", true), true},
+		"compatible":         {cred("[llm.internal]", true), true},
+		"under a wildcard":   {cred("[a.inference.example]", true), true},
+		"wildcard over":      {cred(`["*.example"]`, true), true},
+		"wildcard under":     {cred(`["*.a.inference.example"]`, true), true},
+		"header placeholder": {cred("[api.openai.com]", false), false},
+		"another host":       {cred("[api.example.com]", true), false},
+		"apex":               {cred("[inference.example]", true), false},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(base + c.yaml))
+			var ps Problems
+			got := false
+			if errors.As(err, &ps) {
+				for _, p := range ps {
+					got = got || p.Path == "credentials[0].inject.body"
+				}
+			}
+			if got != c.bad {
+				t.Errorf("refused %v, want %v: %v", got, c.bad, err)
+			}
+		})
+	}
+}

@@ -6,13 +6,14 @@ package graphql
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"strings"
 
+	"github.com/capbroker/capbroker/broker/wire/strictjson"
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/parser"
 )
@@ -54,17 +55,34 @@ func Values(ops []Operation) []any {
 }
 
 // Error is a request that claims to be GraphQL and cannot be read as such. Its message is the
-// reason given to the agent.
-type Error struct{ msg string }
+// reason given to the agent. One whose JSON a server may read otherwise than the broker wraps
+// strictjson.ErrAmbiguous.
+type Error struct {
+	msg string
+	err error
+}
 
 func (e *Error) Error() string { return e.msg }
+func (e *Error) Unwrap() error { return e.err }
+
+// jsonError is the Error for JSON text (the body, the extensions parameter) that strictjson
+// refuses, what names it.
+func jsonError(what string, err error) error {
+	if errors.Is(err, strictjson.ErrAmbiguous) {
+		return &Error{fmt.Sprintf("the GraphQL %s is ambiguous: %v", what, err), err}
+	}
+	if errors.Is(err, strictjson.ErrInvalid) {
+		return errorf("the GraphQL %s is not JSON: %v", what, err)
+	}
+	return errorf("the GraphQL %s is not of the shape GraphQL gives it: %v", what, err)
+}
 
 func errorf(format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	if len(msg) > maxReason {
 		msg = msg[:maxReason] + "..."
 	}
-	return &Error{msg}
+	return &Error{msg: msg}
 }
 
 // maxReason bounds a reason's length: a parse error quotes the agent's text.
@@ -118,21 +136,25 @@ func Describe(r Request) ([]Operation, error) {
 		if !inURL {
 			return nil, nil
 		}
-		item := map[string]any{}
+		var item request
 		for _, p := range urlParams {
 			if vs, ok := r.Query[p]; ok {
 				if len(vs) != 1 {
 					return nil, errorf("the GraphQL request has the URL parameter %s %d times", p, len(vs))
 				}
-				item[p] = vs[0]
+				quoted, err := jsontext.AppendQuote(nil, vs[0])
+				if err != nil {
+					return nil, errorf("the GraphQL request's URL parameter %s is not valid UTF-8", p)
+				}
+				v := jsontext.Value(quoted)
+				if p == "extensions" {
+					if err := strictjson.Check([]byte(vs[0])); err != nil {
+						return nil, jsonError("request's extensions parameter", err)
+					}
+					v = jsontext.Value(vs[0])
+				}
+				*item.member(p) = v
 			}
-		}
-		if ext, ok := item["extensions"].(string); ok {
-			var v any
-			if err := json.Unmarshal([]byte(ext), &v); err != nil {
-				return nil, errorf("the GraphQL request's extensions parameter is not JSON: %v", err)
-			}
-			item["extensions"] = v
 		}
 		op, err := describeItem(item)
 		if err != nil {
@@ -144,32 +166,40 @@ func Describe(r Request) ([]Operation, error) {
 		return nil, errorf("the GraphQL request has parameters in both the URL and the body")
 	}
 	// Any other content type is read as JSON, as servers do (GitHub's documented curl
-	// example sends its JSON as a form).
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	v, err := readValue(dec)
-	if err != nil {
-		return nil, err
+	// example sends its JSON as a form), through strictjson: a body with two members a server
+	// may read as one ("query" and "Query"), at any depth, or a member of the request object
+	// in another case or spelling ("Query", "operation_name" alone), which a case-insensitive
+	// server would read, is ambiguous.
+	if err := strictjson.Check(body); err != nil {
+		return nil, jsonError("request body", err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errorf("the GraphQL request body is not JSON: text after the value")
-	}
-	switch v := v.(type) {
-	case map[string]any:
-		op, err := describeItem(v)
+	switch body[0] {
+	case '{':
+		var item request
+		if err := strictjson.Unmarshal(body, &item); err != nil {
+			return nil, jsonError("request body", err)
+		}
+		op, err := describeItem(item)
 		if err != nil {
 			return nil, err
 		}
 		return []Operation{op}, nil
-	case []any:
-		if len(v) == 0 {
+	case '[':
+		var raws []jsontext.Value
+		if err := json.Unmarshal(body, &raws); err != nil {
+			return nil, jsonError("request body", err)
+		}
+		if len(raws) == 0 {
 			return nil, errorf("the GraphQL request is an empty batch")
 		}
-		ops := make([]Operation, 0, len(v))
-		for i, e := range v {
-			item, ok := e.(map[string]any)
-			if !ok {
+		ops := make([]Operation, 0, len(raws))
+		for i, raw := range raws {
+			if raw.Kind() != '{' {
 				return nil, errorf("the GraphQL batch's item %d is not an object", i)
+			}
+			var item request
+			if err := strictjson.Unmarshal(raw, &item); err != nil {
+				return nil, jsonError(fmt.Sprintf("batch's item %d", i), err)
 			}
 			op, err := describeItem(item)
 			if err != nil {
@@ -182,14 +212,42 @@ func Describe(r Request) ([]Operation, error) {
 	return nil, errorf("the GraphQL request body is neither an object nor a batch (array)")
 }
 
+// request is one request object, its members as they were sent (nil when absent): those a
+// server reads, by their exact names.
+type request struct {
+	Query         jsontext.Value `json:"query"`
+	OperationName jsontext.Value `json:"operationName"`
+	Variables     jsontext.Value `json:"variables"`
+	Extensions    jsontext.Value `json:"extensions"`
+	DocumentID    jsontext.Value `json:"documentId"`
+	ID            jsontext.Value `json:"id"`
+}
+
+// member returns the member of r named p (one of urlParams).
+func (r *request) member(p string) *jsontext.Value {
+	switch p {
+	case "query":
+		return &r.Query
+	case "operationName":
+		return &r.OperationName
+	case "variables":
+		return &r.Variables
+	case "extensions":
+		return &r.Extensions
+	case "documentId":
+		return &r.DocumentID
+	}
+	return &r.ID
+}
+
 // describeItem reads one request object: {query, operationName, variables, extensions}, or a
 // persisted query's {extensions.persistedQuery.sha256Hash} or {documentId} or {id}.
-func describeItem(item map[string]any) (Operation, error) {
-	name, err := optString(item, "operationName")
+func describeItem(item request) (Operation, error) {
+	name, err := optString(item.OperationName, "operationName")
 	if err != nil {
 		return Operation{}, err
 	}
-	query, err := optString(item, "query")
+	query, err := optString(item.Query, "query")
 	if err != nil {
 		return Operation{}, err
 	}
@@ -197,16 +255,28 @@ func describeItem(item map[string]any) (Operation, error) {
 		return operation(query, name)
 	}
 	hash := ""
-	if ext, ok := item["extensions"].(map[string]any); ok {
-		if pq, ok := ext["persistedQuery"].(map[string]any); ok {
-			hash, _ = pq["sha256Hash"].(string)
+	if item.Extensions != nil && item.Extensions.Kind() == '{' {
+		var ext struct {
+			PersistedQuery *struct {
+				Sha256Hash jsontext.Value `json:"sha256Hash"`
+			} `json:"persistedQuery"`
+		}
+		if err := strictjson.Unmarshal(item.Extensions, &ext); err != nil {
+			return Operation{}, jsonError("request's extensions", err)
+		}
+		if ext.PersistedQuery != nil {
+			if hash, err = optString(ext.PersistedQuery.Sha256Hash, "persistedQuery.sha256Hash"); err != nil {
+				return Operation{}, err
+			}
 		}
 	}
-	for _, k := range []string{"documentId", "id"} {
-		if hash != "" {
-			break
+	if hash == "" {
+		if hash, err = optString(item.DocumentID, "documentId"); err != nil {
+			return Operation{}, err
 		}
-		if hash, err = optString(item, k); err != nil {
+	}
+	if hash == "" {
+		if hash, err = optString(item.ID, "id"); err != nil {
 			return Operation{}, err
 		}
 	}
@@ -216,13 +286,17 @@ func describeItem(item map[string]any) (Operation, error) {
 	return Operation{Type: "persisted", Name: name, Hash: hash, Fields: []string{}}, nil
 }
 
-// optString returns item[k], a string, null or absent ("").
-func optString(item map[string]any, k string) (string, error) {
-	switch v := item[k].(type) {
-	case nil:
+// optString returns the string v is: "" when it is null or absent; an error, naming k, when it
+// is not a string.
+func optString(v jsontext.Value, k string) (string, error) {
+	switch v.Kind() {
+	case 0, 'n':
 		return "", nil
-	case string:
-		return v, nil
+	case '"':
+		s, err := jsontext.AppendUnquote(nil, v)
+		if err == nil {
+			return string(s), nil
+		}
 	}
 	return "", errorf("the GraphQL request's %s is not a string", k)
 }
@@ -324,81 +398,4 @@ func first(q map[string][]string, k string) string {
 func isGraphQLType(ct string) bool {
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && strings.EqualFold(mt, "application/graphql")
-}
-
-// readValue reads the body's value: an object, or an array of objects, each read by
-// readObject; any other value as it is.
-func readValue(dec *json.Decoder) (any, error) {
-	t, err := dec.Token()
-	if err != nil {
-		return nil, errorf("the GraphQL request body is not JSON: %v", err)
-	}
-	switch t {
-	case json.Delim('{'):
-		return readObject(dec)
-	case json.Delim('['):
-		l := []any{}
-		for dec.More() {
-			var item any
-			if t, err := dec.Token(); err != nil {
-				return nil, errorf("the GraphQL request body is not JSON: %v", err)
-			} else if t == json.Delim('{') {
-				if item, err = readObject(dec); err != nil {
-					return nil, err
-				}
-			} else {
-				item = t // not an object: refused by the caller
-				if d, ok := t.(json.Delim); ok {
-					return nil, errorf("the GraphQL batch has an item that is not an object (%v)", d)
-				}
-			}
-			l = append(l, item)
-		}
-		if _, err := dec.Token(); err != nil {
-			return nil, errorf("the GraphQL request body is not JSON: %v", err)
-		}
-		return l, nil
-	}
-	return t, nil
-}
-
-// readObject reads the members of an object whose "{" has been read. A member name given
-// twice, in any case, is refused: servers differ on which one counts ("query" and "Query"
-// are one member to a Go server decoding into a struct, the last of two to most others), and
-// the policy must see the one the server runs.
-func readObject(dec *json.Decoder) (map[string]any, error) {
-	obj := map[string]any{}
-	seen := map[string]bool{}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return nil, errorf("the GraphQL request body is not JSON: %v", err)
-		}
-		k, _ := t.(string)
-		folded := strings.ToLower(k)
-		if seen[folded] {
-			return nil, errorf("the GraphQL request has the member %q twice (in some case)", k)
-		}
-		seen[folded] = true
-		if known, ok := knownMembers[folded]; ok && known != k {
-			return nil, errorf("the GraphQL request has the member %q: did you mean %q?", k, known)
-		}
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			return nil, errorf("the GraphQL request body is not JSON: %v", err)
-		}
-		obj[k] = v
-	}
-	if _, err := dec.Token(); err != nil { // the closing "}"
-		return nil, errorf("the GraphQL request body is not JSON: %v", err)
-	}
-	return obj, nil
-}
-
-// knownMembers are the members of a request object the broker reads, by their lower case: a
-// member that is one of them in another case is refused (a case-insensitive server would
-// read it).
-var knownMembers = map[string]string{
-	"query": "query", "operationname": "operationName", "variables": "variables",
-	"extensions": "extensions", "documentid": "documentId", "id": "id",
 }

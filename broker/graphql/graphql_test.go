@@ -1,9 +1,12 @@
 package graphql
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/capbroker/capbroker/broker/wire/strictjson"
 )
 
 func TestDescribe(t *testing.T) {
@@ -74,7 +77,7 @@ func TestDescribeBadInput(t *testing.T) {
 		{"application/graphql syntax", Request{ContentType: "application/graphql", Body: []byte("mutation {")}, "the GraphQL document does not parse: "},
 		{"not JSON", Request{ContentType: "application/json", Body: []byte(`{"query": "{ a }"`)}, "the GraphQL request body is not JSON"},
 		{"form", Request{ContentType: "application/x-www-form-urlencoded", Body: []byte(`query=%7Ba%7D`)}, "the GraphQL request body is not JSON"},
-		{"two JSON values", Request{Body: []byte(`{"query":"{ a }"} {"query":"mutation { b }"}`)}, "text after the value"},
+		{"two JSON values", Request{Body: []byte(`{"query":"{ a }"} {"query":"mutation { b }"}`)}, "the GraphQL request body is not JSON"},
 		{"several operations, no operationName", Request{Body: []byte(`{"query":"query A { a } mutation B { b }"}`)}, "has 2 operations and the request no operationName"},
 		{"unknown operationName", Request{Body: []byte(`{"query":"query A { a }","operationName":"B"}`)}, `no operation named "B"`},
 		{"duplicate operation names", Request{Body: []byte(`{"query":"query A { a } mutation A { b }","operationName":"A"}`)}, `two operations named "A"`},
@@ -90,13 +93,13 @@ func TestDescribeBadInput(t *testing.T) {
 		{"URL and body", Request{Query: map[string][]string{"query": {"{ a }"}}, Body: []byte(`{"query":"mutation { b }"}`)}, "both the URL and the body"},
 		{"repeated URL parameter", Request{Query: map[string][]string{"query": {"{ a }", "mutation { b }"}}}, "query 2 times"},
 		{"bad extensions", Request{Query: map[string][]string{"extensions": {"{"}}}, "extensions parameter is not JSON"},
-		{"member twice", Request{Body: []byte(`{"query":"{ a }","query":"mutation { b }"}`)}, `member "query" twice`},
-		{"member twice in another case", Request{Body: []byte(`{"query":"{ a }","QUERY":"mutation { b }"}`)}, `member "QUERY" twice`},
-		{"member in another case", Request{Body: []byte(`{"Query":"mutation { b }"}`)}, `member "Query": did you mean "query"?`},
-		{"member escaped twice", Request{Body: []byte(`{"query":"{ a }","\u0071uery":"mutation { b }"}`)}, `member "query" twice`},
-		{"batch item member twice", Request{Body: []byte(`[{"query":"{ a }"},{"operationName":"A","OperationName":"B","query":"query A { a } mutation B { b }"}]`)}, "twice"},
+		{"member twice", Request{Body: []byte(`{"query":"{ a }","query":"mutation { b }"}`)}, `is ambiguous: ambiguous JSON: member "query" appears twice`},
+		{"member twice in another case", Request{Body: []byte(`{"query":"{ a }","QUERY":"mutation { b }"}`)}, `members "query" and "QUERY"`},
+		{"member in another case", Request{Body: []byte(`{"Query":"mutation { b }"}`)}, `member "Query" differs from "query"`},
+		{"member escaped twice", Request{Body: []byte(`{"query":"{ a }","\u0071uery":"mutation { b }"}`)}, `member "query" appears twice`},
+		{"batch item member twice", Request{Body: []byte(`[{"query":"{ a }"},{"operationName":"A","OperationName":"B","query":"query A { a } mutation B { b }"}]`)}, `members "operationName" and "OperationName"`},
 		{"nested batch", Request{Body: []byte(`[[{"query":"{ a }"}]]`)}, "not an object"},
-		{"trailing garbage", Request{Body: []byte(`{"query":"{ a }"}]`)}, "text after the value"},
+		{"trailing garbage", Request{Body: []byte(`{"query":"{ a }"}]`)}, "the GraphQL request body is not JSON"},
 		{"application/graphql, operationName twice", Request{ContentType: "application/graphql", Query: map[string][]string{"operationName": {"A", "B"}}, Body: []byte("query A { a } mutation B { b }")}, "operationName 2 times"},
 		{"empty application/graphql", Request{ContentType: "application/graphql"}, "no document"},
 	} {
@@ -116,5 +119,37 @@ func TestReasonBounded(t *testing.T) {
 	_, err := Describe(Request{Body: []byte(`{"query":"query { a(x: \"` + strings.Repeat("z", 5000) + `) }"}`)})
 	if err == nil || len(err.Error()) > maxReason+3 {
 		t.Fatalf("error %d bytes: %v", len(err.Error()), err)
+	}
+}
+
+// TestDescribeAmbiguous: a request whose JSON a server may read otherwise than the broker (a
+// member twice, in another case or folding, escaped, alone in another spelling, in a batch,
+// in the extensions parameter) is an Error wrapping strictjson.ErrAmbiguous, which the broker
+// refuses as ambiguous; the reason names members, never values.
+func TestDescribeAmbiguous(t *testing.T) {
+	for name, r := range map[string]Request{
+		"query/Query":                 {Body: []byte(`{"query":"{ a }","Query":"mutation { b }"}`)},
+		"Query alone":                 {Body: []byte(`{"Query":"mutation { b }"}`)},
+		"operationName/OperationName": {Body: []byte(`{"query":"query A { a } mutation B { b }","operationName":"A","OperationName":"B"}`)},
+		"operation_name alone":        {Body: []byte(`{"query":"query A { a } mutation B { b }","operation_name":"B"}`)},
+		"variables twice":             {Body: []byte(`{"query":"{ a }","variables":{"id":1},"variables":{"id":2}}`)},
+		"in variables":                {Body: []byte(`{"query":"{ a }","variables":{"id":"x","ID":"y"}}`)},
+		"kelvin":                      {Body: []byte("{\"query\":\"{ a }\",\"variables\":{\"kind\":1,\"\u212aind\":2}}")},
+		"long s":                      {Body: []byte("{\"query\":\"{ a }\",\"extension\u017f\":{}}")},
+		"escaped twice":               {Body: []byte(`{"query":"{ a }","\u0071uery":"mutation { b }"}`)},
+		"in a batch":                  {Body: []byte(`[{"query":"{ a }"},{"query":"{ a }","QUERY":"mutation { b }"}]`)},
+		"persisted hash":              {Body: []byte(`{"extensions":{"persistedQuery":{"sha256Hash":"a","SHA256Hash":"b"}}}`)},
+		"persistedquery":              {Body: []byte(`{"extensions":{"persistedquery":{"sha256Hash":"a"}}}`)},
+		"extensions in the URL":       {Query: map[string][]string{"extensions": {`{"persistedQuery":{"sha256Hash":"a","sha256hash":"b"}}`}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ops, err := Describe(r)
+			if !IsError(err) || !errors.Is(err, strictjson.ErrAmbiguous) {
+				t.Fatalf("%+v, %v: want an ambiguous Error", ops, err)
+			}
+			if strings.Contains(err.Error(), "mutation") {
+				t.Errorf("the reason quotes a value: %v", err)
+			}
+		})
 	}
 }

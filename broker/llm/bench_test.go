@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"testing"
+
+	"github.com/capbroker/capbroker/broker/usage"
 )
 
 // BenchmarkStream reads a chat completion stream of 200 content chunks and the usage chunk, one
@@ -39,19 +41,19 @@ func BenchmarkStream(b *testing.B) {
 	b.Run("unmetered", func(b *testing.B) { run(b, func(*http.Response) {}) })
 	b.Run("metered", func(b *testing.B) {
 		run(b, func(r *http.Response) {
-			m, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true}}`))
+			m, _, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true}}`), Options{})
 			m.Wrap(r, nil)
 		})
 	})
 	b.Run("metered_asked", func(b *testing.B) {
 		run(b, func(r *http.Response) {
-			m, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`))
+			m, _, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`), Options{})
 			m.Wrap(r, nil)
 		})
 	})
 	b.Run("metered_capped", func(b *testing.B) {
 		run(b, func(r *http.Response) {
-			m, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`))
+			m, _, _ := Start(chatEP, []byte(`{"model":"gpt-4o-mini","stream":true}`), Options{})
 			m.Cap(&tokenLimit{limit: 1 << 40}, "a", nil)
 			m.Wrap(r, nil)
 		})
@@ -73,4 +75,49 @@ func (e *eventReader) Read(p []byte) (int, error) {
 		e.events = e.events[1:]
 	}
 	return e.cur.Read(p)
+}
+
+// largeAnswer is a 4 MiB chat completion (logprobs with top_logprobs 20), its usage last.
+func largeAnswer() []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"logprobs":{"content":[`)
+	for i := 0; b.Len() < 4<<20; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"token":"tok","logprob":-0.01,"bytes":[116,111,107],"top_logprobs":[`)
+		for j := range 20 {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(`{"token":"alt","logprob":-1.5,"bytes":[97,108,116]}`)
+		}
+		b.WriteString("]}")
+	}
+	b.WriteString(`]},"finish_reason":"stop"}],"usage":{"prompt_tokens":100,"completion_tokens":20,"total_tokens":120}}`)
+	return b.Bytes()
+}
+
+// BenchmarkLargeJSON reads a 4 MiB JSON answer in 32 KiB reads, as the broker passes it on:
+// B/op is what metering holds for it (the read buffer is the benchmark's, not counted).
+func BenchmarkLargeJSON(b *testing.B) {
+	body := largeAnswer()
+	buf := make([]byte, 32<<10)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(body))}
+		m, _, _ := Start(chatEP, []byte(`{"model":"m","logprobs":true,"top_logprobs":20}`), Options{})
+		var reported bool
+		m.Wrap(resp, func(c usage.Call) { reported = c.Reported })
+		for {
+			if _, err := resp.Body.Read(buf); err != nil {
+				break
+			}
+		}
+		resp.Body.Close()
+		if !reported {
+			b.Fatal("usage not found")
+		}
+	}
 }

@@ -2,7 +2,7 @@ package llm
 
 import (
 	"bytes"
-	"encoding/json"
+	"encoding/json" // only to write the cut stream's last event, never to read
 
 	"github.com/capbroker/capbroker/broker/usage"
 )
@@ -18,7 +18,6 @@ type Limiter interface {
 type capState struct {
 	lim   Limiter
 	call  usage.Call // agent, labels, provider
-	text  int64      // bytes of the content deltas' text so far
 	asked int64      // the tokens last asked about
 	cutBy string     // the budget the stream was cut for
 }
@@ -53,14 +52,13 @@ func (m *Meter) capEvent(data []byte) bool {
 	if c.cutBy != "" {
 		return false
 	}
-	keep := m.event(data)
-	c.text += deltaText(m.ep.API, data)
+	keep := m.streamEvent(data)
 	call := c.call
 	call.Model = m.req.Model
 	if call.Model == "" {
 		call.Model = m.respModel
 	}
-	call.In, call.Out, call.Cached = m.in, max(m.out, c.text/bytesPerToken), m.cached
+	call.In, call.Out, call.Cached = m.in, max(m.out, m.text/bytesPerToken), m.cached
 	if n := call.In + call.Out; n != c.asked {
 		c.asked = n
 		if ok, name := c.lim.Within(call); !ok {
@@ -94,47 +92,109 @@ func (m *Meter) cutEvent() []byte {
 }
 
 // deltaKeys are the members whose string values are generated text, by API: content,
-// reasoning and tool-call arguments of a chat chunk; a Responses delta event's delta (the
-// ".done" events restate the text under other names); Anthropic's text, JSON and thinking
-// deltas; Gemini's parts.
-var deltaKeys = map[API][]string{
-	ChatCompletions: {`"content"`, `"reasoning_content"`, `"reasoning"`, `"refusal"`, `"arguments"`},
-	Responses:       {`"delta"`},
-	Messages:        {`"text"`, `"partial_json"`, `"thinking"`},
-	GenerateContent: {`"text"`},
+// reasoning and tool-call arguments of a chat chunk; a completion chunk's text; a Responses
+// delta event's delta (the ".done" events restate the text under other names); Anthropic's
+// text, JSON and thinking deltas; Gemini's parts.
+var deltaKeys = map[API][][]byte{
+	ChatCompletions: {[]byte(`"content"`), []byte(`"reasoning_content"`), []byte(`"reasoning"`), []byte(`"refusal"`), []byte(`"arguments"`)},
+	Completions:     {[]byte(`"text"`)},
+	Responses:       {[]byte(`"delta"`)},
+	Messages:        {[]byte(`"text"`), []byte(`"partial_json"`), []byte(`"thinking"`)},
+	GenerateContent: {[]byte(`"text"`)},
 }
 
 // deltaText is the length of the generated text an event carries, as written in its JSON (an
-// escape counts its bytes): the string values of the API's deltaKeys, found without decoding
-// the event. A quote inside a JSON string is escaped, so a match is a member name.
+// escape counts its bytes): the string values of the API's deltaKeys, found in one pass from
+// string to string without decoding the event. It is what a call is estimated from when its
+// usage cannot be read.
 func deltaText(api API, data []byte) int64 {
+	keys := deltaKeys[api]
 	var n int64
-	for _, key := range deltaKeys[api] {
-		rest := data
-		for {
-			i := bytes.Index(rest, []byte(key))
-			if i < 0 {
-				break
-			}
-			rest = bytes.TrimLeft(rest[i+len(key):], " \t\r\n")
-			if len(rest) == 0 || rest[0] != ':' {
-				continue
-			}
-			rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-			if len(rest) == 0 || rest[0] != '"' {
-				continue
-			}
-			rest = rest[1:]
-			j := 0
-			for j < len(rest) && rest[j] != '"' {
-				if rest[j] == '\\' {
-					j++
-				}
-				j++
-			}
-			n += int64(min(j, len(rest)))
-			rest = rest[min(j+1, len(rest)):]
+	i := 0
+	if a := deltaAnchors[api]; a != nil {
+		// The text is inside this member: the members before it are skipped in one search.
+		if i = memberAt(data, a); i < 0 {
+			return 0
 		}
 	}
-	return n
+	for {
+		q := bytes.IndexByte(data[i:], '"')
+		if q < 0 {
+			return n
+		}
+		i += q
+		end := stringEnd(data, i)
+		if end < 0 {
+			return n
+		}
+		for _, k := range keys {
+			if end-i != len(k) || !bytes.Equal(data[i:end], k) {
+				continue
+			}
+			v := bytes.TrimLeft(data[end:], " \t\r\n")
+			if len(v) == 0 || v[0] != ':' {
+				break
+			}
+			v = bytes.TrimLeft(v[1:], " \t\r\n")
+			if len(v) == 0 || v[0] != '"' {
+				break
+			}
+			start := len(data) - len(v)
+			if vEnd := stringEnd(data, start); vEnd > 0 {
+				n += int64(vEnd - start - 2)
+				end = vEnd
+			}
+			break
+		}
+		i = end
+	}
+}
+
+// deltaAnchors name the member each API's generated text is inside of.
+var deltaAnchors = map[API][]byte{
+	ChatCompletions: []byte(`"choices"`),
+	Completions:     []byte(`"choices"`),
+	Responses:       []byte(`"delta"`),
+	Messages:        []byte(`"delta"`),
+	GenerateContent: []byte(`"candidates"`),
+}
+
+// memberAt is the index of the first member named name (quoted) in data, or -1: a match
+// preceded by '{' or ',' (and spaces) is a member name, not the end of an escaped quote in a
+// string.
+func memberAt(data, name []byte) int {
+	for off := 0; ; {
+		i := bytes.Index(data[off:], name)
+		if i < 0 {
+			return -1
+		}
+		i += off
+		j := i - 1
+		for j >= 0 && (data[j] == ' ' || data[j] == '\t' || data[j] == '\r' || data[j] == '\n') {
+			j--
+		}
+		if j >= 0 && (data[j] == '{' || data[j] == ',') {
+			return i
+		}
+		off = i + 1
+	}
+}
+
+// stringEnd: data[i] is a quote; the index just past the string's closing quote, or -1.
+func stringEnd(data []byte, i int) int {
+	for j := i + 1; ; {
+		q := bytes.IndexByte(data[j:], '"')
+		if q < 0 {
+			return -1
+		}
+		q += j
+		bs := 0 // backslashes right before the quote: an odd number escapes it
+		for k := q - 1; k > i && data[k] == '\\'; k-- {
+			bs++
+		}
+		if bs%2 == 0 {
+			return q + 1
+		}
+		j = q + 1
+	}
 }

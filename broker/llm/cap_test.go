@@ -35,7 +35,7 @@ func (u *upstream) Close() error { u.closed = true; return nil }
 // read a byte at a time; it returns what the agent read and the call recorded.
 func capStream(t *testing.T, ep Endpoint, body, stream string, l Limiter) (string, *usage.Call, *upstream, *Meter) {
 	t.Helper()
-	m, _ := Start(ep, []byte(body))
+	m, _, _ := Start(ep, []byte(body), Options{})
 	if l != nil {
 		m.Cap(l, "agent-1", map[string]string{"team": "a"})
 	}
@@ -76,8 +76,9 @@ func TestCapChatCompletions(t *testing.T) {
 		t.Errorf("upstream closed %v, cut by %q", up.closed, m.CutBy())
 	}
 	// No usage was reported: the call counts what the broker let through, estimated and
-	// marked so (a cut call must not leave the budget's counter where it was).
-	if call.Reported || !call.Estimated || call.In != 0 || call.Out != 8 || call.Model != "gpt-4o" {
+	// marked so (a cut call must not leave the budget's counter where it was), and its input
+	// estimated from the request's 32 bytes.
+	if call.Reported || !call.Estimated || call.In != 8 || call.Out != 8 || call.Model != "gpt-4o" {
 		t.Errorf("call %+v", call)
 	}
 	last := l.asked[len(l.asked)-1] // fewer than 100 asked

@@ -25,6 +25,8 @@ const (
 	Responses                      // OpenAI /v1/responses
 	Messages                       // Anthropic /v1/messages
 	GenerateContent                // Gemini models/{model}:generateContent and :streamGenerateContent
+	Completions                    // OpenAI /v1/completions (legacy text completions)
+	Embeddings                     // OpenAI /v1/embeddings: usage, never streamed
 )
 
 // Endpoint is one metered call's API, as recognised from its host and path.
@@ -118,8 +120,51 @@ func openAIPath(provider, prefix, path string, askUsage bool) (Endpoint, bool) {
 		return Endpoint{Provider: provider, API: ChatCompletions, AskUsage: askUsage}, true
 	case "/responses":
 		return Endpoint{Provider: provider, API: Responses}, true
+	case "/completions":
+		return Endpoint{Provider: provider, API: Completions, AskUsage: askUsage}, true
+	case "/embeddings":
+		return Endpoint{Provider: provider, API: Embeddings}, true
 	}
 	return Endpoint{}, false
+}
+
+// Provider names the LLM API served at host (lower case, no port): a built-in provider's, or
+// the name the config gives an endpoint with that host; "" for any other host. Every request
+// to such a host is a metered call, a free one (Free), or, under a tokens or cost budget,
+// refused.
+func (e *Endpoints) Provider(host string) string {
+	switch host {
+	case "api.openai.com":
+		return OpenAI
+	case "api.anthropic.com":
+		return Anthropic
+	case "generativelanguage.googleapis.com":
+		return Gemini
+	}
+	if e == nil {
+		return ""
+	}
+	for _, c := range e.compatible {
+		if slices.ContainsFunc(c.hosts, func(h string) bool { return config.HostMatches(h, host) }) {
+			return c.name
+		}
+	}
+	return ""
+}
+
+// Free reports whether a request to an LLM API's host that Match does not meter costs no
+// tokens: a read (GET or HEAD that is no protocol upgrade: listing models, reading a stored
+// response), or counting a prompt's tokens (Anthropic's /v1/messages/count_tokens, Gemini's
+// :countTokens). Anything else on an LLM host may spend tokens the broker cannot read.
+func Free(method, path string, upgrade bool) bool {
+	if (method == "GET" || method == "HEAD") && !upgrade {
+		return true
+	}
+	if method != "POST" {
+		return false
+	}
+	return strings.HasSuffix(path, "/messages/count_tokens") ||
+		(strings.Contains(path, "/models/") && strings.HasSuffix(path, ":countTokens"))
 }
 
 // geminiPath recognises /{version}/models/{model}:generateContent and :streamGenerateContent.

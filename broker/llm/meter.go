@@ -3,14 +3,17 @@ package llm
 import (
 	"bytes"
 	"compress/gzip"
-	"encoding/json"
+	"errors"
 	"io"
 	"mime"
 	"net/http"
 	"strings"
 	"sync"
 
+	"github.com/go-json-experiment/json/jsontext"
+
 	"github.com/capbroker/capbroker/broker/usage"
+	"github.com/capbroker/capbroker/broker/wire/strictjson"
 )
 
 // Meter reads the usage of one call. Start it with the request, Wrap the response with it:
@@ -27,22 +30,41 @@ type Meter struct {
 	in, out   int64
 	cached    int64
 	have      bool      // usage was read
-	bad       bool      // usage that did not parse, or an event too large to read
+	bad       bool      // usage that did not parse, or a body whose usage could not be found
+	ended     bool      // the response was read to its end
+	text      int64     // bytes of generated text (streams) or of the body (JSON), for an estimate
 	cap       *capState // a hard budget applies (cap.go), or nil
+	stream    bool      // the response is a stream of events
 }
 
-// Start meters a call to ep whose request body is body (nil when it is not in memory). When
-// the call streams chat completions without asking for usage, and ep lets the broker ask, it
-// returns the body to send instead, which asks for it; otherwise nil.
-func Start(ep Endpoint, body []byte) (*Meter, []byte) {
-	m := &Meter{ep: ep, req: ParseRequest(ep, body)}
-	if ep.API == ChatCompletions && ep.AskUsage && m.req.Stream && !m.req.IncludeUsage {
-		if nb, ok := askUsage(body); ok {
-			m.asked = true
-			return m, nb
-		}
+// Options say how a call is metered.
+type Options struct {
+	// Budgeted: a tokens or cost budget applies to the call. A request body the broker cannot
+	// read, and a Responses request run in the background, are then refused.
+	Budgeted bool
+	// Size is the request body's length when body is nil (-1 unknown), for an estimate.
+	Size int64
+}
+
+// Start meters a call to ep whose request body is body (nil when it is not in memory). The
+// body is read through strictjson: an ambiguous one is refused (an error wrapping
+// strictjson.ErrAmbiguous or ErrAmbiguous), and so is a stream member of no clear value
+// (ErrUnreadable). When the broker rewrote the request (the stream decision written
+// canonically, usage asked for), it returns the body to send instead; otherwise nil.
+func Start(ep Endpoint, body []byte, o Options) (*Meter, []byte, error) {
+	req, nb, err := readRequest(ep, body, o.Budgeted)
+	if body == nil {
+		req.Size = o.Size
 	}
-	return m, nil
+	m := &Meter{ep: ep, req: req}
+	if err != nil {
+		return m, nil, err
+	}
+	if o.Budgeted && req.Background {
+		return m, nil, &RequestError{"a background response (background: true) carries no usage the broker can meter, and a tokens or cost budget applies; send it without background", ErrUnreadable}
+	}
+	m.asked = req.Stream && ep.AskUsage && !req.IncludeUsage && (ep.API == ChatCompletions || ep.API == Completions)
+	return m, nb, nil
 }
 
 // Asked reports whether the request was rewritten to ask for usage.
@@ -79,7 +101,8 @@ func (m *Meter) Wrap(resp *http.Response, done func(usage.Call)) {
 		m.bad = true
 		resp.Body = &passBody{src: bodyOrEmpty(resp.Body), f: f}
 	case isEventStream(resp.Header.Get("Content-Type")):
-		s := &sse{event: m.event}
+		m.stream = true
+		s := &sse{event: m.streamEvent, big: m.root}
 		if m.cap != nil {
 			s.event = m.capEvent
 		}
@@ -91,7 +114,7 @@ func (m *Meter) Wrap(resp *http.Response, done func(usage.Call)) {
 			resp.Body = &passBody{src: resp.Body, s: s, f: f}
 		}
 	default:
-		resp.Body = &jsonBody{src: resp.Body, m: m, f: f}
+		resp.Body = &jsonBody{src: resp.Body, m: m, f: f, s: skeleton{root: m.root}}
 	}
 }
 
@@ -107,22 +130,52 @@ func isEventStream(ct string) bool {
 	return err == nil && mt == "text/event-stream"
 }
 
-// Call is the call as read so far.
+// Call is the call as read so far. A call whose usage was read whole counts what its
+// provider reported. One whose usage could not be read (none, malformed, ambiguous, or the
+// response cut short before it came) is charged an estimate, never nothing: the larger of what
+// was reported and the request body's bytes / 4 for input, the generated text's bytes / 4 for
+// output (a JSON body's bytes when its text could not be read); Estimated says so. A response
+// with an error status is counted with no tokens (providers do not bill errors).
 func (m *Meter) Call() usage.Call {
 	c := usage.Call{Provider: m.ep.Provider, Model: m.req.Model}
 	if c.Model == "" {
 		c.Model = m.respModel
 	}
-	c.Reported = m.have && !m.bad && m.status >= 200 && m.status < 300
+	ok := m.status >= 200 && m.status < 300
+	c.Reported = m.have && !m.bad && ok
 	if c.Reported {
 		c.In, c.Out, c.Cached = m.in, m.out, m.cached
 	}
-	if m.cap != nil && m.cap.cutBy != "" {
+	estOut := (m.text + bytesPerToken - 1) / bytesPerToken
+	if !m.ended && !m.stream {
+		// A JSON answer is generated whole before it is sent: one the agent left before its
+		// end cost what the request allowed, not the part of it that came.
+		estOut = max(estOut, m.req.MaxOut)
+	}
+	switch {
+	case m.cap != nil && m.cap.cutBy != "":
 		// Cut at a hard budget: what was let through counts, estimated where not reported.
-		c.In, c.Out, c.Cached = m.in, max(m.out, m.cap.text/bytesPerToken), m.cached
+		c.In, c.Out, c.Cached = m.in, max(m.out, estOut), m.cached
+		if !m.have || m.bad {
+			c.In = max(m.in, m.estIn())
+		}
 		c.Estimated = c.Out != m.out || !c.Reported
+	case ok && (!c.Reported || !m.ended):
+		c.In, c.Out = max(m.in, m.estIn()), max(m.out, estOut)
+		if c.Reported {
+			c.Cached = m.cached
+		}
+		c.Estimated = c.In != m.in || c.Out != m.out || !c.Reported
 	}
 	return c
+}
+
+// estIn is the input estimate: the request body's bytes / 4.
+func (m *Meter) estIn() int64 {
+	if m.req.Size <= 0 {
+		return 0
+	}
+	return (m.req.Size + bytesPerToken - 1) / bytesPerToken
 }
 
 // finish calls done once.
@@ -152,8 +205,13 @@ func (p *passBody) Read(b []byte) (int, error) {
 	n, err := p.src.Read(b)
 	if p.s != nil {
 		p.s.feed(b[:n], nil)
-		if err == io.EOF && !p.eof {
-			p.eof = true
+	} else {
+		p.f.m.text += int64(n) // unreadable: the output is estimated from its bytes
+	}
+	if err == io.EOF && !p.eof {
+		p.eof = true
+		p.f.m.ended = true
+		if p.s != nil {
 			p.s.end()
 		}
 	}
@@ -199,6 +257,7 @@ func (b *filterBody) Read(p []byte) (int, error) {
 		if err != nil {
 			b.err = err
 			if err == io.EOF {
+				b.f.m.ended = true
 				b.s.end()
 				if b.f.m.CutBy() != "" { // the event the stream ended in overran
 					b.out = append(b.out, b.f.m.cutEvent()...)
@@ -269,74 +328,57 @@ func (b *filterBody) Close() error {
 	return err
 }
 
-// jsonBody passes a JSON body on as it comes, keeping a copy of up to maxEvent bytes, read
-// when the body ends.
+// jsonBody passes a JSON body on as it comes, finding its usage on the side (skeleton),
+// whatever its size, in bounded memory.
 type jsonBody struct {
 	src  io.ReadCloser
 	m    *Meter
 	f    *finish
-	text []byte
-	over bool
+	s    skeleton
 	read bool
 }
 
 func (j *jsonBody) Read(p []byte) (int, error) {
 	n, err := j.src.Read(p)
-	if !j.over {
-		if len(j.text)+n > maxEvent {
-			j.over, j.text = true, nil
-		} else {
-			j.text = append(j.text, p[:n]...)
-		}
-	}
+	j.s.feed(p[:n])
+	j.m.text += int64(n)
 	if err == io.EOF && !j.read {
 		j.read = true
-		if j.over {
+		j.m.ended = true
+		if !j.s.end() {
 			j.m.bad = true
-		} else {
-			j.m.whole(j.text)
 		}
-		j.text = nil
 	}
 	return n, err
 }
 
 func (j *jsonBody) Close() error {
 	err := j.src.Close()
+	if !j.read {
+		j.m.bad = true // cut short: what arrived is estimated
+	}
 	j.f.call()
 	return err
 }
 
-// whole reads a JSON response body: one response object, or (Gemini's stream without
-// alt=sse) an array of them.
-func (m *Meter) whole(body []byte) {
-	body = bytes.TrimSpace(body)
-	if len(body) > 0 && body[0] == '[' {
-		var parts []json.RawMessage
-		if json.Unmarshal(body, &parts) != nil {
-			m.bad = true
-			return
-		}
-		for _, p := range parts {
-			m.event(p)
-		}
+// root reads the skeleton of one response object (a JSON body, an element of a JSON array of
+// them, or a server-sent event too large to hold): a Responses API object has its usage at
+// the top, as response.completed has it under response.
+func (m *Meter) root(skel []byte) {
+	if m.ep.API != Responses || bytes.Contains(skel, []byte(`"type"`)) {
+		m.event(skel)
 		return
 	}
-	if m.ep.API == Responses {
-		// A response object as a whole is what response.completed carries.
-		var v struct {
-			Model string          `json:"model"`
-			Usage json.RawMessage `json:"usage"`
-		}
-		if json.Unmarshal(body, &v) != nil {
-			m.bad = true
-			return
-		}
-		m.model(v.Model)
-		m.responsesUsage(v.Usage)
+	var v struct {
+		Model string         `json:"model"`
+		Usage jsontext.Value `json:"usage"`
+	}
+	if !m.decode(skel, &v) {
+		m.bad = true
 		return
 	}
-	m.event(body)
+	m.model(v.Model)
+	m.responsesUsage(v.Usage)
 }
 
 func (m *Meter) model(s string) {
@@ -363,11 +405,18 @@ func hasMember(data []byte, key string) bool {
 	}
 }
 
-// event reads one event's data (or a whole response); it returns false for the usage-only
-// chunk the broker asked for.
+// streamEvent reads one server-sent event's data, counting its generated text for an
+// estimate.
+func (m *Meter) streamEvent(data []byte) bool {
+	m.text += deltaText(m.ep.API, data)
+	return m.event(data)
+}
+
+// event reads one event's data (or a whole response's skeleton) through strictjson; it
+// returns false for the usage-only chunk the broker asked for.
 func (m *Meter) event(data []byte) bool {
 	switch m.ep.API {
-	case ChatCompletions:
+	case ChatCompletions, Completions, Embeddings:
 		if !hasMember(data, `"usage"`) {
 			if m.respModel == "" {
 				m.peekModel(data)
@@ -375,16 +424,20 @@ func (m *Meter) event(data []byte) bool {
 			return true
 		}
 		var v struct {
-			Model   string            `json:"model"`
-			Choices []json.RawMessage `json:"choices"`
-			Usage   json.RawMessage   `json:"usage"`
+			Model   string           `json:"model"`
+			Choices []jsontext.Value `json:"choices"`
+			Usage   jsontext.Value   `json:"usage"`
 		}
-		if json.Unmarshal(data, &v) != nil {
+		if !m.decode(data, &v) {
 			m.bad = true
 			return true
 		}
 		m.model(v.Model)
-		m.chatUsage(v.Usage)
+		if m.ep.API == Embeddings {
+			m.embeddingsUsage(v.Usage)
+		} else {
+			m.chatUsage(v.Usage)
+		}
 		return !(m.asked && len(v.Choices) == 0)
 	case Responses:
 		if !hasMember(data, `"usage"`) {
@@ -392,11 +445,11 @@ func (m *Meter) event(data []byte) bool {
 		}
 		var v struct {
 			Response *struct {
-				Model string          `json:"model"`
-				Usage json.RawMessage `json:"usage"`
+				Model string         `json:"model"`
+				Usage jsontext.Value `json:"usage"`
 			} `json:"response"`
 		}
-		if json.Unmarshal(data, &v) != nil || v.Response == nil {
+		if !m.decode(data, &v) || v.Response == nil {
 			m.bad = true
 			return true
 		}
@@ -412,12 +465,12 @@ func (m *Meter) event(data []byte) bool {
 			Type    string `json:"type"`
 			Model   string `json:"model"`
 			Message *struct {
-				Model string          `json:"model"`
-				Usage json.RawMessage `json:"usage"`
+				Model string         `json:"model"`
+				Usage jsontext.Value `json:"usage"`
 			} `json:"message"`
-			Usage json.RawMessage `json:"usage"`
+			Usage jsontext.Value `json:"usage"`
 		}
-		if json.Unmarshal(data, &v) != nil {
+		if !m.decode(data, &v) {
 			m.bad = true
 			return true
 		}
@@ -443,10 +496,10 @@ func (m *Meter) event(data []byte) bool {
 			return true
 		}
 		var v struct {
-			ModelVersion  string          `json:"modelVersion"`
-			UsageMetadata json.RawMessage `json:"usageMetadata"`
+			ModelVersion  string         `json:"modelVersion"`
+			UsageMetadata jsontext.Value `json:"usageMetadata"`
 		}
-		if json.Unmarshal(data, &v) != nil {
+		if !m.decode(data, &v) {
 			m.bad = true
 			return true
 		}
@@ -454,6 +507,60 @@ func (m *Meter) event(data []byte) bool {
 		m.geminiUsage(v.UsageMetadata)
 	}
 	return true
+}
+
+// decode reads an event (or a skeleton) through strictjson. An event with usage in two
+// spellings a client may read as one (usage and Usage, a member twice) is not believed: each
+// is read alone and the largest counts are kept, and the call is marked unreadable, so that it
+// is charged at least those and at least the estimate (Call).
+func (m *Meter) decode(data []byte, v any) bool {
+	err := strictjson.Unmarshal(data, v)
+	if errors.Is(err, strictjson.ErrAmbiguous) {
+		m.largest(data, 0)
+	}
+	return err == nil
+}
+
+// largest reads, one by one, the members of an ambiguous object that are spelled like a usage
+// member (at the top, or under response or message), and keeps the largest counts read.
+func (m *Meter) largest(data []byte, depth int) {
+	d := jsontext.NewDecoder(bytes.NewBuffer(data), jsontext.AllowDuplicateNames(true))
+	if tok, err := d.ReadToken(); err != nil || tok.Kind() != '{' {
+		return
+	}
+	for d.PeekKind() != '}' {
+		tok, err := d.ReadToken()
+		if err != nil {
+			return
+		}
+		q, _ := jsontext.AppendQuote(nil, tok.String())
+		v, err := d.ReadValue()
+		if err != nil {
+			return
+		}
+		switch {
+		case looksLike(q, []string{"usage", "usagemetadata"}):
+			one := &Meter{ep: m.ep}
+			switch m.ep.API {
+			case ChatCompletions, Completions:
+				one.chatUsage(v)
+			case Embeddings:
+				one.embeddingsUsage(v)
+			case Responses:
+				one.responsesUsage(v)
+			case Messages:
+				one.anthropicUsage(v, true)
+			case GenerateContent:
+				one.geminiUsage(v)
+			}
+			if one.have {
+				m.in, m.out, m.cached = max(m.in, one.in), max(m.out, one.out), 0
+			}
+		case depth == 0 && looksLike(q, innerNames) && len(v) > 0 && v[0] == '{':
+			m.largest(bytes.Clone(v), 1)
+		}
+	}
+	m.bad = true
 }
 
 // peekModel reads the model an event names, when the request did not say.
@@ -465,7 +572,7 @@ func (m *Meter) peekModel(data []byte) {
 		Model        string `json:"model"`
 		ModelVersion string `json:"modelVersion"`
 	}
-	if json.Unmarshal(data, &v) == nil {
+	if strictjson.Unmarshal(data, &v) == nil {
 		m.model(v.Model)
 		m.model(v.ModelVersion)
 	}
@@ -494,13 +601,13 @@ type cachedDetails struct {
 
 // chatUsage: usage of a chat completion (prompt_tokens, completion_tokens,
 // prompt_tokens_details.cached_tokens).
-func (m *Meter) chatUsage(raw json.RawMessage) {
+func (m *Meter) chatUsage(raw jsontext.Value) {
 	var u struct {
 		PromptTokens        *int64         `json:"prompt_tokens"`
 		CompletionTokens    *int64         `json:"completion_tokens"`
 		PromptTokensDetails *cachedDetails `json:"prompt_tokens_details"`
 	}
-	ok := json.Unmarshal(raw, &u) == nil
+	ok := strictjson.Unmarshal(raw, &u) == nil
 	in, out := count(u.PromptTokens, &ok), count(u.CompletionTokens, &ok)
 	var cached int64
 	if u.PromptTokensDetails != nil {
@@ -509,15 +616,28 @@ func (m *Meter) chatUsage(raw json.RawMessage) {
 	m.set(ok, in, out, cached)
 }
 
+// embeddingsUsage: usage of embeddings (prompt_tokens, total_tokens; no output). A
+// total_tokens larger than prompt_tokens counts the difference as output.
+func (m *Meter) embeddingsUsage(raw jsontext.Value) {
+	var u struct {
+		PromptTokens *int64 `json:"prompt_tokens"`
+		TotalTokens  *int64 `json:"total_tokens"`
+	}
+	ok := strictjson.Unmarshal(raw, &u) == nil
+	in := count(u.PromptTokens, &ok)
+	total := optional(u.TotalTokens, &ok)
+	m.set(ok, in, max(total-in, 0), 0)
+}
+
 // responsesUsage: usage of a response (input_tokens, output_tokens,
 // input_tokens_details.cached_tokens).
-func (m *Meter) responsesUsage(raw json.RawMessage) {
+func (m *Meter) responsesUsage(raw jsontext.Value) {
 	var u struct {
 		InputTokens        *int64         `json:"input_tokens"`
 		OutputTokens       *int64         `json:"output_tokens"`
 		InputTokensDetails *cachedDetails `json:"input_tokens_details"`
 	}
-	ok := json.Unmarshal(raw, &u) == nil
+	ok := strictjson.Unmarshal(raw, &u) == nil
 	in, out := count(u.InputTokens, &ok), count(u.OutputTokens, &ok)
 	var cached int64
 	if u.InputTokensDetails != nil {
@@ -529,14 +649,14 @@ func (m *Meter) responsesUsage(raw json.RawMessage) {
 // anthropicUsage: a message's usage (start) or a message_delta's. Anthropic's input_tokens
 // leaves out the tokens read from and written to its cache: In is the three together, Cached
 // the ones read. message_delta's counts are cumulative, and may restate the input ones.
-func (m *Meter) anthropicUsage(raw json.RawMessage, start bool) {
+func (m *Meter) anthropicUsage(raw jsontext.Value, start bool) {
 	var u struct {
 		InputTokens   *int64 `json:"input_tokens"`
 		OutputTokens  *int64 `json:"output_tokens"`
 		CacheCreation *int64 `json:"cache_creation_input_tokens"`
 		CacheRead     *int64 `json:"cache_read_input_tokens"`
 	}
-	ok := json.Unmarshal(raw, &u) == nil
+	ok := strictjson.Unmarshal(raw, &u) == nil
 	if start {
 		input := count(u.InputTokens, &ok)
 		read := optional(u.CacheRead, &ok)
@@ -572,7 +692,7 @@ func (m *Meter) anthropicUsage(raw json.RawMessage, start bool) {
 // geminiUsage: usageMetadata (promptTokenCount, candidatesTokenCount, thoughtsTokenCount,
 // cachedContentTokenCount, toolUsePromptTokenCount). Members that are zero are left out, but
 // a usageMetadata without promptTokenCount is no usage. Thinking tokens are output.
-func (m *Meter) geminiUsage(raw json.RawMessage) {
+func (m *Meter) geminiUsage(raw jsontext.Value) {
 	var u struct {
 		Prompt   *int64 `json:"promptTokenCount"`
 		ToolUse  *int64 `json:"toolUsePromptTokenCount"`
@@ -580,7 +700,7 @@ func (m *Meter) geminiUsage(raw json.RawMessage) {
 		Thoughts *int64 `json:"thoughtsTokenCount"`
 		Cached   *int64 `json:"cachedContentTokenCount"`
 	}
-	ok := json.Unmarshal(raw, &u) == nil
+	ok := strictjson.Unmarshal(raw, &u) == nil
 	in := count(u.Prompt, &ok) + optional(u.ToolUse, &ok)
 	out := optional(u.Outputs, &ok) + optional(u.Thoughts, &ok)
 	m.set(ok, in, out, optional(u.Cached, &ok))

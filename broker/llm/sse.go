@@ -2,8 +2,8 @@ package llm
 
 import "bytes"
 
-// maxEvent is the most of one server-sent event's data, or of a JSON body, read for usage.
-// A larger event is passed on unread, and the call counted as unreported.
+// maxEvent is the most of one server-sent event's data held to be read whole. A larger event's
+// data is read as it passes (skeleton), for its usage only.
 const maxEvent = 1 << 20
 
 // sse splits a stream of server-sent events (WHATWG HTML §9.2.6: lines end with CRLF, LF or
@@ -17,10 +17,16 @@ type sse struct {
 	dataOver bool
 	// cr: the last piece ended with CR, so a LF at the start of the next one ends no line.
 	cr bool
-	// skipped: an event over maxEvent was not read.
+	// skipped: an event over maxEvent could not be read.
 	skipped bool
 	// event is given each event's data, and says whether the event is passed on.
 	event func(data []byte) (keep bool)
+	// big is given the skeleton of an event over maxEvent (nil: such an event is skipped).
+	big func(skel []byte)
+	// skel reads the current event's data once it is over maxEvent; lineData: the current
+	// line, over maxEvent, is a data line whose bytes go to skel as they come.
+	skel     *skeleton
+	lineData bool
 }
 
 // feed reads b, calling cut after each event that ends in it with the offset in b just past
@@ -79,24 +85,66 @@ func (s *sse) end() {
 
 func (s *sse) appendLine(b []byte) {
 	if s.lineOver {
+		if s.lineData {
+			s.skel.feed(b)
+		}
 		return
 	}
 	if len(s.line)+len(b) > maxEvent {
+		if v, ok := dataValue(s.line); ok && s.big != nil && !s.dataOver {
+			s.toSkeleton()
+			s.skel.feed(v)
+			s.skel.feed(b)
+			s.lineData = true
+		}
 		s.line, s.lineOver = s.line[:0], true
 		return
 	}
 	s.line = append(s.line, b...)
 }
 
+// dataValue is a data line's value (after "data:" and one space).
+func dataValue(line []byte) ([]byte, bool) {
+	v, ok := bytes.CutPrefix(line, []byte("data"))
+	if !ok || (len(v) > 0 && v[0] != ':') {
+		return nil, false
+	}
+	v = v[min(1, len(v)):]
+	v, _ = bytes.CutPrefix(v, []byte(" "))
+	return v, true
+}
+
+// toSkeleton moves the current event's data to a skeleton, when it is not there yet.
+func (s *sse) toSkeleton() {
+	if s.skel != nil {
+		s.skel.feed([]byte("\n"))
+		return
+	}
+	s.skel = &skeleton{root: s.big}
+	s.skel.feed(s.data)
+	if len(s.data) > 0 {
+		s.skel.feed([]byte("\n"))
+	}
+	s.data, s.dataOver = s.data[:0], true
+}
+
 // processLine takes one line; an empty one ends the event (ended), which is kept or not.
 func (s *sse) processLine(line []byte, over bool) (keep, ended bool) {
 	if over {
-		s.dataOver = true
+		if !s.lineData {
+			s.dataOver = true // a line over maxEvent that is no data line, or no skeleton
+		}
+		s.lineData = false
 		return false, false
 	}
 	if len(line) == 0 {
 		keep = true
 		switch {
+		case s.skel != nil:
+			if !s.skel.end() {
+				s.skipped = true
+			}
+			s.skel = nil
 		case s.dataOver:
 			s.skipped = true
 		case len(s.data) > 0:
@@ -105,17 +153,25 @@ func (s *sse) processLine(line []byte, over bool) (keep, ended bool) {
 		s.data, s.dataOver = s.data[:0], false
 		return keep, true
 	}
-	v, ok := bytes.CutPrefix(line, []byte("data"))
-	if !ok || (len(v) > 0 && v[0] != ':') {
+	v, ok := dataValue(line)
+	if !ok {
 		return false, false // another field (event, id, retry) or a comment
 	}
-	v = v[min(1, len(v)):]
-	v, _ = bytes.CutPrefix(v, []byte(" "))
+	if s.skel != nil {
+		s.skel.feed([]byte("\n"))
+		s.skel.feed(v)
+		return false, false
+	}
 	if s.dataOver {
 		return false, false
 	}
 	if len(s.data)+len(v)+1 > maxEvent {
-		s.data, s.dataOver = s.data[:0], true
+		if s.big == nil {
+			s.data, s.dataOver = s.data[:0], true
+			return false, false
+		}
+		s.toSkeleton()
+		s.skel.feed(v)
 		return false, false
 	}
 	if len(s.data) > 0 {

@@ -141,3 +141,27 @@ func TestDocumentWithoutBody(t *testing.T) {
 		t.Fatalf("with the body: read %d times, body %v", read, body)
 	}
 }
+
+// TestBodyWithOutOfRangeNumber: a number no float64 holds does not leave the body null for a
+// policy that reads it whole (a deny-list rule on another member would not see it), and a
+// large integer keeps its digits.
+func TestBodyWithOutOfRangeNumber(t *testing.T) {
+	e := engine(t, `package broker
+
+default decision := {"allow": true}
+
+decision := {"allow": false, "reason": sprintf("purge %v", [n])} if {
+	some k, v in input.request.body
+	k == "action"
+	v == "purge"
+	n := input.request.body.n
+}
+`)
+	body := `{"action":"purge","n":1e400,"id":12345678901234567890}`
+	in := req()
+	in.ReadBody = func() ([]byte, int64) { return []byte(body), int64(len(body)) }
+	d, err := e.Decide(context.Background(), in)
+	if err != nil || d.Allow || d.Reason != "purge 1e400" {
+		t.Errorf("decision %+v, %v: want the purge denied", d, err)
+	}
+}

@@ -11,10 +11,10 @@ var graphqlPath = ast.MustParseRef("input.graphql")
 
 // loadGraphQL fills graphql from ReadGraphQL, if that has not been done, reading the body
 // first. A request that does not read as GraphQL is a deny whose reason says why (CONTRACT
-// §8: never "no operation"); it is returned as ok false.
-func (in *Input) loadGraphQL() (reason string, ok bool) {
+// §8: never "no operation"): the error is its reason.
+func (in *Input) loadGraphQL() error {
 	if in.ReadGraphQL == nil {
-		return in.graphqlErr, in.graphqlErr == ""
+		return in.graphqlErr
 	}
 	in.loadBody()
 	text := in.bodyText
@@ -24,12 +24,12 @@ func (in *Input) loadGraphQL() (reason string, ok bool) {
 	ops, err := in.ReadGraphQL(text)
 	in.ReadGraphQL = nil
 	if err != nil {
-		in.graphqlErr = err.Error()
-		return in.graphqlErr, false
+		in.graphqlErr = err
+		return err
 	}
 	if ops == nil {
 		ops = []any{}
 	}
 	in.graphql = ops
-	return "", true
+	return nil
 }

@@ -84,7 +84,7 @@ func TestGraphQLDecisions(t *testing.T) {
 func TestGraphQLInput(t *testing.T) {
 	reads := 0
 	in := graphqlInput(`{}`, []any{op("query", "Q", "viewer", "rateLimit")}, nil, &reads)
-	if _, ok := in.loadGraphQL(); !ok {
+	if err := in.loadGraphQL(); err != nil {
 		t.Fatal("not loaded")
 	}
 	doc, err := in.astValue()

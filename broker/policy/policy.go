@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/capbroker/capbroker/broker/wire/strictjson"
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 )
@@ -78,6 +79,9 @@ type prepared struct {
 	// readsMCP, readsJSONRPC: the policy refers to input.mcp, input.jsonrpc (or the whole
 	// input), which are then derived from the body (Input.ReadMCP).
 	readsMCP, readsJSONRPC bool
+	// readsBody: the policy refers to input.request.body (or a document holding it), whose
+	// text is then checked (Input.checkBody) before it is decided on.
+	readsBody bool
 }
 
 // dataChecks check a policy's data document before it is loaded (RegisterDataCheck).
@@ -170,7 +174,7 @@ func compile(ctx context.Context, src *source) (*prepared, error) {
 	}
 	return &prepared{query: pq, revision: src.revision, cache: newDecisionCache(c), data: src.data,
 		readsUsage: readsInput(c, usagePath), readsGraphQL: readsInput(c, graphqlPath),
-		readsMCP: readsInput(c, mcpPath), readsJSONRPC: readsInput(c, jsonrpcPath)}, nil
+		readsMCP: readsInput(c, mcpPath), readsJSONRPC: readsInput(c, jsonrpcPath), readsBody: readsInput(c, bodyPaths[0])}, nil
 }
 
 // compileModules parses (Rego v1) and compiles modules with the broker's capabilities.
@@ -231,16 +235,16 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 		// reads, so a decision is reused only for the same counters, never a stale one.
 		in.loadUsage()
 	}
-	if p != nil && p.readsGraphQL {
-		if reason, ok := in.loadGraphQL(); !ok {
-			return Decision{ID: newDecisionID(), Reason: reason, Revision: p.revision}, nil
-		}
-	}
 	if p != nil {
-		// The MCP and JSON-RPC meaning is derived from the body: the cache keys on it as it
-		// does on any other part of the input the policy reads.
-		if err := in.loadRPC(p.readsMCP, p.readsJSONRPC); err != nil {
-			return Decision{ID: newDecisionID(), Reason: err.Error(), Revision: p.revision}, nil
+		if err := in.loadMeaning(p); err != nil {
+			// A body the broker cannot read as the upstream will is refused with an error of
+			// its own (strictjson.ErrAmbiguous, ErrBodyNotJSON); one that does not read as what
+			// its endpoint speaks is a deny whose reason says why.
+			d := Decision{ID: newDecisionID(), Reason: err.Error(), Revision: p.revision}
+			if errors.Is(err, strictjson.ErrAmbiguous) || errors.Is(err, ErrBodyNotJSON) {
+				return d, err
+			}
+			return d, nil
 		}
 	}
 	if c == nil {
@@ -265,6 +269,24 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 		c.put(key, d) // the map keeps a copy of the key, never the buffer
 	}
 	return d, err
+}
+
+// loadMeaning checks the body the policy p reads (checkBody) and derives the parts of the input
+// that are read from it (input.graphql, input.mcp, input.jsonrpc). The cache keys on them as
+// on any other part of the input the policy reads.
+func (in *Input) loadMeaning(p *prepared) error {
+	if p.readsBody {
+		in.loadBody()
+		if err := in.checkBody(); err != nil {
+			return err
+		}
+	}
+	if p.readsGraphQL {
+		if err := in.loadGraphQL(); err != nil {
+			return err
+		}
+	}
+	return in.loadRPC(p.readsMCP, p.readsJSONRPC)
 }
 
 // keyBuffers hold the buffers decision cache keys are built in, one per decision under way:

@@ -14,14 +14,14 @@ func mcpRequest(body string, reads *int) *Input {
 	in := req()
 	in.Method, in.Path = "POST", "/mcp"
 	in.ReadBody = func() ([]byte, int64) { return []byte(body), int64(len(body)) }
-	derive := func(meaning func([]rpc.Message) []any) func([]byte) ([]any, error) {
+	derive := func(meaning func([]rpc.Message) ([]any, error)) func([]byte) ([]any, error) {
 		return func(text []byte) ([]any, error) {
 			*reads++
 			msgs, err := rpc.Parse(text)
 			if err != nil {
 				return nil, err
 			}
-			return meaning(msgs), nil
+			return meaning(msgs)
 		}
 	}
 	in.ReadMCP, in.ReadJSONRPC = derive(rpc.MCP), derive(rpc.JSONRPC)

@@ -1,10 +1,15 @@
 package strictjson
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 func TestCheck(t *testing.T) {
@@ -90,8 +95,9 @@ func TestErrorText(t *testing.T) {
 	}
 }
 
-// TestUnmarshalCaseSensitive: a struct field is filled from its exact name only, never from a
-// member that encoding/json (v1) would match case-insensitively.
+// TestUnmarshalCaseSensitive: a struct field is filled from its exact name only, and a member
+// that encoding/json (v1) would match to a field case-insensitively is refused even alone: the
+// broker would read the field as absent, a Go server as given.
 func TestUnmarshalCaseSensitive(t *testing.T) {
 	var call struct {
 		Name string `json:"name"`
@@ -100,18 +106,64 @@ func TestUnmarshalCaseSensitive(t *testing.T) {
 	if err := json.Unmarshal(body, &call); err != nil || call.Name != "delete_repository" {
 		t.Fatalf("encoding/json no longer folds (%v, %q): this test's premise is gone", err, call.Name)
 	}
-	call.Name = ""
-	if err := Unmarshal(body, &call); err != nil {
-		t.Fatal(err)
-	}
-	if call.Name != "" {
-		t.Errorf("Unmarshal filled name from \"Name\": %q", call.Name)
+	if err := Unmarshal(body, &call); !errors.Is(err, ErrAmbiguous) || !strings.Contains(err.Error(), `"Name"`) {
+		t.Errorf("Unmarshal of a member folding to a field = %v, want ErrAmbiguous naming it", err)
 	}
 	if err := Unmarshal([]byte(`{"name":"a","Name":"b"}`), &call); !errors.Is(err, ErrAmbiguous) {
 		t.Errorf("Unmarshal of colliding members = %v, want ErrAmbiguous", err)
 	}
 	if err := Unmarshal([]byte(`{"name":7}`), &call); err == nil {
 		t.Error("Unmarshal of a number into a string succeeded")
+	}
+}
+
+// TestUnmarshalFoldedField: a member taken for a field only by folding is refused at any depth
+// the struct reads by name; members of maps and raw values are data and pass.
+func TestUnmarshalFoldedField(t *testing.T) {
+	type params struct {
+		Name      string         `json:"name"`
+		Arguments map[string]any `json:"arguments"`
+		Options   *struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+		Raw   jsontext.Value `json:"raw"`
+		Items []struct {
+			ID string `json:"id"`
+		} `json:"items"`
+	}
+	refused := []string{
+		`{"ARGUMENTS":{}}`,
+		`{"argument\u017f":{}}`,
+		"{\"argument\u017f\":{}}",
+		`{"\u004eame":"x"}`,
+		`{"stream_options":{"Include_Usage":true}}`,
+		`{"stream_options":{"includeusage":true}}`,
+		`{"stream-options":{}}`,
+		`{"items":[{"id":"a"},{"ID":"b"}]}`,
+	}
+	for _, body := range refused {
+		var p params
+		if err := Unmarshal([]byte(body), &p); !errors.Is(err, ErrAmbiguous) {
+			t.Errorf("%s: %v, want ErrAmbiguous", body, err)
+		}
+	}
+	accepted := []string{
+		`{"name":"x","arguments":{"Name":"y","ARGUMENTS":1}}`,
+		`{"raw":{"Name":1},"other":{"Name":2}}`,
+		`{"items":[{"id":"a","Id2":1}]}`,
+		`{"name":"x","nombre":"y"}`,
+	}
+	for _, body := range accepted {
+		var p params
+		if err := Unmarshal([]byte(body), &p); err != nil {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+	var k struct {
+		Key string `json:"key"`
+	}
+	if err := Unmarshal([]byte("{\"\u212aey\":\"x\"}"), &k); !errors.Is(err, ErrAmbiguous) {
+		t.Errorf("Kelvin sign: %v, want ErrAmbiguous", err)
 	}
 }
 
@@ -147,5 +199,70 @@ func BenchmarkCheck(b *testing.B) {
 		if err := Check(body); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// referenceCheck is Check written plainly: a token walk with a map of fold keys per object.
+func referenceCheck(b []byte) error {
+	dec := jsontext.NewDecoder(bytes.NewReader(b), jsontext.AllowDuplicateNames(true))
+	var open []map[string]bool
+	for {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return ErrInvalid
+		}
+		switch tok.Kind() {
+		case '{':
+			open = append(open, map[string]bool{})
+		case '}':
+			open = open[:len(open)-1]
+		case '"':
+			if kind, n := dec.StackIndex(dec.StackDepth()); kind == '{' && n%2 == 1 {
+				key := fold(tok.String())
+				if open[len(open)-1][key] {
+					return ErrAmbiguous
+				}
+				open[len(open)-1][key] = true
+			}
+		}
+		if dec.StackDepth() == 0 {
+			if _, err := dec.ReadToken(); err != io.EOF {
+				return ErrInvalid
+			}
+			return nil
+		}
+	}
+}
+
+// FuzzCheckAgainstReference: Check, with its arena and pooled state, answers as the plain walk.
+func FuzzCheckAgainstReference(f *testing.F) {
+	for _, s := range []string{`{"a":1,"b":{"a":2},"A":3}`, `{"a":{"b":1,"B":2}}`, `[{"x":1},{"x":2}]`, `{"\u0061":1,"a":2}`,
+		`{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"Q":18}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, want := Check(b), referenceCheck(b)
+		if !errors.Is(got, want) && !(got == nil && want == nil) {
+			t.Fatalf("Check(%q) = %v, reference %v", b, got, want)
+		}
+	})
+}
+
+// TestValue: Value decodes what Check accepts, numbers as their text, and refuses the rest.
+func TestValue(t *testing.T) {
+	v, err := Value([]byte(` {"a":[1,2.5e1,1e400,12345678901234567890],"b":{"c":"d\u00e9","e":null,"f":true}} `))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"a": []any{json.Number("1"), json.Number("2.5e1"), json.Number("1e400"), json.Number("12345678901234567890")},
+		"b": map[string]any{"c": "dé", "e": nil, "f": true}}
+	if !reflect.DeepEqual(v, want) {
+		t.Errorf("Value = %#v", v)
+	}
+	if _, err := Value([]byte(`{"a":1,"A":2}`)); !errors.Is(err, ErrAmbiguous) {
+		t.Errorf("ambiguous: %v", err)
+	}
+	if _, err := Value([]byte(`{"a":1,}`)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("invalid: %v", err)
 	}
 }
