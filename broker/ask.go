@@ -16,6 +16,7 @@ import (
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/wire/strictjson"
 )
 
 // The agent-facing codes of a request held for approval (CONTRACT §8).
@@ -41,9 +42,6 @@ func refusedByApprover(code string) bool {
 	return code == codeDeniedByApprover || code == codeApprovalTimeout || code == codeApprovalWithdrawn
 }
 
-// bodyPreviewBytes bounds the body shown to the person deciding.
-const bodyPreviewBytes = 2 << 10
-
 // ask holds a request whose decision asks a person (d.Ask), and returns the decision as
 // approved (allow, with the credentials the decision named) or the refusal. A live grant
 // answers without holding. Nothing is sent upstream while the request is held: its body is
@@ -58,7 +56,7 @@ func (b *Broker) ask(x *exchange, r *http.Request, in *policy.Input, d policy.De
 		return d, denial{"the policy asks a person to approve this request, and this broker holds no requests for approval"}
 	}
 	method, path := in.Method, in.Path
-	if g := q.Match(in.AgentID, method, in.Host, path); g != nil {
+	if g := q.Match(approvals.Target{Agent: in.AgentID, Scheme: in.Scheme, Host: in.Host, Port: in.Port, Method: method, Path: path}); g != nil {
 		b.approvalsMetrics().Granted()
 		x.ev.Approval = &audit.Approval{ID: g.ID, Outcome: "granted", By: g.CreatedBy, Scope: g.Kind, Comment: g.Comment, Grant: g.ID}
 		return approved(d), nil
@@ -68,6 +66,9 @@ func (b *Broker) ask(x *exchange, r *http.Request, in *policy.Input, d policy.De
 	if in.Phase == policy.PhaseRequest && r.Body != nil && r.Body != http.NoBody {
 		var err error
 		if held, err = b.holdBody(x, r, small, body); err != nil {
+			return d, err
+		}
+		if err := showable(r.Header, held); err != nil {
 			return d, err
 		}
 	}
@@ -96,7 +97,16 @@ func (b *Broker) ask(x *exchange, r *http.Request, in *policy.Input, d policy.De
 			}
 		}
 		req.Path = clean(req.Path)
-		req.BodyPreview = preview(clean, held)
+		req.Query = make(map[string][]string, len(in.Query))
+		for k, vs := range in.Query {
+			shown := make([]string, len(vs))
+			for i, v := range vs {
+				shown[i] = clean(v)
+			}
+			req.Query[clean(k)] = shown
+		}
+		req.Credentials = append([]string{}, d.Credentials...) // [] rather than null: none attached
+		req.BodyPreview, req.BodyTruncated = preview(clean, held)
 	}
 	out, err := q.Hold(r.Context(), req)
 	if err != nil {
@@ -194,24 +204,75 @@ func (g *generation) secretFree(host string) func(string) string {
 	return func(text string) string { return forms.String(all.String(text)) }
 }
 
-// preview is the start of a held request's body for the person deciding, as text, secret-free.
-func preview(clean func(string) string, body []byte) string {
+// preview is the start of a held request's body for the person deciding, as text,
+// secret-free, and whether it was cut (then it ends in "…").
+func preview(clean func(string) string, body []byte) (string, bool) {
 	if len(body) == 0 {
-		return ""
+		return "", false
 	}
 	// The whole body is scrubbed, then cut: a secret across the cut is not half shown.
 	text := clean(string(body))
-	if len(text) > bodyPreviewBytes {
-		cut := bodyPreviewBytes
-		for cut > 0 && !utf8.RuneStart(text[cut]) {
-			cut--
+	cut := false
+	if len(text) > approvals.BodyPreviewMax {
+		n := approvals.BodyPreviewMax
+		for n > 0 && !utf8.RuneStart(text[n]) {
+			n--
 		}
-		text = text[:cut] + "…"
+		text, cut = text[:n]+"…", true
 	}
 	if !utf8.ValidString(text) || strings.ContainsRune(text, 0) {
-		return fmt.Sprintf("[binary body, %d bytes]", len(body))
+		return fmt.Sprintf("[binary body, %d bytes]", len(body)), true
 	}
-	return text
+	return text, cut
+}
+
+// showable refuses to hold a body a person cannot be shown as the upstream will read it. A
+// body read as JSON (labelled so, or a JSON object or array whatever its label) is refused
+// when two of its members may be read as one by a server (strictjson: duplicates, letter case
+// or folding): the preview shows the first 2 KiB, and a second member after it would be
+// approved unseen, and even in plain sight nobody can tell which one a server keeps. One that
+// is not valid JSON is refused when it is longer than the preview: a lenient server may read
+// past what the strict reader could check. A body labelled JSON and sent encoded
+// (Content-Encoding: gzip...) is refused too: the server decodes it, the preview cannot.
+func showable(h http.Header, body []byte) error {
+	labelled := isJSON(h.Get("Content-Type"))
+	if labelled && encoded(h) {
+		return badRequest{"the request is held for a person's approval, and its JSON body is sent with a Content-Encoding the person cannot be shown: send it unencoded"}
+	}
+	if !labelled && !looksLikeJSON(body) {
+		return nil
+	}
+	err := strictjson.Check(bytes.TrimPrefix(body, utf8BOM))
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, strictjson.ErrAmbiguous):
+		return err // 400 ambiguous_request (classify)
+	case len(body) > approvals.BodyPreviewMax:
+		return badRequest{"the request is held for a person's approval, and its body reads as JSON but is not valid JSON and is longer than the preview a person is shown: send valid JSON"}
+	}
+	return nil // shown whole, as text
+}
+
+var utf8BOM = []byte("\xef\xbb\xbf")
+
+// encoded reports whether a request's body is sent with a Content-Encoding other than identity.
+func encoded(h http.Header) bool {
+	for _, v := range h.Values("Content-Encoding") {
+		for _, c := range strings.Split(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// looksLikeJSON reports whether a body starts, after white space or a byte order mark, like a
+// JSON object or array.
+func looksLikeJSON(b []byte) bool {
+	b = bytes.TrimLeft(bytes.TrimPrefix(b, utf8BOM), " \t\r\n")
+	return len(b) > 0 && (b[0] == '{' || b[0] == '[')
 }
 
 func queryKeys(q map[string][]string) []string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -128,5 +129,94 @@ func TestAskBodyOverLimitIsRefused(t *testing.T) {
 	br.serveTunnel(w, r, tun)
 	if w.Code != 413 || len(q.Pending()) != 0 || len(up.requests()) != 0 {
 		t.Fatalf("over the limit: %d %s", w.Code, w.Body)
+	}
+}
+
+// TestAskCardShowsWhatIsApproved: the person sees the query's values (a secret in one
+// scrubbed), the credentials approving attaches, and whether the body preview is cut.
+func TestAskCardShowsWhatIsApproved(t *testing.T) {
+	q, _ := approvals.New(approvals.Options{})
+	br, tun, _ := askBroker(t, q, config.ModeEnforce, 0)
+	sub := q.Events.Subscribe(8)
+	cases := map[string]struct {
+		target, body string
+		cut          bool
+	}{
+		"short body": {"/v1/things?force=true&cascade=yes&cascade=" + benchSecret, "short", false},
+		"long body":  {"/v1/things", strings.Repeat("x", approvals.BodyPreviewMax+1), true},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := askRequest(c.body)
+			r.URL.RawQuery = strings.SplitN(c.target+"?", "?", 2)[1]
+			r.URL.RawQuery = strings.TrimSuffix(r.URL.RawQuery, "?")
+			done := make(chan struct{})
+			go func() { br.serveTunnel(httptest.NewRecorder(), r, tun); close(done) }()
+			<-sub.C
+			p := q.Pending()[0]
+			defer func() { _ = q.Deny(p.ID, "t", ""); <-done; <-sub.C }()
+			b, _ := json.Marshal(p)
+			if strings.Contains(string(b), benchSecret) {
+				t.Fatalf("the card shows a secret: %s", b)
+			}
+			if fmt.Sprint(p.Credentials) != "[openai]" || p.BodyTruncated != c.cut || p.BodySize != int64(len(c.body)) {
+				t.Fatalf("card: %s", b)
+			}
+			if c.cut && (!strings.HasSuffix(p.BodyPreview, "…") || len(p.BodyPreview) > approvals.BodyPreviewMax+len("…")) {
+				t.Fatalf("cut preview: %d bytes", len(p.BodyPreview))
+			}
+			if !c.cut && r.URL.RawQuery != "" && fmt.Sprint(p.Query) != "map[cascade:[yes [REDACTED]] force:[true]]" {
+				t.Fatalf("query shown: %v", p.Query)
+			}
+		})
+	}
+}
+
+// TestAskRefusesAmbiguousJSON: a body whose JSON members a server may read as one is never
+// held (so never approved): the agent is told why, nothing is queued or sent.
+func TestAskRefusesAmbiguousJSON(t *testing.T) {
+	pad := strings.Repeat(" ", approvals.BodyPreviewMax)
+	cases := map[string]struct {
+		ctype, body string
+		status      int
+	}{
+		"duplicate past the preview": {"application/json", `{"action":"archive",` + pad + `"action":"purge_everything"}`, 400},
+		"case variant":               {"application/json", `{"action":"archive","Action":"purge"}`, 400},
+		"folded long s":              {"application/json", `{"cascade":false,"ca\u017fcade":true}`, 400},
+		"nested duplicate":           {"application/vnd.api+json", `{"a":{"b":1,"b":2}}`, 400},
+		"unlabelled JSON":            {"text/plain", ` [{"x":1,"X":2}]`, 400},
+		"invalid and long":           {"application/json", `{"action":"archive",` + pad + `"action":NaN}`, 400},
+		"gzip, labelled JSON":        {"application/json; encoding=gzip", "\x1f\x8b\x08\x00", 400},
+		"plain text":                 {"text/plain", `{not json, short}`, 0},
+		"valid JSON":                 {"application/json", `{"action":"archive","ok":true}`, 0},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			q, _ := approvals.New(approvals.Options{})
+			br, tun, up := askBroker(t, q, config.ModeEnforce, 0)
+			sub := q.Events.Subscribe(8)
+			r := askRequest(c.body)
+			ct, enc, _ := strings.Cut(c.ctype, "; encoding=")
+			r.Header.Set("Content-Type", ct)
+			if enc != "" {
+				r.Header.Set("Content-Encoding", enc)
+			}
+			w := httptest.NewRecorder()
+			done := make(chan struct{})
+			go func() { br.serveTunnel(w, r, tun); close(done) }()
+			if c.status == 0 {
+				<-sub.C
+				_ = q.Deny(q.Pending()[0].ID, "t", "")
+				<-done
+				return
+			}
+			<-done
+			if w.Code != c.status || len(q.Pending()) != 0 || len(up.requests()) != 0 {
+				t.Fatalf("%d %s", w.Code, w.Body)
+			}
+			if !strings.HasPrefix(name, "invalid") && !strings.HasPrefix(name, "gzip") && !strings.Contains(w.Body.String(), `"code":"ambiguous_request"`) {
+				t.Fatalf("not in the agent's error shape: %s", w.Body)
+			}
+		})
 	}
 }

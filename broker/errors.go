@@ -68,6 +68,11 @@ type agentError struct {
 	hint   string
 }
 
+// reasonOwnService is the deny of a request to the broker's own listeners (its proxy, admin
+// API, transparent and DNS listeners) or the services it uses (Vault, Redis): refused at the
+// dialer whatever the policy decided, so that an agent can never approve its own requests.
+const reasonOwnService = "the destination is the broker's own listener or a service the broker uses (its admin API, proxy, Vault or Redis); the broker never sends an agent's request there"
+
 const hintDenied = "This request is not allowed by the broker's policy. Do not retry it; ask the operator if it should be allowed."
 
 // classify maps an error to what the agent sees. It is the only place that does.
@@ -134,6 +139,8 @@ func classify(err error) agentError {
 	case errors.Is(err, errBadRequest):
 		return agentError{http.StatusBadRequest, "bad_request", "the request could not be processed",
 			"Check the request's host, URL and headers."}
+	case errors.Is(err, upstream.ErrOwnService):
+		return agentError{http.StatusForbidden, "denied", reasonOwnService, hintDenied}
 	case errors.Is(err, errUpstreamTimeout) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return agentError{http.StatusGatewayTimeout, "upstream_error", "the upstream server did not answer in time",
 			"The upstream may be slow or down. Retrying later may work."}

@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/capbroker/capbroker/broker/identity"
+	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/broker/wire/strictjson"
 )
 
@@ -209,5 +210,19 @@ func TestClassifyAmbiguous(t *testing.T) {
 	// Invalid JSON is not ambiguous: each surface keeps its own answer for it.
 	if ae := classify(strictjson.Check([]byte(`{`))); ae.code == "ambiguous_request" {
 		t.Error("invalid JSON classified as ambiguous_request")
+	}
+}
+
+// TestOwnServiceIsADeny: a request the dialer refuses because it goes to the broker's own
+// listeners is a 403 denied naming why, audited as a deny, whatever the policy allowed.
+func TestOwnServiceIsADeny(t *testing.T) {
+	err := upstreamFailure("127.0.0.1:9090", fmt.Errorf("dial: %w (%w)", upstream.ErrForbiddenDestination, upstream.ErrOwnService))
+	ae := classify(err)
+	if ae.status != http.StatusForbidden || ae.code != "denied" || !strings.Contains(ae.reason, "the broker's own listener") {
+		t.Fatalf("classify = %d %s %q", ae.status, ae.code, ae.reason)
+	}
+	// Any other refused destination stays what it was.
+	if ae := classify(upstreamFailure("10.0.0.1:443", upstream.ErrForbiddenDestination)); ae.code != "upstream_error" {
+		t.Fatalf("a private destination: %s", ae.code)
 	}
 }

@@ -36,7 +36,10 @@ import (
 //     one that decodes %2F or %5C into a separator, decodes twice (%252e), or drops ';'
 //     parameters (..%2F, %2e%2e%5C, %252e%252e, ..%3B); or that is not UTF-8 once decoded
 //     (%C0%AE, an overlong '.'); escapes of escapes more than three deep, whose decoding
-//     would cost a pass over the path each.
+//     would cost a pass over the path each;
+//   - a character whose Unicode compatibility form (NFKC) holds '.', '/', '\\', ';', '%', '?'
+//     or '#': servers that normalise paths with NFKC (some Python, .NET and Java stacks) read
+//     %EF%BC%8E%EF%BC%8E (U+FF0E twice) as "..", and U+FF0F as '/'. See compatForm.
 //
 // An escaped slash that hides no dot-segment (%2F, as npm sends @scope%2Fname and GitLab
 // group%2Fproject) is kept, escaped: the policy sees it inside its segment. The shipped
@@ -66,6 +69,7 @@ var (
 	errBadEscape    = badRequest{"the URL path has a malformed percent-escape"}
 	errHiddenDots   = badRequest{"the URL path has a dot-segment hidden by encoding (%2F, %5C, %25 or %3B around '.'), which some servers resolve after the policy has decided"}
 	errNotUTF8      = badRequest{"the URL path is not UTF-8 once decoded"}
+	errCompatForm   = badRequest{"the URL path has a character that servers normalising Unicode (NFKC) read as '.', '/', '\\', ';', '%', '?' or '#' (such as U+FF0E FULLWIDTH FULL STOP or U+2024 ONE DOT LEADER): send the ASCII character itself"}
 	errDeepEscapes  = badRequest{"the URL path has escapes of escapes more than three deep (%252525…)"}
 	errQuerySemi    = badRequest{"the query has ';', which some servers read as a separator between pairs; percent-encode it as %3B"}
 	errQueryParse   = badRequest{"the query has a malformed percent-escape or '#'"}
@@ -220,6 +224,9 @@ func lenientRead(p string) error {
 		if !utf8.ValidString(s) {
 			return errNotUTF8
 		}
+		if compatForm(s) {
+			return errCompatForm
+		}
 		for i := 0; i < len(s); i++ {
 			if s[i] < 0x20 || s[i] == 0x7f {
 				return errControl
@@ -234,6 +241,33 @@ func lenientRead(p string) error {
 			}
 		}
 	}
+}
+
+// compatForm reports whether s holds a character whose NFKC form holds '.', '/', '\\', ';',
+// '%', '?' or '#' (Unicode 14: the full-width and small forms, the dot leaders and ellipses,
+// the "digit full stop" and "a/c" symbols, U+037E GREEK QUESTION MARK). A server that
+// normalises the path this way after the policy decided could find a dot-segment, a
+// separator, an escape or the end of the path the policy never saw.
+func compatForm(s string) bool {
+	for _, r := range s {
+		if r < utf8.RuneSelf {
+			continue
+		}
+		switch {
+		case r == 0x037E, // ; GREEK QUESTION MARK
+			0x2024 <= r && r <= 0x2026,                         // . .. ... (dot leaders, ellipsis)
+			0x2047 <= r && r <= 0x2049,                         // ?? ?! !?
+			r == 0x2100, r == 0x2101, r == 0x2105, r == 0x2106, // a/c a/s c/o c/u
+			0x2488 <= r && r <= 0x249B,            // 1. to 20.
+			r == 0x33C2, r == 0x33C7, r == 0x33D8, // a.m. Co. p.m.
+			r == 0xFE14, r == 0xFE16, r == 0xFE19, r == 0xFE30, // vertical ; ? ... ..
+			r == 0xFE52, r == 0xFE54, r == 0xFE56, r == 0xFE5F, r == 0xFE68, r == 0xFE6A, // small . ; ? # \ %
+			r == 0xFF03, r == 0xFF05, r == 0xFF0E, r == 0xFF0F, r == 0xFF1B, r == 0xFF1F, r == 0xFF3C, // full-width # % . / ; ? \
+			r == 0x1F100: // 0.
+			return true
+		}
+	}
+	return false
 }
 
 // maxDecodes is how many times lenientRead decodes a path's escapes: servers that decode twice

@@ -41,6 +41,9 @@ func TestNormalisePath(t *testing.T) {
 		"/a%25b":                   "/a%25b",
 		"/a%252541":                "/a%252541",
 		"/v1/models/gpt-4.1-mini/": "/v1/models/gpt-4.1-mini/",
+		// Other non-ASCII text goes through: an ideographic full stop (U+3002) is no '.' to NFKC.
+		"/wiki/%E6%97%A5%E6%9C%AC%E3%80%82": "/wiki/%E6%97%A5%E6%9C%AC%E3%80%82",
+		"/wiki/\u00bd":                      "/wiki/%C2%BD", // ½ is 1⁄2 (U+2044), no solidus
 	} {
 		got, err := normalisePath(raw)
 		if err != nil || got != want {
@@ -83,6 +86,19 @@ func TestNormalisePathRefuses(t *testing.T) {
 		"/v1/%c0%ae%c0%ae/files": errNotUTF8,
 		"/v1/%e9t%e9":            errNotUTF8,
 		"/a%25252541":            errDeepEscapes,
+		// Forms a server normalising with NFKC reads as '.', '/', '\\' and friends.
+		"/v1/models/%EF%BC%8E%EF%BC%8E/files": errCompatForm, // U+FF0E twice: ".."
+		"/v1/models/%ef%bc%8e./files":         errCompatForm,
+		"/v1/models/\uff0e\uff0e/files":       errCompatForm, // raw UTF-8
+		"/v1/models%EF%BC%8F..%EF%BC%8Ffiles": errCompatForm, // U+FF0F: '/'
+		"/v1/models/%E2%80%A5/files":          errCompatForm, // U+2025 TWO DOT LEADER
+		"/v1/models/%E2%80%A4%E2%80%A4":       errCompatForm, // U+2024 ONE DOT LEADER
+		"/v1/models/%E2%80%A6":                errCompatForm, // U+2026 ellipsis
+		"/v1/models/%EF%B9%92%EF%B9%92":       errCompatForm, // U+FE52 SMALL FULL STOP
+		"/v1/models/..%EF%BC%BCfiles":         errCompatForm, // U+FF3C full-width backslash
+		"/v1/models%EF%BC%9Bx":                errCompatForm, // U+FF1B full-width ';'
+		"/v1/models%EF%BC%85%32%65":           errCompatForm, // U+FF05 full-width '%'
+		"/v1/%25EF%25BC%258E%25EF%25BC%258E":  errCompatForm, // encoded twice
 		// Each decoding is a pass over the path: the rounds are bounded, not the path's length.
 		"/%" + strings.Repeat("25", maxHeaderBytes/2) + "41": errDeepEscapes,
 	} {

@@ -496,8 +496,8 @@ func TestApprovalCSRFAndAgentCannotReachAdmin(t *testing.T) {
 		t.Fatalf("the agent reached the admin API:\n%s", out)
 	}
 	dec := decisionOf(t, e.broker, "/api/approvals")
-	if !strings.Contains(fmt.Sprint(dec["error"]), "the broker's own service") {
-		t.Fatalf("admin request through the proxy: %v", dec)
+	if dec["decision"] != "deny" || !strings.Contains(fmt.Sprint(dec["reason"]), "the broker's own listener") || !hasStatus(out, 403) {
+		t.Fatalf("admin request through the proxy: %v\n%s", dec, out)
 	}
 	if _, list := a.call("GET", "/api/approvals", "", nil); len(list["pending"].([]any)) != 1 {
 		t.Fatal("the refused POSTs changed something")

@@ -11,7 +11,8 @@
 #   a first connection to an unlisted host a CONNECT to a host no list names
 #
 # An "always" approval writes data.approved (approved.json in the policy directory): each
-# entry {agent, method ("" any), host, path_prefix} stops the asking for what it covers.
+# entry {agent, method ("" any), scheme, host, port, path_prefix} stops the asking for what it
+# covers: that scheme, host and port exactly ("" is the scheme of a connect-phase entry).
 package ask
 
 # Repositories whose pushes need a person, as "host/owner/name".
@@ -59,10 +60,17 @@ repo_of(path) := trim_suffix(concat("/", array.slice(split(trim_prefix(path, "/"
 approved if {
 	some a in data.approved
 	a.agent == input.agent.id
+	a.scheme == request_scheme
 	a.host == input.request.host
+	a.port == input.request.port
 	a.method in {"", input.request.method}
 	path_covered(a.path_prefix)
 }
+
+# The connect phase has no scheme: its entries have "".
+request_scheme := input.request.scheme if input.phase == "request"
+
+request_scheme := "" if input.phase == "connect"
 
 # A CONNECT has no path: an entry with an empty prefix covers it. The input is read by its
 # exact paths, never as a whole object, so that the broker's decision cache keeps working.

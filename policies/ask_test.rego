@@ -6,9 +6,17 @@ req(method, host, path, query) := {"phase": "request", "agent": {"id": "a1", "la
 
 conn(host) := {"phase": "connect", "agent": {"id": "a1", "labels": {}}, "request": {"method": "CONNECT", "host": host, "port": 443}}
 
-approved_delete := [{"agent": "a1", "method": "DELETE", "host": "api.example.com", "path_prefix": "/v1/things/"}]
+approved_delete := [{"agent": "a1", "method": "DELETE", "scheme": "https", "host": "api.example.com", "port": 443, "path_prefix": "/v1/things/"}]
 
-approved_host := [{"agent": "a1", "method": "", "host": "new.example.org", "path_prefix": ""}]
+approved_host := [{"agent": "a1", "method": "", "scheme": "", "host": "new.example.org", "port": 443, "path_prefix": ""}]
+
+# Entries that differ from the request in port or scheme, or were written without them.
+approved_elsewhere := [
+	{"agent": "a1", "method": "DELETE", "scheme": "https", "host": "api.example.com", "port": 8443, "path_prefix": "/v1/things/"},
+	{"agent": "a1", "method": "DELETE", "scheme": "http", "host": "api.example.com", "port": 443, "path_prefix": "/v1/things/"},
+	{"agent": "a1", "method": "DELETE", "host": "api.example.com", "path_prefix": "/v1/things/"},
+	{"agent": "a1", "method": "", "host": "new.example.org", "path_prefix": ""},
+]
 
 cases := {
 	"push ref discovery": {"input": req("GET", "github.com", "/acme/prod-config.git/info/refs", {"service": ["git-receive-pack"]}), "ask": "git push to github.com/acme/prod-config needs a person's approval"},
@@ -40,6 +48,11 @@ test_always_approval_stops_asking if {
 	ask.decision.ask with input as req("DELETE", "api.example.com", "/v2/other/7", {}) with data.approved as approved_delete
 	not ask.decision with input as conn("new.example.org") with data.approved as approved_host
 	ask.decision.ask with input as conn("other.example.org") with data.approved as approved_host
+}
+
+test_always_approval_covers_its_port_and_scheme_only if {
+	ask.decision.ask with input as req("DELETE", "api.example.com", "/v1/things/7", {}) with data.approved as approved_elsewhere
+	ask.decision.ask with input as conn("new.example.org") with data.approved as approved_elsewhere
 }
 
 test_push_scopes_exclude_always if {

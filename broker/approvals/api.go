@@ -53,6 +53,7 @@ type API struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session
+	guesses  guesses
 }
 
 type session struct {
@@ -113,6 +114,9 @@ func (a *API) SetStatus(f func() (revision string, ready map[string]any)) { a.o.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if !a.sameOrigin(w, r) {
+		return
+	}
 	if !a.authConfigured() && !loopbackHost(r.Host) {
 		// Without authentication the API answers loopback names only: a page whose DNS name
 		// was rebound to 127.0.0.1 must not drive it.
@@ -235,18 +239,37 @@ func (a *API) originAllowed(origin string, r *http.Request) bool {
 	return false
 }
 
+// sameOrigin refuses, on every API route, a request a page of another origin made a browser
+// send: one whose Origin (or, without one, Referer) is neither the admin listener's own nor
+// one of Origins, or, with neither header, one the browser marks as cross-site
+// (Sec-Fetch-Site). A read is refused too: what is held, and for whom, is not another site's
+// to read. Clients that are not browsers send none of these headers.
+func (a *API) sameOrigin(w http.ResponseWriter, r *http.Request) bool {
+	origin := requestOrigin(r)
+	switch {
+	case origin != "" && !a.originAllowed(origin, r):
+		apiError(w, http.StatusForbidden, "csrf", fmt.Sprintf("requests from origin %q are refused: the admin API answers its own origin (and approvals.console_url) only", origin))
+		return false
+	case origin == "" && crossSite(r.Header.Get("Sec-Fetch-Site")):
+		apiError(w, http.StatusForbidden, "csrf", "requests a browser marks as cross-site (Sec-Fetch-Site) are refused: the admin API answers its own origin only")
+		return false
+	}
+	return true
+}
+
+func crossSite(fetchSite string) bool {
+	return strings.EqualFold(fetchSite, "cross-site") || strings.EqualFold(fetchSite, "same-site")
+}
+
 // checkCSRF refuses a state-changing request a browser may have been made to send by another
-// site: any request from a foreign Origin; with cookie (or no) authentication, one without
-// the session's X-CSRF-Token, or (cookie) without an Origin or Referer of our own.
+// site (a foreign Origin is refused before, by sameOrigin): with cookie (or no)
+// authentication, one without the session's X-CSRF-Token, or (cookie) without an Origin or
+// Referer of our own.
 func (a *API) checkCSRF(w http.ResponseWriter, r *http.Request, id *identity) bool {
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
 		return true
 	}
 	origin := requestOrigin(r)
-	if origin != "" && !a.originAllowed(origin, r) {
-		apiError(w, http.StatusForbidden, "csrf", fmt.Sprintf("requests from origin %q may not change anything here", origin))
-		return false
-	}
 	var want string
 	switch id.how {
 	case "cookie":
@@ -270,8 +293,15 @@ func (a *API) checkCSRF(w http.ResponseWriter, r *http.Request, id *identity) bo
 
 func (a *API) authed(h func(http.ResponseWriter, *http.Request, *identity)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		bearer := r.Header.Get("Authorization") != ""
+		if bearer && a.throttled(w, r) {
+			return
+		}
 		id := a.authenticate(r)
 		if id == nil {
+			if bearer {
+				a.guessed(r)
+			}
 			apiError(w, http.StatusUnauthorized, "unauthorized", "log in (POST /api/login), or send Authorization: Bearer <admin token>")
 			return
 		}
@@ -301,8 +331,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 }
 
 func (a *API) login(w http.ResponseWriter, r *http.Request) {
-	if origin := requestOrigin(r); origin != "" && !a.originAllowed(origin, r) {
-		apiError(w, http.StatusForbidden, "csrf", fmt.Sprintf("requests from origin %q may not log in here", origin))
+	if a.throttled(w, r) {
 		return
 	}
 	var body struct {
@@ -317,6 +346,7 @@ func (a *API) login(w http.ResponseWriter, r *http.Request) {
 		user = r.TLS.PeerCertificates[0].Subject.CommonName
 	case a.o.Token != "":
 		if subtle.ConstantTimeCompare([]byte(body.Token), []byte(a.o.Token)) != 1 {
+			a.guessed(r)
 			apiError(w, http.StatusUnauthorized, "unauthorized", "wrong admin token")
 			return
 		}

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 type apiClient struct {
@@ -190,5 +192,93 @@ func TestAPIEventsStream(t *testing.T) {
 	}
 	if got[0] != "event: decision" || got[1] != `data: {"request_id":"r9","msg":"decision"}` {
 		t.Fatalf("stream: %q", got)
+	}
+}
+
+// TestAPIRefusesForeignOriginOnEveryRoute: a page of another origin cannot read what is held
+// (or anything else) through a visitor's browser, whatever the route and method.
+func TestAPIRefusesForeignOriginOnEveryRoute(t *testing.T) {
+	f, c := newAPI(t, "s3cret-admin")
+	p, _ := hold(t, f.q, context.Background(), req("a1", "DELETE", "/v1/x"))
+	bearer := "Bearer s3cret-admin"
+	routes := []string{"GET /api/approvals", "GET /api/grants", "GET /api/status", "GET /api/session", "GET /api/events",
+		"GET /api/usage", "POST /api/login", "POST /api/approvals/" + p.ID + "/approve", "DELETE /api/grants/x", "GET /api/nope"}
+	foreign := map[string]map[string]string{
+		"origin":           {"Origin": "https://evil.example"},
+		"null origin":      {"Origin": "null"},
+		"other port":       {"Origin": "http://127.0.0.1:1"},
+		"referer":          {"Referer": "https://evil.example/x"},
+		"fetch cross-site": {"Sec-Fetch-Site": "cross-site"},
+		"fetch same-site":  {"Sec-Fetch-Site": "same-site"},
+	}
+	for _, route := range routes {
+		method, path, _ := strings.Cut(route, " ")
+		for name, h := range foreign {
+			hdr := map[string]string{"Authorization": bearer}
+			for k, v := range h {
+				hdr[k] = v
+			}
+			if code, body, _ := c.do(method, path, `{"token":"s3cret-admin"}`, hdr); code != 403 || body["error"] != "csrf" {
+				t.Errorf("%s, %s: %d %v", route, name, code, body)
+			}
+		}
+	}
+	// Its own origin, and no browser at all, are answered.
+	for name, h := range map[string]map[string]string{
+		"own origin": {"Origin": c.srv.URL, "Sec-Fetch-Site": "same-origin"},
+		"no browser": {},
+	} {
+		h["Authorization"] = bearer
+		if code, body, _ := c.do("GET", "/api/approvals", "", h); code != 200 || len(body["pending"].([]any)) != 1 {
+			t.Errorf("%s: %d", name, code)
+		}
+	}
+}
+
+// TestAPIThrottlesTokenGuesses: after GuessBurst wrong tokens from one address, every attempt
+// (the right token too) waits, by login or bearer; another address is not slowed.
+func TestAPIThrottlesTokenGuesses(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	f := newFixture(t, Options{})
+	api := NewAPI(APIOptions{Queue: f.q, Token: "s3cret-admin", Now: func() time.Time { return now }})
+	do := func(remote, method, path, body, auth string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, path, strings.NewReader(body))
+		r.RemoteAddr = remote
+		if auth != "" {
+			r.Header.Set("Authorization", "Bearer "+auth)
+		}
+		w := httptest.NewRecorder()
+		api.ServeHTTP(w, r)
+		return w
+	}
+	const guesser = "10.0.0.1:5000"
+	for i := 0; i < GuessBurst; i++ {
+		if w := do(guesser, "POST", "/api/login", `{"token":"guess"}`, ""); w.Code != 401 {
+			t.Fatalf("guess %d: %d", i, w.Code)
+		}
+	}
+	for name, w := range map[string]*httptest.ResponseRecorder{
+		"login, wrong":  do(guesser, "POST", "/api/login", `{"token":"guess"}`, ""),
+		"login, right":  do(guesser, "POST", "/api/login", `{"token":"s3cret-admin"}`, ""),
+		"bearer, wrong": do(guesser, "GET", "/api/status", "", "guess"),
+		"bearer, right": do(guesser, "GET", "/api/status", "", "s3cret-admin"),
+	} {
+		if w.Code != 429 || w.Header().Get("Retry-After") != "1" || !strings.Contains(w.Body.String(), "too_many_attempts") {
+			t.Errorf("%s: %d %q %s", name, w.Code, w.Header().Get("Retry-After"), w.Body)
+		}
+	}
+	if w := do("10.0.0.2:5000", "GET", "/api/status", "", "s3cret-admin"); w.Code != 200 {
+		t.Fatalf("another address: %d", w.Code)
+	}
+	// The same /64 is one client; a second later, one more attempt is checked.
+	for i := 0; i < GuessBurst; i++ {
+		do(fmt.Sprintf("[2001:db8::%x]:1", i), "GET", "/api/status", "", "guess")
+	}
+	if w := do("[2001:db8::ffff]:1", "GET", "/api/status", "", "s3cret-admin"); w.Code != 429 {
+		t.Fatalf("same /64: %d", w.Code)
+	}
+	now = now.Add(GuessInterval)
+	if w := do(guesser, "GET", "/api/status", "", "s3cret-admin"); w.Code != 200 {
+		t.Fatalf("after waiting: %d", w.Code)
 	}
 }

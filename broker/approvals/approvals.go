@@ -13,8 +13,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,29 +60,61 @@ const DefaultGrantDuration = 30 * time.Minute
 // MaxGrantDuration bounds an "agent" grant.
 const MaxGrantDuration = 30 * 24 * time.Hour
 
-// Request is a held request as people see it: no credential values, a scrubbed body preview.
+// Request is a held request as people see it: everything an approval lets through, with every
+// known secret value scrubbed out. An approval covers exactly this: the target (scheme, host,
+// port, method, path), the query with its values, the headers, the credentials the request
+// will carry, and the body, whose preview says when it is cut.
 type Request struct {
-	ID        string            `json:"id"`
-	RequestID string            `json:"request_id"`
-	Agent     string            `json:"agent"`
-	SourceIP  string            `json:"source_ip"`
-	Phase     string            `json:"phase"`
-	Method    string            `json:"method"`
-	Scheme    string            `json:"scheme"`
-	Host      string            `json:"host"`
-	Port      int               `json:"port"`
-	Path      string            `json:"path"`
-	QueryKeys []string          `json:"query_keys"`
-	Headers   map[string]string `json:"headers"`
-	// BodyPreview is at most 2 KiB of the body, every known secret value scrubbed.
-	BodyPreview string    `json:"body_preview"`
-	BodySize    int64     `json:"body_size"`
-	Reason      string    `json:"reason"`
-	Created     time.Time `json:"created"`
-	Expires     time.Time `json:"expires"`
-	Scopes      []string  `json:"scopes"`
+	ID        string `json:"id"`
+	RequestID string `json:"request_id"`
+	Agent     string `json:"agent"`
+	SourceIP  string `json:"source_ip"`
+	Phase     string `json:"phase"`
+	Method    string `json:"method"`
+	Scheme    string `json:"scheme"`
+	Host      string `json:"host"`
+	Port      int    `json:"port"`
+	Path      string `json:"path"`
+	// Query is the query as sent, every value (scrubbed) of every name; QueryKeys its names.
+	Query     map[string][]string `json:"query"`
+	QueryKeys []string            `json:"query_keys"`
+	Headers   map[string]string   `json:"headers"`
+	// Credentials name the credentials an approval attaches (the decision's), in the
+	// request phase; none are attached to a CONNECT.
+	Credentials []string `json:"credentials"`
+	// BodyPreview is the start of the body, every known secret value scrubbed: all of it
+	// unless BodyTruncated, when it is the first BodyPreviewMax bytes and ends in "…".
+	BodyPreview   string    `json:"body_preview"`
+	BodySize      int64     `json:"body_size"`
+	BodyTruncated bool      `json:"body_truncated"`
+	Reason        string    `json:"reason"`
+	Created       time.Time `json:"created"`
+	Expires       time.Time `json:"expires"`
+	Scopes        []string  `json:"scopes"`
 	// Timeout is how long to hold the request; 0 is the queue's default. Not shown.
 	Timeout time.Duration `json:"-"`
+}
+
+// BodyPreviewMax bounds the body preview a person is shown (Request.BodyPreview).
+const BodyPreviewMax = 2 << 10
+
+// URL is the request's URL as it will be sent: the port when it is not the scheme's own, and
+// the query (its values scrubbed, as shown).
+func (r Request) URL() string {
+	host := r.Host
+	if (r.Scheme == "https" && r.Port != 443) || (r.Scheme == "http" && r.Port != 80) {
+		host = net.JoinHostPort(r.Host, strconv.Itoa(r.Port))
+	}
+	u := r.Scheme + "://" + host + r.Path // the path as sent: already escaped
+	if len(r.Query) > 0 {
+		u += "?" + url.Values(r.Query).Encode()
+	}
+	return u
+}
+
+// target is what a grant made from the request must cover.
+func (r Request) target() Target {
+	return Target{Agent: r.Agent, Scheme: r.Scheme, Host: r.Host, Port: r.Port, Method: r.Method, Path: r.Path}
 }
 
 // Approval is a person's approval of a held request.
@@ -259,7 +294,7 @@ func (q *Queue) end(h *held, out Outcome, action string) {
 	q.o.Metrics.total.WithLabelValues(out.State).Inc()
 	q.Events.approval(h.req.ID, out.State)
 	q.audit(&audit.ApprovalEvent{Action: action, ID: h.req.ID, RequestID: h.req.RequestID, By: out.By, Scope: out.Scope,
-		Agent: h.req.Agent, Host: h.req.Host, Method: h.req.Method, Comment: out.Comment})
+		Agent: h.req.Agent, Scheme: h.req.Scheme, Host: h.req.Host, Port: h.req.Port, Method: h.req.Method, Comment: out.Comment})
 }
 
 func (q *Queue) audit(e *audit.ApprovalEvent) {

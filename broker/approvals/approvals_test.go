@@ -74,6 +74,11 @@ func req(agent, method, path string) Request {
 	return Request{RequestID: "r-" + path, Agent: agent, Phase: "request", Method: method, Scheme: "https", Host: "api.example.com", Port: 443, Path: path, Reason: "asked"}
 }
 
+// at is a request to https://api.example.com:443 as a grant is matched against it.
+func at(agent, method, path string) Target {
+	return Target{Agent: agent, Scheme: "https", Host: "api.example.com", Port: 443, Method: method, Path: path}
+}
+
 // hold starts Hold in a goroutine and waits until the request is pending; it returns the
 // pending request and where its outcome arrives.
 func hold(t *testing.T, q *Queue, ctx context.Context, r Request) (Request, chan Outcome) {
@@ -212,18 +217,28 @@ func TestAgentGrantMatchesPersistsAndRevokes(t *testing.T) {
 		t.Fatalf("grant %+v %v", g, err)
 	}
 	<-ch
+	if g.Scheme != "https" || g.Port != 443 || g.Host != "api.example.com" {
+		t.Fatalf("the grant is not keyed by the request's scheme, host and port: %+v", g)
+	}
+	same := at("a1", "POST", "/repos/o/r/issues")
+	with := func(f func(*Target)) Target { t := same; f(&t); return t }
 	cases := map[string]struct {
-		agent, method, path string
-		match               bool
+		t     Target
+		match bool
 	}{
-		"same prefix":   {"a1", "POST", "/repos/o/r/issues", true},
-		"other method":  {"a1", "GET", "/repos/o/r/issues", false},
-		"other agent":   {"a2", "POST", "/repos/o/r/issues", false},
-		"outside":       {"a1", "POST", "/repos/o/x/issues", false},
-		"prefix of dir": {"a1", "POST", "/repos/o/r", false},
+		"same prefix":     {same, true},
+		"other method":    {at("a1", "GET", "/repos/o/r/issues"), false},
+		"other agent":     {at("a2", "POST", "/repos/o/r/issues"), false},
+		"outside":         {at("a1", "POST", "/repos/o/x/issues"), false},
+		"prefix of dir":   {at("a1", "POST", "/repos/o/r"), false},
+		"other port":      {with(func(t *Target) { t.Port = 8443 }), false},
+		"other scheme":    {with(func(t *Target) { t.Scheme = "http" }), false},
+		"other host":      {with(func(t *Target) { t.Host = "api.example.com.evil.test" }), false},
+		"host in capital": {with(func(t *Target) { t.Host = "API.example.com" }), false},
+		"no port":         {with(func(t *Target) { t.Port = 0 }), false},
 	}
 	for name, c := range cases {
-		if got := f.q.Match(c.agent, c.method, "api.example.com", c.path) != nil; got != c.match {
+		if got := f.q.Match(c.t) != nil; got != c.match {
 			t.Errorf("%s: match %v", name, got)
 		}
 	}
@@ -233,7 +248,7 @@ func TestAgentGrantMatchesPersistsAndRevokes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q2.Match("a1", "POST", "api.example.com", "/repos/o/r/x") == nil || len(q2.Grants()) != 1 {
+	if q2.Match(at("a1", "POST", "/repos/o/r/x")) == nil || len(q2.Grants()) != 1 {
 		t.Fatalf("grant not reloaded: %v", q2.Grants())
 	}
 	// Expired: neither matched nor listed nor reloaded.
@@ -243,7 +258,7 @@ func TestAgentGrantMatchesPersistsAndRevokes(t *testing.T) {
 		t.Fatal("an expired grant was reloaded")
 	}
 	f.q.o.Now = later
-	if f.q.Match("a1", "POST", "api.example.com", "/repos/o/r/x") != nil {
+	if f.q.Match(at("a1", "POST", "/repos/o/r/x")) != nil {
 		t.Fatal("an expired grant matched")
 	}
 	f.q.o.Now = clock
@@ -251,7 +266,7 @@ func TestAgentGrantMatchesPersistsAndRevokes(t *testing.T) {
 	if err := f.q.Revoke(g.ID, "bob"); err != nil {
 		t.Fatal(err)
 	}
-	if f.q.Match("a1", "POST", "api.example.com", "/repos/o/r/x") != nil || len(f.q.Grants()) != 0 {
+	if f.q.Match(at("a1", "POST", "/repos/o/r/x")) != nil || len(f.q.Grants()) != 0 {
 		t.Fatal("revoked grant still applies")
 	}
 	if err := f.q.Revoke(g.ID, "bob"); !errors.Is(err, ErrNotFound) {
@@ -287,7 +302,7 @@ func TestAlwaysWritesPolicyData(t *testing.T) {
 	if err := json.Unmarshal(b, &doc); err != nil || len(doc.Approved) != 1 || doc.Approved[0]["path_prefix"] != "/v1/x/" || doc.Approved[0]["agent"] != "a1" {
 		t.Fatalf("approved.json: %s", b)
 	}
-	if f.q.Match("a1", "DELETE", "api.example.com", "/v1/x/2") != nil {
+	if f.q.Match(at("a1", "DELETE", "/v1/x/2")) != nil {
 		t.Fatal("an always grant is the policy's to apply, not the queue's")
 	}
 	if gs := f.q.Grants(); len(gs) != 1 || gs[0].Kind != ScopeAlways {

@@ -19,10 +19,14 @@ import (
 type Grant struct {
 	ID   string `json:"id"`
 	Kind string `json:"kind"` // agent | always
-	// Agent, Method ("" any), Host and PathPrefix are what a request must match.
+	// Agent, Scheme, Host, Port, Method ("" any) and PathPrefix are what a request must
+	// match: exactly the target the person was shown. A grant without a port (written before
+	// grants had one) covers nothing.
 	Agent      string     `json:"agent"`
 	Method     string     `json:"method"`
+	Scheme     string     `json:"scheme"`
 	Host       string     `json:"host"`
+	Port       int        `json:"port"`
 	PathPrefix string     `json:"path_prefix"`
 	Created    time.Time  `json:"created"`
 	Expires    *time.Time `json:"expires,omitempty"`
@@ -30,9 +34,23 @@ type Grant struct {
 	Comment    string     `json:"comment"`
 }
 
-// Covers reports whether the grant matches a request.
-func (g *Grant) Covers(agent, method, host, path string) bool {
-	return g.Agent == agent && g.Host == host && (g.Method == "" || g.Method == method) && strings.HasPrefix(path, g.PathPrefix)
+// Target is a request as a grant is matched against it: the agent, and where the request
+// goes, as the broker will send it (scheme, host, port, normalised path). A connect-phase
+// request has no scheme and no path.
+type Target struct {
+	Agent  string
+	Scheme string
+	Host   string
+	Port   int
+	Method string
+	Path   string
+}
+
+// Covers reports whether the grant matches a request: the same agent, scheme, host and port,
+// the grant's method (or any), and a path under its prefix.
+func (g *Grant) Covers(t Target) bool {
+	return g.Port != 0 && g.Agent == t.Agent && g.Scheme == t.Scheme && g.Host == t.Host && g.Port == t.Port &&
+		(g.Method == "" || g.Method == t.Method) && strings.HasPrefix(t.Path, g.PathPrefix)
 }
 
 // grantFor builds the grant an approval makes, or nil for "once".
@@ -44,8 +62,8 @@ func (q *Queue) grantFor(req Request, a Approval) (*Grant, error) {
 		return nil, fmt.Errorf("%w: scope must be once, agent or always, not %q", ErrBadRequest, a.Scope)
 	}
 	now := q.o.Now().UTC()
-	g := &Grant{ID: newID("gr-"), Kind: a.Scope, Agent: req.Agent, Host: req.Host, Method: a.Method,
-		PathPrefix: a.PathPrefix, Created: now, CreatedBy: a.By, Comment: a.Comment}
+	g := &Grant{ID: newID("gr-"), Kind: a.Scope, Agent: req.Agent, Scheme: req.Scheme, Host: req.Host, Port: req.Port,
+		Method: a.Method, PathPrefix: a.PathPrefix, Created: now, CreatedBy: a.By, Comment: a.Comment}
 	switch g.Method {
 	case "":
 		g.Method = req.Method
@@ -58,7 +76,7 @@ func (q *Queue) grantFor(req Request, a Approval) (*Grant, error) {
 	if g.PathPrefix != "" && !strings.HasPrefix(g.PathPrefix, "/") {
 		return nil, fmt.Errorf("%w: path_prefix must start with /", ErrBadRequest)
 	}
-	if !g.Covers(req.Agent, req.Method, req.Host, req.Path) {
+	if !g.Covers(req.target()) {
 		return nil, fmt.Errorf("%w: the grant (method %q, path_prefix %q) would not cover the request it approves", ErrBadRequest, g.Method, g.PathPrefix)
 	}
 	if a.Scope == ScopeAgent {
@@ -110,7 +128,7 @@ func (q *Queue) addAgentGrant(g Grant) {
 // grantAdded audits a new grant and tells the event stream.
 func (q *Queue) grantAdded(g Grant) {
 	ev := &audit.ApprovalEvent{Action: audit.ActionGrant, ID: g.ID, By: g.CreatedBy, Scope: g.Kind, Agent: g.Agent,
-		Host: g.Host, Method: g.Method, PathPrefix: g.PathPrefix, Comment: g.Comment}
+		Scheme: g.Scheme, Host: g.Host, Port: g.Port, Method: g.Method, PathPrefix: g.PathPrefix, Comment: g.Comment}
 	if g.Expires != nil {
 		ev.Expires = *g.Expires
 	}
@@ -120,7 +138,7 @@ func (q *Queue) grantAdded(g Grant) {
 
 // Match returns a live "agent" grant covering the request, or nil. "always" grants are policy
 // data: the policy reads data.approved and stops asking.
-func (q *Queue) Match(agent, method, host, path string) *Grant {
+func (q *Queue) Match(t Target) *Grant {
 	q.sync()
 	now := q.o.Now()
 	q.mu.Lock()
@@ -130,7 +148,7 @@ func (q *Queue) Match(agent, method, host, path string) *Grant {
 		if g.Expires != nil && !now.Before(*g.Expires) {
 			continue
 		}
-		if g.Covers(agent, method, host, path) {
+		if g.Covers(t) {
 			c := *g
 			return &c
 		}
@@ -198,7 +216,7 @@ func (q *Queue) Revoke(id, by string) error {
 		}
 	}
 	q.audit(&audit.ApprovalEvent{Action: audit.ActionRevoke, ID: g.ID, By: by, Scope: g.Kind, Agent: g.Agent,
-		Host: g.Host, Method: g.Method, PathPrefix: g.PathPrefix})
+		Scheme: g.Scheme, Host: g.Host, Port: g.Port, Method: g.Method, PathPrefix: g.PathPrefix})
 	q.Events.grant(g.ID, "revoked")
 	return nil
 }

@@ -29,13 +29,13 @@ func TestRedisGrantsShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	exp := time.Now().Add(time.Hour)
-	q1.addAgentGrant(Grant{ID: "gr-1", Kind: ScopeAgent, Agent: "a", Host: "api.example.com", Method: "POST", PathPrefix: "/v1/", Expires: &exp})
+	q1.addAgentGrant(Grant{ID: "gr-1", Kind: ScopeAgent, Agent: "a", Scheme: "https", Host: "api.example.com", Port: 443, Method: "POST", PathPrefix: "/v1/", Expires: &exp})
 	old := time.Now().Add(-time.Minute)
-	q1.addAgentGrant(Grant{ID: "gr-old", Kind: ScopeAgent, Agent: "a", Host: "old.example.com", Expires: &old})
-	if g := q2.Match("a", "POST", "api.example.com", "/v1/x"); g == nil || g.ID != "gr-1" {
+	q1.addAgentGrant(Grant{ID: "gr-old", Kind: ScopeAgent, Agent: "a", Scheme: "https", Host: "old.example.com", Port: 443, Expires: &old})
+	if g := q2.Match(Target{Agent: "a", Scheme: "https", Host: "api.example.com", Port: 443, Method: "POST", Path: "/v1/x"}); g == nil || g.ID != "gr-1" {
 		t.Fatalf("the other broker's match: %+v", g)
 	}
-	if q2.Match("a", "GET", "old.example.com", "/") != nil {
+	if q2.Match(Target{Agent: "a", Scheme: "https", Host: "old.example.com", Port: 443, Method: "GET", Path: "/"}) != nil {
 		t.Fatal("an expired grant matched")
 	}
 	srv.Restart()
@@ -49,7 +49,7 @@ func TestRedisGrantsShared(t *testing.T) {
 	if err := q3.Revoke("gr-1", "ops"); err != nil {
 		t.Fatal(err)
 	}
-	if g := q1.Match("a", "POST", "api.example.com", "/v1/x"); g != nil {
+	if g := q1.Match(Target{Agent: "a", Scheme: "https", Host: "api.example.com", Port: 443, Method: "POST", Path: "/v1/x"}); g != nil {
 		t.Fatalf("a revoked grant still matches on another broker: %+v", g)
 	}
 }
@@ -71,5 +71,21 @@ func TestAPIUsage(t *testing.T) {
 	code, body, _ := c.do("GET", "/api/usage", "", bearer)
 	if code != 200 || !strings.Contains(fmt.Sprint(body["usage"]), "budget:b") {
 		t.Fatalf("usage: %d %v", code, body)
+	}
+}
+
+// TestGrantWithoutPortCoversNothing: a grant kept before grants had a scheme and a port (a
+// state file or a shared store written by an older broker) is not widened to every port.
+func TestGrantWithoutPortCoversNothing(t *testing.T) {
+	exp := time.Now().Add(time.Hour)
+	q, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.addAgentGrant(Grant{ID: "gr-legacy", Kind: ScopeAgent, Agent: "a", Host: "api.example.com", Method: "DELETE", PathPrefix: "/", Expires: &exp})
+	for _, port := range []int{0, 443, 8443} {
+		if g := q.Match(Target{Agent: "a", Scheme: "https", Host: "api.example.com", Port: port, Method: "DELETE", Path: "/v1/x"}); g != nil {
+			t.Fatalf("port %d: a grant without a port matched: %+v", port, g)
+		}
 	}
 }

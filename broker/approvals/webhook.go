@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -72,38 +74,53 @@ func (w *Webhook) Notify(r Request) {
 	}
 }
 
-// Message is the JSON body of a webhook post.
+// Message is the JSON body of a webhook post. Its text is escaped as Slack's and Mattermost's
+// message formatting asks (&, < and > as entities): a path or a reason carrying an agent's
+// words cannot become a link, a mention or markup in the approver's chat.
 func (w *Webhook) Message(r Request) []byte {
 	link := strings.TrimRight(w.ConsoleURL, "/") + "/#approval-" + r.ID
-	target := r.Host
-	if r.Phase == "connect" {
-		target = fmt.Sprintf("a connection to %s:%d", r.Host, r.Port)
-	} else {
-		target = r.Method + " " + r.Scheme + "://" + r.Host + r.Path
+	target := "a connection to " + net.JoinHostPort(r.Host, strconv.Itoa(r.Port))
+	if r.Phase != "connect" {
+		target = r.Method + " " + r.URL()
 	}
-	text := fmt.Sprintf("capbroker: agent %s asks for %s. %s Approve or deny before %s: %s",
-		r.Agent, target, sentence(r.Reason), r.Expires.Format(time.RFC3339), link)
-	b, _ := json.Marshal(map[string]any{
-		"text":     text,
+	var b strings.Builder
+	fmt.Fprintf(&b, "capbroker: agent %s asks for %s.", r.Agent, code(target))
+	if reason := strings.TrimSpace(r.Reason); reason != "" {
+		fmt.Fprintf(&b, " Reason: %s.", code(reason))
+	}
+	if len(r.Credentials) > 0 {
+		fmt.Fprintf(&b, " Approving attaches the credentials %s.", strings.Join(r.Credentials, ", "))
+	}
+	if r.BodySize > 0 {
+		fmt.Fprintf(&b, " Body: %d bytes", r.BodySize)
+		if r.BodyTruncated {
+			fmt.Fprintf(&b, ", of which the console shows the first %d", BodyPreviewMax)
+		}
+		b.WriteString(".")
+	}
+	fmt.Fprintf(&b, " Approve or deny before %s: %s", r.Expires.Format(time.RFC3339), link)
+	msg, _ := json.Marshal(map[string]any{
+		"text":     slackEscape(strings.Join(strings.Fields(b.String()), " ")),
 		"username": "capbroker",
 		"capbroker": map[string]any{
-			"id": r.ID, "agent": r.Agent, "phase": r.Phase, "method": r.Method, "host": r.Host, "port": r.Port,
-			"path": r.Path, "reason": r.Reason, "expires": r.Expires, "scopes": r.Scopes, "url": link,
+			"id": r.ID, "agent": r.Agent, "phase": r.Phase, "method": r.Method, "scheme": r.Scheme, "host": r.Host, "port": r.Port,
+			"path": r.Path, "query": r.Query, "credentials": r.Credentials, "body_size": r.BodySize, "body_truncated": r.BodyTruncated,
+			"reason": r.Reason, "expires": r.Expires, "scopes": r.Scopes, "url": link,
 		},
 	})
-	return b
+	return msg
 }
 
-func sentence(s string) string {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return ""
-	}
-	if !strings.HasSuffix(s, ".") {
-		s += "."
-	}
-	return s
+// code puts text that may carry an agent's words (the URL, the policy's reason) in a code
+// span, where neither Slack nor Mattermost makes links (bare URLs included), mentions or
+// markup; a backquote in it, which would end the span, becomes "'".
+func code(s string) string {
+	return "`" + strings.ReplaceAll(strings.Join(strings.Fields(s), " "), "`", "'") + "`"
 }
+
+// slackEscape escapes the three characters Slack's (and Mattermost's) message text gives a
+// meaning: "<" opens a link or mention, "&" an entity.
+var slackEscape = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace
 
 func (w *Webhook) deliver(ctx context.Context, r Request) {
 	body := w.Message(r)

@@ -106,3 +106,38 @@ func TestWebhookGivesUp(t *testing.T) {
 		t.Fatalf("retries %v", got)
 	}
 }
+
+// TestWebhookMessageEscapesAndShowsWhatIsApproved: agent-chosen text (path, reason) cannot
+// become a link or a mention in the chat; the port, query values and credentials are shown.
+func TestWebhookMessageEscapesAndShowsWhatIsApproved(t *testing.T) {
+	hook := &Webhook{ConsoleURL: "https://broker.test/console/"}
+	r := req("a1", "DELETE", "/v1/<http://evil.test|click>")
+	r.ID, r.Port = "ap-1", 8443
+	r.Reason = "DELETE <!channel> & <https://evil.test|approve here> [Approve](https://evil.test) `break out https://evil.test"
+	r.Query = map[string][]string{"force": {"true"}, "cascade": {"yes"}}
+	r.Credentials = []string{"prod_api"}
+	r.BodySize, r.BodyTruncated = 5000, true
+	var msg struct {
+		Text      string         `json:"text"`
+		Capbroker map[string]any `json:"capbroker"`
+	}
+	if err := json.Unmarshal(hook.Message(r), &msg); err != nil {
+		t.Fatal(err)
+	}
+	if strings.ContainsAny(msg.Text, "<>") || strings.Contains(msg.Text, "& ") {
+		t.Fatalf("unescaped: %q", msg.Text)
+	}
+	for _, want := range []string{
+		"`DELETE https://api.example.com:8443/v1/&lt;http://evil.test|click&gt;?cascade=yes&amp;force=true`",
+		"Reason: `DELETE &lt;!channel&gt; &amp; &lt;https://evil.test|approve here&gt; [Approve](https://evil.test) 'break out https://evil.test`.",
+		"attaches the credentials prod_api", "5000 bytes", "first 2048",
+		"https://broker.test/console/#approval-ap-1",
+	} {
+		if !strings.Contains(msg.Text, want) {
+			t.Errorf("text lacks %q: %q", want, msg.Text)
+		}
+	}
+	if msg.Capbroker["port"] != float64(8443) || msg.Capbroker["body_truncated"] != true {
+		t.Errorf("summary: %v", msg.Capbroker)
+	}
+}

@@ -54,7 +54,9 @@ type ApprovalEvent struct {
 	By         string
 	Scope      string
 	Agent      string
+	Scheme     string // of a grant; "" for a connect-phase one
 	Host       string
+	Port       int // of a held request or a grant; 0 when unknown
 	Method     string
 	PathPrefix string
 	Expires    time.Time
@@ -75,6 +77,12 @@ func (l *Logger) WriteApproval(a *ApprovalEvent) {
 		Str("comment", a.Comment)
 	if a.RequestID != "" {
 		ev = ev.Str("request_id", a.RequestID)
+	}
+	if a.Scheme != "" {
+		ev = ev.Str("scheme", a.Scheme)
+	}
+	if a.Port != 0 {
+		ev = ev.Int("port", a.Port)
 	}
 	if !a.Expires.IsZero() {
 		ev = ev.Time("expires", a.Expires.UTC())

@@ -13,6 +13,11 @@ import (
 // ErrForbiddenDestination is wrapped by every dial refused by the destination check.
 var ErrForbiddenDestination = errors.New("destination address not allowed")
 
+// ErrOwnService is wrapped too when the refused destination is one of the broker's own
+// listeners or services (NewDialer's deny): whatever the policy said, a request there is
+// refused as a deny, not reported as an upstream failure.
+var ErrOwnService = errors.New("the broker's own service")
+
 const defaultDialTimeout = 10 * time.Second
 
 // forbiddenError is a refused dial. Addresses are not secret, so the text names the address
@@ -26,7 +31,14 @@ func (e *forbiddenError) Error() string {
 	return fmt.Sprintf("dial %s: %v (%s)", e.addr, ErrForbiddenDestination, e.class)
 }
 
-func (e *forbiddenError) Unwrap() error { return ErrForbiddenDestination }
+func (e *forbiddenError) Unwrap() []error {
+	if e.class == ownService {
+		return []error{ErrForbiddenDestination, ErrOwnService}
+	}
+	return []error{ErrForbiddenDestination}
+}
+
+const ownService = "the broker's own service"
 
 // Dialer dials TCP only to addresses that pass Classify, or that fall inside allowPrivate.
 // The check runs in net.Dialer.ControlContext, i.e. on the resolved "ip:port" of every
@@ -90,7 +102,7 @@ func (d *Dialer) check(address string) error {
 	ip := ap.Addr()
 	class := Classify(ip)
 	if d.denied(ap, class) {
-		return &forbiddenError{addr: address, class: "the broker's own service"}
+		return &forbiddenError{addr: address, class: ownService}
 	}
 	if class == "" || d.allowed(ip) {
 		return nil

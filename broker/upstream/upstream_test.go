@@ -474,3 +474,23 @@ func TestTransportHTTP2(t *testing.T) {
 		}
 	})
 }
+
+// TestDialerOwnService: a dial to one of the broker's own listeners is refused as such
+// (ErrOwnService, beside ErrForbiddenDestination), even where allow_private covers it, and
+// for a listener on every interface, on any private address with its port.
+func TestDialerOwnService(t *testing.T) {
+	own := netip.MustParseAddrPort("127.0.0.1:9090")
+	any := netip.MustParseAddrPort("0.0.0.0:8080")
+	d := NewDialer([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, time.Second, own, any)
+	for addr, want := range map[string]bool{
+		"127.0.0.1:9090":          true,
+		"[::ffff:127.0.0.1]:9090": true,
+		"127.0.0.2:8080":          true,
+		"127.0.0.1:9091":          false,
+	} {
+		err := d.check(addr)
+		if got := errors.Is(err, ErrOwnService); got != want || (want && !errors.Is(err, ErrForbiddenDestination)) {
+			t.Errorf("%s: %v", addr, err)
+		}
+	}
+}

@@ -207,6 +207,17 @@ func printApprovals(w io.Writer, sub, id string, out map[string]any) {
 			return fmt.Sprint(v)
 		}
 	}
+	// grantHost is a grant's scheme, host and port: it covers that port only.
+	grantHost := func(g map[string]any) string {
+		h := str(g, "host")
+		if p := str(g, "port"); p != "" && p != "0" {
+			h += ":" + p
+		}
+		if s := str(g, "scheme"); s != "" {
+			h = s + "://" + h
+		}
+		return h
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
 	switch sub {
@@ -216,22 +227,41 @@ func printApprovals(w io.Writer, sub, id string, out map[string]any) {
 			fmt.Fprintln(tw, "no requests held for approval")
 			return
 		}
-		fmt.Fprintln(tw, "ID\tAGENT\tREQUEST\tREASON\tEXPIRES\tSCOPES")
+		fmt.Fprintln(tw, "ID\tAGENT\tREQUEST\tCREDENTIALS\tREASON\tEXPIRES\tSCOPES")
 		for _, x := range list {
 			p, _ := x.(map[string]any)
-			host := str(p, "host")
-			if port := str(p, "port"); port != "" && port != "443" && port != "80" {
+			host, scheme, port := str(p, "host"), str(p, "scheme"), str(p, "port")
+			if !(scheme == "https" && port == "443" || scheme == "http" && port == "80") {
 				host += ":" + port
 			}
-			target := str(p, "method") + " " + str(p, "scheme") + "://" + host + str(p, "path")
-			if str(p, "phase") == "connect" {
-				target = "CONNECT " + str(p, "host") + ":" + str(p, "port")
+			// What approving lets through: the query with its values (secrets scrubbed).
+			query := url.Values{}
+			q, _ := p["query"].(map[string]any)
+			for k, vs := range q {
+				vals, _ := vs.([]any)
+				for _, v := range vals {
+					query.Add(k, fmt.Sprint(v))
+				}
 			}
-			var scopes []string
+			target := str(p, "method") + " " + scheme + "://" + host + str(p, "path")
+			if len(query) > 0 {
+				target += "?" + query.Encode()
+			}
+			if str(p, "phase") == "connect" {
+				target = "CONNECT " + str(p, "host") + ":" + port
+			}
+			var scopes, creds []string
 			for _, x := range p["scopes"].([]any) {
 				scopes = append(scopes, fmt.Sprint(x))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", str(p, "id"), str(p, "agent"), target, str(p, "reason"), str(p, "expires"), strings.Join(scopes, ","))
+			names, _ := p["credentials"].([]any)
+			for _, x := range names {
+				creds = append(creds, fmt.Sprint(x))
+			}
+			if len(creds) == 0 {
+				creds = []string{"-"}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", str(p, "id"), str(p, "agent"), target, strings.Join(creds, ","), str(p, "reason"), str(p, "expires"), strings.Join(scopes, ","))
 		}
 	case "grants":
 		list, _ := out["grants"].([]any)
@@ -249,11 +279,11 @@ func printApprovals(w io.Writer, sub, id string, out map[string]any) {
 			if expires == "" {
 				expires = "never (policy data)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", str(g, "id"), str(g, "kind"), str(g, "agent"), method, str(g, "host"), str(g, "path_prefix"), expires, str(g, "created_by"))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", str(g, "id"), str(g, "kind"), str(g, "agent"), method, grantHost(g), str(g, "path_prefix"), expires, str(g, "created_by"))
 		}
 	case "approve":
 		if g, ok := out["grant"].(map[string]any); ok {
-			fmt.Fprintf(tw, "approved %s; grant %s (%s) for %s %s%s\n", id, str(g, "id"), str(g, "kind"), str(g, "agent"), str(g, "host"), str(g, "path_prefix"))
+			fmt.Fprintf(tw, "approved %s; grant %s (%s) for %s %s%s\n", id, str(g, "id"), str(g, "kind"), str(g, "agent"), grantHost(g), str(g, "path_prefix"))
 			return
 		}
 		fmt.Fprintf(tw, "approved %s (this request only)\n", id)

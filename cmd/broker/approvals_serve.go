@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/rs/zerolog"
 
@@ -30,29 +29,6 @@ const defaultStateFile = "capbroker-approvals.json"
 type approvalsSetup struct {
 	queue *approvals.Queue
 	api   *approvals.API
-}
-
-// adminToken reads admin.token_env or admin.token_file; "" when neither is set.
-func adminToken(a config.Admin) (string, error) {
-	switch {
-	case a.TokenEnv != "":
-		v := strings.TrimSpace(os.Getenv(a.TokenEnv))
-		if v == "" {
-			return "", fmt.Errorf("admin.token_env: %s is not set or empty", a.TokenEnv)
-		}
-		return v, nil
-	case a.TokenFile != "":
-		b, err := os.ReadFile(a.TokenFile)
-		if err != nil {
-			return "", fmt.Errorf("admin.token_file: %w", err)
-		}
-		v := strings.TrimSpace(string(b))
-		if v == "" {
-			return "", fmt.Errorf("admin.token_file: %s is empty", a.TokenFile)
-		}
-		return v, nil
-	}
-	return "", nil
 }
 
 // adminTLS is the admin listener's TLS config for admin.tls: a client certificate from

@@ -41,6 +41,9 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 	if _, err := identity.New(cfg.Agents); err != nil {
 		problems = append(problems, err)
 	}
+	if _, err := cfg.Admin.Token(); err != nil {
+		problems = append(problems, err)
+	}
 	problems = append(problems, checkPolicy(cfg)...)
 	warnPolicy(cfg, stderr)
 	if creds, err := buildCredentials(cfg, zerolog.Nop(), nil); err != nil {

@@ -174,7 +174,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return fmt.Errorf("proxy.listen: %w", err)
 	}
 	defer proxyLn.Close()
-	token, err := adminToken(cfg.Admin)
+	token, err := cfg.Admin.Token()
 	if err != nil {
 		return err
 	}

@@ -321,6 +321,7 @@
         p.phase ? el('span', { text: 'phase ' + str(p.phase) }) : null,
         expiresEl),
       p.reason ? el('p', { class: 'reason', text: str(p.reason) }) : null,
+      credentialsLine(p),
       details(p));
 
     // Scope choice: radio buttons (big targets), and the fields of the wider scopes.
@@ -412,20 +413,36 @@
     return { p, card, expiresEl, expires, created, approve };
   }
 
+  // credentialsLine says which credentials approving attaches: what the person lets the
+  // request carry, in plain sight rather than in the details.
+  function credentialsLine(p) {
+    if (str(p.phase) === 'connect') return null;
+    const names = Array.isArray(p.credentials) ? p.credentials.map(str) : [];
+    return el('p', { class: 'credentials' + (names.length ? ' some' : '') },
+      names.length ? 'Approving attaches the credentials: ' + names.join(', ') : 'Approving attaches no credentials');
+  }
+
   function details(p) {
     const d = el('details', { class: 'req-details', open: window.matchMedia('(min-width: 900px)').matches });
     d.append(el('summary', { text: 'Request details' }));
     const dl = el('dl', { class: 'kv' });
     const add = (k, v) => dl.append(el('dt', { text: k }), el('dd', { text: v }));
     add('scheme', str(p.scheme));
-    if (Array.isArray(p.query_keys) && p.query_keys.length) add('query keys', p.query_keys.map(str).join(', '));
+    // Every value of every query parameter, as the upstream gets them (secrets scrubbed).
+    const q = p.query && typeof p.query === 'object' ? p.query : {};
+    for (const name of Object.keys(q).sort()) {
+      const vs = Array.isArray(q[name]) ? q[name].map(str) : [str(q[name])];
+      add('query ' + name, vs.map((v) => JSON.stringify(v)).join(', '));
+    }
     const h = p.headers && typeof p.headers === 'object' ? p.headers : {};
     for (const name of Object.keys(h).sort()) add(name, Array.isArray(h[name]) ? h[name].map(str).join(', ') : str(h[name]));
     d.append(dl);
     const size = Number(p.body_size) || 0;
     if (size > 0 || p.body_preview) {
       const preview = str(p.body_preview);
-      d.append(el('div', { class: 'body-label', text: 'Body: ' + size + ' bytes' + (preview.length < size ? ' (preview)' : '') }),
+      const cut = p.body_truncated === true;
+      d.append(el('div', { class: 'body-label' + (cut ? ' cut' : ''),
+        text: 'Body: ' + size + ' bytes' + (cut ? ' — cut: only its start is shown below, the rest is sent too' : '') }),
         el('pre', { class: 'body', text: preview }));
     }
     return d;
@@ -501,6 +518,14 @@
     $('grants-empty').hidden = list.length > 0;
   }
 
+  // grantTarget is where a grant lets requests go: its scheme, host and port exactly (a grant
+  // covers no other port), and its path prefix.
+  function grantTarget(g) {
+    const scheme = str(g.scheme);
+    const port = Number(g.port) ? ':' + Number(g.port) : '';
+    return (scheme ? scheme + '://' : '') + str(g.host) + port + (str(g.path_prefix) || (scheme ? '/' : ''));
+  }
+
   function grantItem(g) {
     const id = str(g.id);
     const always = str(g.kind) === 'always' || !g.expires;
@@ -529,7 +554,7 @@
       el('div', { class: 'what' },
         el('div', { class: 'mono' },
           el('strong', { text: str(g.agent) || 'any agent' }), ' ',
-          el('span', { text: (str(g.method) || 'any method') + ' ' + str(g.host) + (str(g.path_prefix) || '/') })),
+          el('span', { text: (str(g.method) || 'any method') + ' ' + grantTarget(g) })),
         el('div', { class: 'sub', text: sub.join(' · ') })),
       revoke);
   }
