@@ -125,8 +125,9 @@ func TestBudgetAcrossBrokers(t *testing.T) {
 		resp.Body.Close()
 	}
 	brokers[2].waitAuditWhere(t, 1, "the store refused as a destination", func(ev auditEvent) bool {
-		e, _ := ev["error"].(string)
-		return ev["agent"] == "coder-2" && strings.Contains(e, "destination address not allowed")
+		r, _ := ev["reason"].(string)
+		return ev["agent"] == "coder-2" && ev["decision"] == "deny" && ev["status"] == float64(http.StatusForbidden) &&
+			strings.Contains(r, "a service the broker uses")
 	})
 	// Redis is down and the budget fails closed: 503, and nothing is sent.
 	srv.Stop()
