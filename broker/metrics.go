@@ -332,6 +332,12 @@ func (m *Metrics) watch(certs func() int, auditLost func() int64, tunnels func()
 				}
 				return 0, true
 			})
+		perCredential("capbroker_credential_stale_seconds",
+			"Age of the value served while it is stale (past vault.refresh_interval, its source failing or hung), 0 while fresh: "+
+				"the credential becomes unavailable when it reaches vault.max_stale.",
+			func(st credentials.CredentialStatus) (float64, bool) {
+				return st.StaleAge.Seconds(), true
+			})
 		perCredential("capbroker_credential_valid_until_seconds",
 			"For a derived credential (minted tokens): when the newest token it holds expires, as a Unix time.",
 			func(st credentials.CredentialStatus) (float64, bool) {

@@ -117,6 +117,9 @@ func (r *reloader) reload(ctx context.Context, trigger string, force bool) {
 		return
 	}
 	r.ready.p.Store(creds)
+	if cfg.Vault != nil && creds.vault != nil {
+		creds.vault.SetRetryMax(cfg.Vault.RefreshInterval) // login retries follow refresh_interval
+	}
 	r.creds.stopFresh()
 	creds.keepFresh(ctx)
 	// Dynamic secrets of removed and replaced credentials are no longer renewed.
