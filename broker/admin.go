@@ -55,7 +55,7 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 			}
 		}
 		unavailable, stale, readyNames := map[string]string{}, map[string]string{}, []string{}
-		minted := map[string]any{}
+		minted, staleAge := map[string]any{}, map[string]float64{}
 		for name, st := range ready.Status() {
 			if !st.ValidUntil.IsZero() || !st.LastRefresh.IsZero() {
 				// A derived credential: when its newest token expires and when it was minted.
@@ -64,8 +64,14 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 			switch {
 			case !st.Ready:
 				unavailable[name] = st.Error
-			case st.Error != "":
+			case st.Error != "" || st.StaleAge > 0:
 				stale[name] = st.Error
+				if st.Error == "" {
+					stale[name] = "no answer from its source yet"
+				}
+				if st.StaleAge > 0 {
+					staleAge[name] = st.StaleAge.Seconds()
+				}
 				fallthrough
 			default:
 				readyNames = append(readyNames, name)
@@ -77,6 +83,10 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 			// Served from the cache (within vault.max_stale) while the source fails: ready,
 			// and worth knowing before max_stale runs out.
 			body["credentials_stale"] = stale
+		}
+		if len(staleAge) > 0 {
+			// How old each stale value is (capbroker_credential_stale_seconds).
+			body["credentials_stale_seconds"] = staleAge
 		}
 		if len(unavailable) > 0 {
 			degraded, body["credentials"] = true, unavailable
