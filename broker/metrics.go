@@ -49,6 +49,7 @@ type Metrics struct {
 	// Config reloads: counted by result; the last refused one, nil after a good one, for
 	// /readyz; its time stays in lastRefusedAt.
 	configReloads *prometheus.CounterVec
+	lastReloadOK  prometheus.Gauge
 	lastRefusedAt prometheus.Gauge
 	lastRefused   atomic.Pointer[RefusedReload]
 
@@ -116,6 +117,10 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Name: "capbroker_config_reloads_total",
 			Help: "Config reloads (SIGHUP or the file changed), by result: ok, or refused (the running config stays).",
 		}, []string{"result"}),
+		lastReloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "capbroker_config_last_reload_successful",
+			Help: "1 when the config file last loaded (at start or by the last reload), 0 while its last reload was refused.",
+		}),
 		lastRefusedAt: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "capbroker_config_reload_last_refused_timestamp_seconds",
 			Help: "When the last config reload was refused, as a Unix time; 0 if none was.",
@@ -130,8 +135,9 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 	m.build.WithLabelValues("dev", "unknown", runtime.Version()).Set(1)
 	m.configReloads.WithLabelValues("ok")
 	m.configReloads.WithLabelValues("refused")
+	m.lastReloadOK.Set(1)
 	reg.MustRegister(m.requests, m.latency, m.reloads, m.egress, m.upstreamErrors, m.reloadFailures, m.inflight, m.build,
-		m.configReloads, m.lastRefusedAt,
+		m.configReloads, m.lastReloadOK, m.lastRefusedAt,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.llm = llm.NewMetrics(reg)
 	return m
@@ -182,10 +188,12 @@ type RefusedReload struct {
 func (m *Metrics) ConfigReload(at time.Time, err error) {
 	if err == nil {
 		m.configReloads.WithLabelValues("ok").Inc()
+		m.lastReloadOK.Set(1)
 		m.lastRefused.Store(nil)
 		return
 	}
 	m.configReloads.WithLabelValues("refused").Inc()
+	m.lastReloadOK.Set(0)
 	m.lastRefusedAt.Set(float64(at.UnixNano()) / 1e9)
 	m.lastRefused.Store(&RefusedReload{At: at, Error: withoutValues(err.Error())})
 }

@@ -314,6 +314,9 @@ func TestReloadRefusalAndHostsAreVisible(t *testing.T) {
 	if f, err := strconv.ParseFloat(strings.TrimSpace(ts), 64); err != nil || int64(f) < before.Unix()-1 {
 		t.Errorf("last refused timestamp %q", ts)
 	}
+	if v, _ := metricValue(text, "capbroker_config_last_reload_successful"); strings.TrimSpace(v) != "0" {
+		t.Errorf("last reload successful: %q, want 0", v)
+	}
 	if strings.Contains(text, pasted) {
 		t.Error("the metrics show a value of the file")
 	}
@@ -322,6 +325,9 @@ func TestReloadRefusalAndHostsAreVisible(t *testing.T) {
 	reload(original, `"message":"config reloaded"`)
 	if _, body := b.readyzRaw(t, ""); body["config_reload_refused"] != nil {
 		t.Errorf("/readyz after a good reload: %s", body["config_reload_refused"])
+	}
+	if v, _ := metricValue(b.metrics(t), "capbroker_config_last_reload_successful"); strings.TrimSpace(v) != "1" {
+		t.Errorf("last reload successful after a good one: %q", v)
 	}
 	if ts2, _ := metricValue(b.metrics(t), "capbroker_config_reload_last_refused_timestamp_seconds"); ts2 != ts {
 		t.Errorf("the last refused timestamp changed: %q -> %q", ts, ts2)
