@@ -78,8 +78,9 @@ type entry struct {
 	phase time.Duration
 
 	// state is what was last logged of the credential (health*); shared, like the entry,
-	// by the stores of successive configs.
-	state atomic.Int32
+	// by the stores of successive configs. noteMu serialises its changes.
+	state  atomic.Int32
+	noteMu sync.Mutex
 }
 
 // The states of a credential whose changes are logged.
@@ -216,11 +217,20 @@ func (s *Store) due(c *cached) time.Time {
 // is fresh again, when it has no usable value any more. Each change is logged once, however
 // many requests see it.
 func (s *Store) note(name string, e *entry, now time.Time) {
-	h := s.health(e, now)
-	old := e.state.Load()
-	if h == old || !e.state.CompareAndSwap(old, h) {
+	if s.health(e, now) == e.state.Load() {
 		return
 	}
+	// Decided again under the lock, from the values as they are now: a request that saw the
+	// value stale just before a re-read replaced it must not log it stale after the re-read
+	// logged it fresh.
+	e.noteMu.Lock()
+	defer e.noteMu.Unlock()
+	now = s.now()
+	h, old := s.health(e, now), e.state.Load()
+	if h == old {
+		return
+	}
+	e.state.Store(h)
 	c := e.cur.Load()
 	reason := "re-read under way for longer than " + staleGrace.String()
 	if p := e.last.Load(); p != nil {
