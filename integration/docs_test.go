@@ -24,6 +24,7 @@ import (
 //
 // Blocks run in a fresh folder holding a copy of policies/, a few fixtures the documents
 // assume (input.json, audit.jsonl, candidate/), the files the document's `file` blocks give,
+// the top-level folders of the repository (the documents are followed from a clone's root),
 // and, first on PATH, the broker the suite built as `broker`, with a `go` that serves
 // `go build -o X ./cmd/broker` and `go run ./cmd/broker ...` from it. The documents' fixed
 // ports (8080, 9090) become ephemeral ones, /run/broker the folder, and in `vault` blocks the
@@ -176,16 +177,27 @@ func docFolder(t *testing.T, files []docBlock) string {
 	}
 	must(os.MkdirAll(bin, 0o755))
 	must(os.Symlink(brokerBin, filepath.Join(bin, "broker")))
+	// go build -o X writes into X when X is a folder, as go does.
 	goShim := `#!/bin/sh
 # go, as the documentation uses it: build or run ./cmd/broker (the suite has built it).
 case "$1 $2 $3 $4" in
-  "build -o "*" ./cmd/broker") cp "` + brokerBin + `" "$3"; exit ;;
+  "build -o "*" ./cmd/broker")
+    out="$3"; if [ -d "$out" ]; then out="$out/broker"; else mkdir -p "$(dirname "$out")"; fi
+    cp "` + brokerBin + `" "$out"; exit ;;
 esac
 if [ "$1 $2" = "run ./cmd/broker" ]; then shift 2; exec broker "$@"; fi
 echo "go shim: $* is not what the documentation runs" >&2; exit 2
 `
 	must(os.WriteFile(filepath.Join(bin, "go"), []byte(goShim), 0o755))
 	must(os.CopyFS(filepath.Join(dir, "policies"), os.DirFS("../policies")))
+	// The documents are followed from a clone's root: its folders are there (broker/, cmd/...).
+	top, err := os.ReadDir("..")
+	must(err)
+	for _, e := range top {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && e.Name() != "policies" && e.Name() != "bin" {
+			must(os.Mkdir(filepath.Join(dir, e.Name()), 0o755))
+		}
+	}
 	must(os.CopyFS(filepath.Join(dir, "candidate"), os.DirFS("../policies")))
 	input := `{"phase":"request","agent":{"id":"coder-1","labels":{"team":"platform"}},"source":{"ip":"10.0.0.5"},` +
 		`"request":{"method":"GET","scheme":"https","host":"api.github.com","port":443,"path":"/repos/o/r","query":{},"headers":{}},"credentials":["github"]}`
