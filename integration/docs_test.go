@@ -29,7 +29,7 @@ import (
 // the top-level folders of the repository (the documents are followed from a clone's root),
 // and, first on PATH, the broker the suite built as `broker`, with a `go` that serves
 // `go build -o X ./cmd/broker` and `go run ./cmd/broker ...` from it. The documents' fixed
-// ports (8080, 9090) become ephemeral ones, /run/broker the folder, and in `vault` blocks the
+// ports (8080, 9090) become ephemeral ones, /run/broker the folder's run/broker (not made), and in `vault` blocks the
 // documents' Vault (http://127.0.0.1:8200) the dev server.
 
 // docBlock is one fenced block of a document and what its annotation says.
@@ -161,9 +161,11 @@ func TestDocShellBlocks(t *testing.T) {
 	}
 }
 
-// localise makes the documents' fixed ports ephemeral and their /run/broker the folder dir.
+// localise makes the documents' fixed ports ephemeral and their /run/broker the folder
+// dir/run/broker, which does not exist until a block makes it, as on a fresh machine.
 func localise(s, dir string) string {
-	return strings.NewReplacer("127.0.0.1:8080", "127.0.0.1:0", "127.0.0.1:9090", "127.0.0.1:0", "/run/broker", dir).Replace(s)
+	return strings.NewReplacer("127.0.0.1:8080", "127.0.0.1:0", "127.0.0.1:9090", "127.0.0.1:0",
+		"/run/broker", filepath.Join(dir, "run", "broker")).Replace(s)
 }
 
 // docFolder is a fresh folder for one block (see TestDocShellBlocks).
@@ -400,5 +402,33 @@ func TestDocNoInternalReferences(t *testing.T) {
 				t.Errorf("%s:%d: %q refers to the project's internal notes, which users do not have", strings.TrimPrefix(f, "../"), i+1, m)
 			}
 		}
+	}
+}
+
+// TestDocCommandList checks that docs/configuration.md's command table names every command
+// the binary's usage lists (broker help), sub-commands included.
+func TestDocCommandList(t *testing.T) {
+	out, _ := exec.Command(brokerBin, "help").CombinedOutput()
+	doc, err := os.ReadFile("../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 || fields[0] != "broker" || strings.HasPrefix(fields[1], "-") || strings.HasSuffix(fields[1], ":") {
+			continue
+		}
+		cmd := "broker " + fields[1]
+		if len(fields) > 2 && fields[2] != "|" && fields[2] == strings.ToLower(fields[2]) && !strings.ContainsAny(fields[2], "[-|") {
+			cmd += " " + fields[2] // policy test, ca init, transparent rules
+		}
+		n++
+		if !strings.Contains(string(doc), "`"+cmd) {
+			t.Errorf("docs/configuration.md does not list %q (broker help: %q)", cmd, strings.TrimSpace(line))
+		}
+	}
+	if n < 10 {
+		t.Fatalf("broker help listed %d commands:\n%s", n, out)
 	}
 }
