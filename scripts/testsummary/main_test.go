@@ -66,4 +66,15 @@ func TestSummary(t *testing.T) {
 	if code := s.report(&strings.Builder{}, "vaultx"); code != 1 {
 		t.Errorf("%s=vaultx allowed the Vault skip", allowVar)
 	}
+	for _, reason := range []string{
+		"vaulttest: VAULT_BIN=/opt/vault is not a file",
+		"skipped: no Vault binary: exec: vault: not found",
+	} {
+		if kindOf(reason) != "vault" {
+			t.Errorf("the skip %q is not counted as a Vault skip", reason)
+		}
+	}
+	if kindOf("skipped: needs root") != "" {
+		t.Errorf("a root skip is counted as a required kind")
+	}
 }
