@@ -153,7 +153,13 @@ func TestDocShellBlocks(t *testing.T) {
 					_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 					<-done
 				})
-				logs.wait(t, `"message":"listening"`)
+				// The block's exit ends the wait too: a block that fails says why at once.
+				line := logs.waitLines(t, 0, 1, "listening, or the block's exit", func(l string) bool {
+					return strings.Contains(l, `"message":"listening"`) || strings.HasPrefix(l, "the block exited:")
+				})[0]
+				if strings.HasPrefix(line, "the block exited:") {
+					t.Fatalf("the block stopped before the broker listened:\n%s", logs.String())
+				}
 			default:
 				t.Fatalf("unknown doc-test mode %q", b.mode)
 			}
