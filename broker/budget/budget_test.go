@@ -17,7 +17,7 @@ import (
 )
 
 // data parses a JSON data document as the policy loader does (numbers as json.Number).
-func data(t *testing.T, text string) map[string]any {
+func data(t testing.TB, text string) map[string]any {
 	t.Helper()
 	dec := json.NewDecoder(strings.NewReader(text))
 	dec.UseNumber()
@@ -142,7 +142,7 @@ func TestCost(t *testing.T) {
 	}
 }
 
-func newBudgets(t *testing.T, doc string, o Options) *Budgets {
+func newBudgets(t testing.TB, doc string, o Options) *Budgets {
 	d := data(t, doc)
 	o.Data = func() (string, map[string]any) { return "r1", d }
 	return New(o)
