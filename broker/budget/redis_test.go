@@ -165,3 +165,23 @@ func TestRedisDownLocalOvershoot(t *testing.T) {
 		t.Errorf("Redis counts %v (%v) after the replay, want %d", v, err, total)
 	}
 }
+
+// TestRedisDownTokensFailClosed: a tokens budget that fails closed refuses the first check
+// after Redis stopped, however recently its counter was read: no check decides on an older
+// value.
+func TestRedisDownTokensFailClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	st := NewRedis(RedisOptions{Address: srv.Addr, KeyPrefix: "t7:", Timeout: 200 * time.Millisecond})
+	t.Cleanup(func() { st.Close() })
+	b := newBudgets(t, `{"budgets": {"tok": {"provider": "openai", "tokens": 1000, "window": "day"}}}`, Options{Store: st})
+	ctx := context.Background()
+	req := Request{Agent: "a", Provider: "openai"}
+	if err := b.Check(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	var un *Unavailable
+	if err := b.Check(ctx, req); !errors.As(err, &un) || un.Budget != "tok" {
+		t.Fatalf("Redis down, a tokens budget failing closed: %v, want Unavailable", err)
+	}
+}
