@@ -24,8 +24,10 @@ type PolicyRevision interface {
 // /readyz answers 503 only while no policy is loaded: then every request is refused, and
 // the pod is better out of its Service. Anything less is reported with 200 and status
 // "degraded": credentials that cannot be read (requests granted them get 503
-// credential_unavailable, every other request is served) and a policy on disk that failed
-// to reload (the last good one keeps deciding). Taking a broker out of its Service for those
+// credential_unavailable, every other request is served), a policy on disk that failed
+// to reload (the last good one keeps deciding), and a config file whose last reload was
+// refused (config_reload_refused: when, and its problems without the file's values; the
+// running config keeps serving). Taking a broker out of its Service for those
 // would stop the requests it can still serve, on every replica at once when the cause is
 // shared (Vault down, a bad policy pushed everywhere); alert on the metrics instead.
 // /readyz?strict answers 503 on any degradation too, for deploy gates and tests.
@@ -45,8 +47,15 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 		if msg := m.PolicyReloadError(); msg != "" {
 			degraded, body["policy_reload_error"] = true, msg
 		}
+		if r := m.LastRefusedReload(); r != nil {
+			// The config file does not load: the running config serves, and the next restart
+			// would fail to start.
+			degraded, body["config_reload_refused"] = true, map[string]any{
+				"at": r.At.UTC().Format(time.RFC3339Nano), "error": r.Error,
+			}
+		}
 		unavailable, stale, readyNames := map[string]string{}, map[string]string{}, []string{}
-		minted := map[string]any{}
+		minted, staleAge := map[string]any{}, map[string]float64{}
 		for name, st := range ready.Status() {
 			if !st.ValidUntil.IsZero() || !st.LastRefresh.IsZero() {
 				// A derived credential: when its newest token expires and when it was minted.
@@ -55,8 +64,14 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 			switch {
 			case !st.Ready:
 				unavailable[name] = st.Error
-			case st.Error != "":
+			case st.Error != "" || st.StaleAge > 0:
 				stale[name] = st.Error
+				if st.Error == "" {
+					stale[name] = "no answer from its source yet"
+				}
+				if st.StaleAge > 0 {
+					staleAge[name] = st.StaleAge.Seconds()
+				}
 				fallthrough
 			default:
 				readyNames = append(readyNames, name)
@@ -68,6 +83,10 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 			// Served from the cache (within vault.max_stale) while the source fails: ready,
 			// and worth knowing before max_stale runs out.
 			body["credentials_stale"] = stale
+		}
+		if len(staleAge) > 0 {
+			// How old each stale value is (capbroker_credential_stale_seconds).
+			body["credentials_stale_seconds"] = staleAge
 		}
 		if len(unavailable) > 0 {
 			degraded, body["credentials"] = true, unavailable

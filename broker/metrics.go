@@ -7,11 +7,13 @@ import (
 	"errors"
 	"io"
 	"net"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -43,6 +45,13 @@ type Metrics struct {
 	// lastReloadErr is the error of the last policy reload, nil after a good one: /readyz
 	// reports it while the policy on disk does not load.
 	lastReloadErr atomic.Pointer[string]
+
+	// Config reloads: counted by result; the last refused one, nil after a good one, for
+	// /readyz; its time stays in lastRefusedAt.
+	configReloads *prometheus.CounterVec
+	lastReloadOK  prometheus.Gauge
+	lastRefusedAt prometheus.Gauge
+	lastRefused   atomic.Pointer[RefusedReload]
 
 	labels atomic.Pointer[labelSet]
 	// children caches the egress counter of each label combination seen, so that the hot
@@ -104,6 +113,18 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Name: "capbroker_requests_in_flight",
 			Help: "Exchanges between arrival and their audit event (an opaque tunnel counts until it closes).",
 		}),
+		configReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capbroker_config_reloads_total",
+			Help: "Config reloads (SIGHUP or the file changed), by result: ok, or refused (the running config stays).",
+		}, []string{"result"}),
+		lastReloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "capbroker_config_last_reload_successful",
+			Help: "1 when the config file last loaded (at start or by the last reload), 0 while its last reload was refused.",
+		}),
+		lastRefusedAt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "capbroker_config_reload_last_refused_timestamp_seconds",
+			Help: "When the last config reload was refused, as a Unix time; 0 if none was.",
+		}),
 		build: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "capbroker_build_info",
 			Help: "Always 1; the labels say which build is running.",
@@ -112,7 +133,11 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 	}
 	m.labels.Store(&labelSet{agents: map[string]bool{}, hosts: map[string]bool{}})
 	m.build.WithLabelValues("dev", "unknown", runtime.Version()).Set(1)
+	m.configReloads.WithLabelValues("ok")
+	m.configReloads.WithLabelValues("refused")
+	m.lastReloadOK.Set(1)
 	reg.MustRegister(m.requests, m.latency, m.reloads, m.egress, m.upstreamErrors, m.reloadFailures, m.inflight, m.build,
+		m.configReloads, m.lastReloadOK, m.lastRefusedAt,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.llm = llm.NewMetrics(reg)
 	return m
@@ -147,6 +172,42 @@ func (m *Metrics) PolicyReloadError() string {
 		return *p
 	}
 	return ""
+}
+
+// RefusedReload is the last config reload that was refused, as /readyz shows it.
+type RefusedReload struct {
+	At time.Time
+	// Error is the reload's problems with every quoted value of the file replaced by "…":
+	// /readyz may be read by anyone who reaches the admin port, and a value pasted into the
+	// wrong key must not be shown there. The log has the full text.
+	Error string
+}
+
+// ConfigReload counts one config reload; a refused one (err not nil) is remembered for
+// /readyz until a reload succeeds.
+func (m *Metrics) ConfigReload(at time.Time, err error) {
+	if err == nil {
+		m.configReloads.WithLabelValues("ok").Inc()
+		m.lastReloadOK.Set(1)
+		m.lastRefused.Store(nil)
+		return
+	}
+	m.configReloads.WithLabelValues("refused").Inc()
+	m.lastReloadOK.Set(0)
+	m.lastRefusedAt.Set(float64(at.UnixNano()) / 1e9)
+	m.lastRefused.Store(&RefusedReload{At: at, Error: withoutValues(err.Error())})
+}
+
+// LastRefusedReload is the last refused config reload, nil when none was or a later one
+// succeeded.
+func (m *Metrics) LastRefusedReload() *RefusedReload { return m.lastRefused.Load() }
+
+// quoted matches the values an error quotes: "…" (Go's %q, with escapes) and `…` (YAML's).
+var quoted = regexp.MustCompile("\"(?:[^\"\\\\]|\\\\.)*\"|`[^`]*`")
+
+// withoutValues replaces every quoted value in msg with "…", and puts its lines on one.
+func withoutValues(msg string) string {
+	return strings.ReplaceAll(quoted.ReplaceAllString(msg, `"…"`), "\n", "; ")
 }
 
 // labelSet is the configured vocabulary of the agent and host labels.
@@ -331,6 +392,12 @@ func (m *Metrics) watch(certs func() int, auditLost func() int64, tunnels func()
 					return 1, true
 				}
 				return 0, true
+			})
+		perCredential("capbroker_credential_stale_seconds",
+			"Age of the value served while it is stale (past vault.refresh_interval, its source failing or hung), 0 while fresh: "+
+				"the credential becomes unavailable when it reaches vault.max_stale.",
+			func(st credentials.CredentialStatus) (float64, bool) {
+				return st.StaleAge.Seconds(), true
 			})
 		perCredential("capbroker_credential_valid_until_seconds",
 			"For a derived credential (minted tokens): when the newest token it holds expires, as a Unix time.",

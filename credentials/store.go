@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // ErrUnknown is returned for a credential name the store was not built with.
@@ -26,6 +28,10 @@ const (
 	warmParallel = 16
 	// minWake is the shortest pause of the background loop between two looks at a credential.
 	minWake = 10 * time.Millisecond
+	// staleGrace is how long a value may be past its refresh, while a re-read that has not
+	// failed yet is under way, before it counts as stale: a re-read takes milliseconds, a
+	// hung source forever.
+	staleGrace = time.Second
 )
 
 // Store holds the sources of the configured credentials and caches their values.
@@ -41,6 +47,10 @@ const (
 //     calls to Vault; in the meantime Get serves the cached value or the last error at once.
 //   - While one caller re-reads a value, other callers are served the cached value instead of
 //     waiting for the source.
+//   - A value served past its refresh because the re-read failed, or has hung for staleGrace,
+//     is stale: it is logged (warn, with the credential's name and the value's age, never the
+//     value) the first time it is served so, and again when the credential is fresh again or
+//     has no usable value any more; Status reports its age.
 //
 // A rotated value is forgotten here: the broker's registry of known secrets (broker/inject
 // Known) records every value as it is sent, and keeps scrubbing it after a rotation.
@@ -49,6 +59,7 @@ const (
 type Store struct {
 	refresh, maxStale time.Duration
 	now               func() time.Time
+	log               zerolog.Logger
 	entries           map[string]*entry
 }
 
@@ -65,7 +76,20 @@ type entry struct {
 	// interval, not all in the same moment of every interval (1,000 Vault reads a second
 	// each minute with 1,000 credentials). The interval itself is unchanged.
 	phase time.Duration
+
+	// state is what was last logged of the credential (health*); shared, like the entry,
+	// by the stores of successive configs. noteMu serialises its changes.
+	state  atomic.Int32
+	noteMu sync.Mutex
 }
+
+// The states of a credential whose changes are logged.
+const (
+	healthUnread      int32 = iota // never read: the start's own messages report it
+	healthFresh                    // served within its refresh interval
+	healthStale                    // served past it, the source failing or hung
+	healthUnavailable              // no usable value: requests granted it get 503
+)
 
 type cached struct {
 	val     Secret
@@ -75,6 +99,9 @@ type cached struct {
 // StoreOptions tunes caching. Zero values mean Refresh 1m and MaxStale 15m.
 type StoreOptions struct {
 	Refresh, MaxStale time.Duration
+	// Log receives a line when a credential starts being served stale, is fresh again, or
+	// becomes unavailable. It never sees a value.
+	Log zerolog.Logger
 }
 
 // NewStore builds a store for the named sources. Nothing is fetched until Warm or Get.
@@ -85,7 +112,7 @@ func NewStore(sources map[string]Source, opts StoreOptions) *Store {
 	if opts.MaxStale <= 0 {
 		opts.MaxStale = 15 * time.Minute
 	}
-	s := &Store{refresh: opts.Refresh, maxStale: opts.MaxStale, now: time.Now, entries: map[string]*entry{}}
+	s := &Store{refresh: opts.Refresh, maxStale: opts.MaxStale, now: time.Now, log: opts.Log, entries: map[string]*entry{}}
 	for name, src := range sources {
 		s.entries[name] = &entry{src: src, retry: backoff{min: min(retryMin, opts.Refresh), max: opts.Refresh},
 			phase: rand.N(opts.Refresh)}
@@ -108,6 +135,7 @@ func (s *Store) Get(ctx context.Context, name string) (Secret, error) {
 		// Someone is already re-reading it (perhaps waiting on an unreachable Vault): the
 		// cached value is still good, so do not make this request wait.
 		if !e.mu.TryLock() {
+			s.note(name, e, now)
 			return c.val, nil
 		}
 	} else {
@@ -127,6 +155,7 @@ func (s *Store) fetchLocked(ctx context.Context, name string, e *entry, early bo
 	}
 	if now.Before(e.retryAt) {
 		if s.usable(c, now) {
+			s.note(name, e, now)
 			return c.val, nil
 		}
 		if p := e.last.Load(); p != nil {
@@ -146,6 +175,7 @@ func (s *Store) fetchLocked(ctx context.Context, name string, e *entry, early bo
 		if ctx.Err() == nil { // a caller that went away says nothing about the source
 			e.last.Store(&err)
 			e.retryAt = now.Add(e.retry.next())
+			s.note(name, e, now)
 		}
 		if s.usable(c, now) {
 			return c.val, nil
@@ -156,7 +186,66 @@ func (s *Store) fetchLocked(ctx context.Context, name string, e *entry, early bo
 	e.retry.reset()
 	e.retryAt = time.Time{}
 	e.cur.Store(&cached{val: v, fetched: now})
+	s.note(name, e, now)
 	return v, nil
+}
+
+// health is the state of e at now (one of health*, never healthUnread).
+func (s *Store) health(e *entry, now time.Time) int32 {
+	c := e.cur.Load()
+	switch {
+	case !s.usable(c, now):
+		return healthUnavailable
+	case s.fresh(c, now):
+		return healthFresh
+	case e.last.Load() != nil || now.Sub(s.due(c)) > staleGrace:
+		return healthStale
+	}
+	return healthFresh // being re-read, briefly
+}
+
+// due is when c stops being fresh.
+func (s *Store) due(c *cached) time.Time {
+	due := c.fetched.Add(s.refresh)
+	if !c.val.refreshBy.IsZero() && c.val.refreshBy.Before(due) {
+		due = c.val.refreshBy
+	}
+	return due
+}
+
+// note logs a change of the credential's state: the first time it is served stale, when it
+// is fresh again, when it has no usable value any more. Each change is logged once, however
+// many requests see it.
+func (s *Store) note(name string, e *entry, now time.Time) {
+	if s.health(e, now) == e.state.Load() {
+		return
+	}
+	// Decided again under the lock, from the values as they are now: a request that saw the
+	// value stale just before a re-read replaced it must not log it stale after the re-read
+	// logged it fresh.
+	e.noteMu.Lock()
+	defer e.noteMu.Unlock()
+	now = s.now()
+	h, old := s.health(e, now), e.state.Load()
+	if h == old {
+		return
+	}
+	e.state.Store(h)
+	c := e.cur.Load()
+	reason := "re-read under way for longer than " + staleGrace.String()
+	if p := e.last.Load(); p != nil {
+		reason = (*p).Error()
+	}
+	switch {
+	case h == healthStale:
+		s.log.Warn().Str("credential", name).Dur("age", now.Sub(c.fetched)).Dur("max_stale", s.maxStale).
+			Str("error", reason).Msg("credential served stale: its source cannot be read; the cached value serves until max_stale")
+	case h == healthUnavailable && old != healthUnread:
+		s.log.Error().Str("credential", name).Str("error", reason).
+			Msg("credential unavailable: no usable value; requests granted it get 503")
+	case h == healthFresh && old != healthUnread:
+		s.log.Info().Str("credential", name).Msg("credential fresh again")
+	}
 }
 
 // fresh reports whether c can be served without asking the source.
@@ -247,6 +336,7 @@ func (s *Store) keep(ctx context.Context, name string, e *entry) {
 				err := fmt.Errorf("%w: credential %q: no answer within %s", ErrUnavailable, name, fetchTimeout)
 				e.last.Store(&err)
 				e.retryAt = s.now().Add(e.retry.next())
+				s.note(name, e, s.now())
 			}
 			cancel()
 			d = s.dueIn(e, s.now())
@@ -283,6 +373,9 @@ type CredentialStatus struct {
 	// Error is the last failure to read it ("" when the last read succeeded); a ready
 	// credential can carry one while it serves a cached value.
 	Error string
+	// StaleAge is the age of the value served while it is stale (past its refresh, the
+	// source failing or hung); 0 while it is fresh or has no usable value.
+	StaleAge time.Duration
 	// For a derived credential (Minter): when the newest token it holds expires, and when it
 	// last minted one; zero when it has none.
 	ValidUntil, LastRefresh time.Time
@@ -294,6 +387,9 @@ func (s *Store) Status() map[string]CredentialStatus {
 	now := s.now()
 	for name, e := range s.entries {
 		st := CredentialStatus{Ready: s.usable(e.cur.Load(), now)}
+		if s.health(e, now) == healthStale {
+			st.StaleAge = now.Sub(e.cur.Load().fetched)
+		}
 		if p := e.last.Load(); p != nil {
 			st.Error = (*p).Error()
 		} else if !st.Ready {

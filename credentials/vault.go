@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/vault/api"
@@ -28,14 +29,14 @@ const (
 	defaultVaultTimeout = 10 * time.Second
 	defaultAppRoleMount = "approle"
 
-	// Login retries back off from loginRetryMin to loginRetryMax.
-	loginRetryMin = 500 * time.Millisecond
-	loginRetryMax = 30 * time.Second
+	// Login retries back off from loginRetryMin to VaultOptions.RetryMax (defaultRetryMax).
+	loginRetryMin   = 500 * time.Millisecond
+	defaultRetryMax = time.Minute
 	// minWatch: a token whose renewal ends sooner than this after login is treated as a
 	// failure, so a token that cannot live long does not make the loop log in back to back.
 	minWatch = time.Second
 	// tokenCheckMin: a read refused with 403 asks the auth loop to check the token, at most
-	// this often (the backoff grows up to loginRetryMax while checks find nothing wrong).
+	// this often (the backoff grows up to RetryMax while checks find nothing wrong).
 	tokenCheckMin = time.Second
 )
 
@@ -67,6 +68,9 @@ type VaultOptions struct {
 	Auth      VaultAuth
 	// Timeout bounds each request to Vault; 0 means 10s.
 	Timeout time.Duration
+	// RetryMax is the longest wait between two failed logins (vault.refresh_interval, as
+	// for the reads of the credentials); 0 means 1m.
+	RetryMax time.Duration
 	// Log receives login, renewal and lease events. It never sees secret values or tokens.
 	Log zerolog.Logger
 }
@@ -83,6 +87,9 @@ func (o VaultOptions) Validate() error {
 	}
 	if o.Timeout < 0 {
 		errs = append(errs, errors.New("vault timeout must not be negative"))
+	}
+	if o.RetryMax < 0 {
+		errs = append(errs, errors.New("vault retry interval must not be negative"))
 	}
 	a := o.Auth
 	switch a.Method {
@@ -140,6 +147,9 @@ type Vault struct {
 
 	loginMu sync.Mutex // one login at a time (background loop and Check)
 	kick    chan struct{}
+	// retryMax is the longest wait between two failed logins, in nanoseconds
+	// (VaultOptions.RetryMax; a reload may change it: SetRetryMax).
+	retryMax atomic.Int64
 
 	mu      sync.Mutex
 	tok     tokenState
@@ -184,7 +194,7 @@ func NewVault(opts VaultOptions) (*Vault, error) {
 		return nil, err
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	return &Vault{
+	v := &Vault{
 		opts:   opts,
 		log:    opts.Log.With().Str("component", "vault").Logger(),
 		client: client,
@@ -193,7 +203,25 @@ func NewVault(opts VaultOptions) (*Vault, error) {
 		leases: map[*lease]struct{}{},
 		bg:     bg,
 		cancel: cancel,
-	}, nil
+	}
+	v.SetRetryMax(opts.RetryMax)
+	return v, nil
+}
+
+// SetRetryMax sets the longest wait between two failed logins (vault.refresh_interval; 0
+// means 1m). A reload that changes refresh_interval calls it: the Vault client is kept.
+func (v *Vault) SetRetryMax(d time.Duration) {
+	if d <= 0 {
+		d = defaultRetryMax
+	}
+	v.retryMax.Store(int64(d))
+}
+
+// loginBackoff is the schedule of login retries: from loginRetryMin (or RetryMax when it is
+// shorter) doubling up to RetryMax.
+func (v *Vault) loginBackoff(b *backoff) {
+	b.max = time.Duration(v.retryMax.Load())
+	b.min = min(loginRetryMin, b.max)
 }
 
 // newVaultClient builds an api.Client from opts only. api.NewClient applies VAULT_TOKEN,
@@ -419,8 +447,9 @@ func (v *Vault) setToken(accessor string, ttl time.Duration) {
 func (v *Vault) run(auth *api.Secret) {
 	defer close(v.loop)
 	ctx := v.bg
-	retry := backoff{min: loginRetryMin, max: loginRetryMax}
+	var retry backoff
 	for ctx.Err() == nil {
+		v.loginBackoff(&retry)
 		if auth == nil {
 			a, err := v.login(ctx)
 			if err != nil {
@@ -450,7 +479,7 @@ func (v *Vault) run(auth *api.Secret) {
 
 // watch keeps the token alive and returns when a new login is needed (or ctx is done).
 func (v *Vault) watch(ctx context.Context, auth *api.Secret) {
-	checks := backoff{min: tokenCheckMin, max: loginRetryMax}
+	checks := backoff{min: tokenCheckMin, max: max(tokenCheckMin, time.Duration(v.retryMax.Load()))}
 	var nextCheck time.Time
 	// checkToken handles a kick: reads were refused, perhaps because the token is gone
 	// (revoked, or Vault lost its storage). It reports whether to log in again.

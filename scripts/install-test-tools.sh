@@ -8,10 +8,11 @@
 # integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
 # nft (nftables) writes the transparent-mode test's redirect rules (integration/transparent_test.go).
+# promtool (Debian's prometheus) checks and unit-tests the shipped alerting rules (deploy/prometheus).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for tool in curl git python3 node npm aws chromium redis-server nft; do
+for tool in curl git python3 node npm aws chromium redis-server nft promtool; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
@@ -28,6 +29,7 @@ if [ ${#missing[@]} -gt 0 ]; then
       node) pkgs+=(nodejs) ;;
       aws | botocore) pkgs+=(awscli) ;;
       nft) pkgs+=(nftables) ;;
+      promtool) pkgs+=(prometheus) ;; # checks deploy/prometheus/capbroker-rules.yml
       *) pkgs+=("$tool") ;;
     esac
   done

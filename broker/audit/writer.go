@@ -142,3 +142,55 @@ func (b *batchWriter) Close() {
 	close(b.stop)
 	<-b.done
 }
+
+// File is an audit file that can be reopened by its path, for log rotation: after logrotate
+// (or anything else) renames the file, Reopen makes the writes that follow go to a new file
+// at the path. A write is never split between two files, and none is dropped: Reopen waits for
+// the write under way, and a write that comes while it runs waits for it. If the path cannot
+// be opened, writes go on to the file already open.
+type File struct {
+	path string
+	mu   sync.Mutex
+	f    *os.File
+}
+
+// OpenFile opens path for appending (created 0600).
+func OpenFile(path string) (*File, error) {
+	f, err := openAppend(path)
+	if err != nil {
+		return nil, err
+	}
+	return &File{path: path, f: f}, nil
+}
+
+func openAppend(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+}
+
+// Write writes p whole to the file open now.
+func (f *File) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.f.Write(p)
+}
+
+// Reopen opens the path again and makes it the file written to, then closes the previous one.
+// On error the previous file stays in use.
+func (f *File) Reopen() error {
+	nf, err := openAppend(f.path)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	old := f.f
+	f.f = nf
+	f.mu.Unlock()
+	return old.Close()
+}
+
+// Close closes the file.
+func (f *File) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.f.Close()
+}

@@ -53,13 +53,13 @@ func buildCredentials(cfg *config.Config, log zerolog.Logger, known *inject.Know
 // (credentials.NewStoreFrom).
 func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, known *inject.Known, vault *credentials.Vault, old *credentials.Store, unchanged func(string) bool) (*credentialSet, error) {
 	set := &credentialSet{checks: map[string]func(context.Context) error{}, paths: map[string]string{}, vault: vault, known: known}
-	opts := credentials.StoreOptions{}
+	opts := credentials.StoreOptions{Log: log}
 	if v := cfg.Vault; v != nil {
 		opts.Refresh, opts.MaxStale = v.RefreshInterval, v.MaxStale
 	}
 	if v := cfg.Vault; v != nil && set.vault == nil {
 		vault, err := credentials.NewVault(credentials.VaultOptions{
-			Address: v.Address, CAFile: v.CAFile, Namespace: v.Namespace, Log: log,
+			Address: v.Address, CAFile: v.CAFile, Namespace: v.Namespace, Log: log, RetryMax: v.RefreshInterval,
 			Auth: credentials.VaultAuth{
 				Method: v.Auth.Method, TokenEnv: v.Auth.TokenEnv, TokenFile: v.Auth.TokenFile,
 				RoleIDEnv: v.Auth.RoleIDEnv, RoleIDFile: v.Auth.RoleIDFile,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/capbroker/capbroker/broker"
+	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/credentials"
 )
@@ -38,11 +40,15 @@ func (r *readyStore) Status() map[string]credentials.CredentialStatus { return r
 // with its problems logged, and the running one stays. Everything runs on one goroutine
 // (run), so reloads never overlap.
 type reloader struct {
-	path  string     // "" for broker dev: nothing to reload
-	flags serveFlags // re-applied to every reloaded config
-	log   zerolog.Logger
-	b     *broker.Broker
-	ready *readyStore
+	path    string     // "" for broker dev: nothing to reload
+	flags   serveFlags // re-applied to every reloaded config
+	log     zerolog.Logger
+	b       *broker.Broker
+	metrics *broker.Metrics // counts reloads; /readyz shows the last refused one
+	// auditFile is audit.file, reopened on SIGHUP so that logrotate can rename it; nil when
+	// the audit log goes to stdout.
+	auditFile *audit.File
+	ready     *readyStore
 
 	cur   *config.Config // the running config
 	creds *credentialSet // its credentials; the Vault client is kept across reloads
@@ -72,11 +78,25 @@ func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
 		case <-ctx.Done():
 			return
 		case <-hup:
+			r.reopenAudit()
 			r.reload(ctx, "SIGHUP", true)
 		case <-r.changed:
 			r.reload(ctx, "file changed", false)
 		}
 	}
+}
+
+// reopenAudit reopens audit.file at its path: after a rotation renamed it, the events that
+// follow go to a new file there. If that fails the events go on to the renamed file.
+func (r *reloader) reopenAudit() {
+	if r.auditFile == nil {
+		return
+	}
+	if err := r.auditFile.Reopen(); err != nil {
+		r.log.Error().Err(err).Msg("audit.file not reopened; audit events go on to the file already open")
+		return
+	}
+	r.log.Info().Msg("audit.file reopened")
 }
 
 // reload loads the file and, if it is a good config, makes it the running one. force reloads
@@ -99,13 +119,13 @@ func (r *reloader) reload(ctx context.Context, trigger string, force bool) {
 		err = r.flags.apply(cfg)
 	}
 	if err != nil {
-		refused(log, err)
+		r.refused(log, err)
 		return
 	}
 	r.keepRestartOnly(log, cfg)
 	creds, stats, err := r.buildCredentials(ctx, cfg, log)
 	if err != nil {
-		refused(log, err)
+		r.refused(log, err)
 		return
 	}
 	creds.retire(r.creds)
@@ -113,22 +133,39 @@ func (r *reloader) reload(ctx context.Context, trigger string, force bool) {
 		if creds.vault != r.creds.vault {
 			_ = creds.close(ctx) // the Vault client this config would have added
 		}
-		refused(log, err)
+		r.refused(log, err)
 		return
 	}
 	r.ready.p.Store(creds)
+	if cfg.Vault != nil && creds.vault != nil {
+		creds.vault.SetRetryMax(cfg.Vault.RefreshInterval) // login retries follow refresh_interval
+	}
 	r.creds.stopFresh()
 	creds.keepFresh(ctx)
 	// Dynamic secrets of removed and replaced credentials are no longer renewed.
-	r.creds.store.Release(append(stats.removed, stats.changed...)...)
+	r.creds.store.Release(append(stats.removed, stats.resourced...)...)
 	r.cur, r.creds, r.last = cfg, creds, raw
+	if r.metrics != nil {
+		r.metrics.ConfigReload(time.Now(), nil)
+	}
+	// Where a key may be sent is the most important thing a reload changes: each change of
+	// a credential's hosts is a line of its own.
+	for _, h := range stats.hosts {
+		log.Warn().Str("credential", h.name).Strs("hosts_added", h.added).Strs("hosts_removed", h.removed).
+			Strs("hosts", h.now).Msg("credential hosts changed: it may now be sent to these hosts")
+	}
 	log.Info().Int("agents", len(cfg.Agents)).Int("credentials", len(cfg.Credentials)).
 		Strs("credentials_added", stats.added).Strs("credentials_changed", stats.changed).
+		Strs("credentials_source_changed", stats.resourced).
 		Strs("credentials_removed", stats.removed).Str("policy_mode", cfg.Policy.Mode).Msg("config reloaded")
 }
 
-// refused logs why a config was not loaded: each problem on its own, in "problems".
-func refused(log zerolog.Logger, err error) {
+// refused logs why a config was not loaded, each problem on its own in "problems", and
+// counts it in the metrics (and /readyz).
+func (r *reloader) refused(log zerolog.Logger, err error) {
+	if r.metrics != nil {
+		r.metrics.ConfigReload(time.Now(), err)
+	}
 	log.Error().Strs("problems", strings.Split(err.Error(), "\n")).
 		Msg("config reload refused; the running config stays: " + strings.ReplaceAll(err.Error(), "\n", "; "))
 }
@@ -165,7 +202,19 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	}
 }
 
-type credentialStats struct{ added, changed, removed []string }
+// credentialStats says what a reload changes in the credentials, by name: added, removed,
+// changed in any way (hosts, injection, source...), and among those the ones whose source
+// changed (read again) and whose hosts changed.
+type credentialStats struct {
+	added, changed, resourced, removed []string
+	hosts                              []hostsChange
+}
+
+// hostsChange is a credential whose hosts a reload changes.
+type hostsChange struct {
+	name                string
+	added, removed, now []string
+}
 
 // buildCredentials builds the credential store of cfg from the running one: credentials whose
 // source is unchanged keep their cached values (credentials.NewStoreFrom), the added and
@@ -182,29 +231,60 @@ func (r *reloader) buildCredentials(ctx context.Context, cfg *config.Config, log
 			return nil, st, fmt.Errorf("vault: %w", err)
 		}
 	}
-	oldSrc := map[string]config.Source{}
-	for _, c := range r.cur.Credentials {
-		oldSrc[c.Name] = c.Source
-	}
-	for _, c := range cfg.Credentials {
-		prev, ok := oldSrc[c.Name]
-		switch {
-		case !ok:
-			st.added = append(st.added, c.Name)
-		case !reflect.DeepEqual(prev, c.Source):
-			st.changed = append(st.changed, c.Name)
-		}
-		delete(oldSrc, c.Name)
-	}
-	for name := range oldSrc {
-		st.removed = append(st.removed, name)
-	}
+	st = credentialChanges(r.cur.Credentials, cfg.Credentials)
 	wctx, cancel := context.WithTimeout(ctx, warmTimeout)
 	defer cancel()
 	for _, err := range set.store.Warm(wctx) {
 		log.Warn().Err(err).Msg("credential not ready; requests granted it get 503 until it is")
 	}
 	return set, st, nil
+}
+
+// credentialChanges compares the credentials of two configs.
+func credentialChanges(before, after []config.Credential) credentialStats {
+	var st credentialStats
+	old := map[string]config.Credential{}
+	for _, c := range before {
+		old[c.Name] = c
+	}
+	for _, c := range after {
+		prev, ok := old[c.Name]
+		delete(old, c.Name)
+		if !ok {
+			st.added = append(st.added, c.Name)
+			continue
+		}
+		if reflect.DeepEqual(prev, c) {
+			continue
+		}
+		st.changed = append(st.changed, c.Name)
+		if !reflect.DeepEqual(prev.Source, c.Source) {
+			st.resourced = append(st.resourced, c.Name)
+		}
+		if added, removed := diff(prev.Hosts, c.Hosts), diff(c.Hosts, prev.Hosts); len(added)+len(removed) > 0 {
+			st.hosts = append(st.hosts, hostsChange{name: c.Name, added: added, removed: removed, now: c.Hosts})
+		}
+	}
+	for name := range old {
+		st.removed = append(st.removed, name)
+	}
+	sort.Strings(st.removed)
+	return st
+}
+
+// diff is what b has that a has not, compared case-insensitively (as hosts are matched).
+func diff(a, b []string) []string {
+	in := map[string]bool{}
+	for _, h := range a {
+		in[strings.ToLower(h)] = true
+	}
+	out := []string{}
+	for _, h := range b {
+		if !in[strings.ToLower(h)] {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // unchanged reports, for cfg, which credentials have the same source as in the running config.

@@ -164,6 +164,9 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	defer closeAudit()
+	if f, ok := auditW.(*audit.File); ok {
+		rl.auditFile = f // SIGHUP reopens it, after log rotation
+	}
 	auditLog := audit.New(auditW)
 	defer auditLog.Close() // before the file closes: the last events are written
 
@@ -236,7 +239,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	rl.b = b
+	rl.b, rl.metrics = b, metrics
 	if dnsLn != nil {
 		defer b.StartResolver(dnsLn, cfg.Transparent).Close() // after the drain, before the audit log closes
 	}
@@ -313,12 +316,13 @@ func selfAddrs(addrs ...net.Addr) []netip.AddrPort {
 	return out
 }
 
-// openAudit opens the audit destination: a file (appended, 0600) or stdout.
+// openAudit opens the audit destination: a file (appended, 0600, an *audit.File that SIGHUP
+// reopens) or stdout.
 func openAudit(path string, stdout io.Writer) (io.Writer, func(), error) {
 	if path == "" {
 		return stdout, func() {}, nil
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	f, err := audit.OpenFile(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("audit.file: %w", err)
 	}
