@@ -20,6 +20,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/capbroker/capbroker/broker/config"
@@ -47,6 +48,7 @@ var kinds = map[string]struct {
 	"Service":        {"v1", func() any { return new(corev1.Service) }},
 	"Pod":            {"v1", func() any { return new(corev1.Pod) }},
 	"Deployment":     {"apps/v1", func() any { return new(appsv1.Deployment) }},
+	"StatefulSet":    {"apps/v1", func() any { return new(appsv1.StatefulSet) }},
 	"NetworkPolicy":  {"networking.k8s.io/v1", func() any { return new(networkingv1.NetworkPolicy) }},
 }
 
@@ -179,19 +181,55 @@ func podSpec(o object) *corev1.PodSpec {
 		return &v.Spec
 	case *appsv1.Deployment:
 		return &v.Spec.Template.Spec
+	case *appsv1.StatefulSet:
+		return &v.Spec.Template.Spec
 	}
 	return nil
 }
 
+// replicas is how many pods a workload runs (a Pod: one; no replicas field: one).
+func replicas(o object) int32 {
+	var r *int32
+	switch v := o.obj.(type) {
+	case *appsv1.Deployment:
+		r = v.Spec.Replicas
+	case *appsv1.StatefulSet:
+		r = v.Spec.Replicas
+	}
+	if r == nil {
+		return 1
+	}
+	return *r
+}
+
+// claimTemplates are the volumes a StatefulSet's pods get from its volumeClaimTemplates.
+func claimTemplates(o object) map[string]bool {
+	out := map[string]bool{}
+	if s, ok := o.obj.(*appsv1.StatefulSet); ok {
+		for _, c := range s.Spec.VolumeClaimTemplates {
+			out[c.Name] = true
+		}
+	}
+	return out
+}
+
 func checkWorkload(t *testing.T, o object) {
 	t.Helper()
-	if d, ok := o.obj.(*appsv1.Deployment); ok {
-		if d.Spec.Selector == nil {
-			t.Errorf("%s: Deployment %s has no selector", o.file, o.name)
+	var selector *metav1.LabelSelector
+	var template map[string]string
+	switch d := o.obj.(type) {
+	case *appsv1.Deployment:
+		selector, template = d.Spec.Selector, d.Spec.Template.Labels
+	case *appsv1.StatefulSet:
+		selector, template = d.Spec.Selector, d.Spec.Template.Labels
+	}
+	if _, ok := o.obj.(*corev1.Pod); !ok && podSpec(o) != nil {
+		if selector == nil {
+			t.Errorf("%s: %s %s has no selector", o.file, o.kind, o.name)
 		} else {
-			for k, v := range d.Spec.Selector.MatchLabels {
-				if d.Spec.Template.Labels[k] != v {
-					t.Errorf("%s: Deployment %s: selector %s=%s does not match its pod template", o.file, o.name, k, v)
+			for k, v := range selector.MatchLabels {
+				if template[k] != v {
+					t.Errorf("%s: %s %s: selector %s=%s does not match its pod template", o.file, o.kind, o.name, k, v)
 				}
 			}
 		}
@@ -200,7 +238,7 @@ func checkWorkload(t *testing.T, o object) {
 	if spec == nil {
 		return
 	}
-	volumes := map[string]bool{}
+	volumes := claimTemplates(o)
 	for _, v := range spec.Volumes {
 		volumes[v.Name] = true
 	}
@@ -421,23 +459,14 @@ func checkReferences(t *testing.T, c *cluster, w object) {
 		if cfgPath == "" {
 			continue
 		}
-		// The broker: its config comes from a ConfigMap key through a subPath mount.
-		where := func(file string) (corev1.Volume, corev1.VolumeMount, bool) {
-			var best corev1.VolumeMount
-			for _, m := range ctr.VolumeMounts {
-				if (file == m.MountPath || strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/")) && len(m.MountPath) > len(best.MountPath) {
-					best = m
-				}
-			}
-			v, ok := volumes[best.Name]
-			return v, best, ok && best.Name != ""
-		}
+		// The broker: its config is a key of a ConfigMap volume.
+		where := func(file string) (corev1.Volume, corev1.VolumeMount, bool) { return mountFor(ctr, volumes, file) }
 		v, m, ok := where(cfgPath)
-		if !ok || v.ConfigMap == nil || m.SubPath == "" {
-			t.Errorf("%s %s/%s: --config %s is not a ConfigMap key mounted with subPath", w.kind, w.name, ctr.Name, cfgPath)
+		if !ok || v.ConfigMap == nil || m.SubPath != "" {
+			t.Errorf("%s %s/%s: --config %s is not a key of a ConfigMap volume mounted as a directory (without subPath)", w.kind, w.name, ctr.Name, cfgPath)
 			continue
 		}
-		raw := configMapData(t, c, w.ns, v.ConfigMap.Name, m.SubPath)
+		raw := configMapData(t, c, w.ns, v.ConfigMap.Name, strings.TrimPrefix(cfgPath, m.MountPath+"/"))
 		cfg, err := config.Parse([]byte(raw))
 		if err != nil {
 			t.Errorf("%s %s: %s: %v", w.kind, w.name, cfgPath, err)
@@ -510,4 +539,132 @@ func configFiles(cfg *config.Config) map[string]string {
 		files[fmt.Sprintf("credentials[%d].source.file", i)] = c.Source.File
 	}
 	return files
+}
+
+// mountFor is the container's mount holding file (the longest mount path above it) and its volume.
+func mountFor(ctr corev1.Container, volumes map[string]corev1.Volume, file string) (corev1.Volume, corev1.VolumeMount, bool) {
+	var best corev1.VolumeMount
+	for _, m := range ctr.VolumeMounts {
+		if (file == m.MountPath || strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/")) && len(m.MountPath) > len(best.MountPath) {
+			best = m
+		}
+	}
+	v, ok := volumes[best.Name]
+	return v, best, ok && best.Name != ""
+}
+
+// templateLabels are the labels of a workload's pods.
+func templateLabels(o object) map[string]string {
+	switch v := o.obj.(type) {
+	case *corev1.Pod:
+		return v.Labels
+	case *appsv1.Deployment:
+		return v.Spec.Template.Labels
+	case *appsv1.StatefulSet:
+		return v.Spec.Template.Labels
+	}
+	return nil
+}
+
+// TestBrokerManifestsInvariants checks, for every broker container of every kustomization,
+// what running it takes beyond valid objects:
+//   - no subPath mount: the kubelet never updates a file mounted with subPath, so a ConfigMap
+//     update would never reach the broker (and a rotated Secret never either);
+//   - approvals.state_file (default: beside the config) is on a writable volume (an emptyDir
+//     or a PersistentVolumeClaim, not read-only): a ConfigMap volume is read-only;
+//   - more than one replica keeps budgets and approval grants in Redis
+//     (budgets.store.redis), with a Service of that name in the manifests selecting pods, and
+//     the password variable set: otherwise each pod counts its own budgets and keeps its own grants.
+func TestBrokerManifestsInvariants(t *testing.T) {
+	brokers := 0
+	for _, dir := range manifestDirs(t) {
+		objs := kustomize(t, dir)
+		for _, w := range objs {
+			spec := podSpec(w)
+			if spec == nil {
+				continue
+			}
+			volumes := map[string]corev1.Volume{}
+			for _, v := range spec.Volumes {
+				volumes[v.Name] = v
+			}
+			claims := claimTemplates(w)
+			for _, ctr := range spec.Containers {
+				i := slices.Index(ctr.Args, "--config")
+				if len(ctr.Args) == 0 || ctr.Args[0] != "run" || i < 0 || i+1 >= len(ctr.Args) {
+					continue
+				}
+				brokers++
+				where := fmt.Sprintf("%s: %s %s/%s", w.file, w.kind, w.name, ctr.Name)
+				cfgPath := ctr.Args[i+1]
+				for _, m := range ctr.VolumeMounts {
+					if m.SubPath != "" || m.SubPathExpr != "" {
+						t.Errorf("%s: volume %s is mounted with subPath at %s: the kubelet never updates it, so a change of its ConfigMap or Secret never reaches the broker; mount the directory", where, m.Name, m.MountPath)
+					}
+				}
+				v, m, ok := mountFor(ctr, volumes, cfgPath)
+				if !ok || v.ConfigMap == nil {
+					t.Errorf("%s: --config %s is not on a ConfigMap volume", where, cfgPath)
+					continue
+				}
+				var raw string
+				for _, o := range objs {
+					if cm, isCM := o.obj.(*corev1.ConfigMap); isCM && o.name == v.ConfigMap.Name {
+						raw = cm.Data[strings.TrimPrefix(cfgPath, m.MountPath+"/")]
+					}
+				}
+				cfg, err := config.Parse([]byte(raw))
+				if err != nil {
+					t.Errorf("%s: --config %s: %v", where, cfgPath, err)
+					continue
+				}
+				state := cfg.Approvals.StateFile
+				if state == "" {
+					state = path.Join(path.Dir(cfgPath), "capbroker-approvals.json")
+				}
+				sv, sm, ok := mountFor(ctr, volumes, state)
+				writable := ok && !sm.ReadOnly && (sv.EmptyDir != nil || sv.PersistentVolumeClaim != nil || claims[sm.Name])
+				if !writable {
+					t.Errorf("%s: approvals.state_file %s is not on a writable volume (an emptyDir or a PersistentVolumeClaim mounted read-write): the broker refuses to start", where, state)
+				}
+				if n := replicas(w); n > 1 {
+					r := cfg.Budgets.Store.Redis
+					if r == nil {
+						t.Errorf("%s: %d replicas without budgets.store.redis: each pod would count its own budgets and keep its own approval grants", where, n)
+						continue
+					}
+					host, _, _ := strings.Cut(r.Address, ":")
+					served := false
+					for _, o := range objs {
+						svc, isSvc := o.obj.(*corev1.Service)
+						if !isSvc || o.name != host || len(svc.Spec.Selector) == 0 {
+							continue
+						}
+						for _, p := range objs {
+							labels := templateLabels(p)
+							if labels != nil && p.name != w.name && func() bool {
+								for k, v := range svc.Spec.Selector {
+									if labels[k] != v {
+										return false
+									}
+								}
+								return true
+							}() {
+								served = true
+							}
+						}
+					}
+					if !served {
+						t.Errorf("%s: budgets.store.redis.address %s is no Service of the manifests selecting a workload: ship Redis with more than one replica", where, r.Address)
+					}
+					if r.PasswordEnv != "" && !slices.ContainsFunc(ctr.Env, func(e corev1.EnvVar) bool { return e.Name == r.PasswordEnv }) {
+						t.Errorf("%s: budgets.store.redis.password_env %s is not set in the container", where, r.PasswordEnv)
+					}
+				}
+			}
+		}
+	}
+	if brokers < 3 {
+		t.Fatalf("found %d broker containers in the manifests, want the three examples'", brokers)
+	}
 }
