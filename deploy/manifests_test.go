@@ -21,6 +21,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
 
 	"github.com/capbroker/capbroker/broker/config"
@@ -667,4 +670,171 @@ func TestBrokerManifestsInvariants(t *testing.T) {
 	if brokers < 3 {
 		t.Fatalf("found %d broker containers in the manifests, want the three examples'", brokers)
 	}
+}
+
+// TestManifestsAPIValidation applies the API server's own rules that hold without a cluster
+// (names, labels, selectors, ports, environment names, mounts), from apimachinery's
+// validation: a kube-apiserver is not in Debian's packages, so this is the part of its
+// validation a test can run here. Named ports are checked across objects: a Service's named
+// targetPort and a probe's named port must be a port of the pods it reaches.
+func TestManifestsAPIValidation(t *testing.T) {
+	for _, dir := range manifestDirs(t) {
+		objs := kustomize(t, dir)
+		for _, o := range objs {
+			where := fmt.Sprintf("%s: %s %s", o.file, o.kind, o.name)
+			bad := func(what string, errs []string) {
+				t.Helper()
+				if len(errs) > 0 {
+					t.Errorf("%s: %s: %s", where, what, strings.Join(errs, "; "))
+				}
+			}
+			meta := o.obj.(metav1.Object)
+			switch o.kind {
+			case "Namespace":
+				bad("metadata.name", validation.IsDNS1123Label(meta.GetName()))
+			case "Service":
+				bad("metadata.name", validation.IsDNS1035Label(meta.GetName()))
+			default:
+				bad("metadata.name", validation.IsDNS1123Subdomain(meta.GetName()))
+			}
+			bad("metadata.labels", fieldErrs(metav1validation.ValidateLabels(meta.GetLabels(), field.NewPath("metadata", "labels"))))
+			switch v := o.obj.(type) {
+			case *appsv1.Deployment:
+				bad("spec.selector", fieldErrs(metav1validation.ValidateLabelSelector(v.Spec.Selector, metav1validation.LabelSelectorValidationOptions{}, field.NewPath("spec", "selector"))))
+				bad("spec.template.metadata.labels", fieldErrs(metav1validation.ValidateLabels(v.Spec.Template.Labels, field.NewPath("labels"))))
+			case *appsv1.StatefulSet:
+				bad("spec.selector", fieldErrs(metav1validation.ValidateLabelSelector(v.Spec.Selector, metav1validation.LabelSelectorValidationOptions{}, field.NewPath("spec", "selector"))))
+				bad("spec.template.metadata.labels", fieldErrs(metav1validation.ValidateLabels(v.Spec.Template.Labels, field.NewPath("labels"))))
+				if v.Spec.ServiceName == "" {
+					t.Errorf("%s: no spec.serviceName", where)
+				}
+			case *networkingv1.NetworkPolicy:
+				bad("spec.podSelector", fieldErrs(metav1validation.ValidateLabelSelector(&v.Spec.PodSelector, metav1validation.LabelSelectorValidationOptions{}, field.NewPath("spec", "podSelector"))))
+			case *corev1.ConfigMap:
+				for k := range v.Data {
+					bad("data key "+k, validation.IsConfigMapKey(k))
+				}
+			case *corev1.Service:
+				for _, p := range v.Spec.Ports {
+					bad("port name", validation.IsDNS1123Label(p.Name))
+					bad("port", validation.IsValidPortNum(int(p.Port)))
+					if p.TargetPort.StrVal == "" {
+						continue
+					}
+					found := false
+					for _, w := range objs {
+						if spec, labels := podSpec(w), templateLabels(w); spec != nil && selects(v.Spec.Selector, labels) {
+							for _, c := range spec.Containers {
+								found = found || slices.ContainsFunc(c.Ports, func(cp corev1.ContainerPort) bool { return cp.Name == p.TargetPort.StrVal })
+							}
+						}
+					}
+					if !found {
+						t.Errorf("%s: targetPort %q is a port of no pod the Service selects", where, p.TargetPort.StrVal)
+					}
+				}
+			}
+			if spec := podSpec(o); spec != nil {
+				validatePodSpec(t, where, spec)
+			}
+		}
+	}
+}
+
+func selects(selector, labels map[string]string) bool {
+	if len(selector) == 0 {
+		return false
+	}
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func fieldErrs(l field.ErrorList) []string {
+	var out []string
+	for _, e := range l {
+		out = append(out, e.Error())
+	}
+	return out
+}
+
+func validatePodSpec(t *testing.T, where string, spec *corev1.PodSpec) {
+	t.Helper()
+	bad := func(what string, errs []string) {
+		t.Helper()
+		if len(errs) > 0 {
+			t.Errorf("%s: %s: %s", where, what, strings.Join(errs, "; "))
+		}
+	}
+	volumes := map[string]bool{}
+	for _, v := range spec.Volumes {
+		bad("volume "+v.Name, validation.IsDNS1123Label(v.Name))
+		if volumes[v.Name] {
+			t.Errorf("%s: volume %s twice", where, v.Name)
+		}
+		volumes[v.Name] = true
+		for _, mode := range []*int32{secretMode(v), configMapMode(v)} {
+			if mode != nil && (*mode < 0 || *mode > 0o777) {
+				t.Errorf("%s: volume %s: defaultMode %o", where, v.Name, *mode)
+			}
+		}
+	}
+	names := map[string]bool{}
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		bad("container "+c.Name, validation.IsDNS1123Label(c.Name))
+		if names[c.Name] {
+			t.Errorf("%s: container %s twice", where, c.Name)
+		}
+		names[c.Name] = true
+		ports := map[string]bool{}
+		for _, p := range c.Ports {
+			bad("container port", validation.IsValidPortNum(int(p.ContainerPort)))
+			if p.Name != "" {
+				bad("container port name", validation.IsValidPortName(p.Name))
+				ports[p.Name] = true
+			}
+		}
+		for _, pr := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe, c.StartupProbe} {
+			if pr == nil {
+				continue
+			}
+			var named string
+			if pr.HTTPGet != nil {
+				named = pr.HTTPGet.Port.StrVal
+			}
+			if pr.TCPSocket != nil {
+				named = pr.TCPSocket.Port.StrVal
+			}
+			if named != "" && !ports[named] {
+				t.Errorf("%s/%s: a probe names port %q, which the container does not have", where, c.Name, named)
+			}
+		}
+		for _, e := range c.Env {
+			bad("env "+e.Name, validation.IsEnvVarName(e.Name))
+		}
+		paths := map[string]bool{}
+		for _, m := range c.VolumeMounts {
+			if !path.IsAbs(m.MountPath) || paths[m.MountPath] {
+				t.Errorf("%s/%s: mountPath %q is not absolute, or mounted twice", where, c.Name, m.MountPath)
+			}
+			paths[m.MountPath] = true
+		}
+	}
+}
+
+func secretMode(v corev1.Volume) *int32 {
+	if v.Secret != nil {
+		return v.Secret.DefaultMode
+	}
+	return nil
+}
+
+func configMapMode(v corev1.Volume) *int32 {
+	if v.ConfigMap != nil {
+		return v.ConfigMap.DefaultMode
+	}
+	return nil
 }
