@@ -636,29 +636,32 @@ func TestBrokerManifestsInvariants(t *testing.T) {
 						t.Errorf("%s: %d replicas without budgets.store.redis: each pod would count its own budgets and keep its own approval grants", where, n)
 						continue
 					}
-					host, _, _ := strings.Cut(r.Address, ":")
-					served := false
+					host, port, _ := strings.Cut(r.Address, ":")
+					var redisPods []map[string]string
 					for _, o := range objs {
-						svc, isSvc := o.obj.(*corev1.Service)
-						if !isSvc || o.name != host || len(svc.Spec.Selector) == 0 {
-							continue
-						}
-						for _, p := range objs {
-							labels := templateLabels(p)
-							if labels != nil && p.name != w.name && func() bool {
-								for k, v := range svc.Spec.Selector {
-									if labels[k] != v {
-										return false
-									}
+						if svc, isSvc := o.obj.(*corev1.Service); isSvc && o.name == host {
+							for _, p := range objs {
+								if labels := templateLabels(p); p.name != w.name && selects(svc.Spec.Selector, labels) {
+									redisPods = append(redisPods, labels)
 								}
-								return true
-							}() {
-								served = true
 							}
 						}
 					}
-					if !served {
+					if len(redisPods) == 0 {
 						t.Errorf("%s: budgets.store.redis.address %s is no Service of the manifests selecting a workload: ship Redis with more than one replica", where, r.Address)
+					}
+					// With NetworkPolicies in the namespace, the brokers must be let through to Redis.
+					// and only they: whoever writes to Redis can grant approvals.
+					for _, rp := range redisPods {
+						if !networkAllows(objs, templateLabels(w), rp, port) {
+							t.Errorf("%s: the NetworkPolicies do not let the broker's pods reach Redis on port %s", where, port)
+						}
+						for _, other := range objs {
+							labels := templateLabels(other)
+							if labels != nil && other.name != w.name && !selects(rp, labels) && networkAllows(objs, labels, rp, port) {
+								t.Errorf("%s: %s %s may reach Redis on port %s: only the brokers may (grants are approvals)", where, other.kind, other.name, port)
+							}
+						}
 					}
 					if r.PasswordEnv != "" && !slices.ContainsFunc(ctr.Env, func(e corev1.EnvVar) bool { return e.Name == r.PasswordEnv }) {
 						t.Errorf("%s: budgets.store.redis.password_env %s is not set in the container", where, r.PasswordEnv)
@@ -837,4 +840,58 @@ func configMapMode(v corev1.Volume) *int32 {
 		return v.ConfigMap.DefaultMode
 	}
 	return nil
+}
+
+// networkAllows reports whether the NetworkPolicies among objs let pods labelled from open
+// TCP connections to pods labelled to on port: both the egress of from and the ingress of to
+// must allow it (a pod no policy selects for a direction is open in that direction).
+func networkAllows(objs []object, from, to map[string]string, port string) bool {
+	allowed := func(direction networkingv1.PolicyType, self, peer map[string]string) bool {
+		selected := false
+		for _, o := range objs {
+			np, ok := o.obj.(*networkingv1.NetworkPolicy)
+			if !ok || !slices.Contains(np.Spec.PolicyTypes, direction) || !matches(np.Spec.PodSelector, self) {
+				continue
+			}
+			selected = true
+			type rule struct {
+				peers []networkingv1.NetworkPolicyPeer
+				ports []networkingv1.NetworkPolicyPort
+			}
+			var rules []rule
+			for _, r := range np.Spec.Egress {
+				if direction == networkingv1.PolicyTypeEgress {
+					rules = append(rules, rule{r.To, r.Ports})
+				}
+			}
+			for _, r := range np.Spec.Ingress {
+				if direction == networkingv1.PolicyTypeIngress {
+					rules = append(rules, rule{r.From, r.Ports})
+				}
+			}
+			for _, r := range rules {
+				peerOK := len(r.peers) == 0 || slices.ContainsFunc(r.peers, func(p networkingv1.NetworkPolicyPeer) bool {
+					return p.PodSelector != nil && p.NamespaceSelector == nil && matches(*p.PodSelector, peer)
+				})
+				portOK := len(r.ports) == 0 || slices.ContainsFunc(r.ports, func(p networkingv1.NetworkPolicyPort) bool {
+					return p.Port != nil && p.Port.String() == port && (p.Protocol == nil || *p.Protocol == corev1.ProtocolTCP)
+				})
+				if peerOK && portOK {
+					return true
+				}
+			}
+		}
+		return !selected
+	}
+	return allowed(networkingv1.PolicyTypeEgress, from, to) && allowed(networkingv1.PolicyTypeIngress, to, from)
+}
+
+// matches reports whether a label selector (matchLabels only; an empty one selects all) selects labels.
+func matches(sel metav1.LabelSelector, labels map[string]string) bool {
+	for k, v := range sel.MatchLabels {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(sel.MatchExpressions) == 0
 }
