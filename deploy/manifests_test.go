@@ -895,3 +895,61 @@ func matches(sel metav1.LabelSelector, labels map[string]string) bool {
 	}
 	return len(sel.MatchExpressions) == 0
 }
+
+// TestManifestsPodSecurityRestricted: in a namespace that enforces the "restricted" Pod
+// Security Standard, the admission controller would refuse a pod (and a Deployment or
+// StatefulSet would just never get one) whose containers do not all run as non-root, without
+// privilege escalation, with every capability dropped and the RuntimeDefault seccomp profile.
+func TestManifestsPodSecurityRestricted(t *testing.T) {
+	checked := 0
+	for _, dir := range manifestDirs(t) {
+		objs := kustomize(t, dir)
+		restricted := map[string]bool{}
+		for _, o := range objs {
+			if ns, ok := o.obj.(*corev1.Namespace); ok && ns.Labels["pod-security.kubernetes.io/enforce"] == "restricted" {
+				restricted[o.name] = true
+			}
+		}
+		for _, o := range objs {
+			spec := podSpec(o)
+			if spec == nil || !restricted[o.ns] {
+				continue
+			}
+			checked++
+			pod := spec.SecurityContext
+			if pod == nil {
+				pod = &corev1.PodSecurityContext{}
+			}
+			for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+				where := fmt.Sprintf("%s: %s %s/%s", o.file, o.kind, o.name, c.Name)
+				sc := c.SecurityContext
+				if sc == nil {
+					sc = &corev1.SecurityContext{}
+				}
+				if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+					t.Errorf("%s: allowPrivilegeEscalation must be false", where)
+				}
+				if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) > 0 && !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_BIND_SERVICE"}) {
+					t.Errorf("%s: capabilities must drop ALL (and add at most NET_BIND_SERVICE)", where)
+				}
+				nonRoot := sc.RunAsNonRoot
+				if nonRoot == nil {
+					nonRoot = pod.RunAsNonRoot
+				}
+				if nonRoot == nil || !*nonRoot || (sc.RunAsUser != nil && *sc.RunAsUser == 0) || (sc.RunAsUser == nil && pod.RunAsUser != nil && *pod.RunAsUser == 0) {
+					t.Errorf("%s: must run as non-root (runAsNonRoot: true, no runAsUser 0)", where)
+				}
+				seccomp := sc.SeccompProfile
+				if seccomp == nil {
+					seccomp = pod.SeccompProfile
+				}
+				if seccomp == nil || (seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault && seccomp.Type != corev1.SeccompProfileTypeLocalhost) {
+					t.Errorf("%s: seccompProfile must be RuntimeDefault or Localhost", where)
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no workload in a restricted namespace: the test checked nothing")
+	}
+}
