@@ -49,13 +49,18 @@ func publishConfigMap(t *testing.T, dir string, gen int, data map[string]string)
 
 // TestConfigMapUpdateReloads: the broker run with --config in a ConfigMap volume, as
 // deploy/kubernetes mounts it, reloads when the ConfigMap changes (the kubelet's ..data
-// swap), with no signal.
+// swap), with no signal; so does a policy directory that is a ConfigMap volume, and only the
+// policy it points at is loaded (not the copies in the timestamped directories).
 func TestConfigMapUpdateReloads(t *testing.T) {
 	dir := t.TempDir()
 	if out, err := exec.Command(brokerBin, "ca", "init", "--out", filepath.Join(dir, "ca")).CombinedOutput(); err != nil {
 		t.Fatalf("ca init: %v\n%s", err, out)
 	}
-	writeFiles(t, dir, map[string]string{"policies/broker.rego": testPolicy})
+	policies := filepath.Join(dir, "policies")
+	policy := func(reason string) map[string]string {
+		return map[string]string{"broker.rego": "package broker\n\ndefault decision := {\"allow\": false, \"reason\": \"" + reason + "\"}\n"}
+	}
+	publishConfigMap(t, policies, 1, policy("first"))
 	cfg := func(mode string) map[string]string {
 		return map[string]string{"broker.yaml": fmt.Sprintf(`proxy: {listen: "127.0.0.1:0"}
 admin: {listen: "127.0.0.1:0"}
@@ -63,7 +68,7 @@ ca: {cert_file: %q, key_file: %q}
 policy: {dir: %q, mode: %s}
 approvals: {state_file: %q}
 agents: [{id: a, token_env: A_TOKEN}]
-`, filepath.Join(dir, "ca", "ca.crt"), filepath.Join(dir, "ca", "ca.key"), filepath.Join(dir, "policies"), mode,
+`, filepath.Join(dir, "ca", "ca.crt"), filepath.Join(dir, "ca", "ca.key"), policies, mode,
 			filepath.Join(dir, "state", "approvals.json"))}
 	}
 	if err := os.Mkdir(filepath.Join(dir, "state"), 0o700); err != nil {
@@ -99,6 +104,20 @@ agents: [{id: a, token_env: A_TOKEN}]
 		}{&ev.Trigger, &ev.PolicyMode})
 		if ev.Trigger != "file changed" || ev.PolicyMode != mode {
 			t.Fatalf("update %d: %s", gen+2, line)
+		}
+	}
+	for gen, reason := range []string{"second", "third"} {
+		mark := logs.mark()
+		publishConfigMap(t, policies, gen+2, policy(reason))
+		var loaded, evaluated struct {
+			Revision string `json:"policy_revision"`
+			Reason   string `json:"reason"`
+		}
+		_ = json.Unmarshal([]byte(logs.waitFrom(t, mark, `"message":"policy reloaded"`)), &loaded)
+		// The revision the broker loaded is that of the policy now in the volume.
+		out, code := run(t, dir, "policy", "eval", "--config", filepath.Join(cm, "broker.yaml"), "--agent", "a", "GET", "https://api.example.test/")
+		if code != 0 || json.Unmarshal([]byte(out), &evaluated) != nil || evaluated.Reason != reason || loaded.Revision == "" || evaluated.Revision != loaded.Revision {
+			t.Fatalf("policy update %d: the broker loaded revision %q; eval: exit %d:\n%s", gen+2, loaded.Revision, code, out)
 		}
 	}
 }
