@@ -86,6 +86,12 @@ func agentToken(a config.Agent) string {
 
 type envVar struct{ name, value string }
 
+// envNotes are printed as comments above their variable (sh format). Node 20's fetch ignores
+// NODE_USE_ENV_PROXY (Node 24 reads it), and Node reports a refused CONNECT without the
+// broker's reason.
+var envNotes = map[string]string{"NODE_USE_ENV_PROXY": `Node 24+: fetch uses the proxy with this. Node 20 ignores it: preload undici's EnvHttpProxyAgent
+# (NODE_OPTIONS=--import=..., docs/clients.md). Node's "Proxy response (403)" omits why: curl -v says.`}
+
 // agentEnv lists the variables, in a fixed order: the proxy, NO_PROXY, the CA, then each
 // credential's SDK variables.
 func agentEnv(cfg *config.Config, a config.Agent, token, proxy string, admin net.Addr, caFile string) []envVar {
@@ -97,7 +103,6 @@ func agentEnv(cfg *config.Config, a config.Agent, token, proxy string, admin net
 	env := []envVar{
 		{"HTTPS_PROXY", url}, {"HTTP_PROXY", url}, {"https_proxy", url}, {"http_proxy", url},
 		{"NO_PROXY", noProxy}, {"no_proxy", noProxy},
-		// Node 24 and later: fetch honours the proxy variables with this set.
 		{"NODE_USE_ENV_PROXY", "1"},
 	}
 	for _, v := range []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
@@ -209,6 +214,9 @@ func writeEnv(w io.Writer, env []envVar, format string) {
 		if format == "env" {
 			fmt.Fprintf(w, "%s=%s\n", v.name, v.value)
 			continue
+		}
+		if note := envNotes[v.name]; note != "" {
+			fmt.Fprintf(w, "# %s\n", note)
 		}
 		fmt.Fprintf(w, "export %s=%s\n", v.name, shellQuote(v.value))
 	}
