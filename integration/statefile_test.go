@@ -41,8 +41,8 @@ agents: [{id: a, token_sha256: %q}]
 }
 
 // TestStateFileGrantsMovedToRedisByBroker: a broker started with a Redis store and the state
-// file of its earlier, Redis-less self moves the file's grants into Redis and says how many;
-// a second broker (a restart, a replica) moves none again.
+// file of its earlier, Redis-less self moves the file's grants into Redis, says how many and
+// renames the file FILE.moved; a second broker with the same file (a replica) moves none again.
 func TestStateFileGrantsMovedToRedisByBroker(t *testing.T) {
 	srv := redistest.Start(t)
 	state := filepath.Join(t.TempDir(), "approvals.json")
@@ -59,6 +59,11 @@ budgets:
   store: {redis: {address: %q, key_prefix: "it:"}}
 `, state, strings.Repeat("ab", 32), srv.Addr)}
 	for i, want := range []string{`"moved":1,"moved_before":0`, `"moved":0,"moved_before":1`} {
+		if i == 1 { // the first broker renamed it; a second replica's copy of the file
+			if err := os.Rename(state+".moved", state); err != nil {
+				t.Fatal(err)
+			}
+		}
 		br := startBroker(t, opts)
 		line := br.logs.wait(t, "approvals.state_file: its grants are kept in the shared grants store")
 		if !strings.Contains(line, want) || !strings.Contains(line, state) {

@@ -3,7 +3,10 @@ package approvals
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"slices"
 	"time"
 
@@ -24,7 +27,8 @@ type GrantStore interface {
 
 // migrate moves the live grants of approvals.state_file into the shared store: approvals that
 // switch to Redis keep the grants people gave. Each grant is imported once (a grant revoked
-// after the move stays revoked); a state file that cannot be read, or grants that cannot be
+// after the move stays revoked, whatever restarts or replicas read the file again), and the
+// file is then renamed FILE.moved; a state file that cannot be read, or grants that cannot be
 // moved, stop the start.
 func (q *Queue) migrate() error {
 	if q.o.StateFile == "" {
@@ -44,10 +48,21 @@ func (q *Queue) migrate() error {
 			moved++
 		}
 	}
-	q.o.Log.Info().Str("state_file", q.o.StateFile).Int("moved", moved).Int("moved_before", len(gs)-moved).
+	log := q.o.Log.Info()
+	// Renamed, so that a Redis that lost its data (and the ids imported) cannot get back from
+	// a stale file a grant revoked since; a file that stays is still not imported twice.
+	if err := os.Rename(q.o.StateFile, q.o.StateFile+MovedSuffix); err == nil {
+		log = log.Str("renamed_to", q.o.StateFile+MovedSuffix)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		log = q.o.Log.Warn().AnErr("rename", err)
+	}
+	log.Str("state_file", q.o.StateFile).Int("moved", moved).Int("moved_before", len(gs)-moved).
 		Msg("approvals.state_file: its grants are kept in the shared grants store from now on; the file is no longer read or written")
 	return nil
 }
+
+// MovedSuffix is added to the state file's name once its grants are in the shared store.
+const MovedSuffix = ".moved"
 
 // sync reads the grants again from a shared store; on failure the last ones read stand.
 func (q *Queue) sync() {

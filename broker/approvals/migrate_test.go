@@ -29,7 +29,8 @@ func writeStateFile(t *testing.T, path string, gs ...Grant) {
 
 // TestStateFileGrantsMoveToRedis: a broker switched to a Redis grants store keeps the grants
 // of its state file: they are moved into Redis at start, once (a restart moves nothing again,
-// a grant revoked after the move stays revoked), and the move is logged with its count.
+// a grant revoked after the move stays revoked), the file is renamed, and the move is
+// logged with its count.
 func TestStateFileGrantsMoveToRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
@@ -62,10 +63,17 @@ func TestStateFileGrantsMoveToRedis(t *testing.T) {
 	if n, _ := c.HLen(t.Context(), "t:grants").Result(); n != 2 {
 		t.Fatalf("Redis holds %d grants, want 2", n)
 	}
+	if _, err := os.Stat(state + MovedSuffix); err != nil {
+		t.Fatalf("the state file was not renamed: %v", err)
+	}
 	if err := q1.Revoke("gr-1", "ops"); err != nil {
 		t.Fatal(err)
 	}
-	q2, logs := start() // a restart, or a second replica with the same state file
+	// A second replica that read the same file, or a file put back: nothing is moved again.
+	if err := os.Rename(state+MovedSuffix, state); err != nil {
+		t.Fatal(err)
+	}
+	q2, logs := start()
 	if !strings.Contains(logs, `"moved":0,"moved_before":2`) {
 		t.Errorf("second start's log: %s", logs)
 	}
