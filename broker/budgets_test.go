@@ -167,7 +167,7 @@ func BenchmarkPipelineBudgets(b *testing.B) {
 	  "req": {"agent": "dev-agent", "provider": "openai", "model": "gpt-4*", "requests": 1000000000000, "window": "day"},
 	  "tok": {"labels": {"env": "dev"}, "provider": "openai", "tokens": 1000000000000, "window": "month"}
 	}}`
-	// Only a tokens budget: checked against counters refreshed in the background.
+	// Only a tokens budget: read in Redis at the check, usage written there at the end.
 	const tokensOnly = `{"budgets": {
 	  "tok": {"labels": {"env": "dev"}, "provider": "openai", "tokens": 1000000000000, "window": "month"}
 	}}`

@@ -47,18 +47,11 @@ type Budgets struct {
 	o      Options
 	shared Store   // nil when counters are in memory only
 	local  *Memory // the counters in memory: the store itself, or the last values of the shared one
-	// fetched holds, by counter, when this broker last read it from the shared store (unix ns).
-	fetched    *Memory
-	refreshing atomic.Bool // a background read of the shared store is running
-
-	cur  atomic.Pointer[parsed]
-	down atomic.Int64 // unix nanoseconds until which the shared store is not asked
+	cur    atomic.Pointer[parsed]
+	down   atomic.Int64 // unix nanoseconds until which the shared store is not asked
 
 	owedMu sync.Mutex
 	owed   map[string]owedAdd // adds made locally while the shared store failed, replayed after
-
-	work    chan func()
-	pending sync.WaitGroup
 
 	remaining  *prometheus.GaugeVec
 	refused    *prometheus.CounterVec
@@ -78,7 +71,7 @@ type parsed struct {
 
 var _ usage.Recorder = (*Budgets)(nil)
 
-// New returns Budgets. With a shared store, usage is written to it by a goroutine of its own.
+// New returns Budgets.
 func New(o Options) *Budgets {
 	if o.Now == nil {
 		o.Now = time.Now
@@ -86,18 +79,8 @@ func New(o Options) *Budgets {
 	if o.OnStoreError == "" {
 		o.OnStoreError = FailClosed
 	}
-	b := &Budgets{o: o, local: NewMemory(), fetched: NewMemory(), owed: map[string]owedAdd{}}
-	b.local.now, b.fetched.now = o.Now, o.Now
-	if o.Store != nil {
-		b.shared = o.Store
-		b.work = make(chan func(), 4096)
-		go func() {
-			for f := range b.work {
-				f()
-				b.pending.Done()
-			}
-		}()
-	}
+	b := &Budgets{o: o, shared: o.Store, local: NewMemory(), owed: map[string]owedAdd{}}
+	b.local.now = o.Now
 	b.remaining = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "capbroker_budget_remaining",
 		Help: "What is left of a budget in its current window (requests, tokens, or cost in the price table's unit), by budget and scope (the agent, for a per-agent budget).",
@@ -115,10 +98,6 @@ func New(o Options) *Budgets {
 	}
 	return b
 }
-
-// Flush waits until the usage recorded so far has been written to the shared store, and
-// background reads of it have ended.
-func (b *Budgets) Flush() { b.pending.Wait() }
 
 // set returns the parsed budgets of the current policy (nil and the error when its data is
 // malformed: Check then refuses).
@@ -206,6 +185,12 @@ func (b *Budgets) onStoreError(bu *Budget) string {
 // spent (their usage is recorded when the call ends). It returns *Exceeded when a budget is
 // spent, *Unavailable when the shared store failed and a budget fails closed, or the policy
 // data's error.
+//
+// With a shared store every check reads the counters there, in the script that counts the
+// requests budgets: never a value this broker held from before the check. Record writes a
+// call's usage there before the call is done with. So a tokens or cost budget is overrun by
+// at most the calls in flight across the fleet when it was spent (a call is in flight from its
+// check to the write of its usage), each counted whole: docs/budgets.md has the proof.
 func (b *Budgets) Check(ctx context.Context, r Request) error {
 	s, err := b.set()
 	if err != nil {
@@ -251,9 +236,6 @@ func (b *Budgets) take(ctx context.Context, cs []Counter, bs []*Budget) ([]int64
 	if b.shared == nil {
 		return b.local.Take(ctx, cs)
 	}
-	if vals, over, ok := b.cached(ctx, cs); ok {
-		return vals, over, nil
-	}
 	var err error
 	if d := b.down.Load(); d == 0 || b.o.Now().UnixNano() >= d {
 		var vals []int64
@@ -264,10 +246,8 @@ func (b *Budgets) take(ctx context.Context, cs []Counter, bs []*Budget) ([]int64
 		}
 		if err == nil {
 			b.down.Store(0)
-			now := b.o.Now().UnixNano()
 			for i, c := range cs {
 				b.local.seed(c.Key, vals[i], c.TTL)
-				b.fetched.seed(c.Key, now, c.TTL)
 			}
 			return vals, over, nil
 		}
@@ -294,67 +274,6 @@ func (b *Budgets) take(ctx context.Context, cs []Counter, bs []*Budget) ([]int64
 		}
 	}
 	return vals, over, nil
-}
-
-// refreshEvery is how old the counters of a tokens or cost budget may be when a request is
-// checked against them: such a check counts nothing, so it reads the values this broker holds
-// and has them read again from the shared store in the background, off the request's path.
-const refreshEvery = 100 * time.Millisecond
-
-// cached checks counters that nothing is added to (tokens and cost budgets) against the
-// values this broker holds, and starts a refresh from the shared store when they are older
-// than refreshEvery. It reports false, for a round trip instead, when one of them has never
-// been read here or the store is down.
-func (b *Budgets) cached(ctx context.Context, cs []Counter) ([]int64, int, bool) {
-	if d := b.down.Load(); d != 0 && b.o.Now().UnixNano() < d {
-		return nil, 0, false
-	}
-	keys := make([]string, len(cs))
-	for i, c := range cs {
-		if c.Add != 0 {
-			return nil, 0, false
-		}
-		keys[i] = c.Key
-	}
-	at, _ := b.fetched.Get(ctx, keys)
-	now := b.o.Now().UnixNano()
-	stale := false
-	for _, t := range at {
-		if t == 0 {
-			return nil, 0, false
-		}
-		stale = stale || now-t > int64(refreshEvery)
-	}
-	vals, _ := b.local.Get(ctx, keys)
-	over := -1
-	for i, c := range cs {
-		if vals[i] >= c.Limit {
-			over = i
-			break
-		}
-	}
-	if stale && b.refreshing.CompareAndSwap(false, true) {
-		for _, c := range cs {
-			b.fetched.seed(c.Key, now, c.TTL)
-		}
-		b.pending.Add(1)
-		go func() {
-			defer b.pending.Done()
-			defer b.refreshing.Store(false)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			vs, err := b.shared.Get(ctx, keys)
-			if err != nil {
-				b.storeError.WithLabelValues("get").Inc()
-				b.down.Store(b.o.Now().Add(downFor).UnixNano())
-				return
-			}
-			for i, c := range cs {
-				b.local.seed(c.Key, vs[i], c.TTL)
-			}
-		}()
-	}
-	return vals, over, true
 }
 
 // owe keeps an add made locally for the shared store, to be replayed when it answers again.
@@ -390,23 +309,20 @@ func (b *Budgets) replay(ctx context.Context) error {
 	return err
 }
 
-// async adds to a counter of the shared store by the usage goroutine; a failed add is owed.
-func (b *Budgets) async(key string, n int64, ttl time.Duration) {
-	b.pending.Add(1)
-	f := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		if err := b.shared.Add(ctx, key, n, ttl); err != nil {
-			b.storeError.WithLabelValues("add").Inc()
-			b.owe(key, n, ttl)
-		}
-	}
-	select {
-	case b.work <- f:
-	default:
-		// The queue is full (the store is slow): owed, not waited for.
+// write adds a call's usage to a counter of the shared store before the call is done with: a
+// check on any broker that starts after it sees it. When the store fails, or failed less than
+// downFor ago, the add is owed and replayed before the next take.
+func (b *Budgets) write(key string, n int64, ttl time.Duration) {
+	if d := b.down.Load(); d != 0 && b.o.Now().UnixNano() < d {
 		b.owe(key, n, ttl)
-		b.pending.Done()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := b.shared.Add(ctx, key, n, ttl); err != nil {
+		b.storeError.WithLabelValues("add").Inc()
+		b.down.Store(b.o.Now().Add(downFor).UnixNano())
+		b.owe(key, n, ttl)
 	}
 }
 
@@ -431,7 +347,8 @@ func remaining(bu *Budget, used int64) float64 {
 // Record counts a metered call's tokens and cost against the tokens and cost budgets that
 // apply to it, in the window it ends in, and returns its cost by data.prices (0 when the
 // model has no price). A call that started within a budget and ended over it is counted
-// whole: the next request is refused.
+// whole: the next request is refused. With a shared store, the usage is written there
+// before Record returns (one round trip; owed and replayed when the store fails).
 func (b *Budgets) Record(c usage.Call) float64 {
 	s, err := b.set()
 	if err != nil {
@@ -454,7 +371,7 @@ func (b *Budgets) Record(c usage.Call) float64 {
 		key, ttl := bu.key(c.Agent, start), end.Sub(now)+keyMargin
 		_ = b.local.Add(context.Background(), key, n, ttl)
 		if b.shared != nil {
-			b.async(key, n, ttl)
+			b.write(key, n, ttl)
 		}
 		v, _ := b.local.Get(context.Background(), []string{key})
 		b.remaining.WithLabelValues(bu.Name, scope(bu, c.Agent)).Set(remaining(bu, v[0]))

@@ -57,7 +57,6 @@ func TestRedisShared(t *testing.T) {
 	}
 
 	bs[0].Record(usage.Call{Agent: "a", Provider: "openai", Model: "m", In: 600, Out: 500, Reported: true})
-	bs[0].Flush()
 	srv.Restart()
 	// Redis restarted: the first round trip may find the old connection gone.
 	var err error
@@ -164,5 +163,25 @@ func TestRedisDownLocalOvershoot(t *testing.T) {
 	v, err := stores[0].Get(ctx, []string{bs[0].cur.Load().set.Budgets[0].key("a", start)})
 	if err != nil || v[0] != total {
 		t.Errorf("Redis counts %v (%v) after the replay, want %d", v, err, total)
+	}
+}
+
+// TestRedisDownTokensFailClosed: a tokens budget that fails closed refuses the first check
+// after Redis stopped, however recently its counter was read: no check decides on an older
+// value.
+func TestRedisDownTokensFailClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	st := NewRedis(RedisOptions{Address: srv.Addr, KeyPrefix: "t7:", Timeout: 200 * time.Millisecond})
+	t.Cleanup(func() { st.Close() })
+	b := newBudgets(t, `{"budgets": {"tok": {"provider": "openai", "tokens": 1000, "window": "day"}}}`, Options{Store: st})
+	ctx := context.Background()
+	req := Request{Agent: "a", Provider: "openai"}
+	if err := b.Check(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	var un *Unavailable
+	if err := b.Check(ctx, req); !errors.As(err, &un) || un.Budget != "tok" {
+		t.Fatalf("Redis down, a tokens budget failing closed: %v, want Unavailable", err)
 	}
 }
