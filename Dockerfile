@@ -20,7 +20,8 @@ COPY . .
 ARG VERSION=dev
 ARG COMMIT=""
 RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
-      -o /out/broker ./cmd/broker
+      -o /out/broker ./cmd/broker \
+ && mkdir -p /out/state
 
 # --- demo: the compose demo's API (not part of the broker image) ----------------------------
 FROM build AS build-demo
@@ -63,6 +64,9 @@ ENTRYPOINT ["/usr/local/bin/broker"]
 FROM gcr.io/distroless/static-debian12:nonroot AS broker
 COPY --from=build /out/broker /broker
 COPY policies /etc/broker/policies
+# Where approvals.state_file goes (/etc/broker is read-only to the broker): a volume mounted
+# here starts out owned by the broker's user.
+COPY --from=build --chown=65532:65532 --chmod=0700 /out/state/ /var/lib/capbroker/
 USER 65532:65532
 EXPOSE 8080
 # No shell in the image: the broker checks itself. `broker healthcheck` GETs the admin

@@ -227,10 +227,14 @@ type stateFile struct {
 	Grants  []Grant `json:"grants"`
 }
 
-// load reads the state file's grants, dropping expired ones. A missing file is no grants; an
-// unreadable one is an error: grants must not vanish silently.
+// load reads the grants: from the shared store, after moving the state file's grants into it
+// (migrate); or from the state file, whose directory must be writable. A missing file is no
+// grants; an unreadable one is an error: grants must not vanish silently.
 func (q *Queue) load() error {
 	if q.o.Grants != nil {
+		if err := q.migrate(); err != nil {
+			return err
+		}
 		gs, err := q.o.Grants.List()
 		if err != nil {
 			return fmt.Errorf("the grants store: %w", err)
@@ -241,24 +245,48 @@ func (q *Queue) load() error {
 	if q.o.StateFile == "" {
 		return nil
 	}
-	b, err := os.ReadFile(q.o.StateFile)
+	gs, err := readStateFile(q.o.StateFile, q.o.Now())
+	if err != nil {
+		return err
+	}
+	q.grants = gs
+	return writable(q.o.StateFile)
+}
+
+// readStateFile returns the live "agent" grants of a state file; none when it does not exist.
+func readStateFile(path string, now time.Time) ([]Grant, error) {
+	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("approvals.state_file: %w", err)
+		return nil, fmt.Errorf("approvals.state_file: %w", err)
 	}
 	var st stateFile
 	if err := json.Unmarshal(b, &st); err != nil {
-		return fmt.Errorf("approvals.state_file %s: not a state file: %w", q.o.StateFile, err)
+		return nil, fmt.Errorf("approvals.state_file %s: not a state file: %w", path, err)
 	}
-	now := q.o.Now()
+	var out []Grant
 	for _, g := range st.Grants {
 		if g.Kind == ScopeAgent && g.Expires != nil && now.Before(*g.Expires) {
-			q.grants = append(q.grants, g)
+			out = append(out, g)
 		}
 	}
-	return nil
+	return out, nil
+}
+
+// writable checks, at start, that the state file can be written where it is, as save writes
+// it (a new file beside it, renamed over it): otherwise the first grant would fail, long after
+// the broker was deployed.
+func writable(path string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".check*")
+	if err != nil {
+		return fmt.Errorf("approvals.state_file %s: grants could not be kept, its directory is not writable: %w "+
+			"(set approvals.state_file to a file in a writable directory, or configure budgets.store.redis)", path, err)
+	}
+	name := f.Name()
+	f.Close()
+	return os.Remove(name)
 }
 
 // save writes the "agent" grants to the state file, atomically.

@@ -53,8 +53,9 @@ func adminTLS(t *config.AdminTLS) (*tls.Config, error) {
 		ClientCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
-// buildApprovals makes the approvals queue (its grants loaded from the state file), its
-// webhook, and the admin API. policyDir is "" when the policy is not a directory.
+// buildApprovals makes the approvals queue (its grants loaded from the state file, or from
+// the shared store, into which the state file's grants are moved once), its webhook, and the
+// admin API. policyDir is "" when the policy is not a directory.
 func buildApprovals(ctx context.Context, cfg *config.Config, configPath, policyDir string, adminAddr net.Addr,
 	token string, mtls bool, auditLog *audit.Logger, metrics *broker.Metrics, log zerolog.Logger, grants approvals.GrantStore) (*approvalsSetup, error) {
 	a := cfg.Approvals
@@ -86,6 +87,9 @@ func buildApprovals(ctx context.Context, cfg *config.Config, configPath, policyD
 		o.Notify = hook.Notify
 	}
 	q, err := approvals.New(o)
+	if err != nil && a.StateFile == "" && grants == nil {
+		return nil, fmt.Errorf("%w; approvals.state_file is not set, and its default is beside the config file", err)
+	}
 	if err != nil {
 		return nil, err
 	}

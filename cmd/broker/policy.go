@@ -172,7 +172,7 @@ type evalAsk struct {
 
 func cmdPolicyEval(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("policy eval", "policy eval [--policies DIR] [--config FILE] (--input FILE | --agent ID METHOD URL)", stderr)
-	dir := fs.String("policies", "policies", "policy directory (Rego and data files)")
+	dir := fs.String("policies", "policies", "policy directory (Rego and data files; default: --config's policy.dir, else ./policies)")
 	inputFile := fs.String("input", "", "the policy input, a JSON file (- for standard input)")
 	cfgFile := fs.String("config", "", "broker config: input.credentials and the agent's labels come from it, as the broker would set them")
 	agent := fs.String("agent", "", "agent id, for a request given as METHOD URL")
@@ -222,6 +222,13 @@ func cmdPolicyEval(args []string, stdout, stderr io.Writer) error {
 	}
 	if cfg != nil {
 		bindConfig(input.(map[string]any), cfg)
+		// The policy the broker would run: the config's, unless --policies names another.
+		if !flagSet(fs, "policies") {
+			if cfg.Policy.Bundle != nil {
+				return fmt.Errorf("--config %s: the policy is a bundle (policy.bundle), which eval does not fetch: give --policies DIR", *cfgFile)
+			}
+			*dir = cfg.Policy.Dir
+		}
 	}
 	ctx := context.Background()
 	engine, err := policy.NewDir(ctx, *dir)
@@ -252,6 +259,13 @@ func cmdPolicyEval(args []string, stdout, stderr io.Writer) error {
 // requestInput builds the policy input of a request given on the command line, as the broker
 // builds it: "GET https://host/path?q=1" (request phase, no headers, no body) or
 // "CONNECT host:port" (connect phase).
+// flagSet reports whether the command line gave the flag.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 func requestInput(agent, method, target string) (map[string]any, error) {
 	method = strings.ToUpper(method)
 	in := policy.Input{AgentID: agent, SourceIP: "127.0.0.1", Method: method, Headers: map[string]string{}}
