@@ -718,6 +718,9 @@ func demoBrokerConfig(t *testing.T, upstreamCA, vaultAddr, approleDir, apiHost s
 	for _, c := range creds {
 		c.(map[string]any)["hosts"] = []string{apiHost}
 	}
+	if approvals, ok := m["approvals"].(map[string]any); ok && approvals["state_file"] != nil {
+		approvals["state_file"] = filepath.Join(t.TempDir(), "approvals.json") // compose's volume
+	}
 	out, err := yaml.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
