@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 
 	"github.com/capbroker/capbroker/broker/audit"
@@ -93,4 +95,37 @@ func (b *Broker) noteMCPSession(x *exchange, in *policy.Input, resp *http.Respon
 		return
 	}
 	b.sessions.Issued(in.Host, id, x.agent.ID)
+}
+
+// rpcRequests are the ids of the requests (messages with a method and an id) in a JSON-RPC
+// body text, and whether it is a batch: those a refusal answers with an error response
+// each (rpcRefusal). Nothing when text is not a JSON-RPC body the broker reads as the server
+// would (rpc.Parse: an ambiguous or malformed one's ids are not trusted), or carries only
+// notifications and responses. An id is echoed only if it is a string or a number, as
+// JSON-RPC 2.0 has them.
+func rpcRequests(text []byte) (ids []json.RawMessage, batch bool) {
+	if _, err := rpc.Parse(text); err != nil {
+		return nil, false
+	}
+	t := bytes.TrimLeft(text, " \t\r\n")
+	var msgs []struct {
+		ID     json.RawMessage `json:"id"`
+		Method *string         `json:"method"`
+	}
+	batch = t[0] == '['
+	if !batch {
+		t = append(append([]byte{'['}, t...), ']')
+	}
+	if json.Unmarshal(t, &msgs) != nil {
+		return nil, false
+	}
+	for _, m := range msgs {
+		if m.Method == nil || len(m.ID) == 0 {
+			continue
+		}
+		if c := m.ID[0]; c == '"' || c == '-' || c >= '0' && c <= '9' {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids, batch
 }

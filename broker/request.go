@@ -74,6 +74,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		return nil, err
 	}
 	x.bytesIn.Add(int64(len(small)))
+	x.small = small
 	if small == nil && r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &x.bytesIn}
 	}
