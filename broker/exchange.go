@@ -49,6 +49,8 @@ type exchange struct {
 	// jsonRPC: the request is to a configured MCP or JSON-RPC endpoint, whose client reads a
 	// refusal as a JSON-RPC error (describeRPC).
 	jsonRPC bool
+	// mcp: the endpoint is an MCP server's (its messages are named as MCP's in the audit).
+	mcp bool
 	// small is the request's body when readSmallBody read it, else nil.
 	small []byte
 }
@@ -78,6 +80,7 @@ func (x *exchange) identify(a identity.Agent) {
 func (x *exchange) finish() {
 	x.once.Do(func() {
 		x.ev.BytesIn, x.ev.BytesOut = x.bytesIn.Load(), x.bytesOut.Load()
+		x.nameRPC()
 		if x.scrub != nil {
 			x.ev.Error = x.scrub.String(x.ev.Error)
 			x.ev.Reason = x.scrub.String(x.ev.Reason)
@@ -106,7 +109,8 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 	ae := classify(err)
 	x.code = ae.code
 	switch {
-	case ae.code == "denied" || ae.code == codeAmbiguous || ae.code == "budget_exceeded" || refusedByApprover(ae.code):
+	case ae.code == "denied" || ae.code == codeAmbiguous || ae.code == "budget_exceeded" || refusedByApprover(ae.code) ||
+		ae.code == errMCPSessionUnknown.code:
 		x.ev.Decision = audit.Deny
 		x.ev.Reason = ae.reason
 	case isChallenge(r, err):
@@ -139,10 +143,7 @@ func (x *exchange) refusal(r *http.Request, ae agentError) *http.Response {
 	shape := shapeFor(r, x.ev.Host)
 	if x.jsonRPC {
 		shape = shapeJSONRPC
-		text := x.body.text
-		if text == nil {
-			text = x.small
-		}
+		text := x.rpcText()
 		if ae.status != http.StatusProxyAuthRequired && ae.code != errMCPSessionUnknown.code && text != nil {
 			if ids, batch := rpcRequests(text); len(ids) > 0 {
 				return rpcRefusal(r, ae, ids, batch, x.ev.RequestID, x.agent.ID, x.ev.Host)
