@@ -217,7 +217,11 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 				return target{}, fmt.Errorf("%w: %v", errBadRequest, err)
 			}
 			if host != tun.target.host || (port != 0 && port != tun.target.port) {
-				return target{}, denial{fmt.Sprintf("request host %q does not match the tunnel's CONNECT host %q", h, tun.target.hostPort())}
+				opened := "the tunnel's CONNECT host"
+				if tun.mode == audit.ModeTransparent {
+					opened = "the host this redirected connection was opened for"
+				}
+				return target{}, denial{fmt.Sprintf("request host %q does not match %s %q", h, opened, tun.target.hostPort())}
 			}
 		}
 		return tun.target, nil
