@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 )
 
 // What agents and approvers see of a refusal (issue 34): in the shape their client reads, and
@@ -154,5 +156,53 @@ func TestAgentViewChallengeNamesTarget(t *testing.T) {
 		if ev["decision"] != "challenge" || ev["host"] != host || fmt.Sprint(ev["port"]) != port {
 			t.Errorf("%q: event %v", c.head, ev)
 		}
+	}
+}
+
+// TestAgentViewConsoleHistory: a console opened after a held request was decided shows that
+// decision (recently decided, and the decision in the live list), and the card of the same
+// agent's next question shows what it asked before and how that was decided.
+func TestAgentViewConsoleHistory(t *testing.T) {
+	b := newBrokerBackend(t)
+	res := b.request(t, "DELETE", "/held/history/first", nil, "")
+	first := pendingID(t, b, "/held/history/first")
+	if code, body := api(t, b, "POST", "/api/approvals/"+first+"/deny", map[string]string{"comment": "not this one"}); code != 200 {
+		t.Fatalf("deny: %d %v", code, body)
+	}
+	if r := recv(t, res); r.status != 403 {
+		t.Fatalf("denied request: %d %s", r.status, r.body)
+	}
+	if r := recv(t, b.request(t, "GET", "/open/before-the-page", nil, "")); r.status != 200 {
+		t.Fatalf("allowed request: %d %s", r.status, r.body)
+	}
+	b.e.broker.auditLog.wait(t, `"path":"/open/before-the-page"`)
+
+	ctx := newBrowser(t)
+	login(t, ctx, b.adminURL(), b.adminToken())
+	item := fmt.Sprintf(`#recent li[data-id=%q]`, first)
+	do(t, ctx, chromedp.WaitVisible(chromedp.CSS(item)))
+	if got := eval[string](t, ctx, `document.querySelector('`+item+`').textContent`); !strings.Contains(got, "denied by token “not this one”") ||
+		!strings.Contains(got, "DELETE 127.0.0.1") || !strings.Contains(got, "/held/history/first") || !strings.Contains(got, agentID) {
+		t.Errorf("recently decided: %q", got)
+	}
+	waitJS(t, ctx, "the decisions made before the page opened", `[...document.querySelectorAll('#live li')].some((li) => li.textContent.includes('/open/before-the-page'))`+
+		` && [...document.querySelectorAll('#live li')].some((li) => li.textContent.includes('/held/history/first'))`)
+
+	res = b.request(t, "DELETE", "/held/history/second", nil, "")
+	second := pendingID(t, b, "/held/history/second")
+	history := card(second) + " .history-box"
+	do(t, ctx, chromedp.WaitVisible(chromedp.CSS(history)))
+	if got := eval[string](t, ctx, `document.querySelector('`+history+`').textContent`); !strings.Contains(got, "asked before") ||
+		!strings.Contains(got, "denied by token") || !strings.Contains(got, "/held/history/first") {
+		t.Errorf("the card's history: %q", got)
+	}
+	// A decision replayed when the stream opened and seen live is listed once.
+	do(t, ctx, chromedp.Click(chromedp.CSS(card(second)+" button.approve")))
+	if r := recv(t, res); r.status != 200 {
+		t.Fatalf("approved request: %d %s", r.status, r.body)
+	}
+	do(t, ctx, chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`#recent li[data-id=%q]`, second))))
+	if n := eval[float64](t, ctx, `[...document.querySelectorAll('#live li')].filter((li) => li.textContent.includes('/open/before-the-page')).length`); n != 1 {
+		t.Errorf("the earlier decision is listed %v times", n)
 	}
 }
