@@ -136,15 +136,16 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 // refusal is the agent's response to a request refused with ae, in the shape its client
 // reads. A refusal of requests with ids to an MCP or JSON-RPC endpoint is an error response to
 // each (rpcRefusal), except for the 407 asking for proxy credentials and the 404 of an
-// unknown MCP session, which the client acts on; one of anything else there (notifications,
-// a body not read, or not read as the server would) is a JSON-RPC error with id null and the
-// refusal's status.
+// unknown MCP session, which the client acts on, and the 400 of an ambiguous request, whose
+// ids are not trusted (CONTRACT §8b); one of anything else there (notifications, a body not
+// read, or not read as the server would) is a JSON-RPC error with id null and the refusal's
+// status.
 func (x *exchange) refusal(r *http.Request, ae agentError) *http.Response {
 	shape := shapeFor(r, x.ev.Host)
 	if x.jsonRPC {
 		shape = shapeJSONRPC
 		text := x.rpcText()
-		if ae.status != http.StatusProxyAuthRequired && ae.code != errMCPSessionUnknown.code && text != nil {
+		if ae.status != http.StatusProxyAuthRequired && ae.code != errMCPSessionUnknown.code && ae.code != codeAmbiguous && text != nil {
 			if ids, batch := rpcRequests(text); len(ids) > 0 {
 				return rpcRefusal(r, ae, ids, batch, x.ev.RequestID, x.agent.ID, x.ev.Host)
 			}

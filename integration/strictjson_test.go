@@ -183,7 +183,7 @@ decision := {"allow": true} if {
 	if status, body, _ := postJSON(t, c, u, `{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0x0","latest"]}`); status != 200 {
 		t.Fatalf("eth_getBalance: %d %s", status, body)
 	}
-	if status, body, _ := postJSON(t, c, u, `{"jsonrpc":"2.0","id":1,"method":"eth_sendRawTransaction","params":["0x00"]}`); status != 403 || !strings.Contains(body, `"jsonrpc":"2.0"`) {
+	if status, body, _ := postJSON(t, c, u, `{"jsonrpc":"2.0","id":1,"method":"eth_sendRawTransaction","params":["0x00"]}`); status != 200 || !strings.HasPrefix(body, `{"jsonrpc":"2.0","id":1,"error":`) {
 		t.Fatalf("eth_sendRawTransaction: %d %s", status, body)
 	}
 	send := `"eth_sendRawTransaction"`
