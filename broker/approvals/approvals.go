@@ -104,6 +104,8 @@ func (r Request) URL() string {
 	host := r.Host
 	if (r.Scheme == "https" && r.Port != 443) || (r.Scheme == "http" && r.Port != 80) {
 		host = net.JoinHostPort(r.Host, strconv.Itoa(r.Port))
+	} else if strings.Contains(host, ":") {
+		host = "[" + host + "]" // an IPv6 address
 	}
 	u := r.Scheme + "://" + host + r.Path // the path as sent: already escaped
 	if len(r.Query) > 0 {

@@ -344,8 +344,9 @@
   }
 
   function target(p) {
-    if (str(p.phase) === 'connect') return str(p.host) + (p.port ? ':' + p.port : '');
-    let t = str(p.host);
+    const host = str(p.host).includes(':') ? '[' + str(p.host) + ']' : str(p.host); // IPv6
+    if (str(p.phase) === 'connect') return host + (p.port ? ':' + p.port : '');
+    let t = host;
     const port = Number(p.port);
     if (port && !((p.scheme === 'https' && port === 443) || (p.scheme === 'http' && port === 80))) t += ':' + port;
     return t + str(p.path);
