@@ -129,7 +129,8 @@ var decisionMsg = []byte(`"msg":"decision"`)
 // audit event's JSON (secret-free as the audit log is), and is kept for Recent.
 func (h *Hub) AuditTap(line []byte) {
 	line = bytes.TrimRight(line, "\n")
-	if !bytes.Contains(line, decisionMsg) {
+	// The msg field is written last but for the time: look there first.
+	if !bytes.Contains(line[max(0, len(line)-80):], decisionMsg) && !bytes.Contains(line, decisionMsg) {
 		return
 	}
 	h.keep(line)
