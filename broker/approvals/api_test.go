@@ -335,6 +335,7 @@ func TestAPIEventsStreamStartsWithRecentDecisions(t *testing.T) {
 		f.q.Events.AuditTap([]byte(fmt.Sprintf(`{"request_id":"r%d","msg":"decision"}`+"\n", i)))
 	}
 	f.q.Events.AuditTap([]byte(`{"id":"ap-1","msg":"approval"}` + "\n"))
+	f.q.Events.AuditTap([]byte(`{"input":"` + strings.Repeat("x", recentLineMax) + `","msg":"decision"}` + "\n")) // too long to keep
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", c.srv.URL+"/api/events", nil)

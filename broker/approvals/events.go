@@ -32,8 +32,13 @@ type Hub struct {
 	next     int
 }
 
-// RecentDecisions is how many decision events the hub keeps for a new subscriber (Recent).
-const RecentDecisions = 200
+// RecentDecisions is how many decision events the hub keeps for a new subscriber (Recent),
+// each of at most recentLineMax bytes: 3.2 MB at most. A longer one (an event carrying its
+// policy input) is streamed live but not kept.
+const (
+	RecentDecisions = 200
+	recentLineMax   = 16 << 10
+)
 
 // Recent returns the decision events kept, oldest first, as event "decision"s.
 func (h *Hub) Recent() []Event {
@@ -133,7 +138,9 @@ func (h *Hub) AuditTap(line []byte) {
 	if !bytes.Contains(line[max(0, len(line)-80):], decisionMsg) && !bytes.Contains(line, decisionMsg) {
 		return
 	}
-	h.keep(line)
+	if len(line) <= recentLineMax {
+		h.keep(line)
+	}
 	h.Publish("decision", line)
 }
 
