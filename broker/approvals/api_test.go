@@ -291,6 +291,7 @@ func TestAPIListsRecentlyDecided(t *testing.T) {
 	bearer := map[string]string{"Authorization": "Bearer s3cret-admin"}
 	first := req("a1", "DELETE", "/repos/x")
 	first.BodyPreview, first.BodySize = "the body", 8
+	first.Headers, first.Query = map[string]string{"x-a": "1"}, map[string][]string{"force": {"true"}}
 	p1, ch1 := hold(t, f.q, context.Background(), first)
 	if err := f.q.Deny(p1.ID, "alice", "not today"); err != nil {
 		t.Fatal(err)
@@ -313,7 +314,7 @@ func TestAPIListsRecentlyDecided(t *testing.T) {
 		t.Errorf("newest: %v", r0)
 	}
 	if r1["id"] != p1.ID || r1["state"] != StateDenied || r1["by"] != "alice" || r1["comment"] != "not today" || r1["agent"] != "a1" ||
-		r1["body_preview"] != "" || r1["body_size"] != float64(8) {
+		r1["body_preview"] != "" || r1["body_size"] != float64(8) || r1["headers"] != nil || r1["query"] != nil {
 		t.Errorf("older: %v", r1)
 	}
 	for i := 0; i < RecentMax+5; i++ {

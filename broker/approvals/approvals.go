@@ -188,7 +188,7 @@ type Queue struct {
 const RecentMax = 200
 
 // Decided is a held request as it ended: what was asked, and how and by whom it was decided.
-// Its body preview is not kept (its size is).
+// Its body preview, headers and query values are not kept (its body size and query names are).
 type Decided struct {
 	Request
 	State   string    `json:"state"`
@@ -324,7 +324,7 @@ func (q *Queue) removeLocked(id string) *held {
 // end records the end of a held request taken out of the queue: metrics, event, audit.
 func (q *Queue) end(h *held, out Outcome, action string) {
 	d := Decided{Request: h.req, State: out.State, By: out.By, Scope: out.Scope, Comment: out.Comment, Decided: q.o.Now().UTC()}
-	d.BodyPreview = ""
+	d.BodyPreview, d.Headers, d.Query = "", nil, nil // what was decided on, not kept: bounded memory
 	if out.Grant != nil {
 		d.Grant = out.Grant.ID
 	}
