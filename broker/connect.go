@@ -67,6 +67,12 @@ func (b *Broker) handleConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.Con
 }
 
 func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, error) {
+	// The target is recorded before the agent is identified: a 407's event names where the
+	// agent was going.
+	host, port, splitErr := splitHost(r.Host, 443)
+	if splitErr == nil {
+		x.ev.Host, x.ev.Port = host, port
+	}
 	proxyAuth := r.Header.Get("Proxy-Authorization")
 	agent, err := x.g.agents.Identify(proxyAuth, sourceAddr(r))
 	if err != nil {
@@ -77,12 +83,10 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 	if err != nil {
 		return nil, err
 	}
-	host, port, err := splitHost(r.Host, 443)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+	if splitErr != nil {
+		return nil, fmt.Errorf("%w: %v", errBadRequest, splitErr)
 	}
 	t := newTarget("https", host, port)
-	x.ev.Host, x.ev.Port = host, port
 
 	d, err := b.connectDecision(x, r, agent, host, port)
 	if err != nil {

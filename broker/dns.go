@@ -3,11 +3,13 @@ package broker
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/transparent"
 	sandboxdns "github.com/capbroker/capbroker/broker/transparent/dns"
 )
 
@@ -25,10 +27,22 @@ func (b *Broker) StartResolver(l *sandboxdns.Listener, t config.Transparent) *sa
 		Names:            b.names,
 		TTL:              t.DNS.TTL,
 		QueriesPerSecond: t.DNS.QueriesPerSecond,
+		HostNames:        ownHostNames(),
 		Log:              b.log,
 	})
 	b.log.Info().Str("dns", l.Addr().String()).Msg("resolver listening")
 	return s
+}
+
+// ownHostNames are the host name of the broker's machine, as the sandbox's own name: a
+// sandbox in a network namespace, or a container beside the broker in a pod, shares the
+// broker's UTS namespace, and so its host name.
+func ownHostNames() []string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return nil
+	}
+	return []string{transparent.Canonical(h)}
 }
 
 // resolverPolicy is the broker's side of the resolver: whether a name could be allowed, and

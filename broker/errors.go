@@ -228,11 +228,12 @@ const (
 )
 
 // jsonRPCBody is a refusal of a request to an MCP server or JSON-RPC endpoint: a JSON-RPC 2.0
-// error response (id null: the refused request's ids are not trusted), its message the one
-// line an SDK prints, the broker's fields in its data.
+// error response, its message the one line an SDK prints, the broker's fields in its data. Its
+// id is the refused request's (rpcRequests), or null when the body's ids are not known or not
+// trusted.
 type jsonRPCBody struct {
-	JSONRPC string `json:"jsonrpc"` // always "2.0"
-	ID      *int   `json:"id"`      // always null
+	JSONRPC string          `json:"jsonrpc"` // always "2.0"
+	ID      json.RawMessage `json:"id"`      // nil: null
 	Error   struct {
 		Code    int       `json:"code"`
 		Message string    `json:"message"`
@@ -247,6 +248,13 @@ func jsonRPCCode(status int) int {
 		return -32600
 	}
 	return -32000
+}
+
+// jsonRPCError is the JSON-RPC error response to the request with this id refused with ae.
+func jsonRPCError(id json.RawMessage, ae agentError, eb errorBody) jsonRPCBody {
+	jb := jsonRPCBody{JSONRPC: "2.0", ID: id}
+	jb.Error.Code, jb.Error.Message, jb.Error.Data = jsonRPCCode(ae.status), apiMessage(ae), eb
+	return jb
 }
 
 // openAIResources are the first path segments after /v1/ of OpenAI's API (and of the many
@@ -325,9 +333,7 @@ func errorContent(shape errorShape, ae agentError, eb errorBody) (contentType st
 			"request_id: " + eb.RequestID + " agent: " + eb.Agent + " host: " + eb.Host + "\n"
 		return "text/plain; charset=utf-8", []byte(text)
 	case shapeJSONRPC:
-		jb := jsonRPCBody{JSONRPC: "2.0"}
-		jb.Error.Code, jb.Error.Message, jb.Error.Data = jsonRPCCode(ae.status), apiMessage(ae), eb
-		body, _ = json.Marshal(jb)
+		body, _ = json.Marshal(jsonRPCError(nil, ae, eb))
 	case shapeOpenAI, shapeAnthropic:
 		ob := openAIBody{apiError{apiErrorType(ae.status), apiMessage(ae), ae.code}, eb.Reason, eb.RequestID, eb.Agent, eb.Host, eb.Hint}
 		if shape == shapeOpenAI {
@@ -382,20 +388,47 @@ func errorResponse(req *http.Request, ae agentError, requestID, agent, host stri
 func shapedErrorResponse(req *http.Request, shape errorShape, ae agentError, requestID, agent, host string) *http.Response {
 	eb := errorBody{ae.code, ae.reason, requestID, agent, host, ae.hint}
 	ctype, b := errorContent(shape, ae, eb)
+	status := strconv.Itoa(ae.status) + " " + http.StatusText(ae.status)
+	if ae.status != http.StatusProxyAuthRequired && req != nil && req.Method == http.MethodConnect {
+		status = strconv.Itoa(ae.status) + " " + statusReason(ae.code+": "+ae.reason)
+	}
+	return refusalResponse(req, ae, status, ae.status, ctype, b, requestID)
+}
+
+// rpcRefusal is the refusal of a JSON-RPC body carrying requests with these ids: an HTTP 200
+// whose body is a JSON-RPC error response to each (an array for a batch), the answer an MCP or
+// JSON-RPC client settles the call with. The SDK's error is then the broker's reason (error
+// message, the broker's fields in error.data) where a 4xx would be a transport error. The
+// audit event keeps the refusal's status.
+func rpcRefusal(req *http.Request, ae agentError, ids []json.RawMessage, batch bool, requestID, agent, host string) *http.Response {
+	eb := errorBody{ae.code, ae.reason, requestID, agent, host, ae.hint}
+	var b []byte
+	if batch {
+		l := make([]jsonRPCBody, len(ids))
+		for i, id := range ids {
+			l[i] = jsonRPCError(id, ae, eb)
+		}
+		b, _ = json.Marshal(l)
+	} else {
+		b, _ = json.Marshal(jsonRPCError(ids[0], ae, eb))
+	}
+	return refusalResponse(req, ae, "200 OK", http.StatusOK, "application/json", append(b, '\n'), requestID)
+}
+
+// refusalResponse is the response of a refusal with ae, its status line status (code
+// statusCode) and its body b.
+func refusalResponse(req *http.Request, ae agentError, status string, statusCode int, ctype string, b []byte, requestID string) *http.Response {
 	h := http.Header{}
 	h.Set("Content-Type", ctype)
 	h.Set("Content-Length", strconv.Itoa(len(b)))
 	h.Set("X-Broker-Request-Id", requestID)
 	h.Set("Cache-Control", "no-store")
-	status := strconv.Itoa(ae.status) + " " + http.StatusText(ae.status)
 	if ae.status == http.StatusProxyAuthRequired {
 		h.Set("Proxy-Authenticate", `Basic realm="broker"`)
-	} else if req != nil && req.Method == http.MethodConnect {
-		status = strconv.Itoa(ae.status) + " " + statusReason(ae.code+": "+ae.reason)
 	}
 	return &http.Response{
 		Status:        status,
-		StatusCode:    ae.status,
+		StatusCode:    statusCode,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,

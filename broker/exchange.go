@@ -49,6 +49,10 @@ type exchange struct {
 	// jsonRPC: the request is to a configured MCP or JSON-RPC endpoint, whose client reads a
 	// refusal as a JSON-RPC error (describeRPC).
 	jsonRPC bool
+	// mcp: the endpoint is an MCP server's (its messages are named as MCP's in the audit).
+	mcp bool
+	// small is the request's body when readSmallBody read it, else nil.
+	small []byte
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
@@ -76,6 +80,7 @@ func (x *exchange) identify(a identity.Agent) {
 func (x *exchange) finish() {
 	x.once.Do(func() {
 		x.ev.BytesIn, x.ev.BytesOut = x.bytesIn.Load(), x.bytesOut.Load()
+		x.nameRPC()
 		if x.scrub != nil {
 			x.ev.Error = x.scrub.String(x.ev.Error)
 			x.ev.Reason = x.scrub.String(x.ev.Reason)
@@ -104,7 +109,8 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 	ae := classify(err)
 	x.code = ae.code
 	switch {
-	case ae.code == "denied" || ae.code == codeAmbiguous || ae.code == "budget_exceeded" || refusedByApprover(ae.code):
+	case ae.code == "denied" || ae.code == codeAmbiguous || ae.code == "budget_exceeded" || refusedByApprover(ae.code) ||
+		ae.code == errMCPSessionUnknown.code:
 		x.ev.Decision = audit.Deny
 		x.ev.Reason = ae.reason
 	case isChallenge(r, err):
@@ -119,16 +125,33 @@ func (x *exchange) fail(r *http.Request, err error) *http.Response {
 			x.ev.Reason = ae.reason
 		}
 	}
-	shape := shapeFor(r, x.ev.Host)
-	if x.jsonRPC {
-		shape = shapeJSONRPC
-	}
-	resp := shapedErrorResponse(r, shape, ae, x.ev.RequestID, x.agent.ID, x.ev.Host)
+	resp := x.refusal(r, ae)
 	setRetryAfter(resp, err)
 	x.ev.Status = ae.status
 	x.bytesOut.Add(resp.ContentLength)
 	x.finish()
 	return resp
+}
+
+// refusal is the agent's response to a request refused with ae, in the shape its client
+// reads. A refusal of requests with ids to an MCP or JSON-RPC endpoint is an error response to
+// each (rpcRefusal), except for the 407 asking for proxy credentials and the 404 of an
+// unknown MCP session, which the client acts on, and the 400 of an ambiguous request, whose
+// ids are not trusted (CONTRACT §8b); one of anything else there (notifications, a body not
+// read, or not read as the server would) is a JSON-RPC error with id null and the refusal's
+// status.
+func (x *exchange) refusal(r *http.Request, ae agentError) *http.Response {
+	shape := shapeFor(r, x.ev.Host)
+	if x.jsonRPC {
+		shape = shapeJSONRPC
+		text := x.rpcText()
+		if ae.status != http.StatusProxyAuthRequired && ae.code != errMCPSessionUnknown.code && ae.code != codeAmbiguous && text != nil {
+			if ids, batch := rpcRequests(text); len(ids) > 0 {
+				return rpcRefusal(r, ae, ids, batch, x.ev.RequestID, x.agent.ID, x.ev.Host)
+			}
+		}
+	}
+	return shapedErrorResponse(r, shape, ae, x.ev.RequestID, x.agent.ID, x.ev.Host)
 }
 
 // isChallenge reports whether err is the broker asking for proxy credentials that r did not

@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 
 	"github.com/capbroker/capbroker/broker/audit"
@@ -45,18 +47,80 @@ func (g *generation) describeRPC(x *exchange, r *http.Request, in *policy.Input)
 				return nil, err
 			}
 			if isMCP {
-				first := l[0].(map[string]any)
-				x.ev.MCP = &audit.MCPCall{Method: first["method"].(string), Tool: first["tool"].(string)}
+				x.ev.MCP = mcpCall(l)
+			} else {
+				x.ev.JSONRPC = jsonRPCCall(l)
 			}
 			return l, nil
 		}
 	}
 	if protocolAt(g.protocols.MCP, in.Host, in.Path) {
-		in.ReadMCP, x.jsonRPC = derive(rpc.MCP, true), true
+		in.ReadMCP, x.jsonRPC, x.mcp = derive(rpc.MCP, true), true, true
 	}
 	if protocolAt(g.protocols.JSONRPC, in.Host, in.Path) {
 		in.ReadJSONRPC, x.jsonRPC = derive(rpc.JSONRPC, false), true
 	}
+}
+
+// rpcText is the request body's text, if the broker has read it (for the policy, or as a
+// small body), else nil.
+func (x *exchange) rpcText() []byte {
+	if x.body.text != nil {
+		return x.body.text
+	}
+	return x.small
+}
+
+// nameRPC names in the audit event the messages of a request to an MCP or JSON-RPC endpoint
+// whose policy did not read them, if the broker read its body: every event of these
+// endpoints names its methods when they are known. A body that is not JSON-RPC names none.
+func (x *exchange) nameRPC() {
+	if !x.jsonRPC || x.ev.MCP != nil || x.ev.JSONRPC != nil {
+		return
+	}
+	text := x.rpcText()
+	if text == nil {
+		return
+	}
+	msgs, err := rpc.Parse(text)
+	if err != nil {
+		return
+	}
+	if x.mcp {
+		if l, err := rpc.MCP(msgs); err == nil {
+			x.ev.MCP = mcpCall(l)
+		}
+		return
+	}
+	l, _ := rpc.JSONRPC(msgs)
+	x.ev.JSONRPC = jsonRPCCall(l)
+}
+
+// mcpCall is the audit event's mcp object for input.mcp l (never empty).
+func mcpCall(l []any) *audit.MCPCall {
+	calls := make([]audit.MCPCall, len(l))
+	for i, m := range l {
+		item := m.(map[string]any)
+		calls[i] = audit.MCPCall{Method: item["method"].(string), Tool: item["tool"].(string)}
+	}
+	c := calls[0]
+	if len(calls) > 1 {
+		c.Batch = calls
+	}
+	return &c
+}
+
+// jsonRPCCall is the audit event's jsonrpc object for input.jsonrpc l (never empty).
+func jsonRPCCall(l []any) *audit.JSONRPCCall {
+	methods := make([]string, len(l))
+	for i, m := range l {
+		methods[i] = m.(map[string]any)["method"].(string)
+	}
+	c := &audit.JSONRPCCall{Method: methods[0]}
+	if len(methods) > 1 {
+		c.Batch = methods
+	}
+	return c
 }
 
 // errMCPSessionUnknown answers a request carrying an MCP session id the broker does not know
@@ -93,4 +157,37 @@ func (b *Broker) noteMCPSession(x *exchange, in *policy.Input, resp *http.Respon
 		return
 	}
 	b.sessions.Issued(in.Host, id, x.agent.ID)
+}
+
+// rpcRequests are the ids of the requests (messages with a method and an id) in a JSON-RPC
+// body text, and whether it is a batch: those a refusal answers with an error response
+// each (rpcRefusal). Nothing when text is not a JSON-RPC body the broker reads as the server
+// would (rpc.Parse: an ambiguous or malformed one's ids are not trusted), or carries only
+// notifications and responses. An id is echoed only if it is a string or a number, as
+// JSON-RPC 2.0 has them.
+func rpcRequests(text []byte) (ids []json.RawMessage, batch bool) {
+	if _, err := rpc.Parse(text); err != nil {
+		return nil, false
+	}
+	t := bytes.TrimLeft(text, " \t\r\n")
+	var msgs []struct {
+		ID     json.RawMessage `json:"id"`
+		Method *string         `json:"method"`
+	}
+	batch = t[0] == '['
+	if !batch {
+		t = append(append([]byte{'['}, t...), ']')
+	}
+	if json.Unmarshal(t, &msgs) != nil {
+		return nil, false
+	}
+	for _, m := range msgs {
+		if m.Method == nil || len(m.ID) == 0 {
+			continue
+		}
+		if c := m.ID[0]; c == '"' || c == '-' || c >= '0' && c <= '9' {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids, batch
 }

@@ -89,7 +89,7 @@ func TestMCPRequests(t *testing.T) {
 		reason     string
 	}{
 		{"/mcp", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":{}}}`, 200, ""},
-		{"/mcp", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"delete","arguments":{}}}`, 403, "tool not allowed"},
+		{"/mcp", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"delete","arguments":{}}}`, 200, `{"jsonrpc":"2.0","id":2,"error":{"code":-32000,"message":"capbroker denied: tool not allowed.`},
 		{"/mcp", `{"query":"{ viewer { login } }"}`, 403, "the body is not a JSON-RPC message"},
 		{"/other", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"delete","arguments":{}}}`, 200, ""},
 	} {
@@ -107,7 +107,7 @@ func TestMCPRequests(t *testing.T) {
 }
 
 // TestMCPSessionsStayWithTheirAgent: a session id the server issued to one agent is refused
-// (403) to another, and one the broker never saw issued is answered as unknown (404).
+// (a JSON-RPC error) to another, and one the broker never saw issued is answered as unknown (404).
 func TestMCPSessionsStayWithTheirAgent(t *testing.T) {
 	br, tun := mcpBroker(t, mcpUpstream(sessionUpstream), nil)
 	other := *tun
@@ -124,7 +124,7 @@ func TestMCPSessionsStayWithTheirAgent(t *testing.T) {
 	if w := send(tun, list, "s-1"); w.Code != 200 {
 		t.Errorf("the session's own agent: %d %s", w.Code, w.Body)
 	}
-	if w := send(&other, list, "s-1"); w.Code != 403 || !strings.Contains(w.Body.String(), "another agent") {
+	if w := send(&other, list, "s-1"); w.Code != 200 || !strings.Contains(w.Body.String(), `"id":2,"error":{"code":-32000,"message":"capbroker denied: this MCP session was issued to another agent`) {
 		t.Errorf("another agent: %d %s", w.Code, w.Body)
 	}
 	if w := send(tun, list, "s-never-issued"); w.Code != 404 {
@@ -199,7 +199,9 @@ decision := {"allow": true} if {
 		reason     string
 	}{
 		{"/rpc/v1", `{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0x0","latest"]}`, 200, ""},
-		{"/rpc/v1", `[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance"},{"jsonrpc":"2.0","id":2,"method":"eth_sendRawTransaction","params":["0x00"]}]`, 403, "method not allowed"},
+		{"/rpc/v1", `[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance"},{"jsonrpc":"2.0","id":2,"method":"eth_sendRawTransaction","params":["0x00"]}]`, 200, `[{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"capbroker denied: method not allowed.`},
+		{"/rpc/v1", `{"jsonrpc":"2.0","method":"eth_sendRawTransaction","params":["0x00"]}`, 403, `{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"capbroker denied: method not allowed.`},
+		{"/rpc/v1", `[{"jsonrpc":"2.0","id":"a\"b","method":"eth_sendRawTransaction"},{"jsonrpc":"2.0","method":"eth_x"},{"jsonrpc":"2.0","id":{"x":1},"method":"eth_y"}]`, 200, `[{"jsonrpc":"2.0","id":"a\"b","error"`},
 		{"/rpc/v1", `{"id":1,"method":"eth_getBalance"}`, 403, "the body is not a JSON-RPC message"},
 		{"/other", `{"jsonrpc":"2.0","id":1,"method":"eth_getBalance"}`, 403, "method not allowed"},
 	} {
@@ -263,7 +265,7 @@ func TestMCPAmbiguousRefused(t *testing.T) {
 	br, tun := mcpBroker(t, mcpUpstream(sessionUpstream), nil)
 	w := httptest.NewRecorder()
 	br.serveTunnel(w, mcpPost("/mcp", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"delete","arguments":{}}}`, ""), tun)
-	if w.Code != 403 || !strings.HasPrefix(w.Body.String(), `{"jsonrpc":"2.0","id":null,"error":{"code":-32000,`) {
+	if w.Code != 200 || !strings.HasPrefix(w.Body.String(), `{"jsonrpc":"2.0","id":2,"error":{"code":-32000,`) {
 		t.Errorf("denied: %d %s", w.Code, w.Body)
 	}
 }

@@ -74,6 +74,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		return nil, err
 	}
 	x.bytesIn.Add(int64(len(small)))
+	x.small = small
 	if small == nil && r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &x.bytesIn}
 	}
@@ -192,13 +193,13 @@ var encodingOffers = [...]string{"Accept-Encoding", "Grpc-Accept-Encoding", "Sec
 func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (target, error) {
 	if tun != nil {
 		x.ev.Mode = tun.mode
+		x.ev.Host, x.ev.Port = tun.target.host, tun.target.port
 		agent, err := tun.reidentify(x.g)
 		if err != nil {
 			x.identify(tun.agent)
 			return target{}, err
 		}
 		x.identify(agent)
-		x.ev.Host, x.ev.Port = tun.target.host, tun.target.port
 		if r.ProtoMajor == 2 && r.Method == http.MethodConnect {
 			// Extended CONNECT (WebSockets over HTTP/2) is not advertised; a tunnel in a tunnel is not offered.
 			return target{}, fmt.Errorf("%w: CONNECT over HTTP/2 is not supported; use HTTP/1.1 for WebSockets", errBadRequest)
@@ -216,10 +217,20 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 				return target{}, fmt.Errorf("%w: %v", errBadRequest, err)
 			}
 			if host != tun.target.host || (port != 0 && port != tun.target.port) {
-				return target{}, denial{fmt.Sprintf("request host %q does not match the tunnel's CONNECT host %q", h, tun.target.hostPort())}
+				opened := "the tunnel's CONNECT host"
+				if tun.mode == audit.ModeTransparent {
+					opened = "the host this redirected connection was opened for"
+				}
+				return target{}, denial{fmt.Sprintf("request host %q does not match %s %q", h, opened, tun.target.hostPort())}
 			}
 		}
 		return tun.target, nil
+	}
+	// The target is recorded before the agent is identified: a 407's event names where the
+	// agent was going.
+	host, port, splitErr := splitHost(r.URL.Host, 80)
+	if splitErr == nil && r.URL.Scheme == "http" {
+		x.ev.Scheme, x.ev.Host, x.ev.Port = "http", host, port
 	}
 	agent, err := x.g.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
 	if err != nil {
@@ -232,9 +243,8 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 	if r.URL.Scheme != "http" {
 		return target{}, fmt.Errorf("%w: scheme %q: use CONNECT for https", errBadRequest, r.URL.Scheme)
 	}
-	host, port, err := splitHost(r.URL.Host, 80)
-	if err != nil {
-		return target{}, fmt.Errorf("%w: %v", errBadRequest, err)
+	if splitErr != nil {
+		return target{}, fmt.Errorf("%w: %v", errBadRequest, splitErr)
 	}
 	return newTarget("http", host, port), nil
 }

@@ -148,7 +148,7 @@ func (b *Broker) serveRedirected(ctx context.Context, c net.Conn) {
 	x.ev.Mode = audit.ModeTransparent
 	x.identify(agent)
 	x.ev.Host, x.ev.Port = host, port
-	if err := b.checkFronting(ctx, host, hello.Host != "", dst); err != nil {
+	if err := b.checkFronting(ctx, host, hostSource(hello), dst); err != nil {
 		b.refuseRedirected(x, conn, hello.Proto, host, port, err, false)
 		return
 	}
@@ -173,16 +173,26 @@ func (b *Broker) serveRedirected(ctx context.Context, c net.Conn) {
 	b.pipeConn(x, r, conn, t, false)
 }
 
-// checkFronting refuses a connection whose host does not belong to the address it was sent
-// to: a pool address must be the one the sandbox's resolver answers for the host; another
-// address (a client that dialled a literal one) must be one the host resolves to here.
-// Without it, a client could send a ClientHello for an allowed host to any address.
-func (b *Broker) checkFronting(ctx context.Context, host string, named bool, dst netip.AddrPort) error {
-	a := dst.Addr()
-	what := "HTTP Host"
-	if named {
-		what = "TLS server name"
+// hostSource names where a redirected connection's host came from, for a refusal's reason:
+// the TLS server name, the plain-HTTP Host header, or (neither given) the name the sandbox's
+// resolver answered for the address.
+func hostSource(hello transparent.Hello) string {
+	switch {
+	case hello.Host == "":
+		return "host (from the sandbox's resolver)"
+	case hello.Proto == transparent.ProtoHTTP:
+		return "HTTP Host"
 	}
+	return "TLS server name"
+}
+
+// checkFronting refuses a connection whose host (named by what: hostSource) does not belong
+// to the address it was sent to: a pool address must be the one the sandbox's resolver answers
+// for the host; another address (a client that dialled a literal one) must be one the host
+// resolves to here. Without it, a client could send a ClientHello for an allowed host to any
+// address.
+func (b *Broker) checkFronting(ctx context.Context, host, what string, dst netip.AddrPort) error {
+	a := dst.Addr()
 	if b.names.InPool(a) {
 		if b.names.Matches(host, a) {
 			return nil

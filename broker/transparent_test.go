@@ -302,6 +302,53 @@ func TestTransparentFrontingRefused(t *testing.T) {
 	}
 }
 
+// TestTransparentFrontingReasonNamesItsSource: a refused fronting says where the host came
+// from: the TLS server name for TLS, the HTTP Host header for plain HTTP.
+func TestTransparentFrontingReasonNamesItsSource(t *testing.T) {
+	e := newTransparentEnv(t)
+	e.redirect(t, "other.test", 443)
+	if _, err := e.client().Get("https://api.github.com/user"); err == nil {
+		t.Fatal("fronted TLS connection served")
+	}
+	if ev := e.event(t, phase("connect")); !strings.HasPrefix(ev["reason"].(string), `TLS server name "api.github.com" does not belong`) {
+		t.Errorf("TLS: %v", ev["reason"])
+	}
+	e.redirect(t, "other.test", 80)
+	resp, err := e.client().Get("http://api.github.com/user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	want := `HTTP Host "api.github.com" does not belong`
+	if resp.StatusCode != 403 || !strings.Contains(string(body), `"reason":"HTTP Host \"api.github.com\" does not belong`) {
+		t.Errorf("plain HTTP: %d %s", resp.StatusCode, body)
+	}
+	e.event(t, func(ev map[string]any) bool { return strings.HasPrefix(fmt.Sprint(ev["reason"]), want) })
+
+	// A later request on a served plain-HTTP connection naming another host: no CONNECT, no TLS.
+	e.redirect(t, "plain.test", 80)
+	conn, err := net.Dial("tcp", e.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = conn.Write([]byte("GET /a HTTP/1.1\r\nHost: plain.test\r\n\r\nGET /b HTTP/1.1\r\nHost: api.github.com\r\n\r\n"))
+	br := bufio.NewReader(conn)
+	for i, wantStatus := range []int{200, 403} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != wantStatus || i == 1 && (!strings.Contains(string(body), `the host this redirected connection was opened for \"plain.test:80\"`) ||
+			strings.Contains(string(body), "TLS") || strings.Contains(string(body), "CONNECT")) {
+			t.Errorf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+}
+
 func TestTransparentRefusedFlows(t *testing.T) {
 	e := newTransparentEnv(t)
 	read := func(c net.Conn) error {

@@ -76,7 +76,7 @@ func startMCPEverything(t *testing.T, modules string) string {
 // TestMCPThroughBroker drives the MCP TypeScript SDK's client through the built broker to
 // server-everything behind a TLS front: listing tools, an allowed call, calls the policy
 // refuses (a tool not listed, an argument value not allowed) with the reason in the SDK's
-// error, and a call whose response streams the server's progress notifications over SSE.
+// error (a JSON-RPC error response, not a transport error), and a call whose response streams the server's progress notifications over SSE.
 func TestMCPThroughBroker(t *testing.T) {
 	modules := nodeModules(t)
 	addr := startMCPEverything(t, modules)
@@ -111,7 +111,7 @@ func TestMCPThroughBroker(t *testing.T) {
 		{"echo", `Echo: hello`},
 		{"echo-secret-error", `MCP tool echo: argument message secret-plan is not allowed for agent ` + agentID},
 		{"sum-error", `MCP tool get-sum is not allowed on 127.0.0.1: agents may call echo, trigger-long-running-operation`},
-		{"sum-error", `"403 `},
+		{"sum-error", `"-32000 MCP error -32000: capbroker denied: `},
 		{"long", `Long running operation completed`},
 		{"progress", `[1,2,3]`},
 	}
@@ -126,7 +126,8 @@ func TestMCPThroughBroker(t *testing.T) {
 }
 
 // TestMCPSessionNeverCrossesAgents: a session server-everything issued to coder-1 through
-// the broker serves coder-1, is refused to coder-2 (403), and a made-up one is unknown (404).
+// the broker serves coder-1, is refused to coder-2 (a JSON-RPC error naming why), and a
+// made-up one is unknown (404).
 func TestMCPSessionNeverCrossesAgents(t *testing.T) {
 	modules := nodeModules(t)
 	addr := startMCPEverything(t, modules)
@@ -139,6 +140,7 @@ func TestMCPSessionNeverCrossesAgents(t *testing.T) {
 		config: canaryConfig(pki.File, []string{"coder-1", "coder-2"}, "protocols:\n  mcp: [{hosts: [127.0.0.1], path: /mcp}]\n"),
 		env:    []string{tokenEnv("coder-1") + "=" + tok1, tokenEnv("coder-2") + "=" + tok2, "CANARY_SECRET=sk-canary-" + randHex(8)},
 	})
+	var last string // the body of the last response
 	post := func(c *http.Client, body, session string) *http.Response {
 		t.Helper()
 		r, _ := http.NewRequest(http.MethodPost, up.URL+"/mcp", strings.NewReader(body))
@@ -152,8 +154,9 @@ func TestMCPSessionNeverCrossesAgents(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
+		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		last = string(b)
 		return resp
 	}
 	c1, c2 := b.client(t, "coder-1", tok1), b.client(t, "coder-2", tok2)
@@ -169,8 +172,8 @@ func TestMCPSessionNeverCrossesAgents(t *testing.T) {
 	if resp := post(c1, list, session); resp.StatusCode != 200 {
 		t.Errorf("coder-1 in its own session: %d", resp.StatusCode)
 	}
-	if resp := post(c2, list, session); resp.StatusCode != 403 {
-		t.Errorf("coder-2 in coder-1's session: %d", resp.StatusCode)
+	if resp := post(c2, list, session); resp.StatusCode != 200 || !strings.Contains(last, `"id":1,"error":{"code":-32000,"message":"capbroker denied: this MCP session was issued to another agent`) {
+		t.Errorf("coder-2 in coder-1's session: %d %s", resp.StatusCode, last)
 	}
 	if resp := post(c2, list, "made-up-"+randHex(8)); resp.StatusCode != 404 {
 		t.Errorf("a session never issued: %d", resp.StatusCode)

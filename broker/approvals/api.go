@@ -402,7 +402,7 @@ func (a *API) status(w http.ResponseWriter, _ *http.Request, id *identity) {
 }
 
 func (a *API) pending(w http.ResponseWriter, _ *http.Request, _ *identity) {
-	writeJSON(w, http.StatusOK, map[string]any{"pending": a.o.Queue.Pending()})
+	writeJSON(w, http.StatusOK, map[string]any{"pending": a.o.Queue.Pending(), "recent": a.o.Queue.Recent()})
 }
 
 func (a *API) approve(w http.ResponseWriter, r *http.Request, id *identity) {
@@ -487,6 +487,11 @@ func (a *API) events(w http.ResponseWriter, r *http.Request, _ *identity) {
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	_, _ = io.WriteString(w, ": capbroker events\n\n")
+	// The decisions made before, then the live ones: subscribed first, so that none falls
+	// between; one made in between comes twice (the console keeps one per request_id).
+	for _, ev := range a.o.Queue.Events.Recent() {
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.Name, ev.Data)
+	}
 	fl.Flush()
 	ping := time.NewTicker(15 * time.Second)
 	defer ping.Stop()

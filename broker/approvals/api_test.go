@@ -282,3 +282,95 @@ func TestAPIThrottlesTokenGuesses(t *testing.T) {
 		t.Fatalf("after waiting: %d", w.Code)
 	}
 }
+
+// TestAPIListsRecentlyDecided: GET /api/approvals lists, besides the pending requests, those
+// decided before (newest first, with how and by whom, without the body preview): a console
+// opened after a decision shows it, and an approver sees what the agent asked before.
+func TestAPIListsRecentlyDecided(t *testing.T) {
+	f, c := newAPI(t, "s3cret-admin")
+	bearer := map[string]string{"Authorization": "Bearer s3cret-admin"}
+	first := req("a1", "DELETE", "/repos/x")
+	first.BodyPreview, first.BodySize = "the body", 8
+	first.Headers, first.Query = map[string]string{"x-a": "1"}, map[string][]string{"force": {"true"}}
+	p1, ch1 := hold(t, f.q, context.Background(), first)
+	if err := f.q.Deny(p1.ID, "alice", "not today"); err != nil {
+		t.Fatal(err)
+	}
+	<-ch1
+	p2, ch2 := hold(t, f.q, context.Background(), req("a1", "GET", "/repos/y"))
+	if _, err := f.q.Approve(p2.ID, Approval{By: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	<-ch2
+	p3, _ := hold(t, f.q, context.Background(), req("a2", "POST", "/z"))
+	code, body, _ := c.do("GET", "/api/approvals", "", bearer)
+	pending, _ := body["pending"].([]any)
+	recent, _ := body["recent"].([]any)
+	if code != 200 || len(pending) != 1 || pending[0].(map[string]any)["id"] != p3.ID || len(recent) != 2 {
+		t.Fatalf("%d %v", code, body)
+	}
+	r0, r1 := recent[0].(map[string]any), recent[1].(map[string]any)
+	if r0["id"] != p2.ID || r0["state"] != StateApproved || r0["by"] != "bob" || r0["scope"] != ScopeOnce || r0["path"] != "/repos/y" || r0["decided"] == "" {
+		t.Errorf("newest: %v", r0)
+	}
+	if r1["id"] != p1.ID || r1["state"] != StateDenied || r1["by"] != "alice" || r1["comment"] != "not today" || r1["agent"] != "a1" ||
+		r1["body_preview"] != "" || r1["body_size"] != float64(8) || r1["headers"] != nil || r1["query"] != nil {
+		t.Errorf("older: %v", r1)
+	}
+	for i := 0; i < RecentMax+5; i++ {
+		p, ch := hold(t, f.q, context.Background(), req("a3", "GET", "/n"))
+		_ = f.q.Deny(p.ID, "c", "")
+		<-ch
+	}
+	if n := len(f.q.Recent()); n != RecentMax {
+		t.Errorf("remembered %d, want %d", n, RecentMax)
+	}
+}
+
+// TestAPIEventsStreamStartsWithRecentDecisions: a stream opened after decisions were made
+// starts with the last RecentDecisions of them, oldest first (none but decisions), then the
+// live ones.
+func TestAPIEventsStreamStartsWithRecentDecisions(t *testing.T) {
+	f, c := newAPI(t, "tok")
+	for i := range RecentDecisions + 3 {
+		f.q.Events.AuditTap([]byte(fmt.Sprintf(`{"request_id":"r%d","msg":"decision"}`+"\n", i)))
+	}
+	f.q.Events.AuditTap([]byte(`{"id":"ap-1","msg":"approval"}` + "\n"))
+	f.q.Events.AuditTap([]byte(`{"input":"` + strings.Repeat("x", recentLineMax) + `","msg":"decision"}` + "\n")) // too long to keep
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", c.srv.URL+"/api/events", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := c.srv.Client().Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("events: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	var data []string
+	for len(data) < RecentDecisions {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := strings.CutPrefix(line, "data: "); ok {
+			data = append(data, strings.TrimSpace(d))
+		}
+	}
+	if data[0] != `{"request_id":"r3","msg":"decision"}` || data[RecentDecisions-1] != fmt.Sprintf(`{"request_id":"r%d","msg":"decision"}`, RecentDecisions+2) {
+		t.Fatalf("replayed %q ... %q", data[0], data[RecentDecisions-1])
+	}
+	f.q.Events.AuditTap([]byte(`{"request_id":"live","msg":"decision"}` + "\n"))
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := strings.CutPrefix(line, "data: "); ok {
+			if strings.TrimSpace(d) != `{"request_id":"live","msg":"decision"}` {
+				t.Fatalf("after the replay: %q", d)
+			}
+			return
+		}
+	}
+}

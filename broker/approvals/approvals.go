@@ -104,6 +104,8 @@ func (r Request) URL() string {
 	host := r.Host
 	if (r.Scheme == "https" && r.Port != 443) || (r.Scheme == "http" && r.Port != 80) {
 		host = net.JoinHostPort(r.Host, strconv.Itoa(r.Port))
+	} else if strings.Contains(host, ":") {
+		host = "[" + host + "]" // an IPv6 address
 	}
 	u := r.Scheme + "://" + host + r.Path // the path as sent: already escaped
 	if len(r.Query) > 0 {
@@ -177,6 +179,37 @@ type Queue struct {
 	closed   bool
 	grants   []Grant // "agent" grants; "always" ones live in approved.json
 	saveMu   sync.Mutex
+	// recent are the last RecentMax held requests that ended, oldest first (Recent).
+	recent []Decided
+}
+
+// RecentMax is how many ended held requests the queue remembers for the console (Recent):
+// in memory only, lost on restart; the audit log keeps every one.
+const RecentMax = 200
+
+// Decided is a held request as it ended: what was asked, and how and by whom it was decided.
+// Its body preview, headers and query values are not kept (its body size and query names are).
+type Decided struct {
+	Request
+	State   string    `json:"state"`
+	By      string    `json:"by,omitempty"`
+	Scope   string    `json:"scope,omitempty"`
+	Comment string    `json:"comment,omitempty"`
+	Grant   string    `json:"grant,omitempty"`
+	Decided time.Time `json:"decided"`
+}
+
+// Recent lists the last RecentMax held requests that ended (approved, denied, timed out,
+// withdrawn or interrupted), newest first: the history an approver reads beside a new
+// question, including what was decided before the console was opened.
+func (q *Queue) Recent() []Decided {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make([]Decided, len(q.recent))
+	for i, d := range q.recent {
+		out[len(out)-1-i] = d
+	}
+	return out
 }
 
 // New builds a queue and loads the grants of its state file.
@@ -290,6 +323,17 @@ func (q *Queue) removeLocked(id string) *held {
 
 // end records the end of a held request taken out of the queue: metrics, event, audit.
 func (q *Queue) end(h *held, out Outcome, action string) {
+	d := Decided{Request: h.req, State: out.State, By: out.By, Scope: out.Scope, Comment: out.Comment, Decided: q.o.Now().UTC()}
+	d.BodyPreview, d.Headers, d.Query = "", nil, nil // what was decided on, not kept: bounded memory
+	if out.Grant != nil {
+		d.Grant = out.Grant.ID
+	}
+	q.mu.Lock()
+	if len(q.recent) == RecentMax {
+		q.recent = append(q.recent[:0], q.recent[1:]...)
+	}
+	q.recent = append(q.recent, d)
+	q.mu.Unlock()
 	q.o.Metrics.pending.Dec()
 	q.o.Metrics.total.WithLabelValues(out.State).Inc()
 	q.Events.approval(h.req.ID, out.State)

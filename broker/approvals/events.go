@@ -23,6 +23,42 @@ type Event struct {
 type Hub struct {
 	mu   sync.Mutex
 	subs atomic.Pointer[[]*Subscriber]
+
+	// recent are the last RecentDecisions decision events, kept whether anyone subscribes or
+	// not: a console opened now starts with the decisions made before (Recent). next is the
+	// slot the next one goes to; the slots' buffers are reused.
+	recentMu sync.Mutex
+	recent   [RecentDecisions][]byte
+	next     int
+}
+
+// RecentDecisions is how many decision events the hub keeps for a new subscriber (Recent),
+// each of at most recentLineMax bytes: 3.2 MB at most. A longer one (an event carrying its
+// policy input) is streamed live but not kept.
+const (
+	RecentDecisions = 200
+	recentLineMax   = 16 << 10
+)
+
+// Recent returns the decision events kept, oldest first, as event "decision"s.
+func (h *Hub) Recent() []Event {
+	h.recentMu.Lock()
+	defer h.recentMu.Unlock()
+	var out []Event
+	for i := range RecentDecisions {
+		if d := h.recent[(h.next+i)%RecentDecisions]; len(d) > 0 {
+			out = append(out, Event{Name: "decision", Data: bytes.Clone(d)})
+		}
+	}
+	return out
+}
+
+// keep stores a decision event's line in the ring.
+func (h *Hub) keep(line []byte) {
+	h.recentMu.Lock()
+	h.recent[h.next] = append(h.recent[h.next][:0], line...)
+	h.next = (h.next + 1) % RecentDecisions
+	h.recentMu.Unlock()
 }
 
 // Subscriber receives events on C.
@@ -95,15 +131,17 @@ func (h *Hub) Publish(name string, data []byte) {
 var decisionMsg = []byte(`"msg":"decision"`)
 
 // AuditTap is an audit.Tap: each decision event becomes an event "decision" whose data is the
-// audit event's JSON (secret-free as the audit log is).
+// audit event's JSON (secret-free as the audit log is), and is kept for Recent.
 func (h *Hub) AuditTap(line []byte) {
-	if !h.Active() {
+	line = bytes.TrimRight(line, "\n")
+	// The msg field is written last but for the time: look there first.
+	if !bytes.Contains(line[max(0, len(line)-80):], decisionMsg) && !bytes.Contains(line, decisionMsg) {
 		return
 	}
-	line = bytes.TrimRight(line, "\n")
-	if bytes.Contains(line, decisionMsg) {
-		h.Publish("decision", line)
+	if len(line) <= recentLineMax {
+		h.keep(line)
 	}
+	h.Publish("decision", line)
 }
 
 func (h *Hub) approval(id, state string) {

@@ -141,3 +141,33 @@ func TestWebhookMessageEscapesAndShowsWhatIsApproved(t *testing.T) {
 		t.Errorf("summary: %v", msg.Capbroker)
 	}
 }
+
+// TestWebhookMessageNamesThePort: the chat message names the port of every target that is not
+// its scheme's own, for a CONNECT, plain HTTP and an IPv6 address alike.
+func TestWebhookMessageNamesThePort(t *testing.T) {
+	hook := &Webhook{ConsoleURL: "https://broker.test/console/"}
+	for _, c := range []struct {
+		phase, scheme, host string
+		port                int
+		want                string
+	}{
+		{"connect", "https", "api.example.com", 8443, "`a connection to api.example.com:8443`"},
+		{"connect", "https", "api.example.com", 443, "`a connection to api.example.com:443`"},
+		{"request", "http", "api.example.com", 8080, "`GET http://api.example.com:8080/x`"},
+		{"request", "http", "api.example.com", 80, "`GET http://api.example.com/x`"},
+		{"request", "https", "::1", 8443, "`GET https://[::1]:8443/x`"},
+		{"request", "https", "::1", 443, "`GET https://[::1]/x`"},
+	} {
+		r := req("a1", "GET", "/x")
+		r.Phase, r.Scheme, r.Host, r.Port = c.phase, c.scheme, c.host, c.port
+		var msg struct {
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(hook.Message(r), &msg); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(msg.Text, c.want) {
+			t.Errorf("%s %s://%s:%d: %q lacks %q", c.phase, c.scheme, c.host, c.port, msg.Text, c.want)
+		}
+	}
+}

@@ -59,8 +59,11 @@ type Event struct {
 	// read it.
 	GraphQL *GraphQLCall
 	// MCP names the method and tool of the first message of a request to an MCP server
-	// (CONTRACT §8), when the policy read input.mcp.
+	// (CONTRACT §8), and of every message of a batch, when the policy read input.mcp.
 	MCP *MCPCall
+	// JSONRPC names the method of the first message of a request to a JSON-RPC endpoint, and
+	// of every message of a batch, when the policy read input.jsonrpc.
+	JSONRPC *JSONRPCCall
 	// LLM is the model and usage of a metered LLM call (CONTRACT §8), or nil.
 	LLM *LLMCall
 	// Approval is how a held request (decision "ask") was decided, or nil.
@@ -88,9 +91,19 @@ type GraphQLCall struct {
 	Type, Name string
 }
 
-// MCPCall is the audit event's "mcp" object.
+// MCPCall is the audit event's "mcp" object: the first message's method and tool and, for a
+// batch of more than one message, "batch": each message's {method, tool} in order.
 type MCPCall struct {
 	Method, Tool string
+	Batch        []MCPCall
+}
+
+// JSONRPCCall is the audit event's "jsonrpc" object: the first message's method (a response
+// the agent sends: "") and, for a batch of more than one message, "batch": each message's
+// {method} in order.
+type JSONRPCCall struct {
+	Method string
+	Batch  []string
 }
 
 // LLMCall is the audit event's "llm" object. Reported false: the response carried no usage
@@ -163,7 +176,26 @@ func (l *Logger) Write(e *Event) {
 		ev = ev.Dict("graphql", zerolog.Dict().Str("type", g.Type).Str("name", g.Name))
 	}
 	if m := e.MCP; m != nil {
-		ev = ev.Dict("mcp", zerolog.Dict().Str("method", m.Method).Str("tool", m.Tool))
+		d := zerolog.Dict().Str("method", m.Method).Str("tool", m.Tool)
+		if len(m.Batch) > 1 {
+			a := zerolog.Arr()
+			for _, c := range m.Batch {
+				a = a.Dict(zerolog.Dict().Str("method", c.Method).Str("tool", c.Tool))
+			}
+			d = d.Array("batch", a)
+		}
+		ev = ev.Dict("mcp", d)
+	}
+	if j := e.JSONRPC; j != nil {
+		d := zerolog.Dict().Str("method", j.Method)
+		if len(j.Batch) > 1 {
+			a := zerolog.Arr()
+			for _, m := range j.Batch {
+				a = a.Dict(zerolog.Dict().Str("method", m))
+			}
+			d = d.Array("batch", a)
+		}
+		ev = ev.Dict("jsonrpc", d)
 	}
 	if l := e.LLM; l != nil {
 		d := zerolog.Dict().Str("provider", l.Provider).Str("model", l.Model).

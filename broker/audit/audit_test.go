@@ -3,6 +3,7 @@ package audit
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 )
@@ -44,5 +45,35 @@ func TestEventFields(t *testing.T) {
 	}
 	if ev["would_deny"] != true || ev["input"] == nil {
 		t.Errorf("include_input/would_deny: %v", ev)
+	}
+}
+
+// TestRPCBatchNamed: an MCP or JSON-RPC batch names every message, in order, beside the first
+// message's method (and tool) that a single message has alone.
+func TestRPCBatchNamed(t *testing.T) {
+	var buf bytes.Buffer
+	l := New(&buf)
+	first := MCPCall{Method: "tools/call", Tool: "echo"}
+	l.Write(&Event{Start: time.Now(),
+		MCP:     &MCPCall{Method: "tools/call", Tool: "echo", Batch: []MCPCall{first, {Method: "tools/call", Tool: "delete"}}},
+		JSONRPC: &JSONRPCCall{Method: "eth_call", Batch: []string{"eth_call", "eth_sendRawTransaction"}}})
+	l.Write(&Event{Start: time.Now(), MCP: &first, JSONRPC: &JSONRPCCall{Method: "eth_call"}})
+	l.Close()
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%q", buf.String())
+	}
+	for _, want := range []string{
+		`"mcp":{"method":"tools/call","tool":"echo","batch":[{"method":"tools/call","tool":"echo"},{"method":"tools/call","tool":"delete"}]}`,
+		`"jsonrpc":{"method":"eth_call","batch":[{"method":"eth_call"},{"method":"eth_sendRawTransaction"}]}`,
+	} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("batch event lacks %s:\n%s", want, lines[0])
+		}
+	}
+	for _, want := range []string{`"mcp":{"method":"tools/call","tool":"echo"}`, `"jsonrpc":{"method":"eth_call"}`} {
+		if !strings.Contains(lines[1], want) {
+			t.Errorf("single event lacks %s:\n%s", want, lines[1])
+		}
 	}
 }

@@ -12,6 +12,8 @@
   const REFRESH_MS = 10000;    // approvals and grants, besides the events that announce changes
   const STATUS_MS = 15000;
   const USAGE_MS = 1000;       // the usage panel reloads at most this often on metered decisions
+  const RECENT_SHOWN = 20;     // recently decided approvals listed
+  const HISTORY_SHOWN = 5;     // of an agent's earlier questions, on its pending card
 
   const state = {
     csrf: '',
@@ -23,6 +25,8 @@
     revision: '',              // the policy revision shown
     resolved: new Set(),       // ids answered from this page: a list fetched before is stale
     approvalsSeq: 0,
+    recent: [],                // held requests decided lately, newest first (GET /api/approvals)
+    seenDecisions: new Set(),  // request_ids drawn: the stream replays recent ones on (re)connect
     rows: [],                  // newest last; {ev, outcome}
     queue: [],                 // decisions not yet drawn
     frame: 0,
@@ -248,6 +252,8 @@
     }
     if (seq !== state.approvalsSeq) return; // a newer load is under way
     const list = Array.isArray(r.pending) ? r.pending : [];
+    state.recent = Array.isArray(r.recent) ? r.recent : [];
+    drawRecent();
     const seen = new Set();
     const box = $('pending');
     for (const p of list) {
@@ -265,11 +271,55 @@
       if (!seen.has(id)) {
         entry.card.remove();
         state.pending.delete(id);
+      } else {
+        entry.history.replaceChildren(...historyItems(entry.p));
+        entry.historyBox.hidden = !entry.history.childElementCount;
       }
     }
     updatePendingCount();
     tick();
     focusLinked();
+  }
+
+  // decidedText says how a held request ended, in words.
+  function decidedText(d) {
+    const words = {
+      approved: 'approved', denied: 'denied', timeout: 'nobody answered in time',
+      withdrawn: 'withdrawn by the agent', interrupted: 'interrupted by a restart',
+    };
+    let t = words[str(d.state)] || str(d.state);
+    if (d.by) t += ' by ' + str(d.by);
+    if (str(d.state) === 'approved' && d.scope) t += ' (' + str(d.scope) + ')';
+    if (d.comment) t += ' “' + str(d.comment) + '”';
+    return t;
+  }
+
+  function decidedItem(d, withAgent, sameHost) {
+    const when = clock(d.decided);
+    return el('li', { class: 'decided ' + str(d.state) + (sameHost ? ' same-host' : ''), 'data-id': str(d.id) },
+      el('span', { class: 't', text: when }),
+      el('span', { class: 'o ' + str(d.state), text: decidedText(d) }),
+      el('span', { class: 'req mono' },
+        withAgent ? el('span', { class: 'who', text: str(d.agent) + ' ' }) : null,
+        (str(d.method) || 'CONNECT') + ' ' + target(d)));
+  }
+
+  // drawRecent lists the held requests decided lately, including those decided before this
+  // page was opened.
+  function drawRecent() {
+    const items = state.recent.slice(0, RECENT_SHOWN).map((d) => decidedItem(d, true, false));
+    $('recent').replaceChildren(...items);
+    $('recent-count').textContent = String(state.recent.length);
+    $('recent-empty').hidden = items.length > 0;
+  }
+
+  // historyItems are the agent's last questions before p, and how each was decided: what an
+  // approver weighs a new question against. Those to p's host are marked.
+  function historyItems(p) {
+    const agent = str(p.agent);
+    return state.recent.filter((d) => str(d.agent) === agent && str(d.id) !== str(p.id))
+      .slice(0, HISTORY_SHOWN)
+      .map((d) => decidedItem(d, false, str(d.host) === str(p.host)));
   }
 
   // focusLinked brings the card a link names (#approval-ID, as the webhook's message links)
@@ -294,8 +344,9 @@
   }
 
   function target(p) {
-    if (str(p.phase) === 'connect') return str(p.host) + (p.port ? ':' + p.port : '');
-    let t = str(p.host);
+    const host = str(p.host).includes(':') ? '[' + str(p.host) + ']' : str(p.host); // IPv6
+    if (str(p.phase) === 'connect') return host + (p.port ? ':' + p.port : '');
+    let t = host;
     const port = Number(p.port);
     if (port && !((p.scheme === 'https' && port === 443) || (p.scheme === 'http' && port === 80))) t += ':' + port;
     return t + str(p.path);
@@ -323,6 +374,10 @@
       p.reason ? el('p', { class: 'reason', text: str(p.reason) }) : null,
       credentialsLine(p),
       details(p));
+    const history = el('ol', { class: 'history' }, ...historyItems(p));
+    const historyBox = el('div', { class: 'history-box', hidden: !history.childElementCount },
+      el('h4', { text: 'This agent asked before' }), history);
+    card.append(historyBox);
 
     // Scope choice: radio buttons (big targets), and the fields of the wider scopes.
     const radios = {};
@@ -410,7 +465,7 @@
     card.append(fs, el('label', null, 'Comment', comment), el('div', { class: 'actions' }, approve, deny));
     const created = Date.parse(str(p.created));
     const expires = Date.parse(str(p.expires));
-    return { p, card, expiresEl, expires, created, approve };
+    return { p, card, expiresEl, expires, created, approve, history, historyBox };
   }
 
   // credentialsLine says which credentials approving attaches: what the person lets the
@@ -647,6 +702,12 @@
       let ev;
       try { ev = JSON.parse(m.data); } catch (_) { return; }
       if (!ev || typeof ev !== 'object') return;
+      const rid = str(ev.request_id);
+      if (rid) {
+        if (state.seenDecisions.has(rid)) return; // replayed on reconnect: drawn already
+        state.seenDecisions.add(rid);
+        if (state.seenDecisions.size > 4 * MAX_ROWS) state.seenDecisions.delete(state.seenDecisions.values().next().value);
+      }
       state.queue.push(ev);
       if (state.queue.length > MAX_ROWS) state.queue.splice(0, state.queue.length - MAX_ROWS);
       if (!state.frame) state.frame = requestAnimationFrame(flush);

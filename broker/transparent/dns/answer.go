@@ -77,6 +77,12 @@ func (s *Server) answer(raw []byte, size int, src netip.Addr, proto string) []by
 		return s.answerPTR(req, raw, q)
 	}
 	v := s.decide(q)
+	if (!v.Allow || v.WouldDeny) && v.Agent != "" && s.ownName(q.Name) {
+		// The sandbox asking about itself (its host name, as getaddrinfo and sudo do): no
+		// such name, and no audit event for what is not an attempt to go anywhere.
+		s.o.Log.Debug().Str("agent", v.Agent).Str("host", q.Name).Msg("resolver: the sandbox's own name answered NXDOMAIN")
+		return s.pack(s.newReply(req, mdns.RcodeNameError), req, proto)
+	}
 	if !v.Allow {
 		return s.denied(req, raw, q, v)
 	}
@@ -230,6 +236,22 @@ func extraRecords(m *mdns.Msg) int {
 		}
 	}
 	return n
+}
+
+// ownName reports whether name (canonical) is one a sandbox looks up about itself: a single
+// label (a container's host name; search domains are not the resolver's), localhost or a name
+// under it, or one of Options.HostNames. The policy is asked first: such a name it allows is
+// answered as any other.
+func (s *Server) ownName(name string) bool {
+	if !strings.Contains(name, ".") || name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return true
+	}
+	for _, h := range s.o.HostNames {
+		if name == h {
+			return true
+		}
+	}
+	return false
 }
 
 // isHostName reports whether name (canonical) is a host name: labels of letters, digits,

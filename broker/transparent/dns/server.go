@@ -77,7 +77,10 @@ type Options struct {
 	TTL time.Duration
 	// QueriesPerSecond bounds each source address's queries, with bursts of twice as many.
 	QueriesPerSecond int
-	Log              zerolog.Logger
+	// HostNames are the sandbox's own host names (canonical): with single-label names and
+	// localhost, the names a sandbox looks up about itself (ownName).
+	HostNames []string
+	Log       zerolog.Logger
 	// Now is the clock (nil: time.Now), for tests.
 	Now func() time.Time
 }

@@ -86,7 +86,7 @@ func newTestServer(t testing.TB, qps int) *testServer {
 		clock:  &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)},
 	}
 	ts.srv = Serve(l, Options{Policy: ts.policy, Names: ts.names, TTL: 30 * time.Second, QueriesPerSecond: qps,
-		Log: zerolog.Nop(), Now: ts.clock.now})
+		HostNames: []string{"ci-runner.example.com"}, Log: zerolog.Nop(), Now: ts.clock.now})
 	t.Cleanup(func() { _ = ts.srv.Close() })
 	return ts
 }
@@ -260,6 +260,38 @@ func TestDeniedNameRefusedWithReason(t *testing.T) {
 	}
 	if e := ts.waitEvent(t); e.Allow || e.Agent != "" || e.Source != netip.MustParseAddr("127.0.0.99") {
 		t.Fatalf("audit event %+v", e)
+	}
+}
+
+// TestOwnNamesQuietlyUnknown: the sandbox's lookups of its own name (a single label, its
+// host name, localhost) that the policy denies are NXDOMAIN, with no audit event; the same
+// from a source no agent has, and any other denied name, are refused and audited.
+func TestOwnNamesQuietlyUnknown(t *testing.T) {
+	ts := newTestServer(t, 100)
+	for _, name := range []string{"sandbox-7f3a", "ci-runner", "ci-runner.example.com", "localhost", "db.localhost"} {
+		for _, qt := range []uint16{mdns.TypeA, mdns.TypeAAAA} {
+			resp := ts.ask(t, "udp", "127.0.0.1", name, qt, true)
+			if _, _, hasEDE := ede(resp); resp.Rcode != mdns.RcodeNameError || len(resp.Answer) != 0 || hasEDE {
+				t.Errorf("%s %s: %v", name, mdns.TypeToString[qt], resp)
+			}
+		}
+	}
+	if _, events := ts.policy.snapshot(); len(events) != 0 {
+		t.Errorf("the sandbox's own names were audited: %+v", events)
+	}
+	resp := ts.ask(t, "udp", "127.0.0.99", "sandbox-7f3a", mdns.TypeA, true)
+	if resp.Rcode != mdns.RcodeRefused {
+		t.Errorf("a source no agent has: %v", resp)
+	}
+	if e := ts.waitEvent(t); e.Name != "sandbox-7f3a" || e.Allow {
+		t.Errorf("audit event %+v", e)
+	}
+	resp = ts.ask(t, "udp", "127.0.0.1", "example.com", mdns.TypeA, true)
+	if resp.Rcode != mdns.RcodeRefused {
+		t.Errorf("another name: %v", resp)
+	}
+	if e := ts.waitEvent(t); e.Name != "example.com" || e.Allow {
+		t.Errorf("audit event %+v", e)
 	}
 }
 
