@@ -1,0 +1,96 @@
+package integration
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// The attacks of this file are variants of the classes of issue 33's findings, run against the
+// built broker as a hostile agent (and upstream) after each class was fixed at its root: other
+// JSON member spellings, other content types, other rotation and reload paths. Each asserts
+// what the agent got, what the upstream saw and what the audit says.
+
+// TestRedteamStrictJSONCaseMappings: members that a server folds together by mapping case
+// rune by rune, beyond Unicode's simple folding orbits, are refused like "name"/"Name": the
+// dotless "ı" (U+0131), which .NET's OrdinalIgnoreCase (System.Text.Json's case-insensitive
+// names) upper-cases to "I", and the dotted "İ" (U+0130), which a Turkish-locale toLowerCase
+// (Jackson's case-insensitive properties) lower-cases to "i". Members no decoder takes for one
+// another (ß and ss, a full-width letter, a zero-width joiner inside) are data and pass.
+func TestRedteamStrictJSONCaseMappings(t *testing.T) {
+	const readsBody = `package broker
+
+default decision := {"allow": false, "reason": "purge is not allowed"}
+
+decision := {"allow": true, "intercept": true} if input.phase == "connect"
+
+decision := {"allow": true} if {
+	input.phase == "request"
+	input.request.body.action != "purge"
+}
+`
+	e := newEnv(t, envOpts{policy: readsBody})
+	c := e.broker.client(t, agentID, e.token)
+	u := e.url("/jobs")
+	for _, a := range []ambiguousAttack{
+		{"dotless i, allowed first", "{\"action\":\"archive\",\"act\u0131on\":\"purge\"}", []string{`"action"`, "act\u0131on"}},
+		{"dotless i, allowed last", "{\"act\u0131on\":\"purge\",\"action\":\"archive\"}", []string{`"action"`}},
+		{"dotless i escaped", `{"action":"archive","act\u0131on":"purge"}`, []string{`"action"`}},
+		{"dotted capital I", `{"action":"archive","act\u0130on":"purge"}`, []string{`"action"`}},
+		{"dotless I upper", `{"action":"archive","ACT\u0131ON":"purge"}`, []string{`"action"`}},
+		{"dotted capital I deep in an array", `{"action":"archive","targets":[{"id":"one","\u0130d":"all"}]}`, []string{`"id"`}},
+	} {
+		t.Run(a.name, func(t *testing.T) {
+			before := len(e.received())
+			status, body, id := postJSON(t, c, u, a.body)
+			checkAmbiguousRefusal(t, e, a, false, status, body, id, before)
+			if strings.Contains(body, "purge") || strings.Contains(body, "archive") {
+				t.Errorf("the refusal quotes a value: %s", body)
+			}
+		})
+	}
+	for name, body := range map[string]string{
+		"sharp s and ss":    "{\"action\":\"archive\",\"opts\":{\"stra\u00dfe\":1,\"strasse\":2}}",
+		"full-width letter": "{\"action\":\"archive\",\"\uff41ction\":\"purge\"}",
+		"zero-width joiner": "{\"action\":\"archive\",\"ac\u200dtion\":\"purge\"}",
+	} {
+		t.Run(name, func(t *testing.T) {
+			before := len(e.received())
+			status, resp, _ := postJSON(t, c, u, body)
+			if status != http.StatusOK {
+				t.Fatalf("%d %s, want 200: no decoder takes these members for one another", status, resp)
+			}
+			if got := e.received(); len(got) != before+1 {
+				t.Errorf("the upstream saw %d requests, want 1", len(got)-before)
+			}
+		})
+	}
+
+	// The same on a JSON-RPC endpoint, where the refusal is a JSON-RPC error.
+	r := newEnv(t, envOpts{
+		policy: `package broker
+
+default decision := {"allow": false, "reason": "method not allowed"}
+
+decision := {"allow": true, "intercept": true} if input.phase == "connect"
+
+decision := {"allow": true} if {
+	input.phase == "request"
+	every m in input.jsonrpc { startswith(m.method, "eth_get") }
+}
+`,
+		extraConfig: "protocols:\n  jsonrpc: [{hosts: [127.0.0.1], path: /rpc}]\n",
+	})
+	rc := r.broker.client(t, agentID, r.token)
+	for _, a := range []ambiguousAttack{
+		{"id and dotless id", "{\"jsonrpc\":\"2.0\",\"id\":1,\"\u0131d\":2,\"method\":\"eth_getBalance\"}", []string{`"id"`}},
+		{"dotted Id alone", `{"jsonrpc":"2.0","\u0130d":1,"method":"eth_getBalance"}`, []string{`"id"`}},
+		{"in params, in a batch", `[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":{"address":"a"}},{"jsonrpc":"2.0","id":2,"method":"eth_getCode","params":{"addre\u017f\u017f":"a","ADDRESS":"b"}}]`, []string{`"ADDRESS"`}},
+	} {
+		t.Run("rpc "+a.name, func(t *testing.T) {
+			before := len(r.received())
+			status, body, id := postJSON(t, rc, r.url("/rpc"), a.body)
+			checkAmbiguousRefusal(t, r, a, true, status, body, id, before)
+		})
+	}
+}
