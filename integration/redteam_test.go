@@ -94,3 +94,54 @@ decision := {"allow": true} if {
 		})
 	}
 }
+
+// TestRedteamJSONMediaTypes: a body labelled with a media type that servers parse as JSON
+// (ASP.NET's text/json, Rails' text/x-json and application/jsonrequest, application/x-json) is
+// the policy's input.request.body like application/json: a policy that refuses "purge" refuses
+// it under every label, and ambiguous members are refused under every label. A JSON body sent
+// in UTF-16 (which Python's json.loads reads) is not valid JSON to the broker: refused.
+func TestRedteamJSONMediaTypes(t *testing.T) {
+	e := newEnv(t, envOpts{policy: `package broker
+
+default decision := {"allow": true, "intercept": true}
+
+decision := {"allow": false, "reason": "purge is not allowed"} if {
+	input.phase == "request"
+	input.request.body.action == "purge"
+}
+`})
+	c := e.broker.client(t, agentID, e.token)
+	u := e.url("/jobs")
+	for _, ct := range []string{"application/json", "text/json", "Text/JSON; charset=utf-8", "text/x-json", "application/x-json", "application/jsonrequest", "application/vnd.api+json"} {
+		t.Run(ct, func(t *testing.T) {
+			before := len(e.received())
+			status, body, id := postJSON(t, c, u, `{"action":"purge"}`, "Content-Type", ct)
+			if status != http.StatusForbidden || !strings.Contains(body, "purge is not allowed") {
+				t.Errorf("purge as %s: %d %s, want 403 purge is not allowed", ct, status, body)
+			}
+			if len(e.received()) != before {
+				t.Errorf("purge as %s reached the upstream", ct)
+			}
+			if ev := e.broker.waitAudit(t, id); ev["decision"] != "deny" {
+				t.Errorf("purge as %s: audit decision %v", ct, ev["decision"])
+			}
+			a := ambiguousAttack{ct + " duplicate", `{"action":"archive","action":"purge"}`, []string{`"action" appears twice`}}
+			status, body, id = postJSON(t, c, u, a.body, "Content-Type", ct)
+			checkAmbiguousRefusal(t, e, a, false, status, body, id, before)
+			if status, body, _ := postJSON(t, c, u, `{"action":"archive"}`, "Content-Type", ct); status != http.StatusOK || len(e.received()) != before+1 {
+				t.Errorf("archive as %s: %d %s", ct, status, body)
+			}
+		})
+	}
+	t.Run("UTF-16", func(t *testing.T) {
+		before := len(e.received())
+		var utf16 []byte
+		for _, r := range `{"action":"purge"}` {
+			utf16 = append(utf16, byte(r), 0)
+		}
+		status, body, _ := postJSON(t, c, u, string(utf16), "Content-Type", "application/json; charset=utf-16le")
+		if status != http.StatusBadRequest || !strings.Contains(body, "not valid JSON") || len(e.received()) != before {
+			t.Errorf("UTF-16 JSON: %d %s, want 400 not valid JSON before the upstream", status, body)
+		}
+	})
+}
