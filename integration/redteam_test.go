@@ -1,9 +1,14 @@
 package integration
 
 import (
+	"bufio"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/capbroker/capbroker/credentials/oauth2/oauth2test"
 )
 
 // The attacks of this file are variants of the classes of issue 33's findings, run against the
@@ -144,4 +149,106 @@ decision := {"allow": false, "reason": "purge is not allowed"} if {
 			t.Errorf("UTF-16 JSON: %d %s, want 400 not valid JSON before the upstream", status, body)
 		}
 	})
+}
+
+// streamStore is an upstream that answers /watch with a stream left open, and writes on it
+// every credential /store is later sent: a response that began before the secret existed.
+type streamStore struct {
+	kept chan string
+}
+
+func (s *streamStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/store":
+		auth := r.Header.Get("Authorization")
+		if i := strings.IndexByte(auth, ' '); i >= 0 {
+			auth = auth[i+1:]
+		}
+		s.kept <- auth
+		fmt.Fprintln(w, "kept")
+	case "/watch":
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintln(w, "open")
+		w.(http.Flusher).Flush()
+		select {
+		case v := <-s.kept:
+			for name, f := range knownForms(v) {
+				fmt.Fprintf(w, "%s=%s\n", name, f)
+			}
+		case <-r.Context().Done():
+		}
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// TestRedteamStreamOpenedBeforeMint: the agent opens a stream from an upstream before the
+// broker has minted any token for it, then has a request granted the OAuth2 credential sent to
+// the same upstream, which writes the token on the open stream. The token was minted after the
+// stream's response began; it must reach the agent scrubbed all the same.
+func TestRedteamStreamOpenedBeforeMint(t *testing.T) {
+	pki := newUpstreamPKI(t)
+	s := &streamStore{kept: make(chan string, 1)}
+	up := pki.serve(t, s, false, nil)
+	e := &oauth2Env{t: t, srv: oauth2test.Start(t), token: randHex(16), secret: "oauth-client-secret-" + randHex(12)}
+	e.srv.AddClient(oauth2test.Client{ID: "capbroker", Auth: "client_secret_basic", Secret: e.secret,
+		Grants: []string{"client_credentials"}, Scopes: []string{"read"}})
+	e.broker = startBroker(t, brokerOpts{
+		policy: `package broker
+
+default decision := {"allow": false, "reason": "not allowed by the test policy"}
+
+decision := {"allow": true, "intercept": true} if input.phase == "connect"
+
+decision := {"allow": true} if {
+	input.phase == "request"
+	input.request.path == "/watch"
+}
+
+decision := {"allow": true, "credentials": ["api"]} if {
+	input.phase == "request"
+	input.request.path == "/store"
+}
+`,
+		mode: "enforce",
+		config: fmt.Sprintf(`upstream:
+  ca_file: %q
+  allow_private: ["127.0.0.1/32"]
+agents:
+  - {id: %s, token_env: CODER1_TOKEN}
+credentials:
+  - name: api
+    hosts: ["127.0.0.1"]
+    source: {env: OAUTH_CLIENT_SECRET}
+    oauth2:
+      token_url: %s
+      client_id: capbroker
+      scopes: [read]
+`, bothCAs(t, pki.File, e.srv.CAFile), agentID, e.srv.TokenURL),
+		env: []string{"CODER1_TOKEN=" + e.token, "OAUTH_CLIENT_SECRET=" + e.secret},
+	})
+	c := e.broker.client(t, agentID, e.token)
+
+	resp, err := c.Get(up.URL + "/watch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || line != "open\n" {
+		t.Fatalf("watch: %q %v", line, err)
+	}
+	if status, body, id := agentGet(t, c, up.URL+"/store"); status != 200 {
+		t.Fatalf("store: %d %s", status, body)
+	} else {
+		auditOf(t, e.broker, id, 200, "api")
+	}
+	rest, _ := io.ReadAll(br)
+	issued := e.srv.Issued()
+	if len(issued) != 1 {
+		t.Fatalf("%d tokens issued, want 1", len(issued))
+	}
+	assertScrubbed(t, "the stream opened before the mint", string(rest), issued[0])
+	auditOf(t, e.broker, resp.Header.Get("X-Broker-Request-Id"), 200)
+	e.checkLogs()
 }
