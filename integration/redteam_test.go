@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/capbroker/capbroker/credentials/oauth2/oauth2test"
@@ -151,10 +152,13 @@ decision := {"allow": false, "reason": "purge is not allowed"} if {
 	})
 }
 
-// streamStore is an upstream that answers /watch with a stream left open, and writes on it
-// every credential /store is later sent: a response that began before the secret existed.
+// streamStore is an upstream that answers /watch with a stream, and /ws with a WebSocket,
+// left open, and writes on them the credential /store is later sent: responses that began
+// before the secret existed.
 type streamStore struct {
-	kept chan string
+	once  sync.Once
+	kept  string
+	ready chan struct{} // closed once kept is set
 }
 
 func (s *streamStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -164,19 +168,35 @@ func (s *streamStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if i := strings.IndexByte(auth, ' '); i >= 0 {
 			auth = auth[i+1:]
 		}
-		s.kept <- auth
+		s.once.Do(func() { s.kept = auth; close(s.ready) })
 		fmt.Fprintln(w, "kept")
 	case "/watch":
 		w.Header().Set("Content-Type", "text/plain")
 		fmt.Fprintln(w, "open")
 		w.(http.Flusher).Flush()
 		select {
-		case v := <-s.kept:
-			for name, f := range knownForms(v) {
+		case <-s.ready:
+			for name, f := range knownForms(s.kept) {
 				fmt.Fprintf(w, "%s=%s\n", name, f)
 			}
 		case <-r.Context().Done():
 		}
+	case "/ws":
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+			wsAccept(r.Header.Get("Sec-WebSocket-Key")))
+		rw.Write(wsFrame(true, 0x1, []byte("open"), false))
+		rw.Flush()
+		<-s.ready
+		half := len(s.kept) / 2 // split across two fragments, too
+		rw.Write(wsFrame(false, 0x1, []byte("token: "+s.kept[:half]), false))
+		rw.Write(wsFrame(true, 0x0, []byte(s.kept[half:]+"\n"), false))
+		rw.Flush()
+		_, _, _ = readWSFrame(rw.Reader) // until the agent closes
 	default:
 		http.NotFound(w, r)
 	}
@@ -188,7 +208,7 @@ func (s *streamStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // stream's response began; it must reach the agent scrubbed all the same.
 func TestRedteamStreamOpenedBeforeMint(t *testing.T) {
 	pki := newUpstreamPKI(t)
-	s := &streamStore{kept: make(chan string, 1)}
+	s := &streamStore{ready: make(chan struct{})}
 	up := pki.serve(t, s, false, nil)
 	e := &oauth2Env{t: t, srv: oauth2test.Start(t), token: randHex(16), secret: "oauth-client-secret-" + randHex(12)}
 	e.srv.AddClient(oauth2test.Client{ID: "capbroker", Auth: "client_secret_basic", Secret: e.secret,
@@ -202,7 +222,7 @@ decision := {"allow": true, "intercept": true} if input.phase == "connect"
 
 decision := {"allow": true} if {
 	input.phase == "request"
-	input.request.path == "/watch"
+	input.request.path in {"/watch", "/ws"}
 }
 
 decision := {"allow": true, "credentials": ["api"]} if {
@@ -238,6 +258,16 @@ credentials:
 	if line, err := br.ReadString('\n'); err != nil || line != "open\n" {
 		t.Fatalf("watch: %q %v", line, err)
 	}
+	ws := (&env{broker: e.broker, token: e.token}).dialTunnel(t, up.Listener.Addr().String())
+	defer ws.Close()
+	fmt.Fprintf(ws, "GET /ws HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", up.Listener.Addr())
+	wr := bufio.NewReader(ws)
+	if resp, err := http.ReadResponse(wr, nil); err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	if _, first, err := readWSFrame(wr); err != nil || string(first) != "open" {
+		t.Fatalf("ws: %q %v", first, err)
+	}
 	if status, body, id := agentGet(t, c, up.URL+"/store"); status != 200 {
 		t.Fatalf("store: %d %s", status, body)
 	} else {
@@ -249,6 +279,19 @@ credentials:
 		t.Fatalf("%d tokens issued, want 1", len(issued))
 	}
 	assertScrubbed(t, "the stream opened before the mint", string(rest), issued[0])
+	var message []byte
+	for fin := false; !fin; {
+		op, payload, err := readWSFrame(wr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fin = op&0x80 != 0
+		message = append(message, payload...)
+	}
+	if got := string(message); got != "token: [REDACTED]\n" {
+		t.Errorf("the WebSocket opened before the mint sent the agent %q", got)
+	}
 	auditOf(t, e.broker, resp.Header.Get("X-Broker-Request-Id"), 200)
+	ws.Close()
 	e.checkLogs()
 }
