@@ -114,6 +114,13 @@ func (k *Known) errFull(name string) error {
 // value already known is only kept longer. An error (wrapping credentials.ErrUnavailable)
 // means the value must not be sent.
 func (k *Known) Record(b *Binding, v credentials.Secret, minted bool) error {
+	return k.record(b, v, minted, true)
+}
+
+// record is Record; bounded says whether a value that needs a place past Max is refused (a
+// value about to be sent) or known all the same (Hold: a value that exists whether or not the
+// broker sends it).
+func (k *Known) record(b *Binding, v credentials.Secret, minted, bounded bool) error {
 	if v.IsZero() {
 		return nil
 	}
@@ -145,7 +152,7 @@ func (k *Known) Record(b *Binding, v credentials.Secret, minted bool) error {
 		e.extend(until.UnixNano())
 		return nil
 	}
-	if k.live[b.Name] >= k.max {
+	if bounded && k.live[b.Name] >= k.max {
 		k.pruneLocked(now)
 		if k.live[b.Name] >= k.max {
 			return k.errFull(b.Name)
@@ -176,7 +183,9 @@ const extendSlack = int64(time.Minute)
 // Hold notes that the credential store holds v for b: it is known from now on, as Record(b, v,
 // false) makes it, though it may never be sent (the upstream that issued a key may show it
 // unasked). A value already known is not kept longer: only sending it does that. It is
-// called for every response, so it reads no clock unless v is new.
+// called for every response, so it reads no clock unless v is new. The bound does not apply:
+// the value exists, sent or not, and an upstream may show it even while the broker refuses to
+// send it (Record past the bound); the store's own values bound how many Hold adds.
 func (k *Known) Hold(b *Binding, v credentials.Secret) {
 	if v.IsZero() {
 		return
@@ -190,8 +199,7 @@ func (k *Known) Hold(b *Binding, v credentials.Secret) {
 	if e != nil {
 		return
 	}
-	// No room: the value is refused when it is about to be sent (Record).
-	_ = k.Record(b, v, false)
+	_ = k.record(b, v, false, false)
 }
 
 // extend makes e known until at least until (less extendSlack).
