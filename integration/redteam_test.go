@@ -139,6 +139,14 @@ decision := {"allow": false, "reason": "purge is not allowed"} if {
 			}
 		})
 	}
+	t.Run("byte order mark", func(t *testing.T) {
+		// .NET's and Python's utf-8-sig readers skip a BOM; the broker does not read past it.
+		before := len(e.received())
+		status, body, _ := postJSON(t, c, u, "\ufeff{\"action\":\"archive\",\"action\":\"purge\"}")
+		if status != http.StatusBadRequest || len(e.received()) != before {
+			t.Errorf("BOM-prefixed JSON: %d %s, want 400 before the upstream", status, body)
+		}
+	})
 	t.Run("UTF-16", func(t *testing.T) {
 		before := len(e.received())
 		var utf16 []byte
