@@ -31,7 +31,7 @@ func (g *generation) responseScrubber(host string) *scrub.Replacer {
 	if len(exposed) == 0 {
 		return g.known.Scrubber(host)
 	}
-	return scrub.Following(func() *scrub.Replacer { return g.known.Scrubber(host) })
+	return g.known.Following(host)
 }
 
 // redactor returns the Replacer that replaces each of patterns with redacted.

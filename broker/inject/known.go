@@ -59,6 +59,9 @@ type Known struct {
 	pruneAt atomic.Int64
 
 	cache atomic.Pointer[scrubCache]
+
+	following  sync.Map // host -> *scrub.Replacer (Following)
+	followingN atomic.Int64
 }
 
 // knownKey names an entry: the binding that sent a value (Binding.key) and the value.
@@ -289,6 +292,23 @@ func (k *Known) Scrubber(host string) *scrub.Replacer {
 		}
 	}
 	c.mu.Unlock()
+	return r
+}
+
+// Following returns the Replacer that follows Scrubber(host) (scrub.Following): a response
+// still being read when a value is first sent is scrubbed of it from then on. One is kept per
+// host (up to maxScrubHosts), so that a response costs no allocation for it.
+func (k *Known) Following(host string) *scrub.Replacer {
+	if r, ok := k.following.Load(host); ok {
+		return r.(*scrub.Replacer)
+	}
+	r := scrub.Following(func() *scrub.Replacer { return k.Scrubber(host) })
+	if k.followingN.Load() < maxScrubHosts {
+		if v, loaded := k.following.LoadOrStore(host, r); loaded {
+			return v.(*scrub.Replacer)
+		}
+		k.followingN.Add(1)
+	}
 	return r
 }
 
