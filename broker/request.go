@@ -488,7 +488,7 @@ func isJSON(contentType string) bool {
 		return true // the usual case, without parsing parameters
 	}
 	mt, _, err := mime.ParseMediaType(contentType)
-	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+	return err == nil && wire.JSONType(mt)
 }
 
 type readCloser struct {

@@ -16,13 +16,22 @@ import (
 // placeholder credential (inject.Set.Exposed), join the registry first, sent or not: the
 // upstream that issued a key may show it unasked. One the registry has no room for is
 // refused when it is about to be sent (generation.inject).
+//
+// When a value may still be sent to host (a binding is exposed there), the Replacer follows
+// the registry (scrub.Following): a response that is still being read when a token is minted
+// or a new value first sent (a stream, a WebSocket, a slow body) is scrubbed of it from then
+// on. The value is recorded before it leaves, so before the upstream can write it back.
 func (g *generation) responseScrubber(host string) *scrub.Replacer {
-	for _, b := range g.bindings.Exposed(host) {
+	exposed := g.bindings.Exposed(host)
+	for _, b := range exposed {
 		for _, v := range g.secrets.Known(b.Name) {
 			g.known.Hold(b, v)
 		}
 	}
-	return g.known.Scrubber(host)
+	if len(exposed) == 0 {
+		return g.known.Scrubber(host)
+	}
+	return g.known.Following(host)
 }
 
 // redactor returns the Replacer that replaces each of patterns with redacted.

@@ -67,12 +67,12 @@ func TestResponseScrubberFollowsRotation(t *testing.T) {
 	}
 	src.set("sk-rot-one-0123456789")
 	send()
-	first := br.gen.Load().responseScrubber("api.openai.com")
+	first := br.gen.Load().known.Scrubber("api.openai.com") // what responseScrubber follows
 	if !redacts("api.openai.com", "sk-rot-one-0123456789") {
 		t.Fatal("the credentialed host's responses are not scrubbed of the value it was sent")
 	}
 	send()
-	if br.gen.Load().responseScrubber("api.openai.com") != first {
+	if br.gen.Load().known.Scrubber("api.openai.com") != first {
 		t.Error("the same values built a second Replacer")
 	}
 	src.set("sk-rot-two-0123456789")

@@ -59,6 +59,9 @@ type Known struct {
 	pruneAt atomic.Int64
 
 	cache atomic.Pointer[scrubCache]
+
+	following  sync.Map // host -> *scrub.Replacer (Following)
+	followingN atomic.Int64
 }
 
 // knownKey names an entry: the binding that sent a value (Binding.key) and the value.
@@ -114,6 +117,13 @@ func (k *Known) errFull(name string) error {
 // value already known is only kept longer. An error (wrapping credentials.ErrUnavailable)
 // means the value must not be sent.
 func (k *Known) Record(b *Binding, v credentials.Secret, minted bool) error {
+	return k.record(b, v, minted, true)
+}
+
+// record is Record; bounded says whether a value that needs a place past Max is refused (a
+// value about to be sent) or known all the same (Hold: a value that exists whether or not the
+// broker sends it).
+func (k *Known) record(b *Binding, v credentials.Secret, minted, bounded bool) error {
 	if v.IsZero() {
 		return nil
 	}
@@ -145,7 +155,7 @@ func (k *Known) Record(b *Binding, v credentials.Secret, minted bool) error {
 		e.extend(until.UnixNano())
 		return nil
 	}
-	if k.live[b.Name] >= k.max {
+	if bounded && k.live[b.Name] >= k.max {
 		k.pruneLocked(now)
 		if k.live[b.Name] >= k.max {
 			return k.errFull(b.Name)
@@ -176,7 +186,9 @@ const extendSlack = int64(time.Minute)
 // Hold notes that the credential store holds v for b: it is known from now on, as Record(b, v,
 // false) makes it, though it may never be sent (the upstream that issued a key may show it
 // unasked). A value already known is not kept longer: only sending it does that. It is
-// called for every response, so it reads no clock unless v is new.
+// called for every response, so it reads no clock unless v is new. The bound does not apply:
+// the value exists, sent or not, and an upstream may show it even while the broker refuses to
+// send it (Record past the bound); the store's own values bound how many Hold adds.
 func (k *Known) Hold(b *Binding, v credentials.Secret) {
 	if v.IsZero() {
 		return
@@ -190,8 +202,7 @@ func (k *Known) Hold(b *Binding, v credentials.Secret) {
 	if e != nil {
 		return
 	}
-	// No room: the value is refused when it is about to be sent (Record).
-	_ = k.Record(b, v, false)
+	_ = k.record(b, v, false, false)
 }
 
 // extend makes e known until at least until (less extendSlack).
@@ -281,6 +292,23 @@ func (k *Known) Scrubber(host string) *scrub.Replacer {
 		}
 	}
 	c.mu.Unlock()
+	return r
+}
+
+// Following returns the Replacer that follows Scrubber(host) (scrub.Following): a response
+// still being read when a value is first sent is scrubbed of it from then on. One is kept per
+// host (up to maxScrubHosts), so that a response costs no allocation for it.
+func (k *Known) Following(host string) *scrub.Replacer {
+	if r, ok := k.following.Load(host); ok {
+		return r.(*scrub.Replacer)
+	}
+	r := scrub.Following(func() *scrub.Replacer { return k.Scrubber(host) })
+	if k.followingN.Load() < maxScrubHosts {
+		if v, loaded := k.following.LoadOrStore(host, r); loaded {
+			return v.(*scrub.Replacer)
+		}
+		k.followingN.Add(1)
+	}
 	return r
 }
 

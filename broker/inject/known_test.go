@@ -147,6 +147,19 @@ func TestKnownBoundRefuses(t *testing.T) {
 	if err := k.Record(b, tok(4, time.Hour), true); err != nil {
 		t.Fatal(err)
 	}
+	if err := k.Room("api"); err == nil {
+		t.Fatal("the registry is not full again")
+	}
+	// The store rotates while the registry is full: the new value is not sent (no room), but
+	// the upstream that issued it may show it, and responses are scrubbed of it.
+	rotated := credentials.NewSecret("rotated-while-full-0123456789")
+	k.Hold(b, rotated)
+	if !scrubs(k, "api.example.com", rotated.Reveal()) {
+		t.Error("a value the store holds is not scrubbed because the registry is full")
+	}
+	if err := k.Record(b, rotated, false); err != nil {
+		t.Errorf("a held value is refused when sent: %v", err)
+	}
 }
 
 // TestKnownSurvivesReload: values sent under one config stay scrubbed from the hosts they

@@ -27,6 +27,26 @@ type Replacer struct {
 	pairs  []pair    // in argument order, without empty and repeated patterns
 	maxLen int       // length of the longest pattern
 	starts [256]bool // the first bytes of the patterns
+	// follow, when set (Following), gives the patterns in force now: r has none of its own.
+	follow func() *Replacer
+}
+
+// Following returns a Replacer whose patterns are, at each use, those of the Replacer current
+// returns then: every String, Bytes, Header and Stream, and every read of a Reader, asks it
+// again. It is for a response that outlives the set of secrets it must be scrubbed of (a
+// stream open while a token is minted): what a stream reads after a pattern was added is
+// scrubbed of it. It is never Empty, as patterns may come. current must not return a
+// Following Replacer, and must be safe for concurrent use.
+func Following(current func() *Replacer) *Replacer {
+	return &Replacer{follow: current}
+}
+
+// now is the Replacer in force: r, or what r follows.
+func (r *Replacer) now() *Replacer {
+	if r.follow == nil {
+		return r
+	}
+	return r.follow()
 }
 
 // pair is a pattern and its replacement.
@@ -74,15 +94,16 @@ func New(oldnew ...string) *Replacer {
 }
 
 // Empty reports whether r has no patterns, so that it never changes anything.
-func (r *Replacer) Empty() bool { return len(r.pairs) == 0 }
+func (r *Replacer) Empty() bool { return len(r.pairs) == 0 && r.follow == nil }
 
-// MaxLen is the length of the longest pattern (0 without any).
-func (r *Replacer) MaxLen() int { return r.maxLen }
+// MaxLen is the length of the longest pattern (0 without any), now.
+func (r *Replacer) MaxLen() int { return r.now().maxLen }
 
 // Masking returns a Replacer for the same patterns whose replacements keep their length: a
 // pattern becomes "[REDACTED]" padded with "*" to its length, or "*"s when it is shorter. It is
 // for bytes whose offsets must not move (a byte range cut from a representation).
 func (r *Replacer) Masking() *Replacer {
+	r = r.now() // a fixed set: offsets are decided once
 	if r.Empty() {
 		return none
 	}
@@ -101,6 +122,7 @@ func (r *Replacer) Masking() *Replacer {
 // String returns s with all patterns replaced. It does not allocate when s
 // contains no pattern.
 func (r *Replacer) String(s string) string {
+	r = r.now()
 	for _, p := range r.pairs {
 		if strings.Contains(s, p.pattern) {
 			return string(r.replaceAll([]byte(s)))
@@ -111,6 +133,7 @@ func (r *Replacer) String(s string) string {
 
 // Bytes returns b with all patterns replaced: b itself when it contains none.
 func (r *Replacer) Bytes(b []byte) []byte {
+	r = r.now()
 	for _, p := range r.pairs {
 		if bytes.Contains(b, p.old) {
 			return r.replaceAll(b)
@@ -124,7 +147,7 @@ func (r *Replacer) Bytes(b []byte) []byte {
 // pattern, may begin one: pass it again, ahead of the input that follows. With final, all of
 // in is decided. It is what Reader does, for a caller that frames its own output.
 func (r *Replacer) Stream(dst, in []byte, final bool) ([]byte, int) {
-	if r.Empty() {
+	if r = r.now(); r.Empty() {
 		return append(dst, in...), len(in)
 	}
 	return r.replace(dst, in, final, make([]int, len(r.pairs)))
@@ -143,7 +166,7 @@ func (r *Replacer) replaceAll(b []byte) []byte {
 // it parsed (canonical form, or lower case from HTTP/2), so "x-sk-live-ab12" arrives as
 // "X-Sk-Live-Ab12", which reveals the secret as well. No real field is named after a secret.
 func (r *Replacer) Header(h http.Header) {
-	if r.Empty() {
+	if r = r.now(); r.Empty() {
 		return
 	}
 	for k, vs := range h {
@@ -186,12 +209,13 @@ func containsFold(s, sub string) bool {
 // as src delivers it. When src returns an error, including io.EOF, the
 // held-back bytes are emitted unchanged and the error is returned after them.
 //
-// The returned reader is not safe for concurrent use.
+// The returned reader is not safe for concurrent use. A Following Replacer's reader takes the
+// patterns in force at each read of src.
 func (r *Replacer) Reader(src io.ReadCloser) io.ReadCloser {
 	if r.Empty() {
 		return src
 	}
-	return &reader{r: r, src: src}
+	return &reader{r: r.now(), follow: r.follow, src: src}
 }
 
 // replace appends to dst the replaced form of the longest prefix of src
@@ -329,15 +353,16 @@ const maxEmptyReads = 100
 
 // reader is the ReadCloser returned by Replacer.Reader.
 type reader struct {
-	r    *Replacer
-	src  io.ReadCloser
-	in   []byte // in[:held] are held-back input bytes; the rest is read space
-	held int
-	out  []byte // replaced output; out[off:] is not yet returned
-	off  int
-	next []int // scratch for Replacer.replace
-	full bool  // the last read filled the input buffer: grow it before the next
-	err  error // sticky error from src; set once all input is consumed
+	r      *Replacer
+	follow func() *Replacer // Replacer.follow: r is renewed from it before each read
+	src    io.ReadCloser
+	in     []byte // in[:held] are held-back input bytes; the rest is read space
+	held   int
+	out    []byte // replaced output; out[off:] is not yet returned
+	off    int
+	next   []int // scratch for Replacer.replace
+	full   bool  // the last read filled the input buffer: grow it before the next
+	err    error // sticky error from src; set once all input is consumed
 
 	pooled *buffers // in and out, while they are a pooled pair
 	nexts  [16]int  // next, for up to 16 patterns: the forms of two keys
@@ -382,13 +407,22 @@ func (z *reader) fill() int {
 		}
 		z.next = z.nexts[:0]
 		z.next = slices.Grow(z.next, len(z.r.pairs))[:len(z.r.pairs)]
-	case z.full && len(z.in) < readSize+z.r.maxLen:
-		in := make([]byte, readSize+z.r.maxLen)
+	case z.full && len(z.in) < readSize+z.r.maxLen, len(z.in)-z.held < firstReadSize:
+		// The second case: held bytes of a Following Replacer's longer patterns.
+		in := make([]byte, max(readSize+z.r.maxLen, z.held+readSize))
 		copy(in, z.in[:z.held])
 		z.in, z.out = in, make([]byte, 0, len(in))
 		z.release()
 	}
 	n, err := z.src.Read(z.in[z.held:])
+	if z.follow != nil {
+		// The patterns in force once the bytes were read: a secret the upstream wrote was
+		// known before it could have been sent to it.
+		if r := z.follow(); r != z.r {
+			z.r = r
+			z.next = slices.Grow(z.next[:0], len(r.pairs))[:len(r.pairs)]
+		}
+	}
 	z.full = z.held+n == len(z.in)
 	data := z.in[:z.held+n]
 	var done int

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/iotest"
 
@@ -623,5 +624,47 @@ func TestMasking(t *testing.T) {
 	}
 	if !scrub.New().Masking().Empty() {
 		t.Fatal("masking nothing masks something")
+	}
+}
+
+// TestFollowing: a Following Replacer's reader, String and Stream use the patterns in force
+// when the bytes were read, so that a secret added while a stream is open is replaced in what
+// is read after, across reads, with a longer pattern than any before.
+func TestFollowing(t *testing.T) {
+	var cur atomic.Pointer[scrub.Replacer]
+	cur.Store(scrub.New())
+	f := scrub.Following(func() *scrub.Replacer { return cur.Load() })
+	if f.Empty() {
+		t.Fatal("a Following Replacer is Empty")
+	}
+	pr, pw := io.Pipe()
+	r := f.Reader(pr)
+	read := func(n int) string {
+		b := make([]byte, n)
+		m, _ := io.ReadFull(r, b)
+		return string(b[:m])
+	}
+	go func() { _, _ = pw.Write([]byte("open\n")) }()
+	if got := read(5); got != "open\n" {
+		t.Fatalf("first read: %q", got)
+	}
+	secret := strings.Repeat("s3cr3t-", 300) // longer than the first buffer
+	cur.Store(scrub.New(secret, "[REDACTED]"))
+	go func() {
+		for i := 0; i < len(secret); i += 7 {
+			_, _ = pw.Write([]byte(secret[i:min(i+7, len(secret))]))
+		}
+		_, _ = pw.Write([]byte("\nend"))
+		pw.Close()
+	}()
+	rest, _ := io.ReadAll(r)
+	if string(rest) != "[REDACTED]\nend" {
+		t.Errorf("after the secret was added: %q", rest)
+	}
+	if got := f.String("a " + secret); got != "a [REDACTED]" {
+		t.Errorf("String: %q", got)
+	}
+	if got, _ := f.Stream(nil, []byte(secret), true); string(got) != "[REDACTED]" {
+		t.Errorf("Stream: %q", got)
 	}
 }

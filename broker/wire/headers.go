@@ -221,7 +221,7 @@ func oneMediaType(ct string) bool {
 		lenient = lenient[:i] // and those that look at the first word
 	}
 	switch {
-	case lenient == "application/json", strings.HasSuffix(lenient, "+json"),
+	case JSONType(lenient),
 		lenient == "application/x-www-form-urlencoded", strings.HasPrefix(lenient, "multipart/"):
 	default:
 		return true
@@ -231,6 +231,20 @@ func oneMediaType(ct string) bool {
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && mt == lenient
+}
+
+// JSONType reports whether mt, a media type without parameters in lower case, is one that
+// servers parse as JSON: application/json and every +json type, and the older names
+// frameworks still register for it (text/json: ASP.NET's input formatter; text/x-json and
+// application/jsonrequest: Rails; application/x-json). A body under any of them is read by the
+// broker as JSON wherever it reads JSON bodies (the policy's body, an approval's preview), so
+// that no label a server reads as JSON hides a body from the decision.
+func JSONType(mt string) bool {
+	switch mt {
+	case "application/json", "text/json", "text/x-json", "application/x-json", "application/jsonrequest":
+		return true
+	}
+	return strings.HasSuffix(mt, "+json")
 }
 
 // hasListComma reports whether v holds a comma outside a quoted string (RFC 9110 §5.6.4).

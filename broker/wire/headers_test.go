@@ -24,6 +24,8 @@ func TestCheckHeaders(t *testing.T) {
 		"content type bad param":  {http.Header{"Content-Type": {"application/json; x"}}, "Content-Type"},
 		"content type dup param":  {http.Header{"Content-Type": {"application/json; charset=utf-8; charset=latin1"}}, "Content-Type"},
 		"content type junk":       {http.Header{"Content-Type": {"application/json x"}}, "Content-Type"},
+		"text/json bad param":     {http.Header{"Content-Type": {"text/json; x"}}, "Content-Type"},
+		"x-json junk":             {http.Header{"Content-Type": {"application/x-json x"}}, "Content-Type"},
 		"form type bad param":     {http.Header{"Content-Type": {"application/x-www-form-urlencoded;;"}}, "Content-Type"},
 		"content type params":     {http.Header{"Content-Type": {"application/json; charset=utf-8;"}}, ""},
 		"content type upper":      {http.Header{"Content-Type": {"Application/JSON ;charset=UTF-8"}}, ""},

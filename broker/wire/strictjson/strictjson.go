@@ -12,7 +12,8 @@
 //
 //   - a value that is not one well-formed JSON text (RFC 8259), invalid UTF-8 included;
 //   - an object with two members whose names are equal, or equal once Unicode simple case
-//     folding is applied and '_' and '-' are ignored.
+//     folding (and the simple case mappings, which add "ı" and "İ" to "i") is applied and
+//     '_' and '-' are ignored.
 //
 // Unmarshal decodes what Check accepts with case-sensitive names (JSON v2 semantics, through
 // github.com/go-json-experiment/json): a struct field tagged "name" is filled from "name" only,
@@ -259,7 +260,8 @@ func decode(b []byte, v any) error {
 
 // fold returns the key under which two names collide: every rune replaced by the smallest
 // rune of its Unicode simple case folding orbit (as encoding/json's foldName does, so "ſ" and
-// "s" and "S" are one), '_' and '-' left out.
+// "s" and "S" are one) after its case mappings (foldRune: "ı" and "İ" are "I" too), '_' and
+// '-' left out.
 func fold(name string) string { return string(appendFold(nil, []byte(name))) }
 
 // appendFold appends name's fold key (fold) to dst.
@@ -284,8 +286,17 @@ func appendFold(dst, name []byte) []byte {
 	return dst
 }
 
-// foldRune returns the smallest rune of r's simple case folding orbit.
+// foldRune returns the smallest rune of the simple case folding orbit of r's simple
+// upper-case mapping of its lower-case one. Beyond the orbit (what Go's encoding/json and
+// strings.EqualFold match), this joins the runes that other servers' case-insensitive names
+// take for a letter by mapping case alone: upper-casing rune by rune (.NET's
+// OrdinalIgnoreCase, which System.Text.Json uses for case-insensitive names) makes the
+// dotless "ı" (U+0131) an "I", and lower-casing in a Turkish locale (Java's toLowerCase,
+// Jackson's case-insensitive properties) makes the dotted "İ" (U+0130) an "i"; both are
+// folded with "I". Only these two runes fold further than their orbit (a test checks every
+// rune).
 func foldRune(r rune) rune {
+	r = unicode.ToUpper(unicode.ToLower(r))
 	smallest := r
 	for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
 		smallest = min(smallest, f)

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/go-json-experiment/json/jsontext"
 )
@@ -29,6 +31,12 @@ func TestCheck(t *testing.T) {
 		"long s":               {`{"arguments":{},"argument\u017f":{}}`, ErrAmbiguous},
 		"long s raw":           {"{\"argumentſ\":{},\"ARGUMENTS\":{}}", ErrAmbiguous},
 		"kelvin":               {"{\"kind\":1,\"\u212aind\":2}", ErrAmbiguous},
+		"dotless i":            {"{\"action\":1,\"act\u0131on\":2}", ErrAmbiguous},
+		"dotted capital I":     {`{"id":1,"\u0130d":2}`, ErrAmbiguous},
+		"dotted and dotless":   {"{\"\u0130d\":1,\"\u0131D\":2}", ErrAmbiguous},
+		"sharp s not ss":       {"{\"stra\u00dfe\":1,\"strasse\":2}", nil},
+		"fullwidth not ascii":  {"{\"name\":1,\"\uff4eame\":2}", nil},
+		"zero-width joiner":    {"{\"name\":1,\"na\u200dme\":2}", nil},
 		"escaped":              {`{"name":1,"n\u0061me":2}`, ErrAmbiguous},
 		"underscore":           {`{"stream_options":{},"streamOptions":{}}`, ErrAmbiguous},
 		"hyphen":               {`{"include-usage":true,"include_usage":false}`, ErrAmbiguous},
@@ -264,5 +272,36 @@ func TestValue(t *testing.T) {
 	}
 	if _, err := Value([]byte(`{"a":1,}`)); !errors.Is(err, ErrInvalid) {
 		t.Errorf("invalid: %v", err)
+	}
+}
+
+// TestFoldRuneCoversCaseMappings: two runes that any rune-by-rune case mapping (simple upper,
+// lower, title, or an orbit step of simple folding) makes equal have one fold key, for every
+// rune; and only "ı" and "İ" fold to ASCII beyond encoding/json's orbit.
+func TestFoldRuneCoversCaseMappings(t *testing.T) {
+	orbit := func(r rune) rune {
+		s := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			s = min(s, f)
+		}
+		return s
+	}
+	var beyond []rune
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if 0xD800 <= r && r < 0xE000 {
+			continue
+		}
+		k := foldRune(r)
+		for _, m := range []rune{unicode.ToUpper(r), unicode.ToLower(r), unicode.ToTitle(r), unicode.SimpleFold(r)} {
+			if foldRune(m) != k {
+				t.Fatalf("%U and %U are one letter to a case mapping, fold keys %U and %U", r, m, k, foldRune(m))
+			}
+		}
+		if k < utf8.RuneSelf && orbit(r) != k {
+			beyond = append(beyond, r)
+		}
+	}
+	if string(beyond) != "\u0130\u0131" {
+		t.Errorf("runes folded to ASCII beyond their orbit: %q, want İ and ı", string(beyond))
 	}
 }
