@@ -36,7 +36,7 @@ func checkSwitch(req *http.Request, resp *http.Response) error {
 
 // webSocketAccept is the Sec-WebSocket-Accept a server answers key with (RFC 6455 §4.2.2).
 func webSocketAccept(key string) string {
-	h := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC11B85"))
+	h := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
 	return base64.StdEncoding.EncodeToString(h[:])
 }
 

@@ -186,3 +186,12 @@ func FuzzWebSocketScrub(f *testing.F) {
 		}
 	})
 }
+
+// TestWebSocketAcceptRFC6455: the accept value is the one RFC 6455 §1.3 gives for its sample
+// key, so the broker accepts the 101 of every real server, not only of tests that share its
+// constant.
+func TestWebSocketAcceptRFC6455(t *testing.T) {
+	if got, want := webSocketAccept("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="; got != want {
+		t.Errorf("webSocketAccept(RFC sample) = %q, want %q", got, want)
+	}
+}

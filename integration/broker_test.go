@@ -565,7 +565,7 @@ func TestWebSocketEcho(t *testing.T) {
 // wsFrame is a WebSocket frame; an agent's is masked (with a fixed key: this is a test).
 // wsAccept is the Sec-WebSocket-Accept a server answers a key with (RFC 6455 §4.2.2).
 func wsAccept(key string) string {
-	h := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC11B85"))
+	h := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
 	return base64.StdEncoding.EncodeToString(h[:])
 }
 
