@@ -159,3 +159,13 @@ func orDefault[T time.Duration | int](v, def T) T {
 	}
 	return v
 }
+
+// ProxyTLS is the TLS configuration for an https:// upstream proxy whose certificate is
+// verified against the system roots plus caFile.
+func ProxyTLS(caFile string) (*tls.Config, error) {
+	roots, err := rootPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, nil
+}

@@ -200,6 +200,9 @@ func (d *Dialer) Proxies() [][2]string {
 	return out
 }
 
+// Chains reports whether upstream proxies are configured.
+func (d *Dialer) Chains() bool { return d.proxies != nil }
+
 // HasProxy reports whether name is a configured proxy or Direct.
 func (d *Dialer) HasProxy(name string) bool {
 	if name == Direct {
