@@ -65,6 +65,12 @@ type Metrics struct {
 
 	// proxyRequests counts exchanges by the upstream proxy they went through and result.
 	proxyRequests *prometheus.CounterVec
+	// proxyCheck, once a broker is made, reports its upstream proxies that cannot be connected to.
+	proxyCheck atomic.Pointer[proxyChecker]
+}
+
+type proxyChecker struct {
+	check func(ctx context.Context) map[string]string
 }
 
 // Label values for what is outside the configured sets.

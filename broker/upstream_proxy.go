@@ -5,10 +5,39 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"sync"
+	"time"
 
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/upstream"
 )
+
+// checkProxies dials each configured upstream proxy (TCP only, 2s each, in parallel) and
+// returns those that cannot be connected to, with the error: for /readyz.
+func (b *Broker) checkProxies(ctx context.Context) map[string]string {
+	d := b.gen.Load().dialer
+	if d == nil || !d.Chains() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	down := map[string]string{}
+	for _, p := range d.Proxies() {
+		wg.Add(1)
+		go func(name, addr string) {
+			defer wg.Done()
+			if err := d.CheckProxy(ctx, name); err != nil {
+				mu.Lock()
+				down[name] = fmt.Sprintf("%s: cannot connect: %v", addr, err)
+				mu.Unlock()
+			}
+		}(p[0], p[1])
+	}
+	wg.Wait()
+	return down
+}
 
 // proxyOptions turns upstream.proxy into the Dialer's chaining options; nil when none is
 // configured. A proxy's password is read from secrets, where it is kept under

@@ -182,6 +182,10 @@ import rego.v1
 
 default decision := {"allow": true, "intercept": true}
 
+decision := {"allow": true, "upstream_proxy": "direct"} if input.request.path == "/direct"
+
+decision := {"allow": true, "upstream_proxy": "nope"} if input.request.path == "/nope"
+
 decision := {"allow": true, "intercept": false} if {
 	input.phase == "connect"
 	input.request.port == data.opaque_port
@@ -214,6 +218,7 @@ func TestUpstreamProxySquid(t *testing.T) {
 	plainAddr, plainPeers := originServer(t, nil, hello)
 	tlsAddr, tlsPeers := originServer(t, pki, hello)
 	opaqueAddr, opaquePeers := originServer(t, pki, hello)
+	directAddr, directPeers := originServer(t, nil, hello)
 	_, opaquePort, _ := net.SplitHostPort(opaqueAddr)
 
 	token := randHex(16)
@@ -287,6 +292,37 @@ func TestUpstreamProxySquid(t *testing.T) {
 		})
 		if evs[0]["via"] != "corp" {
 			t.Fatalf("tunnel via = %v", evs[0]["via"])
+		}
+	})
+
+	t.Run("readyz reports a dead proxy", func(t *testing.T) {
+		resp, err := http.Get("http://" + b.adminAddr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		down, _ := body["upstream_proxies"].(map[string]any)
+		if body["status"] != "degraded" || down["dead"] == nil || down["corp"] != nil {
+			t.Fatalf("readyz: %v", body)
+		}
+	})
+
+	t.Run("policy route", func(t *testing.T) {
+		resp, body := get(t, client, "http://"+directAddr+"/direct")
+		if resp.StatusCode != 200 || viaOf(t, resp) != "direct" {
+			t.Fatalf("direct: %d %s", resp.StatusCode, body)
+		}
+		directPeers.mu.Lock()
+		from := directPeers.seen
+		directPeers.mu.Unlock()
+		if len(from) != 1 || from[0] == squidOutgoing {
+			t.Fatalf("the direct request came from %v", from)
+		}
+		resp, body = get(t, client, "http://"+plainAddr+"/nope")
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "not configured") {
+			t.Fatalf("unknown proxy: %d %s", resp.StatusCode, body)
 		}
 	})
 
