@@ -377,8 +377,10 @@ func (c *Client) remove(pc *conn) bool {
 // dialH2) and dialConn returns nil.
 func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string, upgrade, h1 bool) (*conn, error) {
 	dial := c.dial
-	if scheme == "http" && c.forward != nil {
-		dial = c.forward // through a proxy: absolute-form requests, no CONNECT
+	if scheme == "http" && c.forward != nil && !upgrade {
+		// Through a proxy: absolute-form requests, no CONNECT. An upgrade (WebSocket) takes a
+		// CONNECT tunnel: forward proxies drop Upgrade from absolute-form requests.
+		dial = c.forward
 	}
 	raw, err := dial(ctx, "tcp", addr)
 	if err != nil {
