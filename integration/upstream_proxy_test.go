@@ -6,8 +6,10 @@ package integration
 // shows which way it came, so a path that went direct is seen.
 
 import (
+	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -293,6 +295,47 @@ func TestUpstreamProxySquid(t *testing.T) {
 		if evs[0]["via"] != "corp" {
 			t.Fatalf("tunnel via = %v", evs[0]["via"])
 		}
+	})
+
+	t.Run("WebSocket", func(t *testing.T) {
+		wsAddr, wsPeers := originServer(t, pki, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			fmt.Fprintf(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+				wsAccept(r.Header.Get("Sec-WebSocket-Key")))
+			buf := make([]byte, 4)
+			if _, err := io.ReadFull(brw, buf); err == nil {
+				conn.Write(buf)
+			}
+		}))
+		raw, err := net.Dial("tcp", b.proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		_ = raw.SetDeadline(time.Now().Add(waitTimeout))
+		auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+token))
+		fmt.Fprintf(raw, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\n\r\n", wsAddr, wsAddr, auth)
+		resp, err := http.ReadResponse(bufio.NewReader(raw), &http.Request{Method: http.MethodConnect})
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("CONNECT: %v %v", resp, err)
+		}
+		tc := tls.Client(raw, &tls.Config{RootCAs: b.caPool(t), ServerName: originIP, NextProtos: []string{"http/1.1"}})
+		fmt.Fprintf(tc, "GET /ws HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", wsAddr)
+		tbr := bufio.NewReader(tc)
+		resp, err = http.ReadResponse(tbr, nil)
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("upgrade: %v %v", resp, err)
+		}
+		tc.Write([]byte("ping"))
+		got := make([]byte, 4)
+		if _, err := io.ReadFull(tbr, got); err != nil || string(got) != "ping" {
+			t.Fatalf("echo: %q %v", got, err)
+		}
+		wsPeers.onlyThroughSquid(t)
 	})
 
 	t.Run("readyz reports a dead proxy", func(t *testing.T) {
