@@ -122,7 +122,7 @@ func NewPAC(script []byte, opts PACOptions) (*PAC, error) {
 func (p *PAC) newVM() (*pacVM, error) {
 	rt := goja.New()
 	rt.SetMaxCallStackSize(pacMaxCallStack)
-	rt.SetTimeSource(p.now)
+	rt.SetTimeSource(func() time.Time { return p.now() })
 	vm := &pacVM{rt: rt, ctx: context.Background()}
 	if err := p.installHelpers(vm); err != nil {
 		return nil, fmt.Errorf("pac: %w", err)
