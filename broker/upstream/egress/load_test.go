@@ -3,6 +3,8 @@ package egress
 import (
 	"bytes"
 	"context"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,7 +15,7 @@ import (
 
 func TestLoadPAC(t *testing.T) {
 	script := []byte(corpPAC)
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/proxy.pac":
 			w.Header().Set("Content-Type", "application/x-ns-proxy-autoconfig")
@@ -24,6 +26,8 @@ func TestLoadPAC(t *testing.T) {
 			http.NotFound(w, r)
 		}
 	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the untrusted case's handshake error
+	srv.StartTLS()
 	defer srv.Close()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "proxy.pac")

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/url"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -64,11 +65,11 @@ type PAC struct {
 	cache *expirable.LRU[string, []Route]
 	group singleflight.Group
 
-	mu      sync.Mutex
-	idle    []*pacVM
-	live    int // runtimes created and not discarded
-	maxLive int
-	freed   chan struct{} // signalled when a runtime becomes available
+	// The pool: slots bounds the runtimes in use or idle; a runtime is
+	// taken only with a slot held, and an interrupted one is dropped.
+	slots chan struct{}
+	mu    sync.Mutex
+	idle  []*pacVM
 }
 
 // pacVM is one runtime with the script loaded. ctx is the context of the
@@ -93,8 +94,7 @@ func NewPAC(script []byte, opts PACOptions) (*PAC, error) {
 		myIP:    "127.0.0.1",
 		now:     time.Now,
 		cache:   expirable.NewLRU[string, []Route](pacCacheSize, nil, pacCacheTTL),
-		maxLive: max(2, runtime.GOMAXPROCS(0)),
-		freed:   make(chan struct{}, 1),
+		slots:   make(chan struct{}, max(2, runtime.GOMAXPROCS(0))),
 	}
 	if p.timeout <= 0 {
 		p.timeout = defaultPACTimeout
@@ -112,7 +112,6 @@ func NewPAC(script []byte, opts PACOptions) (*PAC, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.live = 1
 	p.idle = append(p.idle, vm)
 	return p, nil
 }
@@ -143,57 +142,40 @@ func (p *PAC) newVM() (*pacVM, error) {
 	return vm, nil
 }
 
-// get borrows a runtime, making one when fewer than maxLive exist.
+// get borrows a runtime: an idle one, else a new one.
 func (p *PAC) get(ctx context.Context) (*pacVM, error) {
-	for {
-		p.mu.Lock()
-		if n := len(p.idle); n > 0 {
-			vm := p.idle[n-1]
-			p.idle = p.idle[:n-1]
-			p.mu.Unlock()
-			return vm, nil
-		}
-		if p.live < p.maxLive {
-			p.live++
-			p.mu.Unlock()
-			vm, err := p.newVM()
-			if err != nil {
-				p.discard()
-				return nil, err
-			}
-			return vm, nil
-		}
-		p.mu.Unlock()
-		select {
-		case <-p.freed:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
+	p.mu.Lock()
+	if n := len(p.idle); n > 0 {
+		vm := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		return vm, nil
+	}
+	p.mu.Unlock()
+	vm, err := p.newVM()
+	if err != nil {
+		<-p.slots
+		return nil, err
+	}
+	return vm, nil
 }
 
+// put returns a runtime to the pool.
 func (p *PAC) put(vm *pacVM) {
 	vm.ctx = context.Background()
 	p.mu.Lock()
 	p.idle = append(p.idle, vm)
 	p.mu.Unlock()
-	p.signal()
+	<-p.slots
 }
 
-// discard forgets a runtime that was interrupted or failed to load.
-func (p *PAC) discard() {
-	p.mu.Lock()
-	p.live--
-	p.mu.Unlock()
-	p.signal()
-}
-
-func (p *PAC) signal() {
-	select {
-	case p.freed <- struct{}{}:
-	default:
-	}
-}
+// discard drops a runtime that an interrupt may have reached.
+func (p *PAC) discard() { <-p.slots }
 
 // Find returns the routes the script chooses for rawURL, in order. host is
 // the destination's name (or address literal). The script sees only the
@@ -216,7 +198,7 @@ func (p *PAC) Find(ctx context.Context, rawURL, host string) ([]Route, error) {
 	scriptURL := strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + "/"
 	key := scriptURL + " " + host
 	if routes, ok := p.cache.Get(key); ok {
-		return routes, nil
+		return slices.Clone(routes), nil
 	}
 	// Concurrent misses on one key share one evaluation; each caller still
 	// waits only as long as its own ctx allows.
@@ -232,7 +214,7 @@ func (p *PAC) Find(ctx context.Context, rawURL, host string) ([]Route, error) {
 		if r.Err != nil {
 			return nil, r.Err
 		}
-		return r.Val.([]Route), nil
+		return slices.Clone(r.Val.([]Route)), nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -244,7 +226,10 @@ func (p *PAC) eval(ctx context.Context, scriptURL, host string) ([]Route, error)
 	defer cancel()
 	vm, err := p.get(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: waiting for a runtime", ErrPACTimeout)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: waiting for a runtime", ErrPACTimeout)
+		}
+		return nil, err
 	}
 	vm.ctx = ctx
 	stop := context.AfterFunc(ctx, func() { vm.rt.Interrupt(ErrPACTimeout) })

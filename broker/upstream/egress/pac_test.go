@@ -93,7 +93,7 @@ func TestPACSeesNoPathOrQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Find(context.Background(), "https://API.example:8443/v1/x?key=canary-secret#f", "api.example"); err != nil {
+	if _, err := p.Find(context.Background(), "https://user:canary-secret@API.example:8443/v1/x?key=canary-secret#f", "api.example"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -266,20 +266,15 @@ func TestPACBadInput(t *testing.T) {
 }
 
 func TestPACCache(t *testing.T) {
+	// Every evaluation calls isResolvable, which calls Resolve: the
+	// number of Resolve calls is the number of evaluations.
 	var calls atomic.Int32
-	p, err := NewPAC([]byte(`function FindProxyForURL(url, host) { count(); return "PROXY proxy-a.corp.example:8080"; }`),
-		PACOptions{Proxies: corpProxies})
+	count := func(context.Context, string) ([]netip.Addr, error) { calls.Add(1); return nil, nil }
+	p, err := NewPAC([]byte(`function FindProxyForURL(url, host) { isResolvable("count"); return "PROXY proxy-a.corp.example:8080"; }`),
+		PACOptions{Proxies: corpProxies, Resolve: count})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// count is a test hook defined after NewPAC on every runtime made from now on
-	// and on the idle one.
-	p.mu.Lock()
-	for _, vm := range p.idle {
-		vm.rt.Set("count", func() { calls.Add(1) })
-	}
-	p.maxLive = 1
-	p.mu.Unlock()
 	ctx := context.Background()
 	find := func(u, h string) {
 		t.Helper()
@@ -341,11 +336,7 @@ func TestPACConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.live > p.maxLive || p.live < 1 {
-		t.Errorf("%d live runtimes, bound %d", p.live, p.maxLive)
-	}
+	checkPool(t, p)
 }
 
 func TestPACConcurrentTimeouts(t *testing.T) {
@@ -379,11 +370,7 @@ func TestPACConcurrentTimeouts(t *testing.T) {
 	if r, err := p.Find(context.Background(), "https://final.example/", "final.example"); err != nil || !slices.Equal(r, routes("")) {
 		t.Errorf("after load: %v, %v", r, err)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.live > p.maxLive || p.live < 0 || len(p.idle) != p.live {
-		t.Errorf("live %d idle %d bound %d", p.live, len(p.idle), p.maxLive)
-	}
+	checkPool(t, p)
 }
 
 func TestPACResolve(t *testing.T) {
@@ -453,5 +440,28 @@ func TestPACMyIP(t *testing.T) {
 		if r, err := p.Find(context.Background(), "https://a.example/", "a.example"); err != nil || !slices.Equal(r, want) {
 			t.Errorf("MyIP %q: %v, %v; want %v", ip, r, err, want)
 		}
+	}
+}
+
+// checkPool: at rest, no slot is held and no more runtimes are idle than
+// the bound.
+func checkPool(t *testing.T, p *PAC) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.slots) != 0 || len(p.idle) > cap(p.slots) || len(p.idle) < 1 {
+		t.Errorf("slots held %d, idle %d, bound %d", len(p.slots), len(p.idle), cap(p.slots))
+	}
+}
+
+func TestPACResultNotShared(t *testing.T) {
+	p, err := NewPAC([]byte(corpPAC), PACOptions{Proxies: corpProxies})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := p.Find(context.Background(), "https://x.example/", "x.example")
+	r[0].Proxy = "mutated"
+	if r, _ := p.Find(context.Background(), "https://x.example/", "x.example"); r[0].Proxy != "a" {
+		t.Errorf("a caller's change reached the cache: %v", r)
 	}
 }
