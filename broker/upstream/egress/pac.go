@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"runtime"
@@ -106,6 +107,9 @@ func NewPAC(script []byte, opts PACOptions) (*PAC, error) {
 		if name == "" {
 			return nil, fmt.Errorf("pac: proxies[%q]: empty proxy name", hp)
 		}
+		if h, port, err := net.SplitHostPort(hp); err != nil || h == "" || port == "" {
+			return nil, fmt.Errorf("pac: proxies[%q]: not host:port as a PAC file writes it", hp)
+		}
 		p.proxies[strings.ToLower(hp)] = name
 	}
 	vm, err := p.newVM()
@@ -191,9 +195,11 @@ func (p *PAC) Find(ctx context.Context, rawURL, host string) ([]Route, error) {
 	if err != nil || u.Scheme == "" || u.Host == "" {
 		return nil, fmt.Errorf("pac: %q is not an absolute URL", rawURL)
 	}
+	// host is the agent's choice: the script only ever sees a DNS name
+	// or an address literal, at most 253 bytes.
 	host = normalizeHost(host)
-	if host == "" {
-		return nil, fmt.Errorf("pac: empty host")
+	if _, err := netip.ParseAddr(host); err != nil && checkName(host) != nil {
+		return nil, fmt.Errorf("pac: %s is not a host name or address", quoteShort(host))
 	}
 	scriptURL := strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + "/"
 	key := scriptURL + " " + host

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -168,9 +169,11 @@ func TestNewPACRefuses(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewPAC([]byte(`function FindProxyForURL(){return "DIRECT"}`),
-		PACOptions{Proxies: map[string]string{"a:1": ""}}); err == nil {
-		t.Error("an empty proxy name must be refused")
+	for hp, name := range map[string]string{"a:1": "", "a": "a", "http://a:1": "a", ":1": "a"} {
+		if _, err := NewPAC([]byte(`function FindProxyForURL(){return "DIRECT"}`),
+			PACOptions{Proxies: map[string]string{hp: name}}); err == nil {
+			t.Errorf("proxies[%q] = %q must be refused", hp, name)
+		}
 	}
 }
 
@@ -258,7 +261,15 @@ func TestPACBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range [][2]string{{"a.example", "a.example"}, {"https://a.example/", ""}, {"%zz", "a"}} {
+	for _, c := range [][2]string{
+		{"a.example", "a.example"},
+		{"https://a.example/", ""},
+		{"%zz", "a"},
+		{"https://a.example/", "a example"},
+		{"https://a.example/", "a.example\n"},
+		{"https://a.example/", strings.Repeat("a.", 130) + "example"},
+		{"https://a.example/", "a.example/x"},
+	} {
 		if _, err := p.Find(context.Background(), c[0], c[1]); err == nil {
 			t.Errorf("Find(%q, %q) succeeded", c[0], c[1])
 		}
@@ -388,7 +399,7 @@ func TestPACResolve(t *testing.T) {
 	}
 	script := `function FindProxyForURL(url, host) {
 		if (host == "slow.example") return dnsResolve(host) || "DIRECT";
-		return "DIRECT; PROXY " + [String(dnsResolve(host)), isResolvable(host), isInNet(host, "10.0.0.0", "255.0.0.0")].join("/") + ":1";
+		return "DIRECT; PROXY " + [String(dnsResolve(host)), isResolvable(host), isInNet(host, "10.0.0.0", "255.0.0.0")].join("/").replace(/[^a-z0-9.]/g, "-") + ":1";
 	}`
 	for name, c := range map[string]struct {
 		resolve func(context.Context, string) ([]netip.Addr, error)
@@ -403,7 +414,7 @@ func TestPACResolve(t *testing.T) {
 		"literal outside": {nil, "11.0.0.1", "11.0.0.1/true/false"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			want := c.want
+			want := regexp.MustCompile(`[^a-z0-9.]`).ReplaceAllString(c.want, "-")
 			p, err := NewPAC([]byte(script), PACOptions{Resolve: c.resolve, Proxies: map[string]string{want + ":1": "seen"}})
 			if err != nil {
 				t.Fatal(err)
