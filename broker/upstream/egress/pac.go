@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/dop251/goja"
-	"github.com/hashicorp/golang-lru/v2/expirable"
+	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -63,7 +63,7 @@ type PAC struct {
 	myIP    string
 	now     func() time.Time // tests replace it
 
-	cache *expirable.LRU[string, []Route]
+	cache *lru.Cache[string, cachedRoutes]
 	group singleflight.Group
 
 	// The pool: slots bounds the runtimes in use or idle; a runtime is
@@ -71,6 +71,11 @@ type PAC struct {
 	slots chan struct{}
 	mu    sync.Mutex
 	idle  []*pacVM
+}
+
+type cachedRoutes struct {
+	routes  []Route
+	expires time.Time
 }
 
 // pacVM is one runtime with the script loaded. ctx is the context of the
@@ -94,12 +99,14 @@ func NewPAC(script []byte, opts PACOptions) (*PAC, error) {
 		resolve: opts.Resolve,
 		myIP:    "127.0.0.1",
 		now:     time.Now,
-		cache:   expirable.NewLRU[string, []Route](pacCacheSize, nil, pacCacheTTL),
 		slots:   make(chan struct{}, max(2, runtime.GOMAXPROCS(0))),
 	}
 	if p.timeout <= 0 {
 		p.timeout = defaultPACTimeout
 	}
+	// A plain LRU with the expiry checked on read: expirable.LRU runs a
+	// goroutine that never ends, one per PAC loaded.
+	p.cache, _ = lru.New[string, cachedRoutes](pacCacheSize)
 	if opts.MyIP.IsValid() {
 		p.myIP = opts.MyIP.Unmap().String()
 	}
@@ -203,15 +210,15 @@ func (p *PAC) Find(ctx context.Context, rawURL, host string) ([]Route, error) {
 	}
 	scriptURL := strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + "/"
 	key := scriptURL + " " + host
-	if routes, ok := p.cache.Get(key); ok {
-		return slices.Clone(routes), nil
+	if c, ok := p.cache.Get(key); ok && p.now().Before(c.expires) {
+		return slices.Clone(c.routes), nil
 	}
 	// Concurrent misses on one key share one evaluation; each caller still
 	// waits only as long as its own ctx allows.
 	ch := p.group.DoChan(key, func() (any, error) {
 		routes, err := p.eval(context.WithoutCancel(ctx), scriptURL, host)
 		if err == nil {
-			p.cache.Add(key, routes)
+			p.cache.Add(key, cachedRoutes{routes, p.now().Add(pacCacheTTL)})
 		}
 		return routes, err
 	})
@@ -239,12 +246,16 @@ func (p *PAC) eval(ctx context.Context, scriptURL, host string) ([]Route, error)
 	}
 	vm.ctx = ctx
 	stop := context.AfterFunc(ctx, func() { vm.rt.Interrupt(ErrPACTimeout) })
-	v, err := vm.fn(goja.Undefined(), vm.rt.ToValue(scriptURL), vm.rt.ToValue(host))
+	v, err := p.call(vm, scriptURL, host)
 	if !stop() {
 		// The interrupt fired (or is firing): the runtime may be left
 		// interrupted mid-way; never reuse it.
 		p.discard()
 		return nil, fmt.Errorf("%w after %v", ErrPACTimeout, p.timeout)
+	}
+	if errors.Is(err, errPACPanic) {
+		p.discard()
+		return nil, fmt.Errorf("%w: %w", ErrPACScript, err)
 	}
 	if err != nil {
 		// A throw leaves the runtime usable: the script's globals are as
@@ -258,6 +269,19 @@ func (p *PAC) eval(ctx context.Context, scriptURL, host string) ([]Route, error)
 		return nil, fmt.Errorf("%w: FindProxyForURL returned %s, not a string", ErrPACResult, typeName(v))
 	}
 	return p.parseResult(s)
+}
+
+var errPACPanic = errors.New("pac: evaluation panicked")
+
+// call runs FindProxyForURL, turning a panic (from a Resolve function, say)
+// into an error: the runtime is then discarded.
+func (p *PAC) call(vm *pacVM, scriptURL, host string) (v goja.Value, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = errPACPanic
+		}
+	}()
+	return vm.fn(goja.Undefined(), vm.rt.ToValue(scriptURL), vm.rt.ToValue(host))
 }
 
 // parseResult turns "PROXY a:1; HTTPS b:2; DIRECT" into routes, in order,

@@ -305,11 +305,17 @@ func TestPACCache(t *testing.T) {
 	if n := calls.Load(); n != 4 {
 		t.Errorf("%d evaluations, want 4", n)
 	}
-	// Expiry: a purged cache evaluates again.
-	p.cache.Purge()
+	// Expiry: past the TTL the script runs again.
+	now := time.Now()
+	p.now = func() time.Time { return now.Add(pacCacheTTL - time.Second) }
+	find("https://a.example/", "a.example")
+	if n := calls.Load(); n != 4 {
+		t.Errorf("before expiry: %d evaluations, want 4", n)
+	}
+	p.now = func() time.Time { return now.Add(pacCacheTTL + time.Second) }
 	find("https://a.example/", "a.example")
 	if n := calls.Load(); n != 5 {
-		t.Errorf("after purge: %d evaluations, want 5", n)
+		t.Errorf("after expiry: %d evaluations, want 5", n)
 	}
 	// The cache is bounded.
 	for i := range pacCacheSize + 10 {
@@ -474,5 +480,22 @@ func TestPACResultNotShared(t *testing.T) {
 	r[0].Proxy = "mutated"
 	if r, _ := p.Find(context.Background(), "https://x.example/", "x.example"); r[0].Proxy != "a" {
 		t.Errorf("a caller's change reached the cache: %v", r)
+	}
+}
+
+func TestPACResolvePanics(t *testing.T) {
+	boom := func(context.Context, string) ([]netip.Addr, error) { panic("resolver bug") }
+	p, err := NewPAC([]byte(`function FindProxyForURL(url, host) { return dnsResolve(host) ? "DIRECT" : "DIRECT"; }`),
+		PACOptions{Resolve: boom})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // more than once: the slot of the dropped runtime is freed
+		if _, err := p.Find(context.Background(), "https://a.example/", "a.example"); !errors.Is(err, ErrPACScript) {
+			t.Fatalf("err = %v, want a script error", err)
+		}
+	}
+	if len(p.slots) != 0 {
+		t.Errorf("%d slots held", len(p.slots))
 	}
 }
