@@ -45,6 +45,13 @@ func (p *PAC) installHelpers(vm *pacVM) error {
 		"timeRange": func(call goja.FunctionCall) goja.Value {
 			return rt.ToValue(timeRange(p.now(), callArgs(call)))
 		},
+		// Microsoft's IPv6-aware extensions, found in corporate scripts.
+		"myIpAddressEx":     func() string { return p.myIP },
+		"isResolvableEx":    func(host string) bool { return len(p.resolveAll(vm, host)) > 0 },
+		"dnsResolveEx":      func(host string) string { return joinAddrs(p.resolveAll(vm, host)) },
+		"isInNetEx":         func(host, prefix string) bool { return isInNetEx(p.resolveAll(vm, host), prefix) },
+		"sortIpAddressList": sortIPAddressList,
+		"getClientVersion":  func() string { return "1.0" },
 		// Scripts debug with alert(); its text goes nowhere.
 		"alert": func(goja.FunctionCall) goja.Value { return goja.Undefined() },
 	}
@@ -84,6 +91,75 @@ func (p *PAC) resolveOne(vm *pacVM, host string) netip.Addr {
 		}
 	}
 	return addrs[0].WithZone("")
+}
+
+// resolveAll returns every address of host: the literal itself, or what
+// Resolve gives, or none.
+func (p *PAC) resolveAll(vm *pacVM, host string) []netip.Addr {
+	host = normalizeHost(host)
+	if a, err := netip.ParseAddr(host); err == nil {
+		return []netip.Addr{a.WithZone("").Unmap()}
+	}
+	if p.resolve == nil || host == "" {
+		return nil
+	}
+	addrs, err := p.resolve(vm.ctx, host)
+	if err != nil {
+		return nil
+	}
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if a.IsValid() {
+			out = append(out, a.WithZone("").Unmap())
+		}
+	}
+	return out
+}
+
+func joinAddrs(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ";")
+}
+
+// isInNetEx: any of addrs within a CIDR such as "10.0.0.0/8" or "fd00::/8".
+func isInNetEx(addrs []netip.Addr, prefix string) bool {
+	pfx, err := netip.ParsePrefix(prefix)
+	if err != nil {
+		return false
+	}
+	pfx = unmapPrefix(pfx)
+	for _, a := range addrs {
+		if pfx.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// sortIPAddressList sorts a ";"-separated list, IPv6 before IPv4 as
+// Microsoft's does; false when an entry is not an address.
+func sortIPAddressList(list string) any {
+	var addrs []netip.Addr
+	for f := range strings.SplitSeq(list, ";") {
+		a, err := netip.ParseAddr(strings.TrimSpace(f))
+		if err != nil {
+			return false
+		}
+		addrs = append(addrs, a)
+	}
+	slices.SortFunc(addrs, func(a, b netip.Addr) int {
+		if a.Is4() != b.Is4() {
+			if a.Is6() {
+				return -1
+			}
+			return 1
+		}
+		return a.Compare(b)
+	})
+	return joinAddrs(addrs)
 }
 
 func dnsDomainIs(host, domain string) bool {
