@@ -154,7 +154,7 @@ func checkName(h string) error {
 	if h == "" || len(h) > 253 {
 		return fmt.Errorf("not a host name")
 	}
-	for _, label := range strings.Split(h, ".") {
+	for label := range strings.SplitSeq(h, ".") {
 		if label == "" || len(label) > 63 {
 			return fmt.Errorf("empty or over-long label in host name")
 		}
