@@ -33,6 +33,10 @@ func LoadPAC(ctx context.Context, source string, client *http.Client) ([]byte, e
 			return nil, fmt.Errorf("pac: fetch: %w", err)
 		}
 		defer resp.Body.Close()
+		if resp.Request != nil && resp.Request.URL.Scheme != "https" {
+			// The client followed a redirect off https.
+			return nil, fmt.Errorf("pac: fetch %s: redirected to %s, not https", source, resp.Request.URL.Scheme)
+		}
 		if resp.StatusCode != http.StatusOK {
 			return nil, fmt.Errorf("pac: fetch %s: status %d", source, resp.StatusCode)
 		}

@@ -15,11 +15,15 @@ import (
 
 func TestLoadPAC(t *testing.T) {
 	script := []byte(corpPAC)
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(script) }))
+	defer plain.Close()
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/proxy.pac":
 			w.Header().Set("Content-Type", "application/x-ns-proxy-autoconfig")
 			w.Write(script)
+		case "/moved.pac":
+			http.Redirect(w, r, plain.URL+"/proxy.pac", http.StatusFound)
 		case "/big.pac":
 			w.Write(bytes.Repeat([]byte("/"), MaxPACSize+1))
 		default:
@@ -49,6 +53,7 @@ func TestLoadPAC(t *testing.T) {
 		"file at limit":   {exact, nil, ""},
 		"https":           {srv.URL + "/proxy.pac", srv.Client(), ""},
 		"https too big":   {srv.URL + "/big.pac", srv.Client(), "larger than"},
+		"https to http":   {srv.URL + "/moved.pac", srv.Client(), "not https"},
 		"https 404":       {srv.URL + "/nope.pac", srv.Client(), "status 404"},
 		"https untrusted": {srv.URL + "/proxy.pac", &http.Client{}, "fetch"},
 		"https no client": {srv.URL + "/proxy.pac", nil, "no HTTP client"},

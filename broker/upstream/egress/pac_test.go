@@ -177,6 +177,17 @@ func TestNewPACRefuses(t *testing.T) {
 	}
 }
 
+func TestPACWindowsFile(t *testing.T) {
+	// Files saved on Windows: a byte-order mark and CRLF line ends.
+	p, err := NewPAC([]byte("\xef\xbb\xbffunction FindProxyForURL(url, host)\r\n{\r\n  return \"DIRECT\";\r\n}\r\n"), PACOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := p.Find(context.Background(), "https://a.example/", "a.example"); err != nil || !slices.Equal(r, routes("")) {
+		t.Errorf("Find = %v, %v", r, err)
+	}
+}
+
 func TestPACTimeout(t *testing.T) {
 	p, err := NewPAC([]byte(`function FindProxyForURL(url, host) {
 		if (host == "loop.example") { while (true) {} }
