@@ -2,10 +2,10 @@ package config
 
 import (
 	"fmt"
-	"net"
 	"net/url"
-	"strconv"
 	"strings"
+
+	"github.com/capbroker/capbroker/broker/upstream/egress"
 )
 
 // UpstreamProxy is upstream.proxy: the network's own proxies, which every outbound connection
@@ -141,34 +141,8 @@ func (p *UpstreamProxy) validate(e *errs) (usesVault bool) {
 }
 
 // CheckNoProxy checks one no_proxy entry: a name, a ".suffix", an IP or a CIDR, with an
-// optional ":port" (IPv6 in brackets when a port follows).
+// optional ":port" (the parser the Dialer uses: broker/upstream/egress).
 func CheckNoProxy(entry string) error {
-	host, port := entry, ""
-	if h, p, err := net.SplitHostPort(entry); err == nil {
-		host, port = h, p
-	}
-	if port != "" {
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("%q: port must be 1-65535", entry)
-		}
-	}
-	if host == "" {
-		return fmt.Errorf("%q: not a name, suffix, IP or CIDR", entry)
-	}
-	if strings.Contains(host, "/") {
-		if _, err := ParsePrefix(host); err != nil {
-			return fmt.Errorf("%q: %v", entry, err)
-		}
-		return nil
-	}
-	name := strings.TrimPrefix(strings.ToLower(host), ".")
-	if net.ParseIP(name) != nil {
-		return nil
-	}
-	for _, l := range strings.Split(name, ".") {
-		if !hostLabelRe.MatchString(l) {
-			return fmt.Errorf("%q: not a name, suffix, IP or CIDR", entry)
-		}
-	}
-	return nil
+	_, err := egress.ParseNoProxy([]string{entry})
+	return err
 }

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/capbroker/capbroker/broker/upstream/egress"
 )
 
 // Direct is the route, and the "via", of a connection made without a proxy.
@@ -79,7 +81,7 @@ type ProxyOptions struct {
 type proxies struct {
 	list    []*ProxyServer
 	byName  map[string]*ProxyServer
-	noProxy *noProxy
+	noProxy *egress.NoProxy
 	byName2 bool // ConnectByName
 	observe func(string, bool)
 	dialer  net.Dialer // to the proxies themselves, which need not pass the destination check
@@ -170,7 +172,7 @@ func (d *Dialer) ConfigureProxies(opts ProxyOptions) error {
 	if len(opts.Proxies) == 0 {
 		return nil
 	}
-	np, err := parseNoProxy(opts.NoProxy)
+	np, err := egress.ParseNoProxy(opts.NoProxy)
 	if err != nil {
 		return err
 	}
@@ -269,8 +271,10 @@ func (d *Dialer) plan(ctx context.Context, addr string) (list []*ProxyServer, ta
 	target = netip.AddrPortFrom(ips[0].Unmap(), uint16(port))
 	switch route {
 	case "":
-		if p.noProxy.match(host, port, ips) {
-			return nil, target, nil
+		for _, ip := range ips {
+			if p.noProxy.Match(host, port, ip.Unmap()) {
+				return nil, target, nil
+			}
 		}
 		return p.list, target, nil
 	default:
@@ -438,69 +442,6 @@ func (d *Dialer) dialForward(ctx context.Context, _, addr string) (net.Conn, err
 		return d.dialDirect(ctx, "tcp", addr)
 	}
 	return d.dialProxied(ctx, list, addr, target, true)
-}
-
-// noProxy matches no_proxy entries: names (the name and its subdomains), ".suffixes" (the
-// same), IPs and CIDRs (against the literal or any resolved address), each with an optional port.
-type noProxy struct {
-	entries []noProxyEntry
-}
-
-type noProxyEntry struct {
-	name   string       // lower case, without a leading dot
-	prefix netip.Prefix // when valid: an IP or CIDR entry
-	port   int          // 0: any
-}
-
-func parseNoProxy(list []string) (*noProxy, error) {
-	np := &noProxy{}
-	for _, raw := range list {
-		e := noProxyEntry{}
-		host := raw
-		if h, p, err := net.SplitHostPort(raw); err == nil {
-			n, err := strconv.Atoi(p)
-			if err != nil || n < 1 || n > 65535 {
-				return nil, fmt.Errorf("no_proxy %q: bad port", raw)
-			}
-			host, e.port = h, n
-		}
-		if pfx, err := netip.ParsePrefix(host); err == nil {
-			e.prefix = pfx.Masked()
-		} else if ip, err := netip.ParseAddr(host); err == nil {
-			e.prefix = netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen())
-		} else {
-			e.name = strings.TrimSuffix(strings.TrimPrefix(strings.ToLower(host), "."), ".")
-			if e.name == "" {
-				return nil, fmt.Errorf("no_proxy %q: empty name", raw)
-			}
-		}
-		np.entries = append(np.entries, e)
-	}
-	return np, nil
-}
-
-func (np *noProxy) match(host string, port int, ips []netip.Addr) bool {
-	if np == nil {
-		return false
-	}
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	for _, e := range np.entries {
-		if e.port != 0 && e.port != port {
-			continue
-		}
-		if e.prefix.IsValid() {
-			for _, ip := range ips {
-				if e.prefix.Contains(ip.Unmap()) {
-					return true
-				}
-			}
-			continue
-		}
-		if host == e.name || strings.HasSuffix(host, "."+e.name) {
-			return true
-		}
-	}
-	return false
 }
 
 // write sends req to the proxy in absolute form, naming f.target, with the proxy's
