@@ -94,6 +94,11 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 		if len(minted) > 0 {
 			body["credentials_minted"] = minted
 		}
+		if pc := m.proxyCheck.Load(); pc != nil {
+			if down := pc.check(r.Context()); len(down) > 0 {
+				degraded, body["upstream_proxies"] = true, down
+			}
+		}
 		_, strict := r.URL.Query()["strict"]
 		switch {
 		case status != http.StatusOK:

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"github.com/capbroker/capbroker/broker/upstream"
 	"io"
 	"net"
 	"net/http"
@@ -163,7 +164,11 @@ func (b *Broker) pipe(x *exchange, req *http.Request, client net.Conn, t target)
 // get (a redirected connection, in transparent mode, did not ask for a tunnel).
 func (b *Broker) pipeConn(x *exchange, req *http.Request, client net.Conn, t target, greet bool) {
 	defer client.Close()
-	up, err := x.g.dialer.DialContext(context.Background(), "tcp", t.hostPort())
+	ctx := context.Background()
+	if x.route != nil {
+		ctx = upstream.WithRoute(ctx, x.route)
+	}
+	up, err := x.g.dialer.DialContext(ctx, "tcp", t.hostPort())
 	if err != nil {
 		resp := x.fail(req, fmt.Errorf("tunnel dial: %w", err))
 		if greet {

@@ -86,6 +86,7 @@ func classify(err error) agentError {
 	var amb ambiguous
 	var sj *strictjson.Error
 	var wh *wire.HeaderError
+	var pr *upstream.ProxyRefusedError
 	switch {
 	case errors.As(err, &amb):
 		return agentError{http.StatusBadRequest, "ambiguous_request", amb.reason, hintAmbiguous}
@@ -139,6 +140,13 @@ func classify(err error) agentError {
 	case errors.Is(err, errBadRequest):
 		return agentError{http.StatusBadRequest, "bad_request", "the request could not be processed",
 			"Check the request's host, URL and headers."}
+	case errors.As(err, &pr):
+		return agentError{http.StatusBadGateway, "upstream_proxy_refused",
+			fmt.Sprintf("the network's upstream proxy %q refused the request: %d %s", pr.Proxy, pr.Status, pr.Reason),
+			"The corporate proxy the broker goes through refused this destination or the broker's login; ask the operator or the proxy team."}
+	case errors.Is(err, upstream.ErrProxyUnreachable):
+		return agentError{http.StatusBadGateway, "upstream_error", "no upstream proxy of the broker's network could be reached; the request was not sent",
+			"This is a problem on the broker's side or the network's proxy. Retrying later may work."}
 	case errors.Is(err, upstream.ErrOwnService):
 		return agentError{http.StatusForbidden, "denied", reasonOwnService, hintDenied}
 	case errors.Is(err, errUpstreamTimeout) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
@@ -164,7 +172,8 @@ func upstreamFailure(addr string, err error) error {
 	)
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, errBadSwitch),
-		errors.Is(err, upstream.ErrForbiddenDestination),
+		errors.Is(err, upstream.ErrForbiddenDestination), errors.Is(err, upstream.ErrProxyRefused),
+		errors.Is(err, upstream.ErrProxyUnreachable),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
 		errors.As(err, &ne), errors.As(err, &ve), errors.As(err, &rec), errors.As(err, &ae):
 		return fmt.Errorf("upstream %s: %w", addr, err)

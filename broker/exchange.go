@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"github.com/capbroker/capbroker/broker/upstream"
 	"io"
 	"net/http"
 	"net/netip"
@@ -38,6 +39,9 @@ type exchange struct {
 	scrub *scrub.Replacer
 	// meter reads the usage of a call to an LLM API, or is nil (llm.go).
 	meter *llm.Meter
+	// route is the upstream proxy route of the request (nil: no proxy configured, none
+	// chosen); its Via goes into the audit event.
+	route *upstream.Route
 	// code is the agent-facing error code of a failed exchange (metrics outcome).
 	code string
 	// idHeader is the response's X-Broker-Request-Id value (respond).
@@ -80,6 +84,11 @@ func (x *exchange) identify(a identity.Agent) {
 func (x *exchange) finish() {
 	x.once.Do(func() {
 		x.ev.BytesIn, x.ev.BytesOut = x.bytesIn.Load(), x.bytesOut.Load()
+		if v := x.route.Via(); v != "" {
+			x.ev.Via = v
+			x.ev.TLSInspected = v != upstream.Direct && x.g.tlsInspected && x.ev.Phase != policy.PhaseConnect
+			x.b.metrics.proxyUsed(v, x.code == "upstream_proxy_refused" || x.code == "upstream_error")
+		}
 		x.nameRPC()
 		if x.scrub != nil {
 			x.ev.Error = x.scrub.String(x.ev.Error)

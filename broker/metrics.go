@@ -62,6 +62,15 @@ type Metrics struct {
 	watched sync.Once
 
 	llm *llm.Metrics // metered LLM calls
+
+	// proxyRequests counts exchanges by the upstream proxy they went through and result.
+	proxyRequests *prometheus.CounterVec
+	// proxyCheck, once a broker is made, reports its upstream proxies that cannot be connected to.
+	proxyCheck atomic.Pointer[proxyChecker]
+}
+
+type proxyChecker struct {
+	check func(ctx context.Context) map[string]string
 }
 
 // Label values for what is outside the configured sets.
@@ -105,6 +114,10 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Name: "capbroker_upstream_errors_total",
 			Help: "Requests and tunnels the upstream failed, by class: refused, timeout, dns, tls, reset, forbidden_destination, protocol, unscrubbable, other.",
 		}, []string{"class"}),
+		proxyRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capbroker_upstream_proxy_requests_total",
+			Help: `Requests and tunnels by the upstream proxy they went through (upstream.proxy; "direct" for none) and result (ok, failed: unreachable, refused or upstream error).`,
+		}, []string{"proxy", "result"}),
 		reloadFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "capbroker_policy_reload_failures_total",
 			Help: "Policy reloads (directory watch or bundle) that failed; the last good policy kept deciding.",
@@ -136,6 +149,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 	m.configReloads.WithLabelValues("ok")
 	m.configReloads.WithLabelValues("refused")
 	m.lastReloadOK.Set(1)
+	reg.MustRegister(m.proxyRequests)
 	reg.MustRegister(m.requests, m.latency, m.reloads, m.egress, m.upstreamErrors, m.reloadFailures, m.inflight, m.build,
 		m.configReloads, m.lastReloadOK, m.lastRefusedAt,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -337,6 +351,16 @@ func upstreamErrorClass(err error) string {
 // tunnelOpened and tunnelClosed count opaque tunnels (intercepted ones are counted from the
 // broker's tunnel set when metrics are gathered).
 func (m *Metrics) tunnelOpened() { m.opaque.Add(1) }
+
+// proxyUsed counts an exchange that went through the upstream proxy via (configured names
+// and "direct" only: the label set is bounded by the config).
+func (m *Metrics) proxyUsed(via string, failed bool) {
+	result := "ok"
+	if failed {
+		result = "failed"
+	}
+	m.proxyRequests.WithLabelValues(via, result).Inc()
+}
 func (m *Metrics) tunnelClosed() { m.opaque.Add(-1) }
 
 // CredentialStatus reports the state of every configured credential (never its value).

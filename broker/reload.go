@@ -46,6 +46,9 @@ type generation struct {
 	dialer    *upstream.Dialer
 	// transparentPorts are the destination ports redirected connections may go to.
 	transparentPorts []int
+	// tlsInspected: origins reached through a proxy are trusted with
+	// upstream.proxy.tls_inspection_ca (audit events say so).
+	tlsInspected bool
 
 	// llm recognises the LLM APIs metered (llm.openai_compatible).
 	llm *llm.Endpoints
@@ -117,7 +120,14 @@ func newGeneration(cfg *config.Config, secrets Secrets, known *inject.Known, sel
 	if d, ok := secrets.(Derivers); ok {
 		g.derived = d
 	}
-	if prev != nil && prev.upstream.equal(key) {
+	proxyOpts, err := proxyOptions(cfg.Upstream.Proxy, secrets)
+	if err != nil {
+		return nil, err
+	}
+	g.tlsInspected = proxyOpts != nil && proxyOpts.InspectionCAFile != ""
+	// With upstream proxies the client is made anew: its proxies' passwords are read from
+	// this generation's secrets.
+	if prev != nil && prev.upstream.equal(key) && proxyOpts == nil && prev.dialer != nil && !prev.dialer.Chains() {
 		g.transport, g.dialer = prev.transport, prev.dialer
 		return g, nil
 	}
@@ -126,6 +136,7 @@ func newGeneration(cfg *config.Config, secrets Secrets, known *inject.Known, sel
 		// Pools as deep as the concurrency the proxy admits, so requests reuse upstream connections.
 		MaxIdleConnsPerHost: key.perHost,
 		MaxIdleConns:        key.maxConns,
+		Proxy:               proxyOpts,
 	})
 	if err != nil {
 		return nil, err

@@ -165,6 +165,9 @@ func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, bo
 // then scrubbed of as well.
 func (x *exchange) send(out *http.Request, t target, granted []*inject.Binding, toks []minted) (*http.Response, error) {
 	pool := poolFor(x.agent.ID, granted)
+	if x.route != nil {
+		out = out.WithContext(upstream.WithRoute(out.Context(), x.route))
+	}
 	for try := 0; ; try++ {
 		resp, err := x.g.transport.RoundTrip(out, pool)
 		if err != nil {
@@ -274,6 +277,12 @@ func (b *Broker) authorize(x *exchange, in *policy.Input, d policy.Decision, eva
 		}
 	}
 	x.ev.Reason = d.Reason
+	if err == nil && d.UpstreamProxy != "" && !x.g.dialer.HasProxy(d.UpstreamProxy) {
+		err = denial{fmt.Sprintf("the policy chose upstream proxy %q, which is not configured (upstream.proxy.proxies)", d.UpstreamProxy)}
+	}
+	if d.UpstreamProxy != "" || x.g.dialer.Chains() {
+		x.route = &upstream.Route{Name: d.UpstreamProxy}
+	}
 	if err == nil {
 		x.ev.Decision = audit.Allow
 		if in.Phase == policy.PhaseRequest {

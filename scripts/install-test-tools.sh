@@ -9,12 +9,18 @@
 # integration/testdata/node/node_modules.
 # nft (nftables) writes the transparent-mode test's redirect rules (integration/transparent_test.go).
 # promtool (Debian's prometheus) checks and unit-tests the shipped alerting rules (deploy/prometheus).
+# squid is the corporate proxy of integration/upstream_proxy_test.go (/usr/sbin/squid, with
+# /usr/lib/squid/basic_ncsa_auth).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
 for tool in curl git python3 node npm aws chromium redis-server nft promtool; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
+# /usr/sbin is not on every user's PATH.
+if ! command -v squid >/dev/null 2>&1 && [ ! -x /usr/sbin/squid ]; then
+  missing+=(squid)
+fi
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
   missing+=(botocore)
 fi

@@ -71,6 +71,11 @@ type Event struct {
 	// Budget names the budget that refused the request (429 budget_exceeded, or 503 when its
 	// shared store failed and it fails closed), or "".
 	Budget string
+	// Via is the upstream proxy the request or tunnel went through ("direct": none), when
+	// upstream proxies are configured or the policy chose one; TLSInspected marks a request
+	// whose origin certificate was trusted through upstream.proxy.tls_inspection_ca.
+	Via          string
+	TLSInspected bool
 }
 
 // The ways a connection reaches the broker: the audit event's mode, the policy's
@@ -211,6 +216,12 @@ func (l *Logger) Write(e *Event) {
 	}
 	if e.Budget != "" {
 		ev = ev.Str("budget", e.Budget)
+	}
+	if e.Via != "" {
+		ev = ev.Str("via", e.Via)
+		if e.TLSInspected {
+			ev = ev.Bool("tls_inspected", true)
+		}
 	}
 	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
 		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))

@@ -98,6 +98,8 @@ type CA struct {
 type Upstream struct {
 	CAFile       string   `yaml:"ca_file"`
 	AllowPrivate []string `yaml:"allow_private"`
+	// Proxy chains every outbound connection through the network's own proxy (upstream_proxy.go).
+	Proxy *UpstreamProxy `yaml:"proxy"`
 }
 
 // Policy says where the policy comes from (a directory or a bundle, exactly one) and how it applies.

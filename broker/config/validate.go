@@ -54,6 +54,9 @@ func (c *Config) Validate() []error {
 			e.add(fmt.Sprintf("upstream.allow_private[%d]", i), "%v", err)
 		}
 	}
+	if c.Upstream.Proxy.validate(&e) && c.Vault == nil {
+		e.add("vault", "required: an upstream proxy password has a vault source")
+	}
 	switch {
 	case c.Policy.Dir == "" && c.Policy.Bundle == nil:
 		e.add("policy.dir", "required (or policy.bundle)")

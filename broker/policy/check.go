@@ -79,11 +79,12 @@ func checkSource(ctx context.Context, src *source, where string) []error {
 
 // decisionKeys are the decision's fields and the kind of value each must hold.
 var decisionKeys = map[string]string{
-	"allow":       "a boolean",
-	"reason":      "a string",
-	"credentials": "an array of credential names (strings) or {name, scope} objects",
-	"intercept":   "a boolean",
-	"ask":         "an object {reason, timeout, scopes}",
+	"allow":          "a boolean",
+	"reason":         "a string",
+	"credentials":    "an array of credential names (strings) or {name, scope} objects",
+	"intercept":      "a boolean",
+	"upstream_proxy": "a string (a configured proxy's name, or \"direct\")",
+	"ask":            "an object {reason, timeout, scopes}",
 }
 
 // checkDecision checks every rule that defines data.broker.decision.
@@ -329,7 +330,7 @@ func fitsOne(key string, t types.Type) bool {
 	case "allow", "intercept":
 		_, ok := t.(types.Boolean)
 		return ok
-	case "reason":
+	case "reason", "upstream_proxy":
 		_, ok := t.(types.String)
 		return ok
 	case "ask":

@@ -20,6 +20,9 @@ type Decision struct {
 	Scopes map[string]map[string]any
 	// Intercept is meaningful in the connect phase only: false asks for an opaque tunnel.
 	Intercept bool
+	// UpstreamProxy names the upstream proxy the request leaves through ("direct": none);
+	// "" leaves it to upstream.proxy (CONTRACT §8b).
+	UpstreamProxy string
 	// Revision identifies the policy that decided.
 	Revision string
 	// Ask, when set, holds the request for a person to approve (CONTRACT §8): Allow is false,
@@ -102,6 +105,13 @@ func parseDecision(v any, revision string) Decision {
 				d.Scopes[name] = scope
 			}
 		}
+	}
+	if u, ok := obj["upstream_proxy"]; ok {
+		s, ok := u.(string)
+		if !ok || s == "" {
+			return Decision{Reason: ReasonMalformed + ": upstream_proxy is not a proxy's name", Revision: revision}
+		}
+		d.UpstreamProxy = s
 	}
 	if i, ok := obj["intercept"]; ok {
 		b, ok := i.(bool)

@@ -53,6 +53,8 @@ type Pool string
 type Client struct {
 	h2               *http.Transport // makes the HTTP/2 ClientConns; it dials through dialH2
 	dial             func(ctx context.Context, network, addr string) (net.Conn, error)
+	forward          func(ctx context.Context, network, addr string) (net.Conn, error) // plain HTTP; nil: dial
+	inspectTLS       *tls.Config                                                       // through a proxy, with tls_inspection_ca; nil: tls
 	tls              *tls.Config
 	handshakeTimeout time.Duration
 	headerTimeout    time.Duration
@@ -93,6 +95,7 @@ type connKey struct {
 type origin struct {
 	https bool   // https, else http
 	addr  string // host:port, with the scheme's default port when none was given
+	route string // the policy's upstream proxy route (see Route): connections never cross routes
 }
 
 // maxResponseHeaderBytes bounds an upstream response's header block.
@@ -121,7 +124,7 @@ func (c *Client) RoundTrip(req *http.Request, pool Pool) (*http.Response, error)
 		closeBody(req)
 		return nil, err
 	}
-	key := connKey{pool: pool, origin: origin{https: req.URL.Scheme == "https", addr: addr}, http1: h1 && !upgrade && req.URL.Scheme == "https"}
+	key := connKey{pool: pool, origin: origin{https: req.URL.Scheme == "https", addr: addr, route: routeName(req.Context())}, http1: h1 && !upgrade && req.URL.Scheme == "https"}
 	for attempt := 0; ; attempt++ {
 		pc, reused, err := c.get(req.Context(), key, req.URL.Scheme, addr, upgrade, h1)
 		if err != nil {
@@ -131,7 +134,14 @@ func (c *Client) RoundTrip(req *http.Request, pool Pool) (*http.Response, error)
 		if pc == nil { // the handshake negotiated h2: HTTP/2 takes it from here
 			return c.roundTripH2(req, pool, addr)
 		}
+		RouteOf(req.Context()).setVia(pc.via)
 		resp, err := pc.roundTrip(req)
+		if err == nil && pc.fwd != nil && isProxyRefusal(resp) {
+			// The proxy's own answer to an absolute-form request, not the origin's.
+			_ = resp.Body.Close()
+			pc.close()
+			return nil, refusal(pc.via, resp)
+		}
 		if err == nil {
 			return resp, nil
 		}
@@ -366,10 +376,17 @@ func (c *Client) remove(pc *conn) bool {
 // with h1. A TLS connection that negotiates h2 is handed over to the next HTTP/2 dial (see
 // dialH2) and dialConn returns nil.
 func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string, upgrade, h1 bool) (*conn, error) {
-	raw, err := c.dial(ctx, "tcp", addr)
+	dial := c.dial
+	if scheme == "http" && c.forward != nil && !upgrade {
+		// Through a proxy: absolute-form requests, no CONNECT. An upgrade (WebSocket) takes a
+		// CONNECT tunnel: forward proxies drop Upgrade from absolute-form requests.
+		dial = c.forward
+	}
+	raw, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
+	via := viaOf(raw)
 	nc := raw
 	var probe *probeConn
 	if scheme == "https" {
@@ -382,20 +399,23 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 		if !h1 { // it may negotiate h2 (see corkConn)
 			under = newCorkConn(probe)
 		}
-		tc, err := c.handshake(ctx, under, addr, alpn)
+		tc, err := c.handshakeVia(ctx, under, addr, alpn, via)
 		if err != nil {
 			return nil, err
 		}
 		if tc.ConnectionState().NegotiatedProtocol == "h2" {
 			c.h2hosts.Store(addr, struct{}{})
-			if old, loaded := c.handoff.Swap(addr, handedOff{tc, time.Now()}); loaded {
+			if old, loaded := c.handoff.Swap(handoffKey(key.origin.route, addr), handedOff{tc, time.Now(), via}); loaded {
 				_ = old.(handedOff).Close()
 			}
 			return nil, nil
 		}
 		nc = tc
 	}
-	pc := &conn{c: c, key: key, Conn: nc, probe: probe}
+	pc := &conn{c: c, key: key, Conn: nc, probe: probe, via: via}
+	if p, ok := raw.(*proxiedConn); ok {
+		pc.fwd = p.fwd
+	}
 	if sc, ok := raw.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			pc.raw, pc.peekFn = rc, pc.peek
@@ -408,14 +428,27 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 	return pc, nil
 }
 
+// handshakeVia is handshake, for a connection that went through via: one through a proxy
+// also trusts the TLS-inspection CA, when the operator configured one.
+func (c *Client) handshakeVia(ctx context.Context, raw net.Conn, addr string, alpn []string, via string) (*tls.Conn, error) {
+	if via == Direct || c.inspectTLS == nil {
+		return c.handshake(ctx, raw, addr, alpn)
+	}
+	return c.handshakeWith(ctx, c.inspectTLS, raw, addr, alpn)
+}
+
 // handshake runs the TLS handshake on raw, verifying the server for addr's host.
 func (c *Client) handshake(ctx context.Context, raw net.Conn, addr string, alpn []string) (*tls.Conn, error) {
+	return c.handshakeWith(ctx, c.tls, raw, addr, alpn)
+}
+
+func (c *Client) handshakeWith(ctx context.Context, base *tls.Config, raw net.Conn, addr string, alpn []string) (*tls.Conn, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		raw.Close()
 		return nil, err
 	}
-	cfg := c.tls.Clone()
+	cfg := base.Clone()
 	cfg.ServerName = host
 	cfg.NextProtos = alpn
 	tc := tls.Client(raw, cfg)
@@ -445,7 +478,9 @@ type conn struct {
 	// alone backs the pool's list of idle connections when pc is the only one (see put). A
 	// list of capacity 1 only ever holds the connection whose array it is.
 	alone   [1]*conn
-	closeFn func() // pc.close, bound once: an exchange's watch on its context allocates nothing for it
+	closeFn func()   // pc.close, bound once: an exchange's watch on its context allocates nothing for it
+	via     string   // the upstream proxy it goes through, Direct when none
+	fwd     *forward // set: requests go to the proxy in absolute form
 }
 
 func (pc *conn) close() { _ = pc.Conn.Close() }
@@ -615,6 +650,12 @@ func (pc *conn) write(req *http.Request) error {
 	// Request.Write sends the body's framing and closes it; the headers and an in-memory
 	// body leave in one write. A request without a body, or with one in memory, is written
 	// without its allocations, to the same bytes (see writeSimple).
+	if pc.fwd != nil {
+		if err := pc.fwd.write(pc.bw, req); err != nil {
+			return err
+		}
+		return pc.bw.Flush()
+	}
 	if !writeSimple(pc.bw, req) {
 		if err := req.Write(pc.bw); err != nil {
 			return err

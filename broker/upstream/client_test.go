@@ -945,12 +945,12 @@ func TestClientStaleHandoff(t *testing.T) {
 	if done, ok := c.preparing.Load(origin{https: true, addr: addr}); ok { // else the dial is over already
 		within(t, done.(chan struct{}), "the prepared dial")
 	}
-	v, ok := c.handoff.Load(addr)
+	v, ok := c.handoff.Load(handoffKey("", addr))
 	if !ok {
 		t.Fatal("the prepared h2 connection is not waiting for the Transport")
 	}
 	stale := v.(handedOff)
-	c.handoff.Store(addr, handedOff{stale.Conn, stale.at.Add(-maxHandoffAge)})
+	c.handoff.Store(handoffKey("", addr), handedOff{stale.Conn, stale.at.Add(-maxHandoffAge), stale.via})
 	mustGet(t, c, srv.URL+"/", "HTTP/2.0")
 	ct.wantOpened(t, 2)
 	within(t, ct.closed, "the stale connection to be closed")

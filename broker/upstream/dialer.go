@@ -49,6 +49,8 @@ type Dialer struct {
 	allow  []netip.Prefix
 	deny   []netip.AddrPort
 	dialer net.Dialer
+	// proxies, when set, chain connections through the upstream proxies (proxy.go).
+	proxies *proxies
 }
 
 // NewDialer returns a Dialer that may additionally reach the prefixes in allowPrivate, but
@@ -69,13 +71,28 @@ func NewDialer(allowPrivate []netip.Prefix, timeout time.Duration, deny ...netip
 }
 
 // DialContext dials addr over "tcp", "tcp4" or "tcp6". A refused destination returns an
-// error wrapping ErrForbiddenDestination; no connection attempt is made to it.
+// error wrapping ErrForbiddenDestination; no connection attempt is made to it. With upstream
+// proxies configured, the connection is a CONNECT tunnel through one of them, as ctx's Route
+// and no_proxy say (see proxy.go); the destination is checked all the same, first.
 func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
 	default:
 		return nil, fmt.Errorf("dial %s: network %q not supported", addr, network)
 	}
+	list, target, err := d.plan(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	if len(list) > 0 {
+		return d.dialProxied(ctx, list, addr, target, false)
+	}
+	return d.dialDirect(ctx, network, addr)
+}
+
+// dialDirect dials addr itself, checking every address attempted.
+func (d *Dialer) dialDirect(ctx context.Context, network, addr string) (net.Conn, error) {
+	RouteOf(ctx).setVia(Direct)
 	conn, err := d.dialer.DialContext(ctx, network, addr)
 	var fe *forbiddenError
 	if errors.As(err, &fe) {

@@ -18,10 +18,11 @@ import (
 // claim it), else a new one. A host that now answers http/1.1 is marked so, and the dial fails
 // with errNotH2: the request goes over HTTP/1.1.
 func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
-	if v, ok := c.handoff.LoadAndDelete(addr); ok {
+	if v, ok := c.handoff.LoadAndDelete(handoffKey(routeName(ctx), addr)); ok {
 		h := v.(handedOff)
 		if time.Since(h.at) < maxHandoffAge {
 			corkOf(ctx, h.Conn)
+			viaSlotOf(ctx, h.via)
 			return h.Conn, nil
 		}
 		_ = h.Close() // left over from a Prepare no request followed; the server may have closed it
@@ -30,7 +31,7 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	tc, err := c.handshake(ctx, newCorkConn(raw), addr, []string{"h2", "http/1.1"})
+	tc, err := c.handshakeVia(ctx, newCorkConn(raw), addr, []string{"h2", "http/1.1"}, viaOf(raw))
 	if err != nil {
 		return nil, err
 	}
@@ -40,7 +41,21 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 		return nil, errNotH2
 	}
 	corkOf(ctx, tc)
+	viaSlotOf(ctx, viaOf(raw))
 	return tc, nil
+}
+
+// handoffKey keys the handed-off connections by route too: a connection dialled through one
+// proxy never serves a request routed through another.
+func handoffKey(route, addr string) string { return route + "\x00" + addr }
+
+// viaSlot is where dialH2 leaves the proxy its connection went through, for dialH2Conn.
+type viaSlot struct{}
+
+func viaSlotOf(ctx context.Context, via string) {
+	if slot, _ := ctx.Value(viaSlot{}).(*string); slot != nil {
+		*slot = via
+	}
 }
 
 // corkSlot is where dialH2 leaves the corkConn under the connection it dialled, for
@@ -58,7 +73,8 @@ func corkOf(ctx context.Context, c net.Conn) {
 // handedOff is an h2 connection waiting for an HTTP/2 dial, since when.
 type handedOff struct {
 	net.Conn
-	at time.Time
+	at  time.Time
+	via string
 }
 
 // maxHandoffAge is how long a handed-off connection is kept for an HTTP/2 dial. The request
@@ -77,18 +93,20 @@ type h2Conn struct {
 	cork    *corkConn // under its TLS; nil if it has none
 	idle    bool      // no request in flight: counted in Client.nidle
 	removed bool      // out of the pool (closed, or about to be): not to be reserved
+	via     string    // the upstream proxy it goes through
 }
 
 // roundTripH2 sends req over HTTP/2, on a connection of pool. It returns errNotH2, with req
 // untouched, when the host turned out to speak HTTP/1.1 only.
 func (c *Client) roundTripH2(req *http.Request, pool Pool, addr string) (*http.Response, error) {
-	e, err := c.reserveH2(req.Context(), connKey{pool: pool, origin: origin{https: true, addr: addr}}, addr)
+	e, err := c.reserveH2(req.Context(), connKey{pool: pool, origin: origin{https: true, addr: addr, route: routeName(req.Context())}}, addr)
 	if err != nil {
 		if !errors.Is(err, errNotH2) {
 			closeBody(req)
 		}
 		return nil, err
 	}
+	RouteOf(req.Context()).setVia(e.via)
 	if e.cork != nil && bodyFollows(req) {
 		// Its HEADERS frame is flushed on its own, its DATA at once after: both in one write.
 		e.cork.holdNext()
@@ -157,13 +175,14 @@ func (c *Client) reserveH2(ctx context.Context, key connKey, addr string) (*h2Co
 // it to p.
 func (c *Client) dialH2Conn(ctx context.Context, key connKey, p *h2Conns, addr string) (*h2Conn, error) {
 	var cork *corkConn
-	cc, err := c.h2.NewClientConn(context.WithValue(ctx, corkSlot{}, &cork), "https", addr)
+	via := ""
+	cc, err := c.h2.NewClientConn(context.WithValue(context.WithValue(ctx, corkSlot{}, &cork), viaSlot{}, &via), "https", addr)
 	c.mu.Lock()
 	close(p.dialing)
 	p.dialing = nil
 	var e *h2Conn
 	if err == nil {
-		e = &h2Conn{cc: cc, cork: cork}
+		e = &h2Conn{cc: cc, cork: cork, via: via}
 		p.conns = append(p.conns, e)
 	} else if len(p.conns) == 0 && c.h2conns[key] == p {
 		delete(c.h2conns, key)

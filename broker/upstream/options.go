@@ -28,6 +28,8 @@ type Options struct {
 	MaxIdleConns        int // idle connections, HTTP/1.1 and HTTP/2, of all pools and hosts; default 4096
 	// Deny lists the broker's own services, never dialled (see NewDialer).
 	Deny []netip.AddrPort
+	// Proxy, when set, chains every connection through the upstream proxies (proxy.go).
+	Proxy *ProxyOptions
 }
 
 // New returns the client the broker forwards through, and the checked Dialer it uses, for the
@@ -48,7 +50,24 @@ func New(opts Options) (*Client, *Dialer, error) {
 		return nil, nil, err
 	}
 	d := NewDialer(opts.AllowPrivate, opts.DialTimeout, opts.Deny...)
+	var inspect *tls.Config
+	if opts.Proxy != nil {
+		if err := d.ConfigureProxies(*opts.Proxy); err != nil {
+			return nil, nil, err
+		}
+		if f := opts.Proxy.InspectionCAFile; f != "" {
+			iroots, err := rootPool(opts.CAFile)
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := addPEM(iroots, f); err != nil {
+				return nil, nil, err
+			}
+			inspect = &tls.Config{RootCAs: iroots, MinVersion: tls.VersionTLS12}
+		}
+	}
 	c := &Client{
+		inspectTLS:       inspect,
 		dial:             d.DialContext,
 		tls:              &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 		handshakeTimeout: orDefault(opts.TLSHandshakeTimeout, 10*time.Second),
@@ -58,6 +77,9 @@ func New(opts Options) (*Client, *Dialer, error) {
 		maxIdle:          orDefault(opts.MaxIdleConns, 4096),
 		idle:             map[connKey][]*conn{},
 		h2conns:          map[connKey]*h2Conns{},
+	}
+	if opts.Proxy != nil && len(opts.Proxy.Proxies) > 0 {
+		c.forward = d.dialForward
 	}
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
@@ -95,9 +117,17 @@ func rootPool(caFile string) (*x509.CertPool, error) {
 	if caFile == "" {
 		return pool, nil
 	}
+	if err := addPEM(pool, caFile); err != nil {
+		return nil, err
+	}
+	return pool, nil
+}
+
+// addPEM adds every certificate in caFile to pool; none is an error.
+func addPEM(pool *x509.CertPool, caFile string) error {
 	data, err := os.ReadFile(caFile)
 	if err != nil {
-		return nil, fmt.Errorf("upstream CA file %q: %w", caFile, err)
+		return fmt.Errorf("upstream CA file %q: %w", caFile, err)
 	}
 	n := 0
 	for {
@@ -111,15 +141,15 @@ func rootPool(caFile string) (*x509.CertPool, error) {
 		}
 		cert, err := x509.ParseCertificate(block.Bytes)
 		if err != nil {
-			return nil, fmt.Errorf("upstream CA file %q: certificate %d: %w", caFile, n+1, err)
+			return fmt.Errorf("upstream CA file %q: certificate %d: %w", caFile, n+1, err)
 		}
 		pool.AddCert(cert)
 		n++
 	}
 	if n == 0 {
-		return nil, fmt.Errorf("upstream CA file %q: no PEM certificate found", caFile)
+		return fmt.Errorf("upstream CA file %q: no PEM certificate found", caFile)
 	}
-	return pool, nil
+	return nil
 }
 
 // orDefault treats negative values like zero: a negative timeout is never what was meant.
@@ -128,4 +158,14 @@ func orDefault[T time.Duration | int](v, def T) T {
 		return def
 	}
 	return v
+}
+
+// ProxyTLS is the TLS configuration for an https:// upstream proxy whose certificate is
+// verified against the system roots plus caFile.
+func ProxyTLS(caFile string) (*tls.Config, error) {
+	roots, err := rootPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, nil
 }

@@ -100,6 +100,29 @@ func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, known *inject.
 			set.checks[c.Name] = func(ctx context.Context) error { _, err := src.Fetch(ctx); return err }
 		}
 	}
+	// The upstream proxies' passwords are kept in the store too, under names no credential
+	// can take: refreshed, reported in /readyz and scrubbed like any secret.
+	if p := cfg.Upstream.Proxy; p != nil {
+		for i, s := range p.Proxies {
+			if s.Password == nil {
+				continue
+			}
+			name := config.ProxyCredentialName(s.Name)
+			set.paths[name] = fmt.Sprintf("upstream.proxy.proxies[%d].password", i)
+			var src credentials.Source
+			switch pw := s.Password; {
+			case pw.Env != "":
+				src = credentials.Env{Name: pw.Env}
+			case pw.File != "":
+				src = credentials.File{Path: pw.File}
+			default:
+				ref := credentials.VaultRef{Mount: pw.Vault.Mount, Path: pw.Vault.Path, Field: pw.Vault.Field, KVVersion: pw.Vault.KVVersion, Lease: pw.Vault.Lease}
+				src = set.vault.Source(name, ref)
+			}
+			sources[name] = src
+			set.checks[name] = func(ctx context.Context) error { _, err := src.Fetch(ctx); return err }
+		}
+	}
 	if old != nil && unchanged != nil {
 		set.store = credentials.NewStoreFrom(old, sources, unchanged, opts)
 	} else {

@@ -1,0 +1,82 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/upstream"
+)
+
+// checkProxies dials each configured upstream proxy (TCP only, 2s each, in parallel) and
+// returns those that cannot be connected to, with the error: for /readyz.
+func (b *Broker) checkProxies(ctx context.Context) map[string]string {
+	d := b.gen.Load().dialer
+	if d == nil || !d.Chains() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	down := map[string]string{}
+	for _, p := range d.Proxies() {
+		wg.Add(1)
+		go func(name, addr string) {
+			defer wg.Done()
+			if err := d.CheckProxy(ctx, name); err != nil {
+				mu.Lock()
+				down[name] = fmt.Sprintf("%s: cannot connect: %v", addr, err)
+				mu.Unlock()
+			}
+		}(p[0], p[1])
+	}
+	wg.Wait()
+	return down
+}
+
+// proxyOptions turns upstream.proxy into the Dialer's chaining options; nil when none is
+// configured. A proxy's password is read from secrets, where it is kept under
+// config.ProxyCredentialName (and scrubbed like every secret), at every connection.
+func proxyOptions(p *config.UpstreamProxy, secrets Secrets) (*upstream.ProxyOptions, error) {
+	if p == nil || len(p.Proxies) == 0 {
+		return nil, nil
+	}
+	opts := &upstream.ProxyOptions{NoProxy: p.NoProxy, ConnectByName: p.ConnectBy == config.ConnectByName,
+		InspectionCAFile: p.TLSInspectionCA}
+	if f := p.TLSInspectionCA; f != "" {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("upstream.proxy.tls_inspection_ca: %w", err)
+		}
+	}
+	for i, s := range p.Proxies {
+		u, err := url.Parse(s.URL)
+		if err != nil {
+			return nil, fmt.Errorf("upstream.proxy.proxies[%d].url: %w", i, err)
+		}
+		ps := upstream.ProxyServer{Name: s.Name, URL: u, Username: s.Username}
+		if s.CAFile != "" {
+			cfg, err := upstream.ProxyTLS(s.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("upstream.proxy.proxies[%d].ca_file: %w", i, err)
+			}
+			ps.TLS = cfg
+		}
+		if s.Password != nil {
+			name := config.ProxyCredentialName(s.Name)
+			ps.Password = func(ctx context.Context) (string, error) {
+				sec, err := secrets.Get(ctx, name)
+				if err != nil {
+					return "", err
+				}
+				return sec.Reveal(), nil
+			}
+		}
+		opts.Proxies = append(opts.Proxies, ps)
+	}
+	return opts, nil
+}
