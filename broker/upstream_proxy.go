@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/url"
 	"os"
 	"sync"
@@ -94,14 +93,11 @@ func loadPAC(p *config.UpstreamProxy, caFile string, d *upstream.Dialer) error {
 	if p == nil || p.PAC == "" {
 		return nil
 	}
-	tlsCfg, err := upstream.ProxyTLS(caFile) // the upstreams' roots: system plus upstream.ca_file
+	client, err := d.PACClient(caFile, pacFetchTimeout)
 	if err != nil {
 		return fmt.Errorf("upstream.proxy.pac: %w", err)
 	}
-	tr := &http.Transport{Proxy: nil, DialContext: d.DialContext, TLSClientConfig: tlsCfg}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: pacFetchTimeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	defer client.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), pacFetchTimeout)
 	defer cancel()
 	script, err := egress.LoadPAC(ctx, p.PAC, client)
