@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -132,6 +133,33 @@ func TestUpstreamProxyPACSquid(t *testing.T) {
 	t.Run("policy route first", func(t *testing.T) {
 		// The policy sends /direct around every proxy, whatever the PAC file says.
 		check(t, client, "http://"+directAddr+"/direct", "direct")
+	})
+
+	t.Run("reload", func(t *testing.T) {
+		// A PAC file that does not compile is refused on reload; the running one stays.
+		if err := os.WriteFile(pacFile, []byte("function FindProxyForURL("), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mark := b.logs.mark()
+		if err := b.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		b.logs.waitFrom(t, mark, "upstream.proxy.pac: pac: compile")
+		check(t, client, "https://"+squidAddr+"/still", "corp")
+		// A new PAC file takes effect on reload, with an empty cache.
+		next := strings.Replace(pac, `return "PROXY `+squid.addr+`";`, `return "DIRECT";`, 1)
+		if err := os.WriteFile(pacFile, []byte(next), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mark = b.logs.mark()
+		if err := b.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		b.logs.waitFrom(t, mark, `"message":"config reloaded"`)
+		check(t, client, "https://"+squidAddr+"/reloaded", "direct")
+		if err := os.WriteFile(pacFile, []byte(pac), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("fallback refuse", func(t *testing.T) {

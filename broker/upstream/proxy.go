@@ -334,6 +334,9 @@ func (d *Dialer) plan(ctx context.Context, scheme, addr string) (list []*ProxySe
 // fails, the fallback. A plan of DIRECT alone is none (direct).
 func (p *proxies) pacPlan(ctx context.Context, scheme, host string, port int) ([]*ProxyServer, error) {
 	routes, err := p.pac.Find(ctx, scheme+"://"+net.JoinHostPort(host, strconv.Itoa(port))+"/", host)
+	if err != nil && ctx.Err() != nil {
+		return nil, ctx.Err() // the request's own deadline, not the PAC file's failure
+	}
 	if err != nil {
 		switch p.pacFallback {
 		case Direct:
