@@ -188,4 +188,28 @@ func TestUpstreamProxyPACSquid(t *testing.T) {
 			t.Fatal("a refused connection reached the origin")
 		}
 	})
+
+	t.Run("https PAC file fetched through squid", func(t *testing.T) {
+		pacURL, pacPeers := originServer(t, pki, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/x-ns-proxy-autoconfig")
+			io.WriteString(w, pac)
+		}))
+		token3 := randHex(16)
+		b3 := startBroker(t, brokerOpts{
+			policy: upstreamProxyPolicy,
+			files:  map[string]string{"data.json": `{"opaque_port": 1}`},
+			mode:   "enforce",
+			config: pacConfig(pki.File, "https://"+pacURL+"/proxy.pac", "refuse", squidEntry("corp", squid.addr, "SQUID_PW")),
+			env:    []string{tokenEnv(agentID) + "=" + token3, "SQUID_PW=" + password},
+		})
+		pacPeers.onlyThroughSquid(t)
+		c := b3.client(t, agentID, token3)
+		resp, body := get(t, c, "http://"+directAddr+"/from-https-pac")
+		if resp.StatusCode != 200 {
+			t.Fatalf("got %d %s", resp.StatusCode, body)
+		}
+		if ev := b3.waitAudit(t, resp.Header.Get("X-Broker-Request-Id")); ev["via"] != "direct" {
+			t.Fatalf("via = %v", ev["via"])
+		}
+	})
 }
