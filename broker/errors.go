@@ -144,6 +144,9 @@ func classify(err error) agentError {
 		return agentError{http.StatusBadGateway, "upstream_proxy_refused",
 			fmt.Sprintf("the network's upstream proxy %q refused the request: %d %s", pr.Proxy, pr.Status, pr.Reason),
 			"The corporate proxy the broker goes through refused this destination or the broker's login; ask the operator or the proxy team."}
+	case errors.Is(err, upstream.ErrPACRefused):
+		return agentError{http.StatusBadGateway, "upstream_error", "the network's PAC file gave no usable way out for this destination, and the operator's fallback is to refuse",
+			"This is a problem in the broker's proxy configuration (upstream.proxy.pac); the details are in the broker's audit log."}
 	case errors.Is(err, upstream.ErrProxyUnreachable):
 		return agentError{http.StatusBadGateway, "upstream_error", "no upstream proxy of the broker's network could be reached; the request was not sent",
 			"This is a problem on the broker's side or the network's proxy. Retrying later may work."}
@@ -173,7 +176,7 @@ func upstreamFailure(addr string, err error) error {
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, errBadSwitch),
 		errors.Is(err, upstream.ErrForbiddenDestination), errors.Is(err, upstream.ErrProxyRefused),
-		errors.Is(err, upstream.ErrProxyUnreachable),
+		errors.Is(err, upstream.ErrProxyUnreachable), errors.Is(err, upstream.ErrPACRefused),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
 		errors.As(err, &ne), errors.As(err, &ve), errors.As(err, &rec), errors.As(err, &ae):
 		return fmt.Errorf("upstream %s: %w", addr, err)

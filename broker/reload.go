@@ -141,6 +141,9 @@ func newGeneration(cfg *config.Config, secrets Secrets, known *inject.Known, sel
 	if err != nil {
 		return nil, err
 	}
+	if err := loadPAC(cfg.Upstream.Proxy, key.caFile, dialer); err != nil {
+		return nil, err
+	}
 	g.transport, g.dialer = tr, dialer
 	return g, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/upstream"
+	"github.com/capbroker/capbroker/broker/upstream/egress"
 )
 
 // checkProxies dials each configured upstream proxy (TCP only, 2s each, in parallel) and
@@ -79,4 +80,32 @@ func proxyOptions(p *config.UpstreamProxy, secrets Secrets) (*upstream.ProxyOpti
 		opts.Proxies = append(opts.Proxies, ps)
 	}
 	return opts, nil
+}
+
+// pacFetchTimeout bounds fetching an https:// PAC file.
+const pacFetchTimeout = 10 * time.Second
+
+// loadPAC reads upstream.proxy.pac (at start and on every reload) and gives it to d, which
+// has its proxies configured and serves no request yet. An https:// PAC file is fetched
+// through d itself: the proxies list (or no_proxy), with the destination checked as any
+// other, before the PAC is in place.
+func loadPAC(p *config.UpstreamProxy, caFile string, d *upstream.Dialer) error {
+	if p == nil || p.PAC == "" {
+		return nil
+	}
+	client, err := d.PACClient(caFile, pacFetchTimeout)
+	if err != nil {
+		return fmt.Errorf("upstream.proxy.pac: %w", err)
+	}
+	defer client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), pacFetchTimeout)
+	defer cancel()
+	script, err := egress.LoadPAC(ctx, p.PAC, client)
+	if err != nil {
+		return fmt.Errorf("upstream.proxy.pac: %w", err)
+	}
+	if err := d.ConfigurePAC(script, p.PACTimeout, p.PACFallback); err != nil {
+		return fmt.Errorf("upstream.proxy.pac: %w", err)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/capbroker/capbroker/broker/upstream/egress"
 )
@@ -23,7 +24,19 @@ type UpstreamProxy struct {
 	// TLSInspectionCA, when set, is trusted for origins reached through a proxy (a proxy that
 	// inspects TLS with its own CA). Audit events say so.
 	TLSInspectionCA string `yaml:"tls_inspection_ca"`
+	// PAC is a PAC file (a path, file:// or an https:// URL) that chooses, after the policy's
+	// upstream_proxy and no_proxy, among the proxies (by their url's host:port) and DIRECT.
+	// Loaded at start and on every reload.
+	PAC string `yaml:"pac"`
+	// PACTimeout bounds one evaluation of the PAC file; default 100ms.
+	PACTimeout time.Duration `yaml:"pac_timeout"`
+	// PACFallback is what a PAC evaluation that fails (throws, times out, names an
+	// unconfigured proxy) gives: a proxy's name, "direct" or "refuse". Required with pac.
+	PACFallback string `yaml:"pac_fallback"`
 }
+
+// PACRefuse is the pac_fallback that refuses the connection (502 upstream_error).
+const PACRefuse = "refuse"
 
 // ProxyServer is one upstream proxy.
 type ProxyServer struct {
@@ -130,6 +143,24 @@ func (p *UpstreamProxy) validate(e *errs) (usesVault bool) {
 	for i, n := range p.NoProxy {
 		if err := CheckNoProxy(n); err != nil {
 			e.add(fmt.Sprintf("%s.no_proxy[%d]", base, i), "%v", err)
+		}
+	}
+	switch {
+	case p.PAC == "" && (p.PACFallback != "" || p.PACTimeout != 0):
+		e.add(base+".pac", "required with pac_fallback or pac_timeout")
+	case p.PAC != "":
+		lower := strings.ToLower(p.PAC)
+		if strings.Contains(lower, "://") && !strings.HasPrefix(lower, "https://") && !strings.HasPrefix(lower, "file://") {
+			e.add(base+".pac", "must be a file path, file:// or an https:// URL")
+		}
+		switch {
+		case p.PACFallback == "":
+			e.add(base+".pac_fallback", "required with pac: a proxy's name, %q or %q", ProxyDirect, PACRefuse)
+		case p.PACFallback != ProxyDirect && p.PACFallback != PACRefuse && !seen[p.PACFallback]:
+			e.add(base+".pac_fallback", "must be a configured proxy's name, %q or %q, not %q", ProxyDirect, PACRefuse, p.PACFallback)
+		}
+		if p.PACTimeout < 0 {
+			e.add(base+".pac_timeout", "must not be negative")
 		}
 	}
 	switch p.ConnectBy {

@@ -80,7 +80,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 	default:
 		return nil, fmt.Errorf("dial %s: network %q not supported", addr, network)
 	}
-	list, target, err := d.plan(ctx, addr)
+	list, target, err := d.plan(ctx, "https", addr)
 	if err != nil {
 		return nil, err
 	}

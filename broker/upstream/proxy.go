@@ -39,6 +39,13 @@ var ErrProxyUnreachable = errors.New("upstream proxy unreachable")
 // ErrUnknownProxy is wrapped when a route names a proxy that is not configured.
 var ErrUnknownProxy = errors.New("unknown upstream proxy")
 
+// ErrPACRefused is wrapped when the PAC file gave no usable route (it threw, timed out,
+// returned nothing usable or named an unconfigured proxy) and its fallback is PACRefuse.
+var ErrPACRefused = errors.New("the PAC file gave no usable route and its fallback is refuse")
+
+// PACRefuse is the PAC fallback that refuses the connection.
+const PACRefuse = "refuse"
+
 // ProxyRefusedError is a proxy's refusal: its name, status and reason (the status line and,
 // from squid, its X-Squid-Error). It holds nothing the broker sent.
 type ProxyRefusedError struct {
@@ -82,9 +89,12 @@ type proxies struct {
 	list    []*ProxyServer
 	byName  map[string]*ProxyServer
 	noProxy *egress.NoProxy
-	byName2 bool // ConnectByName
-	observe func(string, bool)
-	dialer  net.Dialer // to the proxies themselves, which need not pass the destination check
+	pac     *egress.PAC // nil: no PAC file
+	// pacFallback is what a failed PAC evaluation gives: a proxy's name, Direct or PACRefuse.
+	pacFallback string
+	byName2     bool // ConnectByName
+	observe     func(string, bool)
+	dialer      net.Dialer // to the proxies themselves, which need not pass the destination check
 }
 
 // Route is what a request's policy decided about proxies, carried in its context: Name is ""
@@ -190,6 +200,34 @@ func (d *Dialer) ConfigureProxies(opts ProxyOptions) error {
 	return nil
 }
 
+// ConfigurePAC makes the Dialer ask script, a PAC file, which way each connection leaves
+// (after the policy's route and no_proxy, before the proxies list). The script's "PROXY
+// host:port" entries name the configured proxies by their URL's host:port; a failed
+// evaluation (a throw, timeout > timeout, an unusable result, an unconfigured proxy) gives
+// fallback: a configured proxy's name, Direct or PACRefuse. It is called once, after
+// ConfigureProxies and before the Dialer serves requests.
+func (d *Dialer) ConfigurePAC(script []byte, timeout time.Duration, fallback string) error {
+	p := d.proxies
+	if p == nil {
+		return errors.New("pac: no upstream proxy configured")
+	}
+	if fallback != Direct && fallback != PACRefuse && p.byName[fallback] == nil {
+		return fmt.Errorf("pac: fallback %q is not a configured proxy, %q or %q", fallback, Direct, PACRefuse)
+	}
+	addrs := make(map[string]string, len(p.list))
+	for _, s := range p.list {
+		if _, dup := addrs[strings.ToLower(s.URL.Host)]; !dup {
+			addrs[strings.ToLower(s.URL.Host)] = s.Name
+		}
+	}
+	pac, err := egress.NewPAC(script, egress.PACOptions{Timeout: timeout, Proxies: addrs})
+	if err != nil {
+		return err
+	}
+	p.pac, p.pacFallback = pac, fallback
+	return nil
+}
+
 // Proxies returns the configured proxies' names and addresses (host:port), in order.
 func (d *Dialer) Proxies() [][2]string {
 	if d.proxies == nil {
@@ -229,10 +267,12 @@ func (d *Dialer) CheckProxy(ctx context.Context, name string) error {
 	return c.Close()
 }
 
-// plan returns the proxies to try for addr under ctx's route, in order; none means direct.
-// With proxies to try, it has resolved addr's host and checked every address, and returns
-// the one to ask for.
-func (d *Dialer) plan(ctx context.Context, addr string) (list []*ProxyServer, target netip.AddrPort, err error) {
+// plan returns the ways to try for addr under ctx's route, in order: a proxy, or nil for
+// direct; none at all means direct. With proxies to try, it has resolved addr's host and
+// checked every address, and returns the one to ask for. The order of precedence: the
+// policy's route, no_proxy, the PAC file, the proxies list. scheme is what the PAC file sees
+// ("http" for absolute-form requests, "https" for tunnels).
+func (d *Dialer) plan(ctx context.Context, scheme, addr string) (list []*ProxyServer, target netip.AddrPort, err error) {
 	p := d.proxies
 	route := routeName(ctx)
 	if route == Direct {
@@ -276,6 +316,10 @@ func (d *Dialer) plan(ctx context.Context, addr string) (list []*ProxyServer, ta
 				return nil, target, nil
 			}
 		}
+		if p.pac != nil {
+			list, err := p.pacPlan(ctx, scheme, host, port)
+			return list, target, err
+		}
 		return p.list, target, nil
 	default:
 		s := p.byName[route]
@@ -284,6 +328,41 @@ func (d *Dialer) plan(ctx context.Context, addr string) (list []*ProxyServer, ta
 		}
 		return []*ProxyServer{s}, target, nil
 	}
+}
+
+// pacPlan asks the PAC file for host:port: its entries in order (nil for DIRECT), or, when it
+// fails, the fallback. A plan of DIRECT alone is none (direct).
+func (p *proxies) pacPlan(ctx context.Context, scheme, host string, port int) ([]*ProxyServer, error) {
+	routes, err := p.pac.Find(ctx, scheme+"://"+net.JoinHostPort(host, strconv.Itoa(port))+"/", host)
+	if err != nil && ctx.Err() != nil {
+		return nil, ctx.Err() // the request's own deadline, not the PAC file's failure
+	}
+	if err != nil {
+		switch p.pacFallback {
+		case Direct:
+			return nil, nil
+		case PACRefuse:
+			return nil, fmt.Errorf("%w: %w", ErrPACRefused, err)
+		default:
+			return []*ProxyServer{p.byName[p.pacFallback]}, nil
+		}
+	}
+	var list []*ProxyServer
+	for _, r := range routes {
+		if r.Proxy == "" {
+			list = append(list, nil)
+			continue
+		}
+		s := p.byName[r.Proxy]
+		if s == nil { // NewPAC was given only configured proxies
+			return nil, fmt.Errorf("%w %q", ErrUnknownProxy, r.Proxy)
+		}
+		list = append(list, s)
+	}
+	if len(list) == 1 && list[0] == nil {
+		return nil, nil
+	}
+	return list, nil
 }
 
 // dialProxied connects through the first of list that can be connected to: a CONNECT tunnel
@@ -297,6 +376,14 @@ func (d *Dialer) dialProxied(ctx context.Context, list []*ProxyServer, addr stri
 	}
 	var errs []error
 	for _, s := range list {
+		if s == nil { // DIRECT, from a PAC file
+			conn, err := d.dialDirect(ctx, "tcp", addr)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", Direct, err))
+				continue
+			}
+			return conn, nil
+		}
 		conn, err := d.dialProxy(ctx, s)
 		if err != nil {
 			if p.observe != nil {
@@ -434,7 +521,7 @@ func isProxyRefusal(resp *http.Response) bool {
 // DialForward dials for a plain-HTTP request to addr: a connection to a proxy, on which the
 // request goes in absolute form, or a direct one.
 func (d *Dialer) dialForward(ctx context.Context, _, addr string) (net.Conn, error) {
-	list, target, err := d.plan(ctx, addr)
+	list, target, err := d.plan(ctx, "http", addr)
 	if err != nil {
 		return nil, err
 	}
