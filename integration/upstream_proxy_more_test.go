@@ -232,7 +232,8 @@ tls_outgoing_options cafile=%s`, squidCertgen, ssldb, originCA))
 }
 
 // TestUpstreamProxySquidHTTPS chains through an https:// squid (its own certificate, trusted
-// through the proxy's ca_file): plain HTTP, intercepted HTTPS and an HTTP/2 origin.
+// through the proxy's ca_file): plain HTTP, intercepted HTTPS, an HTTP/2 origin and an opaque
+// tunnel.
 func TestUpstreamProxySquidHTTPS(t *testing.T) {
 	dir := squidDir(t)
 	proxyPKI := testpki.New(t, "corp proxy CA")
@@ -245,11 +246,13 @@ func TestUpstreamProxySquidHTTPS(t *testing.T) {
 	plainAddr, plainPeers := originServer(t, nil, helloHandler)
 	tlsAddr, tlsPeers := originServer(t, pki, helloHandler)
 	h2Addr, h2Peers := originServerH2(t, pki, helloHandler)
+	opaqueAddr, opaquePeers := originServer(t, pki, helloHandler)
+	_, opaquePort, _ := net.SplitHostPort(opaqueAddr)
 
 	token := randHex(16)
 	b := startBroker(t, brokerOpts{
 		policy: upstreamProxyPolicy,
-		files:  map[string]string{"data.json": `{"opaque_port": 1}`},
+		files:  map[string]string{"data.json": `{"opaque_port": ` + opaquePort + `}`},
 		mode:   "enforce",
 		config: upstreamProxyConfig(pki.File, squidEntryTLS("corp", squid.addr, proxyPKI.File, "SQUID_PW")),
 		env:    []string{tokenEnv(agentID) + "=" + token, "SQUID_PW=" + password},
@@ -285,6 +288,20 @@ func TestUpstreamProxySquidHTTPS(t *testing.T) {
 			t.Fatalf("audit: %v", ev)
 		}
 		h2Peers.onlyThroughSquid(t)
+	})
+	t.Run("opaque tunnel", func(t *testing.T) {
+		pu, _ := url.Parse(b.proxyURL(agentID, token))
+		c := &http.Client{Timeout: waitTimeout, Transport: &http.Transport{Proxy: http.ProxyURL(pu),
+			TLSClientConfig: &tls.Config{RootCAs: pki.Pool}}} // the origin's own certificate: not intercepted
+		resp, body := getBody(t, c, "https://"+opaqueAddr+"/opaque")
+		if resp.StatusCode != 200 || !strings.Contains(body, "hello") {
+			t.Fatalf("got %d %q", resp.StatusCode, body)
+		}
+		c.CloseIdleConnections() // the tunnel's event is written when it ends
+		b.waitAuditWhere(t, 1, "the tunnel's event via corp", func(ev auditEvent) bool {
+			return ev["phase"] == "connect" && ev["via"] == "corp" && fmt.Sprint(ev["port"]) == opaquePort
+		})
+		opaquePeers.onlyThroughSquid(t)
 	})
 }
 
@@ -330,6 +347,10 @@ console.log(r.status, await r.text());
 	const py = `import sys, urllib.request
 r = urllib.request.urlopen(sys.argv[1], timeout=30)
 print(r.status, r.read().decode())`
+	const pyRequests = `import sys, requests
+r = requests.get(sys.argv[1], timeout=30)
+print(r.status_code, r.text)`
+	hasRequests := exec.Command("python3", "-c", "import requests").Run() == nil
 	for _, u := range []string{"http://" + plainAddr + "/agent", "https://" + tlsAddr + "/agent"} {
 		for _, cl := range []struct {
 			name string
@@ -337,9 +358,13 @@ print(r.status, r.read().decode())`
 		}{
 			{"curl", []string{"curl", "-sS", "--max-time", "30", u}},
 			{"python", []string{"python3", "-c", py, u}},
+			{"python-requests", []string{"python3", "-c", pyRequests, u}},
 			{"node", []string{"node", node, u}},
 		} {
 			t.Run(cl.name+" "+strings.SplitN(u, ":", 2)[0], func(t *testing.T) {
+				if cl.name == "python-requests" && !hasRequests {
+					t.Skip("python3 has no requests module")
+				}
 				out := e.run(t.TempDir(), agent, cl.args[0], cl.args[1:]...)
 				if !strings.Contains(out, "hello "+u[strings.Index(u, "//")+2:strings.LastIndex(u, "/")]+" /agent") {
 					t.Fatalf("%s printed %q", cl.name, out)
@@ -351,7 +376,7 @@ print(r.status, r.read().decode())`
 	tlsPeers.onlyThroughSquid(t)
 	if n := len(b.waitAuditWhere(t, 6, "six requests via corp", func(ev auditEvent) bool {
 		return ev["via"] == "corp" && ev["phase"] != "connect"
-	})); n < 6 {
+	})); n < 6 { // six at least: eight with requests
 		t.Fatalf("%d events via corp", n)
 	}
 }
