@@ -303,6 +303,30 @@ func TestUpstreamProxySquidHTTPS(t *testing.T) {
 		})
 		opaquePeers.onlyThroughSquid(t)
 	})
+	t.Run("proxy certificate not trusted", func(t *testing.T) {
+		token2 := randHex(16)
+		b2 := startBroker(t, brokerOpts{
+			policy: upstreamProxyPolicy,
+			files:  map[string]string{"data.json": `{"opaque_port": 1}`},
+			mode:   "enforce",
+			// The origins' CA, not the proxy's: the broker must not talk to this proxy.
+			config: upstreamProxyConfig(pki.File, squidEntryTLS("corp", squid.addr, pki.File, "SQUID_PW")),
+			env:    []string{tokenEnv(agentID) + "=" + token2, "SQUID_PW=" + password},
+		})
+		plainPeers.mu.Lock()
+		before := len(plainPeers.seen)
+		plainPeers.mu.Unlock()
+		resp, body := getBody(t, b2.client(t, agentID, token2), "http://"+plainAddr+"/untrusted")
+		if resp.StatusCode != http.StatusBadGateway || strings.Contains(body, "hello") || strings.Contains(body, password) {
+			t.Fatalf("got %d %s", resp.StatusCode, body)
+		}
+		plainPeers.mu.Lock()
+		after := len(plainPeers.seen)
+		plainPeers.mu.Unlock()
+		if after != before {
+			t.Fatal("with the proxy's certificate untrusted, the request reached the origin")
+		}
+	})
 }
 
 // originServerH2 is originServer offering only h2 in ALPN.
