@@ -258,7 +258,8 @@ func startBroker(bin, dir string, up *upstream, p *pki, full bool) (*broker, err
 }
 
 // startBrokerWith is startBroker with agentYAML added to the agent's entry in the config and
-// topYAML to its top level.
+// topYAML to its top level; a topYAML that starts with "upstream:" is merged into the
+// upstream section instead.
 func startBrokerWith(bin, dir string, up *upstream, p *pki, full bool, agentYAML, topYAML string) (*broker, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -282,6 +283,9 @@ agents:
   - id: %s
     token_env: BENCH_AGENT_TOKEN
 `, proxyLimits, filepath.Join(dir, "ca", "ca.crt"), filepath.Join(dir, "ca", "ca.key"), polDir, p.caFile, agentID)
+	if rest, ok := strings.CutPrefix(topYAML, "upstream:\n"); ok {
+		cfg, topYAML = strings.Replace(cfg, "upstream:\n", "upstream:\n"+rest, 1), ""
+	}
 	cfg += agentYAML
 	if full {
 		if err := writeShipped(polDir, up.policyPorts()); err != nil {

@@ -10,7 +10,8 @@
 # nft (nftables) writes the transparent-mode test's redirect rules (integration/transparent_test.go).
 # promtool (Debian's prometheus) checks and unit-tests the shipped alerting rules (deploy/prometheus).
 # squid is the corporate proxy of integration/upstream_proxy_test.go (/usr/sbin/squid, with
-# /usr/lib/squid/basic_ncsa_auth).
+# /usr/lib/squid/basic_ncsa_auth); Debian's squid-openssl, since the ssl-bump test
+# (integration/upstream_proxy_more_test.go) needs OpenSSL, which the plain squid package lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
@@ -18,9 +19,8 @@ for tool in curl git python3 node npm aws chromium redis-server nft promtool; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 # /usr/sbin is not on every user's PATH.
-if ! command -v squid >/dev/null 2>&1 && [ ! -x /usr/sbin/squid ]; then
-  missing+=(squid)
-fi
+squid=$(command -v squid || echo /usr/sbin/squid)
+"$squid" -v 2>/dev/null | grep -q -- --with-openssl || missing+=(squid)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
   missing+=(botocore)
 fi
@@ -35,6 +35,7 @@ if [ ${#missing[@]} -gt 0 ]; then
       node) pkgs+=(nodejs) ;;
       aws | botocore) pkgs+=(awscli) ;;
       nft) pkgs+=(nftables) ;;
+      squid) pkgs+=(squid-openssl) ;; # replaces plain squid: ssl-bump needs OpenSSL
       promtool) pkgs+=(prometheus) ;; # checks deploy/prometheus/capbroker-rules.yml
       *) pkgs+=("$tool") ;;
     esac
