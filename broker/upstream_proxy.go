@@ -11,6 +11,7 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/broker/upstream/egress"
+	"github.com/capbroker/capbroker/credentials"
 )
 
 // checkProxies dials each configured upstream proxy (TCP only, 2s each, in parallel) and
@@ -106,6 +107,38 @@ func loadPAC(p *config.UpstreamProxy, caFile string, d *upstream.Dialer) error {
 	}
 	if err := d.ConfigurePAC(script, p.PACTimeout, p.PACFallback); err != nil {
 		return fmt.Errorf("upstream.proxy.pac: %w", err)
+	}
+	return nil
+}
+
+// ServiceDialer returns the Dialer of the broker's own connections (Vault, token endpoints,
+// the approvals webhook, policy bundles, Redis): its DialService follows upstream.proxy and
+// no_proxy exactly as the request path's Dialer does, built by the same code from the same
+// configuration, with the proxies' passwords read from secrets (called at each connection;
+// nil until the credentials exist is an error at that connection). timeout <= 0 means 10s.
+func ServiceDialer(p *config.UpstreamProxy, secrets func() Secrets, timeout time.Duration) (*upstream.Dialer, error) {
+	d := upstream.NewDialer(nil, timeout)
+	opts, err := proxyOptions(p, lateSecrets(secrets))
+	if err != nil || opts == nil {
+		return d, err
+	}
+	return d, d.ConfigureProxies(*opts)
+}
+
+// lateSecrets reads through the Secrets the function returns at each call.
+type lateSecrets func() Secrets
+
+func (f lateSecrets) Get(ctx context.Context, name string) (credentials.Secret, error) {
+	s := f()
+	if s == nil {
+		return credentials.Secret{}, fmt.Errorf("credential %q: the credentials are not loaded yet", name)
+	}
+	return s.Get(ctx, name)
+}
+
+func (f lateSecrets) Known(name string) []credentials.Secret {
+	if s := f(); s != nil {
+		return s.Known(name)
 	}
 	return nil
 }

@@ -4,17 +4,20 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"time"
+
+	"github.com/capbroker/capbroker/internal/svcdial"
 )
 
 // EndpointClient returns a client for the endpoints the broker itself calls to mint
 // credentials (GitHub's API, OAuth2 token endpoints): the system roots plus the PEM
 // certificates in caFile ("" for none; upstream.ca_file), TLS 1.2 at least, no proxy from the
-// environment, bounded timeouts. Callers that send a secret must not follow redirects.
-func EndpointClient(caFile string) (*http.Client, error) {
+// environment, bounded timeouts. Every connection is made by dial (cmd/broker:
+// upstream.Dialer.DialService, which follows upstream.proxy); nil dials nothing. Callers that
+// send a secret must not follow redirects.
+func EndpointClient(caFile string, dial svcdial.Func) (*http.Client, error) {
 	roots, err := x509.SystemCertPool()
 	if err != nil {
 		roots = x509.NewCertPool()
@@ -28,17 +31,7 @@ func EndpointClient(caFile string) (*http.Client, error) {
 			return nil, fmt.Errorf("upstream.ca_file %s: no PEM certificates", caFile)
 		}
 	}
-	return &http.Client{
-		Transport: &http.Transport{
-			Proxy:                 nil,
-			DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			TLSClientConfig:       &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
-			TLSHandshakeTimeout:   10 * time.Second,
-			ResponseHeaderTimeout: 20 * time.Second,
-			ForceAttemptHTTP2:     true,
-			MaxIdleConnsPerHost:   4,
-			IdleConnTimeout:       90 * time.Second,
-		},
-		Timeout: 30 * time.Second,
-	}, nil
+	tr := svcdial.Transport(dial, &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, 10*time.Second)
+	tr.ResponseHeaderTimeout = 20 * time.Second
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}, nil
 }

@@ -6,7 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
+	"github.com/capbroker/capbroker/internal/svcdial"
 	"net/http"
 	"net/url"
 	"os"
@@ -68,6 +68,9 @@ type VaultOptions struct {
 	Auth      VaultAuth
 	// Timeout bounds each request to Vault; 0 means 10s.
 	Timeout time.Duration
+	// Dial makes every connection to Vault (cmd/broker: upstream.Dialer.DialService, which
+	// follows upstream.proxy and its no_proxy). Nil: nothing is dialled.
+	Dial svcdial.Func
 	// RetryMax is the longest wait between two failed logins (vault.refresh_interval, as
 	// for the reads of the credentials); 0 means 1m.
 	RetryMax time.Duration
@@ -242,16 +245,7 @@ func newVaultClient(opts VaultOptions) (*api.Client, error) {
 		}
 		tlsConf.RootCAs = pool
 	}
-	transport := &http.Transport{
-		Proxy:                 nil, // the broker's own proxy environment is ignored
-		DialContext:           (&net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:       tlsConf,
-		TLSHandshakeTimeout:   opts.Timeout,
-		ResponseHeaderTimeout: opts.Timeout,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       90 * time.Second,
-	}
+	transport := svcdial.Transport(opts.Dial, tlsConf, opts.Timeout)
 	c, err := api.NewClient(&api.Config{
 		Address: opts.Address,
 		HttpClient: &http.Client{

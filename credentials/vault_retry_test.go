@@ -45,7 +45,7 @@ func TestVaultLoginRetryHonoursRefreshInterval(t *testing.T) {
 
 	var logs lockedBuffer
 	const retryMax = 300 * time.Millisecond
-	v, err := NewVault(VaultOptions{Address: addr, Auth: auth, RetryMax: retryMax, Log: zerolog.New(&logs)})
+	v, err := NewVault(VaultOptions{Dial: vaultDial.Dial, Address: addr, Auth: auth, RetryMax: retryMax, Log: zerolog.New(&logs)})
 	must(t, err)
 	defer func() { _ = v.Close(context.Background()) }()
 	must(t, v.Start(ctxT(t)))

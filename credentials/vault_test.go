@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/capbroker/capbroker/internal/svcdial/svcdialtest"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -86,9 +87,13 @@ func testLog(t *testing.T) zerolog.Logger {
 // startVault builds and starts a Vault client, closed at the end of the test.
 func startVault(t *testing.T, addr string, auth VaultAuth) *Vault {
 	t.Helper()
-	v, err := NewVault(VaultOptions{Address: addr, Auth: auth, Timeout: 5 * time.Second, Log: testLog(t)})
+	v, err := NewVault(VaultOptions{Dial: vaultDial.Dial, Address: addr, Auth: auth, Timeout: 5 * time.Second, Log: testLog(t)})
 	must(t, err)
+	before := vaultDial.Count()
 	must(t, v.Start(ctxT(t)))
+	if vaultDial.Count() == before {
+		t.Fatal("the Vault client did not dial through VaultOptions.Dial")
+	}
 	t.Cleanup(func() { _ = v.Close(context.Background()) })
 	return v
 }
@@ -307,23 +312,23 @@ func TestVaultConfiguration(t *testing.T) {
 		opts VaultOptions
 		want string
 	}{
-		"no address": {VaultOptions{Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
+		"no address": {VaultOptions{Dial: vaultDial.Dial, Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
 			"vault address is required"},
-		"bad scheme": {VaultOptions{Address: "unix:///run/vault.sock", Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
+		"bad scheme": {VaultOptions{Dial: vaultDial.Dial, Address: "unix:///run/vault.sock", Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
 			`vault address "unix:///run/vault.sock" must be http(s)://host:port`},
-		"credentials in address": {VaultOptions{Address: "https://u:p@vault:8200", Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
+		"credentials in address": {VaultOptions{Dial: vaultDial.Dial, Address: "https://u:p@vault:8200", Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
 			"vault address must not contain credentials"},
-		"no method": {VaultOptions{Address: unreachable},
+		"no method": {VaultOptions{Dial: vaultDial.Dial, Address: unreachable},
 			"vault auth method is required (token or approle)"},
-		"unknown method": {VaultOptions{Address: unreachable, Auth: VaultAuth{Method: "kubernetes"}},
+		"unknown method": {VaultOptions{Dial: vaultDial.Dial, Address: unreachable, Auth: VaultAuth{Method: "kubernetes"}},
 			`vault auth method "kubernetes" is not token or approle`},
-		"token without source": {VaultOptions{Address: unreachable, Auth: VaultAuth{Method: AuthToken}},
+		"token without source": {VaultOptions{Dial: vaultDial.Dial, Address: unreachable, Auth: VaultAuth{Method: AuthToken}},
 			"vault auth token: set an environment variable or a file"},
-		"approle without ids": {VaultOptions{Address: unreachable, Auth: VaultAuth{Method: AuthAppRole, RoleIDEnv: "A", RoleIDFile: "b"}},
+		"approle without ids": {VaultOptions{Dial: vaultDial.Dial, Address: unreachable, Auth: VaultAuth{Method: AuthAppRole, RoleIDEnv: "A", RoleIDFile: "b"}},
 			"vault auth approle role_id: set an environment variable or a file, not both\nvault auth approle secret_id: set an environment variable or a file"},
-		"ca file missing": {VaultOptions{Address: unreachable, CAFile: missing, Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
+		"ca file missing": {VaultOptions{Dial: vaultDial.Dial, Address: unreachable, CAFile: missing, Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
 			"vault ca_file: open " + missing + ": no such file or directory"},
-		"ca file not pem": {VaultOptions{Address: unreachable, CAFile: token, Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
+		"ca file not pem": {VaultOptions{Dial: vaultDial.Dial, Address: unreachable, CAFile: token, Auth: VaultAuth{Method: AuthToken, TokenFile: token}},
 			"vault ca_file " + token + ": no PEM certificates"},
 	}
 	for name, tc := range invalid {
@@ -350,7 +355,7 @@ func TestVaultConfiguration(t *testing.T) {
 	}
 	for name, tc := range start {
 		t.Run(name, func(t *testing.T) {
-			v, err := NewVault(VaultOptions{Address: unreachable, Auth: tc.auth, Log: testLog(t)})
+			v, err := NewVault(VaultOptions{Dial: vaultDial.Dial, Address: unreachable, Auth: tc.auth, Log: testLog(t)})
 			must(t, err)
 			defer func() { _ = v.Close(context.Background()) }()
 			err = v.Start(ctxT(t))
@@ -728,3 +733,6 @@ func TestVaultUnreachableAtStart(t *testing.T) {
 	})
 	t.Logf("recovered %s after Vault came up", time.Since(up).Round(time.Millisecond))
 }
+
+// vaultDial is the Vault tests' injected dial: counted, to show the client used it.
+var vaultDial svcdialtest.Recorder

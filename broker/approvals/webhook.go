@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/capbroker/capbroker/internal/svcdial"
 	"io"
 	"net"
 	"net/http"
@@ -32,6 +33,9 @@ type Webhook struct {
 	Attempts int
 	Backoff  time.Duration
 	Client   *http.Client
+	// Dial makes the connections of the default Client (cmd/broker: upstream.Dialer's
+	// DialService, which follows upstream.proxy). Without Client and Dial nothing is sent.
+	Dial svcdial.Func
 
 	queue chan Request
 }
@@ -49,7 +53,7 @@ func (w *Webhook) Start(ctx context.Context) {
 	}
 	if w.Client == nil {
 		// No proxy from the environment: the broker's own traffic does not go through itself.
-		w.Client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: nil}}
+		w.Client = &http.Client{Timeout: 10 * time.Second, Transport: svcdial.Transport(w.Dial, nil, 0)}
 	}
 	w.queue = make(chan Request, webhookQueue)
 	go func() {

@@ -3,6 +3,7 @@ package approvals
 import (
 	"context"
 	"encoding/json"
+	"github.com/capbroker/capbroker/internal/svcdial/svcdialtest"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -36,7 +37,8 @@ func TestWebhookRetriesUntilDelivered(t *testing.T) {
 	}))
 	defer srv.Close()
 	m := NewMetrics(prometheus.NewRegistry())
-	hook := &Webhook{URL: srv.URL, Secret: []byte("hmac-key"), ConsoleURL: "http://127.0.0.1:9090/console/", Metrics: m, Backoff: time.Millisecond}
+	var rec svcdialtest.Recorder
+	hook := &Webhook{Dial: rec.Dial, URL: srv.URL, Secret: []byte("hmac-key"), ConsoleURL: "http://127.0.0.1:9090/console/", Metrics: m, Backoff: time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	hook.Start(ctx)
@@ -47,6 +49,9 @@ func TestWebhookRetriesUntilDelivered(t *testing.T) {
 	case <-got:
 	case <-time.After(10 * time.Second):
 		t.Fatal("never delivered")
+	}
+	if rec.Count() == 0 {
+		t.Fatal("the webhook did not dial through its injected Dial")
 	}
 	// Messages are sent one after the other: once the next one arrives, the first one's
 	// delivery has been counted.
@@ -86,7 +91,8 @@ func TestWebhookGivesUp(t *testing.T) {
 	}))
 	defer srv.Close()
 	m := NewMetrics(prometheus.NewRegistry())
-	hook := &Webhook{URL: srv.URL, Metrics: m, Attempts: 3, Backoff: time.Millisecond}
+	var rec svcdialtest.Recorder
+	hook := &Webhook{Dial: rec.Dial, URL: srv.URL, Metrics: m, Attempts: 3, Backoff: time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	hook.Start(ctx)

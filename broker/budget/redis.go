@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,9 @@ type RedisOptions struct {
 	// Timeout bounds each round trip, dial included (default 250ms): a store that does not
 	// answer costs a request at most this, then the budget's on_store_error applies.
 	Timeout time.Duration
+	// Dial, when set, makes every connection to Redis (cmd/broker: upstream.Dialer's
+	// DialService, which follows upstream.proxy and no_proxy); TLS, with TLS set, runs over it.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Redis keeps counters in Redis (or Valkey): one key per budget, scope and window, removed
@@ -64,6 +68,27 @@ func NewRedis(o RedisOptions) *Redis {
 	}
 	if o.TLS {
 		ro.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if dial := o.Dial; dial != nil {
+		// go-redis runs TLS only over its own dialer: over ours, it is done here.
+		tlsConf := ro.TLSConfig
+		ro.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dial(ctx, network, addr)
+			if err != nil || tlsConf == nil {
+				return conn, err
+			}
+			cfg := tlsConf.Clone()
+			if cfg.ServerName, _, err = net.SplitHostPort(addr); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			tc := tls.Client(conn, cfg)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			return tc, nil
+		}
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])

@@ -7,11 +7,13 @@ import (
 	"crypto/elliptic"
 	"crypto/rsa"
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/capbroker/capbroker/internal/svcdial"
 	"io"
 	"net/http"
 	"path"
@@ -35,6 +37,9 @@ const (
 
 // BundleOptions say where a bundle comes from and how it is verified.
 type BundleOptions struct {
+	// Dial makes the connections of the default Client (cmd/broker: DialService); without
+	// Client and Dial nothing is downloaded.
+	Dial svcdial.Func
 	// URL of the bundle, a tar.gz as `opa build` writes it.
 	URL string
 	// PollInterval between downloads once a bundle has loaded (DefaultPollInterval if zero).
@@ -74,7 +79,7 @@ func NewBundlePoller(e *Engine, o BundleOptions) (*BundlePoller, error) {
 	}
 	if o.Client == nil {
 		o.Client = &http.Client{
-			Transport: &http.Transport{Proxy: nil, TLSHandshakeTimeout: 10 * time.Second, ResponseHeaderTimeout: 30 * time.Second},
+			Transport: BundleTransport(o.Dial, nil),
 			Timeout:   time.Minute,
 		}
 	}
@@ -287,4 +292,13 @@ func readBundle(b []byte, verify *bundle.VerificationConfig) (*source, error) {
 		return nil, errors.New("bundle: no .rego policy files in it")
 	}
 	return src, nil
+}
+
+// BundleTransport is the bundle download's transport, with tlsConf's roots (nil: the system
+// roots): every connection through dial (cmd/broker: upstream.Dialer.DialService, which
+// follows upstream.proxy); nil dials nothing.
+func BundleTransport(dial svcdial.Func, tlsConf *tls.Config) *http.Transport {
+	tr := svcdial.Transport(dial, tlsConf, 10*time.Second)
+	tr.ResponseHeaderTimeout = 30 * time.Second
+	return tr
 }

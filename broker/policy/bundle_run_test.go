@@ -12,7 +12,7 @@ func TestBundleRunReportsRecovery(t *testing.T) {
 	srv := newBundleServer(t)
 	srv.serve(buildBundle(t, "v1", allowPolicy("one"), map[string]any{"allowed": []any{"api.example.com"}}, nil), `"v1"`)
 	e := new(Engine)
-	p, err := NewBundlePoller(e, BundleOptions{URL: srv.URL, PollInterval: 20 * time.Millisecond})
+	p, err := NewBundlePoller(e, BundleOptions{Dial: testDial.Dial, URL: srv.URL, PollInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

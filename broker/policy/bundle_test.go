@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/capbroker/capbroker/internal/svcdial/svcdialtest"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -122,12 +123,16 @@ func TestBundlePollSwapsAndKeepsLastGood(t *testing.T) {
 	ctx := context.Background()
 	srv.serve(buildBundle(t, "v1", allowPolicy("one"), map[string]any{"allowed": []any{"api.example.com"}}, nil), `"v1"`)
 	e := new(Engine)
-	p, err := NewBundlePoller(e, BundleOptions{URL: srv.URL + "/bundles/broker.tar.gz"})
+	p, err := NewBundlePoller(e, BundleOptions{Dial: testDial.Dial, URL: srv.URL + "/bundles/broker.tar.gz"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	before := testDial.Count()
 	if changed, err := p.Poll(ctx); !changed || err != nil {
 		t.Fatalf("first poll: %v %v", changed, err)
+	}
+	if testDial.Count() == before {
+		t.Fatal("the bundle download did not dial through BundleOptions.Dial")
 	}
 	if d := decide(t, e); !d.Allow || d.Reason != "one" || d.Revision != "v1" || e.Revision() != "v1" {
 		t.Fatalf("v1: %+v", d)
@@ -177,7 +182,7 @@ func TestBundleRevisionIsContentHashWithoutManifest(t *testing.T) {
 	srv := newBundleServer(t)
 	srv.serve(buildBundle(t, "", allowPolicy("x"), nil, nil), "") // no ETag either
 	e := new(Engine)
-	p, err := NewBundlePoller(e, BundleOptions{URL: srv.URL})
+	p, err := NewBundlePoller(e, BundleOptions{Dial: testDial.Dial, URL: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +204,7 @@ func TestBundleTestFilesAreNotLoaded(t *testing.T) {
 	mods["/broker/broker_test.rego"] = "package broker\n\ndecision := {\"allow\": false}\n" // would conflict
 	srv.serve(buildBundle(t, "v1", mods, nil, nil), `"1"`)
 	e := new(Engine)
-	p, _ := NewBundlePoller(e, BundleOptions{URL: srv.URL})
+	p, _ := NewBundlePoller(e, BundleOptions{Dial: testDial.Dial, URL: srv.URL})
 	if _, err := p.Poll(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +279,7 @@ func TestBundleSignatures(t *testing.T) {
 			srv := newBundleServer(t)
 			srv.serve(c.body, `"1"`)
 			e := new(Engine)
-			p, err := NewBundlePoller(e, BundleOptions{URL: srv.URL, PublicKey: []byte(c.pub), Algorithm: c.alg})
+			p, err := NewBundlePoller(e, BundleOptions{Dial: testDial.Dial, URL: srv.URL, PublicKey: []byte(c.pub), Algorithm: c.alg})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -330,7 +335,7 @@ func TestPollBundleServerDownAtStart(t *testing.T) {
 	reloads := make(chan error, 100)
 	done := make(chan error, 1)
 	go func() {
-		done <- e.PollBundle(ctx, BundleOptions{URL: srv.URL, PollInterval: time.Second}, func(_ string, err error) { reloads <- err })
+		done <- e.PollBundle(ctx, BundleOptions{Dial: testDial.Dial, URL: srv.URL, PollInterval: time.Second}, func(_ string, err error) { reloads <- err })
 	}()
 	if err := <-reloads; err == nil {
 		t.Fatal("want a download error while the server is down")
@@ -352,3 +357,6 @@ func TestPollBundleServerDownAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// testDial is the bundle tests' injected dial: counted, to show the download used it.
+var testDial svcdialtest.Recorder

@@ -234,7 +234,7 @@ func TestBundleWarnings(t *testing.T) {
 
 decision := {"allow": input.request.host in data.allow.hosts}
 `}, map[string]any{"allow": map[string]any{"hosts": allowListHosts(LargeArray + 1)}}, nil), `"r1"`)
-	ws := BundleWarnings(t.Context(), BundleOptions{URL: srv.URL})
+	ws := BundleWarnings(t.Context(), BundleOptions{Dial: testDial.Dial, URL: srv.URL})
 	if len(ws) != 1 || ws[0].File != "broker/broker.rego" || ws[0].Line != 3 ||
 		!strings.Contains(ws[0].Message, "tests membership in data.allow.hosts, an array of 1001 entries") {
 		t.Fatalf("warnings %v, want one for broker/broker.rego:3", ws)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -49,6 +50,8 @@ type Dialer struct {
 	allow  []netip.Prefix
 	deny   []netip.AddrPort
 	dialer net.Dialer
+	// service dials the broker's own services: no destination check (DialService).
+	service net.Dialer
 	// proxies, when set, chain connections through the upstream proxies (proxy.go).
 	proxies *proxies
 }
@@ -67,6 +70,7 @@ func NewDialer(allowPrivate []netip.Prefix, timeout time.Duration, deny ...netip
 		d.deny = append(d.deny, netip.AddrPortFrom(ap.Addr().WithZone("").Unmap(), ap.Port()))
 	}
 	d.dialer = net.Dialer{Timeout: timeout, ControlContext: d.control}
+	d.service = net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 	return d
 }
 
@@ -88,6 +92,60 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 		return d.dialProxied(ctx, list, addr, target, false)
 	}
 	return d.dialDirect(ctx, network, addr)
+}
+
+// DialService dials one of the broker's own services, which the operator configured and no
+// agent chose: Vault, OAuth2/GitHub/Google token endpoints, the approvals webhook, policy
+// bundle servers, Redis. It follows upstream.proxy only: through the proxies in order, or
+// directly when no_proxy matches addr (by name, suffix, CIDR of any of its addresses, port)
+// or no proxy is configured. It never takes a policy's route (a request's Route in ctx is
+// ignored and left untouched), and the agent-facing destination check does not apply: Vault
+// and Redis are usually private or loopback, and the operator lists them in no_proxy.
+func (d *Dialer) DialService(ctx context.Context, network, addr string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, fmt.Errorf("dial %s: network %q not supported", addr, network)
+	}
+	ctx = WithRoute(ctx, nil) // not the request's route, nor its via
+	p := d.proxies
+	if p == nil {
+		return d.service.DialContext(ctx, network, addr)
+	}
+	host, port, ips, err := resolve(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	for _, ip := range ips {
+		if p.noProxy.Match(host, port, ip) {
+			return d.service.DialContext(ctx, network, addr)
+		}
+	}
+	return d.dialProxied(ctx, p.list, addr, netip.AddrPortFrom(ips[0], uint16(port)), false)
+}
+
+// resolve splits addr and resolves its host (an IP literal as itself), unmapped.
+func resolve(ctx context.Context, addr string) (host string, port int, ips []netip.Addr, err error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	port, err = strconv.Atoi(portStr)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, nil, fmt.Errorf("dial %s: bad port", addr)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		ips = []netip.Addr{ip}
+	} else if ips, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host); err != nil {
+		return "", 0, nil, err
+	}
+	if len(ips) == 0 {
+		return "", 0, nil, fmt.Errorf("dial %s: no address", addr)
+	}
+	for i := range ips {
+		ips[i] = ips[i].Unmap()
+	}
+	return host, port, ips, nil
 }
 
 // dialDirect dials addr itself, checking every address attempted.

@@ -21,15 +21,7 @@ var ownDialers = map[string]string{
 	"cmd/broker/approvals.go":     "the CLI, to the broker's own admin listener",
 	"cmd/broker/healthcheck.go":   "the CLI, to the broker's own admin listener",
 	"internal/tcppair/tcppair.go": "a loopback socket pair for tests",
-
-	// Not yet routed through the Dialer (issue 35, left): the broker's own clients.
-	"broker/policy/bundle.go":      "LEFT: OPA bundle download (default client)",
-	"cmd/broker/policy.go":         "LEFT: OPA bundle download client",
-	"broker/approvals/webhook.go":  "LEFT: approvals webhook",
-	"credentials/vault.go":         "LEFT: Vault client",
-	"credentials/endpoint.go":      "LEFT: OAuth2/Google token endpoints",
-	"credentials/github/app.go":    "LEFT: GitHub App token endpoint",
-	"credentials/oauth2/client.go": "LEFT: OAuth2 client's default transport",
+	"internal/svcdial/svcdial.go": "the broker's own clients' transports, around an injected dial (DialService)",
 }
 
 // TestOneDialer fails when Go code outside broker/upstream (tests and test helpers aside)

@@ -284,22 +284,9 @@ func (d *Dialer) plan(ctx context.Context, scheme, addr string) (list []*ProxySe
 		}
 		return nil, target, nil
 	}
-	host, portStr, err := net.SplitHostPort(addr)
+	host, port, ips, err := resolve(ctx, addr)
 	if err != nil {
 		return nil, target, err
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil || port < 1 || port > 65535 {
-		return nil, target, fmt.Errorf("dial %s: bad port", addr)
-	}
-	var ips []netip.Addr
-	if ip, err := netip.ParseAddr(host); err == nil {
-		ips = []netip.Addr{ip}
-	} else if ips, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host); err != nil {
-		return nil, target, err
-	}
-	if len(ips) == 0 {
-		return nil, target, fmt.Errorf("dial %s: no address", addr)
 	}
 	// Every address must pass, as it would direct: the proxy never reaches one the broker
 	// would not.

@@ -75,7 +75,7 @@ func buildApprovals(ctx context.Context, cfg *config.Config, configPath, policyD
 	o := approvals.Options{Timeout: a.Timeout, MaxPending: a.MaxPending, MaxPendingPerAgent: a.MaxPendingPerAgent,
 		StateFile: state, PolicyDir: policyDir, Audit: auditLog, Metrics: m, Log: log, Grants: grants}
 	if w := a.Webhook; w != nil {
-		hook := &approvals.Webhook{URL: w.URL, ConsoleURL: consoleURL, Metrics: m, Log: log}
+		hook := &approvals.Webhook{URL: w.URL, ConsoleURL: consoleURL, Metrics: m, Log: log, Dial: ownDial(cfg)}
 		if w.SecretEnv != "" {
 			secret := os.Getenv(w.SecretEnv)
 			if secret == "" {

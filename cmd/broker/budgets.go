@@ -22,7 +22,7 @@ func buildBudgets(cfg *config.Config, engine *policy.Engine, metrics *broker.Met
 	o := budget.Options{Data: engine.Data, OnStoreError: cfg.Budgets.OnStoreError, Metrics: metrics.Registry(), Log: log}
 	var rs *budget.Redis
 	if r := cfg.Budgets.Store.Redis; r != nil {
-		ro := budget.RedisOptions{Address: r.Address, TLS: r.TLS, KeyPrefix: r.KeyPrefix}
+		ro := budget.RedisOptions{Address: r.Address, TLS: r.TLS, KeyPrefix: r.KeyPrefix, Dial: ownDial(cfg)}
 		if r.PasswordEnv != "" {
 			ro.Password = os.Getenv(r.PasswordEnv)
 			if ro.Password == "" {

@@ -67,7 +67,7 @@ func checkPolicy(cfg *config.Config) []error {
 	ctx := context.Background()
 	var errs []error
 	if b := cfg.Policy.Bundle; b != nil {
-		o, err := bundleOptions(b)
+		o, err := bundleOptions(b, ownDial(cfg))
 		if err != nil {
 			return []error{err}
 		}

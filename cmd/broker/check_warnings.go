@@ -16,7 +16,7 @@ import (
 // A bundle is downloaded again for them.
 func warnPolicy(cfg *config.Config, w io.Writer) {
 	if b := cfg.Policy.Bundle; b != nil {
-		o, err := bundleOptions(b)
+		o, err := bundleOptions(b, ownDial(cfg))
 		if err != nil {
 			return
 		}

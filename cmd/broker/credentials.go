@@ -60,6 +60,7 @@ func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, known *inject.
 	if v := cfg.Vault; v != nil && set.vault == nil {
 		vault, err := credentials.NewVault(credentials.VaultOptions{
 			Address: v.Address, CAFile: v.CAFile, Namespace: v.Namespace, Log: log, RetryMax: v.RefreshInterval,
+			Dial: ownDial(cfg),
 			Auth: credentials.VaultAuth{
 				Method: v.Auth.Method, TokenEnv: v.Auth.TokenEnv, TokenFile: v.Auth.TokenFile,
 				RoleIDEnv: v.Auth.RoleIDEnv, RoleIDFile: v.Auth.RoleIDFile,
@@ -128,6 +129,8 @@ func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, known *inject.
 	} else {
 		set.store = credentials.NewStore(sources, opts)
 	}
+	ownStore.Store(set.store) // the proxies' passwords of the broker's own connections
+
 	if err := set.derive(cfg, log); err != nil {
 		return nil, err
 	}

@@ -16,7 +16,7 @@ import (
 // (system roots plus upstream.ca_file) and no proxy. path is the credential's key path.
 func (s *credentialSet) githubApp(cfg *config.Config, path string, c config.Credential, root func(context.Context) (credentials.Secret, error), log zerolog.Logger) (credentials.Minter, error) {
 	g := c.GitHubApp
-	client, err := credentials.EndpointClient(cfg.Upstream.CAFile)
+	client, err := credentials.EndpointClient(cfg.Upstream.CAFile, ownDial(cfg))
 	if err != nil {
 		return nil, err
 	}

@@ -11,7 +11,7 @@ import (
 // oauth2Minter builds the minter of an oauth2 or google_service_account credential. Token
 // endpoints are reached with the system roots plus upstream.ca_file.
 func (s *credentialSet) oauth2Minter(cfg *config.Config, c config.Credential, root oauth2.Root, log zerolog.Logger) (credentials.Minter, error) {
-	hc, err := credentials.EndpointClient(cfg.Upstream.CAFile)
+	hc, err := credentials.EndpointClient(cfg.Upstream.CAFile, ownDial(cfg))
 	if err != nil {
 		return nil, err
 	}

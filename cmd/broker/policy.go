@@ -27,6 +27,7 @@ import (
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/internal/svcdial"
 )
 
 const policyUsage = `Usage:
@@ -507,8 +508,8 @@ func cmdPolicyReplay(args []string, stdout, stderr io.Writer) error {
 
 // newBundlePoller builds the poller for policy.bundle: its key (policy.bundle.public_key_file)
 // and its HTTP client (system roots plus policy.bundle.ca_file; proxy variables ignored).
-func newBundlePoller(e *policy.Engine, b *config.Bundle) (*policy.BundlePoller, error) {
-	o, err := bundleOptions(b)
+func newBundlePoller(e *policy.Engine, b *config.Bundle, dial svcdial.Func) (*policy.BundlePoller, error) {
+	o, err := bundleOptions(b, dial)
 	if err != nil {
 		return nil, err
 	}
@@ -519,7 +520,7 @@ func newBundlePoller(e *policy.Engine, b *config.Bundle) (*policy.BundlePoller, 
 	return p, nil
 }
 
-func bundleOptions(b *config.Bundle) (policy.BundleOptions, error) {
+func bundleOptions(b *config.Bundle, dial svcdial.Func) (policy.BundleOptions, error) {
 	o := policy.BundleOptions{URL: b.URL, PollInterval: b.PollInterval, KeyID: b.KeyID, Algorithm: b.Algorithm}
 	if b.PublicKeyFile != "" {
 		key, err := os.ReadFile(b.PublicKeyFile)
@@ -542,13 +543,8 @@ func bundleOptions(b *config.Bundle) (policy.BundleOptions, error) {
 		}
 	}
 	o.Client = &http.Client{
-		Transport: &http.Transport{
-			Proxy:                 nil, // the broker ignores HTTP(S)_PROXY in its own environment
-			TLSClientConfig:       &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
-			TLSHandshakeTimeout:   10 * time.Second,
-			ResponseHeaderTimeout: 30 * time.Second,
-		},
-		Timeout: time.Minute,
+		Transport: policy.BundleTransport(dial, &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}),
+		Timeout:   time.Minute,
 	}
 	return o, nil
 }

@@ -125,7 +125,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		// policy.bundle: no policy until the poller (started below) loads one, so every decision
 		// until then is a 503 policy_error: the broker fails closed.
 		engine = new(policy.Engine)
-		if bundlePoller, err = newBundlePoller(engine, cfg.Policy.Bundle); err != nil {
+		if bundlePoller, err = newBundlePoller(engine, cfg.Policy.Bundle, ownDial(cfg)); err != nil {
 			return err
 		}
 	} else if engine, err = policy.New(ctx, policyFS); err != nil {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/capbroker/capbroker/internal/svcdial"
 	"io"
 	"net/http"
 	"net/url"
@@ -156,7 +157,9 @@ func New(opts Options) (*App, error) {
 		cache:  map[string]*entry{},
 	}
 	if a.client == nil {
-		a.client = &http.Client{Transport: &http.Transport{Proxy: nil, ForceAttemptHTTP2: true}}
+		// Options.HTTPClient is the only way out (cmd/broker: through DialService): without
+		// one, nothing is dialled.
+		a.client = &http.Client{Transport: svcdial.Transport(nil, nil, 0)}
 	}
 	c := *a.client
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

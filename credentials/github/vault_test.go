@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"github.com/capbroker/capbroker/internal/svcdial/svcdialtest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,7 +29,7 @@ func startVault(t *testing.T) (*vaulttest.Server, *credentials.Vault) {
 	if err := os.WriteFile(tokFile, []byte(srv.RootToken), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	v, err := credentials.NewVault(credentials.VaultOptions{Address: srv.Addr, Timeout: 5 * time.Second,
+	v, err := credentials.NewVault(credentials.VaultOptions{Dial: (&svcdialtest.Recorder{}).Dial, Address: srv.Addr, Timeout: 5 * time.Second,
 		Auth: credentials.VaultAuth{Method: credentials.AuthToken, TokenFile: tokFile}, Log: zerolog.New(zerolog.NewTestWriter(t))})
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/capbroker/capbroker/internal/svcdial"
 	"net/http"
 	"net/url"
 	"slices"
@@ -140,13 +141,13 @@ func New(name string, cfg Config, deps Deps) (*Minter, error) {
 // cache's clock, Deps.Now, is another matter).
 func endpointClient(hc *http.Client) (*http.Client, *skewWatch) {
 	if hc == nil {
-		hc, _ = credentials.EndpointClient("") // no CA file: cannot fail
+		hc, _ = credentials.EndpointClient("", nil) // no CA file: cannot fail; no dialer: dials nothing
 	}
 	c := *hc
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	next := c.Transport
 	if next == nil {
-		next = http.DefaultTransport
+		next = svcdial.Transport(nil, nil, 0) // a client without a transport dials nothing
 	}
 	w := &skewWatch{next: next, now: time.Now}
 	c.Transport = w

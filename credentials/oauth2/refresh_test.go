@@ -3,6 +3,7 @@ package oauth2
 import (
 	"context"
 	"errors"
+	"github.com/capbroker/capbroker/internal/svcdial/svcdialtest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,7 +44,7 @@ func startVault(t *testing.T) (*vaulttest.Server, *credentials.Vault) {
 	if err := os.WriteFile(tokFile, []byte(srv.RootToken), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	v, err := credentials.NewVault(credentials.VaultOptions{Address: srv.Addr, Timeout: 5 * time.Second, Log: zerolog.Nop(),
+	v, err := credentials.NewVault(credentials.VaultOptions{Dial: (&svcdialtest.Recorder{}).Dial, Address: srv.Addr, Timeout: 5 * time.Second, Log: zerolog.Nop(),
 		Auth: credentials.VaultAuth{Method: credentials.AuthToken, TokenFile: tokFile}})
 	if err != nil {
 		t.Fatal(err)

@@ -102,7 +102,9 @@ func Start(t testing.TB) *Server {
 	mux.HandleFunc("POST /google/token", s.gated(s.google))
 	mux.HandleFunc("/api/", s.api)
 	s.srv = httptest.NewUnstartedServer(mux)
-	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{pki.Leaf}}
+	// 127.0.0.2 too: a test may put the stand-in behind a relay there (a proxied origin).
+	leaf := pki.Server(t, time.Now().Add(24*time.Hour), "localhost", "127.0.0.1", "127.0.0.2")
+	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{leaf}}
 	s.srv.StartTLS()
 	t.Cleanup(s.srv.Close)
 	s.URL = s.srv.URL
