@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -26,89 +25,6 @@ import (
 )
 
 const squidCertgen = "/usr/lib/squid/security_file_certgen"
-
-// squidDir is a folder squid (running as its own user) can read and write.
-func squidDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "squid-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	_ = os.Chmod(dir, 0o777)
-	return dir
-}
-
-func writeFile(t *testing.T, dir, name, content string) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// startSquidWith runs squid with Basic auth (user/password) and the ACL of startSquid; port
-// makes the listening line (http_port or https_port, with options) for the address squid gets,
-// and extra is appended to the configuration.
-func startSquidWith(t *testing.T, dir, user, password string, port func(addr string) string, extra string) *squidProc {
-	t.Helper()
-	for _, bin := range []string{squidBin, squidAuthBin} {
-		if _, err := os.Stat(bin); err != nil {
-			t.Skipf("squid not installed (%s): scripts/install-test-tools.sh installs it", bin)
-		}
-	}
-	hash, err := exec.Command("openssl", "passwd", "-apr1", password).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	htpasswd := writeFile(t, dir, "htpasswd", user+":"+strings.TrimSpace(string(hash))+"\n")
-	l, err := net.Listen("tcp", squidOutgoing+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	conf := writeFile(t, dir, "squid.conf", fmt.Sprintf(`%s
-pid_filename none
-cache_log %s/cache.log
-access_log none
-cache deny all
-coredump_dir %s
-shutdown_lifetime 0 seconds
-auth_param basic program %s %s
-auth_param basic realm corp
-acl authed proxy_auth REQUIRED
-acl origins dst %s
-http_access deny !authed
-http_access allow origins
-http_access deny all
-tcp_outgoing_address %s
-%s
-`, port(addr), dir, dir, squidAuthBin, htpasswd, originIP, squidOutgoing, extra))
-	cmd := exec.Command(squidBin, "-N", "-f", conf)
-	cmd.Dir = dir
-	var logs strings.Builder
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &squidProc{addr: addr, cmd: cmd}
-	t.Cleanup(s.stop)
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return s
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(filepath.Join(dir, "cache.log"))
-			t.Fatalf("squid did not listen on %s: %v\n%s\n%s", addr, err, logs.String(), b)
-		}
-		time.Sleep(50 * time.Millisecond) // polling a listener that appears, not synchronising
-	}
-}
 
 // writeCertPEM writes c (leaf and key) as PEM files in dir.
 func writeCertPEM(t *testing.T, dir, name string, c tls.Certificate) (certFile, keyFile string) {
@@ -128,17 +44,6 @@ func writeCertPEM(t *testing.T, dir, name string, c tls.Certificate) (certFile, 
 // squidEntryTLS is an https:// proxy entry with its own CA file.
 func squidEntryTLS(name, addr, caFile, passwordEnv string) string {
 	return fmt.Sprintf("      - {name: %s, url: \"https://%s\", ca_file: %q, username: broker, password: {env: %s}}", name, addr, caFile, passwordEnv)
-}
-
-func getBody(t *testing.T, c *http.Client, u string) (*http.Response, string) {
-	t.Helper()
-	resp, err := c.Get(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp, string(body)
 }
 
 var helloHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

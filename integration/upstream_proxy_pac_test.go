@@ -88,19 +88,9 @@ func TestUpstreamProxyPACSquid(t *testing.T) {
 		env:    []string{tokenEnv(agentID) + "=" + token, "SQUID_PW=" + password},
 	})
 	client := b.client(t, agentID, token)
-	get := func(t *testing.T, c *http.Client, u string) (*http.Response, string) {
-		t.Helper()
-		resp, err := c.Get(u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp, string(body)
-	}
 	check := func(t *testing.T, c *http.Client, u, via string) {
 		t.Helper()
-		resp, body := get(t, c, u)
+		resp, body := getBody(t, c, u)
 		if resp.StatusCode != 200 || !strings.Contains(body, "hello") {
 			t.Fatalf("%s: got %d %q", u, resp.StatusCode, body)
 		}
@@ -172,7 +162,7 @@ func TestUpstreamProxyPACSquid(t *testing.T) {
 			env:    []string{tokenEnv(agentID) + "=" + token2, "SQUID_PW=" + password},
 		})
 		before := len(unconfPeers.seen)
-		resp, body := get(t, b2.client(t, agentID, token2), "http://"+unconfAddr+"/refused")
+		resp, body := getBody(t, b2.client(t, agentID, token2), "http://"+unconfAddr+"/refused")
 		var e struct{ Error, Reason string }
 		_ = json.Unmarshal([]byte(body), &e)
 		if resp.StatusCode != http.StatusBadGateway || e.Error != "upstream_error" || !strings.Contains(e.Reason, "PAC file") {
@@ -204,7 +194,7 @@ func TestUpstreamProxyPACSquid(t *testing.T) {
 		})
 		pacPeers.onlyThroughSquid(t)
 		c := b3.client(t, agentID, token3)
-		resp, body := get(t, c, "http://"+directAddr+"/from-https-pac")
+		resp, body := getBody(t, c, "http://"+directAddr+"/from-https-pac")
 		if resp.StatusCode != 200 {
 			t.Fatalf("got %d %s", resp.StatusCode, body)
 		}

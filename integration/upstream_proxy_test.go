@@ -42,36 +42,52 @@ type squidProc struct {
 // through only destinations on originIP.
 func startSquid(t *testing.T, user, password string) *squidProc {
 	t.Helper()
-	for _, bin := range []string{squidBin, squidAuthBin} {
-		if _, err := os.Stat(bin); err != nil {
-			t.Skipf("squid not installed (%s): scripts/install-test-tools.sh installs it", bin)
-		}
-	}
+	return startSquidWith(t, squidDir(t), user, password, func(addr string) string { return "http_port " + addr }, "")
+}
+
+// squidDir is a folder squid (running as its own user) can read and write.
+func squidDir(t *testing.T) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "squid-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	_ = os.Chmod(dir, 0o777) // squid runs as its own user
+	_ = os.Chmod(dir, 0o777)
+	return dir
+}
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// startSquidWith runs squid with Basic auth (user/password) and the ACL of startSquid; port
+// makes the listening line (http_port or https_port, with options) for the address squid gets,
+// and extra is appended to the configuration.
+func startSquidWith(t *testing.T, dir, user, password string, port func(addr string) string, extra string) *squidProc {
+	t.Helper()
+	for _, bin := range []string{squidBin, squidAuthBin} {
+		if _, err := os.Stat(bin); err != nil {
+			t.Skipf("squid not installed (%s): scripts/install-test-tools.sh installs it", bin)
+		}
+	}
 	hash, err := exec.Command("openssl", "passwd", "-apr1", password).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	htpasswd := write("htpasswd", user+":"+strings.TrimSpace(string(hash))+"\n")
+	htpasswd := writeFile(t, dir, "htpasswd", user+":"+strings.TrimSpace(string(hash))+"\n")
 	l, err := net.Listen("tcp", squidOutgoing+":0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close()
-	conf := write("squid.conf", fmt.Sprintf(`http_port %s
+	conf := writeFile(t, dir, "squid.conf", fmt.Sprintf(`%s
 pid_filename none
 cache_log %s/cache.log
 access_log none
@@ -86,7 +102,8 @@ http_access deny !authed
 http_access allow origins
 http_access deny all
 tcp_outgoing_address %s
-`, addr, dir, dir, squidAuthBin, htpasswd, originIP, squidOutgoing))
+%s
+`, port(addr), dir, dir, squidAuthBin, htpasswd, originIP, squidOutgoing, extra))
 	cmd := exec.Command(squidBin, "-N", "-f", conf)
 	cmd.Dir = dir
 	var logs strings.Builder
@@ -109,6 +126,18 @@ tcp_outgoing_address %s
 		}
 		time.Sleep(50 * time.Millisecond) // polling a listener that appears, not synchronising
 	}
+}
+
+// getBody GETs u with c and returns the response and its whole body.
+func getBody(t *testing.T, c *http.Client, u string) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp, string(body)
 }
 
 func (s *squidProc) stop() {
@@ -240,16 +269,6 @@ func TestUpstreamProxySquid(t *testing.T) {
 	})
 	client := b.client(t, agentID, token)
 
-	get := func(t *testing.T, c *http.Client, u string) (*http.Response, string) {
-		t.Helper()
-		resp, err := c.Get(u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp, string(body)
-	}
 	viaOf := func(t *testing.T, resp *http.Response) string {
 		t.Helper()
 		ev := b.waitAudit(t, resp.Header.Get("X-Broker-Request-Id"))
@@ -258,7 +277,7 @@ func TestUpstreamProxySquid(t *testing.T) {
 	}
 
 	t.Run("plain HTTP", func(t *testing.T) {
-		resp, body := get(t, client, "http://"+plainAddr+"/plain")
+		resp, body := getBody(t, client, "http://"+plainAddr+"/plain")
 		if resp.StatusCode != 200 || !strings.Contains(body, "hello") {
 			t.Fatalf("got %d %q", resp.StatusCode, body)
 		}
@@ -268,7 +287,7 @@ func TestUpstreamProxySquid(t *testing.T) {
 		plainPeers.onlyThroughSquid(t)
 	})
 	t.Run("intercepted HTTPS", func(t *testing.T) {
-		resp, body := get(t, client, "https://"+tlsAddr+"/tls")
+		resp, body := getBody(t, client, "https://"+tlsAddr+"/tls")
 		if resp.StatusCode != 200 || !strings.Contains(body, "hello") {
 			t.Fatalf("got %d %q", resp.StatusCode, body)
 		}
@@ -283,7 +302,7 @@ func TestUpstreamProxySquid(t *testing.T) {
 		roots.AppendCertsFromPEM(pem)
 		pu, _ := url.Parse(b.proxyURL(agentID, token))
 		c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: roots}}, Timeout: waitTimeout}
-		resp, body := get(t, c, "https://"+opaqueAddr+"/opaque")
+		resp, body := getBody(t, c, "https://"+opaqueAddr+"/opaque")
 		if resp.StatusCode != 200 || !strings.Contains(body, "hello") {
 			t.Fatalf("got %d %q", resp.StatusCode, body)
 		}
@@ -353,7 +372,7 @@ func TestUpstreamProxySquid(t *testing.T) {
 	})
 
 	t.Run("policy route", func(t *testing.T) {
-		resp, body := get(t, client, "http://"+directAddr+"/direct")
+		resp, body := getBody(t, client, "http://"+directAddr+"/direct")
 		if resp.StatusCode != 200 || viaOf(t, resp) != "direct" {
 			t.Fatalf("direct: %d %s", resp.StatusCode, body)
 		}
@@ -363,7 +382,7 @@ func TestUpstreamProxySquid(t *testing.T) {
 		if len(from) != 1 || from[0] == squidOutgoing {
 			t.Fatalf("the direct request came from %v", from)
 		}
-		resp, body = get(t, client, "http://"+plainAddr+"/nope")
+		resp, body = getBody(t, client, "http://"+plainAddr+"/nope")
 		if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "not configured") {
 			t.Fatalf("unknown proxy: %d %s", resp.StatusCode, body)
 		}
@@ -380,7 +399,7 @@ func TestUpstreamProxySquid(t *testing.T) {
 		})
 		c := b2.client(t, agentID, token2)
 		for _, u := range []string{"http://" + plainAddr + "/x", "https://" + tlsAddr + "/x"} {
-			resp, body := get(t, c, u)
+			resp, body := getBody(t, c, u)
 			var e struct{ Error, Reason string }
 			_ = json.Unmarshal([]byte(body), &e)
 			if resp.StatusCode != http.StatusBadGateway || e.Error != "upstream_proxy_refused" || !strings.Contains(e.Reason, "407") {
@@ -402,7 +421,7 @@ func TestUpstreamProxySquid(t *testing.T) {
 			env:    []string{tokenEnv(agentID) + "=" + token3, "SQUID_PW=" + password},
 		})
 		before := len(plainPeers.seen)
-		resp, body := get(t, b3.client(t, agentID, token3), "http://"+plainAddr+"/down")
+		resp, body := getBody(t, b3.client(t, agentID, token3), "http://"+plainAddr+"/down")
 		if resp.StatusCode != http.StatusBadGateway {
 			t.Fatalf("got %d %s", resp.StatusCode, body)
 		}
