@@ -166,28 +166,14 @@ func (b *Broker) noteMCPSession(x *exchange, in *policy.Input, resp *http.Respon
 // notifications and responses. An id is echoed only if it is a string or a number, as
 // JSON-RPC 2.0 has them.
 func rpcRequests(text []byte) (ids []json.RawMessage, batch bool) {
-	if _, err := rpc.Parse(text); err != nil {
-		return nil, false
-	}
-	t := bytes.TrimLeft(text, " \t\r\n")
-	var msgs []struct {
-		ID     json.RawMessage `json:"id"`
-		Method *string         `json:"method"`
-	}
-	batch = t[0] == '['
-	if !batch {
-		t = append(append([]byte{'['}, t...), ']')
-	}
-	if json.Unmarshal(t, &msgs) != nil {
+	msgs, err := rpc.Parse(text)
+	if err != nil {
 		return nil, false
 	}
 	for _, m := range msgs {
-		if m.Method == nil || len(m.ID) == 0 {
-			continue
-		}
-		if c := m.ID[0]; c == '"' || c == '-' || c >= '0' && c <= '9' {
-			ids = append(ids, m.ID)
+		if !m.Response && (m.ID.Kind() == '"' || m.ID.Kind() == '0') {
+			ids = append(ids, json.RawMessage(m.ID))
 		}
 	}
-	return ids, batch
+	return ids, bytes.TrimLeft(text, " \t\r\n")[0] == '['
 }

@@ -16,11 +16,11 @@ import (
 // message (or batch of them) is refused when the policy depends on its meaning.
 var ErrNotJSONRPC = errors.New("the body is not a JSON-RPC message")
 
-// Message is one JSON-RPC 2.0 message an agent sent: a request (HasID), a notification, or a
-// response to a request of the server's (Response; Method is then "").
+// Message is one JSON-RPC 2.0 message an agent sent: a request (with an ID), a notification,
+// or a response to a request of the server's (Response; Method is then "").
 type Message struct {
 	Method   string
-	HasID    bool
+	ID       jsontext.Value // as sent; nil when absent
 	Response bool
 	Params   jsontext.Value // nil when absent
 }
@@ -64,7 +64,7 @@ func Parse(body []byte) ([]Message, error) {
 		if w.JSONRPC != "2.0" {
 			return nil, ErrNotJSONRPC
 		}
-		m := Message{HasID: w.ID != nil}
+		m := Message{ID: w.ID}
 		switch {
 		case w.Method != nil:
 			m.Method = *w.Method

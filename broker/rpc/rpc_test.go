@@ -13,10 +13,10 @@ func TestParse(t *testing.T) {
 		body string
 		want []Message
 	}{
-		{`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, []Message{{Method: "tools/list", HasID: true}}},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, []Message{{Method: "tools/list", ID: []byte(`1`)}}},
 		{` {"jsonrpc":"2.0","method":"notifications/initialized","params":null}`, []Message{{Method: "notifications/initialized"}}},
 		{`[{"jsonrpc":"2.0","id":"a","method":"eth_call","params":[1]},{"jsonrpc":"2.0","id":2,"result":{}}]`,
-			[]Message{{Method: "eth_call", HasID: true, Params: []byte(`[1]`)}, {HasID: true, Response: true}}},
+			[]Message{{Method: "eth_call", ID: []byte(`"a"`), Params: []byte(`[1]`)}, {ID: []byte(`2`), Response: true}}},
 	} {
 		got, err := Parse([]byte(tc.body))
 		if err != nil || !reflect.DeepEqual(got, tc.want) {
