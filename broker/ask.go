@@ -16,6 +16,7 @@ import (
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/wire"
 	"github.com/capbroker/capbroker/broker/wire/strictjson"
 )
 
@@ -236,7 +237,7 @@ func preview(clean func(string) string, body []byte) (string, bool) {
 // (Content-Encoding: gzip...) is refused too: the server decodes it, the preview cannot.
 func showable(h http.Header, body []byte) error {
 	labelled := isJSON(h.Get("Content-Type"))
-	if labelled && encoded(h) {
+	if labelled && wire.CheckBodyEncoding(h) != nil {
 		return badRequest{"the request is held for a person's approval, and its JSON body is sent with a Content-Encoding the person cannot be shown: send it unencoded"}
 	}
 	if !labelled && !looksLikeJSON(body) {
@@ -255,18 +256,6 @@ func showable(h http.Header, body []byte) error {
 }
 
 var utf8BOM = []byte("\xef\xbb\xbf")
-
-// encoded reports whether a request's body is sent with a Content-Encoding other than identity.
-func encoded(h http.Header) bool {
-	for _, v := range h.Values("Content-Encoding") {
-		for _, c := range strings.Split(v, ",") {
-			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // looksLikeJSON reports whether a body starts, after white space or a byte order mark, like a
 // JSON object or array.
