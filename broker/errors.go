@@ -89,9 +89,9 @@ func classify(err error) agentError {
 	var pr *upstream.ProxyRefusedError
 	switch {
 	case errors.As(err, &amb):
-		return agentError{http.StatusBadRequest, "ambiguous_request", amb.reason, hintAmbiguous}
+		return agentError{http.StatusBadRequest, codeAmbiguous, amb.reason, hintAmbiguous}
 	case errors.Is(err, strictjson.ErrAmbiguous) && errors.As(err, &sj):
-		return agentError{http.StatusBadRequest, "ambiguous_request", sj.Error(), hintAmbiguous}
+		return agentError{http.StatusBadRequest, codeAmbiguous, sj.Error(), hintAmbiguous}
 	case errors.As(err, &wh):
 		return agentError{http.StatusBadRequest, codeAmbiguous, wh.Error(), hintAmbiguous}
 	case errors.As(err, &ex):
