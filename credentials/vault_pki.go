@@ -69,3 +69,32 @@ func (v *Vault) SignIntermediate(ctx context.Context, path string, csrPEM []byte
 	}
 	return out, nil
 }
+
+// PKIChain reads, without a token, the certificate chain of a PKI mount's issuer: its
+// default issuer (<mount>/cert/ca_chain) or the issuer named (<mount>/issuer/<ref>/json).
+// It returns the PEM text Vault gave, for the caller to pick the root from.
+func (v *Vault) PKIChain(ctx context.Context, mount, issuer string) (string, error) {
+	path := strings.Trim(mount, "/") + "/cert/ca_chain"
+	if issuer != "" {
+		path = strings.Trim(mount, "/") + "/issuer/" + issuer + "/json"
+	}
+	s, err := v.anon.Logical().ReadWithContext(ctx, path)
+	if err != nil {
+		return "", vaultFailure("reading the CA chain at "+path, err)
+	}
+	if s == nil || s.Data == nil {
+		return "", &vaultError{msg: "reading the CA chain at " + path + ": vault returned nothing"}
+	}
+	var b strings.Builder
+	if c, ok := s.Data["certificate"].(string); ok {
+		b.WriteString(c + "\n")
+	}
+	if chain, ok := s.Data["ca_chain"].([]any); ok {
+		for _, c := range chain {
+			if p, ok := c.(string); ok {
+				b.WriteString(p + "\n")
+			}
+		}
+	}
+	return b.String(), nil
+}

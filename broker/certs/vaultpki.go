@@ -249,3 +249,32 @@ func (ca *CA) Status() Status {
 	}
 	return st
 }
+
+// Roots returns, PEM-encoded, the self-signed CA certificates among chainPEM's: the roots
+// agents are to trust. It fails when there is none.
+func Roots(chainPEM []byte) ([]byte, error) {
+	var out []byte
+	for rest := chainPEM; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if b.Type != "CERTIFICATE" || err != nil || !c.IsCA || !selfSigned(c) || bytes.Contains(out, pem.EncodeToMemory(b)) {
+			continue
+		}
+		out = append(out, pem.EncodeToMemory(b)...)
+	}
+	if out == nil {
+		return nil, errors.New("certs: the chain holds no self-signed root")
+	}
+	return out, nil
+}
+
+// CheckVaultPKI has Vault sign one intermediate as StartVaultPKI would, checks it and drops
+// it with its key: for check-config.
+func CheckVaultPKI(ctx context.Context, o VaultPKIOptions) error {
+	p := &vaultPKI{opts: o, now: time.Now}
+	_, err := p.sign(ctx)
+	return err
+}
