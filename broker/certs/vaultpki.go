@@ -183,25 +183,34 @@ func (p *vaultPKI) sign(ctx context.Context) (*issuer, error) {
 	if now.Before(cert.NotBefore) || !now.Before(cert.NotAfter) {
 		return nil, fmt.Errorf("vault's certificate is valid only from %s to %s", cert.NotBefore, cert.NotAfter)
 	}
-	var chain []*x509.Certificate
+	var pool []*x509.Certificate
 	for i, c := range chainPEM {
 		parsed, err := parseOne(c)
 		if err != nil {
 			return nil, fmt.Errorf("vault's CA chain, certificate %d: %w", i, err)
 		}
-		chain = append(chain, parsed)
-	}
-	if len(chain) == 0 {
-		return nil, errors.New("vault returned no CA chain")
-	}
-	if err := cert.CheckSignatureFrom(chain[0]); err != nil {
-		return nil, fmt.Errorf("vault's certificate is not signed by the first certificate of its chain: %w", err)
-	}
-	der := [][]byte{cert.Raw}
-	for _, c := range chain {
-		if !selfSigned(c) { // the agents have the root; it is not sent
-			der = append(der, c.Raw)
+		if !parsed.Equal(cert) { // some versions list the new certificate in its own chain
+			pool = append(pool, parsed)
 		}
+	}
+	// From the new certificate up, each one's issuer, until a root or the end of what Vault
+	// gave; the root is left out (the agents have it).
+	der := [][]byte{cert.Raw}
+	for cur := cert; len(der) <= len(pool); {
+		var up *x509.Certificate
+		for _, c := range pool {
+			if bytes.Equal(c.RawSubject, cur.RawIssuer) && cur.CheckSignatureFrom(c) == nil {
+				up = c
+				break
+			}
+		}
+		if up == nil && cur == cert {
+			return nil, errors.New("vault's certificate is not signed by any certificate of the chain it returned")
+		}
+		if up == nil || selfSigned(up) {
+			break
+		}
+		der, cur = append(der, up.Raw), up
 	}
 	life := cert.NotAfter.Sub(now)
 	return &issuer{cert: cert, key: key, chain: der, until: cert.NotAfter.Add(-min(maxExpiryMargin, life/10))}, nil
