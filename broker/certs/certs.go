@@ -75,7 +75,11 @@ func (ca *CA) signer(now time.Time) (*issuer, error) {
 
 // Ready returns nil when the CA can sign now, else why not (matching ErrUnavailable).
 func (ca *CA) Ready() error {
-	_, err := ca.signer(time.Now())
+	now := time.Now
+	if ca.pki != nil {
+		now = ca.pki.now // a test's clock
+	}
+	_, err := ca.signer(now())
 	return err
 }
 

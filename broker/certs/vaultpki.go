@@ -195,22 +195,21 @@ func (p *vaultPKI) sign(ctx context.Context) (*issuer, error) {
 	}
 	// From the new certificate up, each one's issuer, until a root or the end of what Vault
 	// gave; the root is left out (the agents have it).
-	der := [][]byte{cert.Raw}
-	for cur := cert; len(der) <= len(pool); {
-		var up *x509.Certificate
+	issuerIn := func(cur *x509.Certificate) *x509.Certificate {
 		for _, c := range pool {
 			if bytes.Equal(c.RawSubject, cur.RawIssuer) && cur.CheckSignatureFrom(c) == nil {
-				up = c
-				break
+				return c
 			}
 		}
-		if up == nil && cur == cert {
-			return nil, errors.New("vault's certificate is not signed by any certificate of the chain it returned")
-		}
-		if up == nil || selfSigned(up) {
-			break
-		}
-		der, cur = append(der, up.Raw), up
+		return nil
+	}
+	up := issuerIn(cert)
+	if up == nil {
+		return nil, errors.New("vault's certificate is not signed by any certificate of the chain it returned")
+	}
+	der := [][]byte{cert.Raw}
+	for ; up != nil && !selfSigned(up) && len(der) <= len(pool); up = issuerIn(up) {
+		der = append(der, up.Raw)
 	}
 	life := cert.NotAfter.Sub(now)
 	return &issuer{cert: cert, key: key, chain: der, until: cert.NotAfter.Add(-min(maxExpiryMargin, life/10))}, nil
