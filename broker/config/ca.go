@@ -9,7 +9,7 @@ import (
 // CAVaultPKI is ca.vault_pki: no CA key on disk. Each broker generates its CA key in memory
 // and has Vault's PKI engine sign it as a short-lived intermediate (through the vault
 // section's connection and login), renewed at half life; agents trust the PKI's root. See
-// docs/fleet.md.
+// docs/ca.md.
 type CAVaultPKI struct {
 	// Mount is the PKI secrets engine's mount (default "pki"): a root, or an intermediate
 	// that may sign intermediates below it.
