@@ -178,6 +178,16 @@ print(urllib.request.urlopen(sys.argv[1]).read().decode(), end="")`, upstream.UR
 		}
 	})
 
+	t.Run("an agent cannot reach the broker's vault to sign its own CA", func(t *testing.T) {
+		c := exec.Command("curl", "-sS", "-i", "--max-time", "20", "-X", "POST", "-H", "X-Vault-Token: "+vaultToken,
+			"--data", `{"csr":"x","common_name":"evil"}`, vault.Addr+"/v1/pki/root/sign-intermediate")
+		c.Env = append(harness.Env(), "http_proxy="+proxy, "NO_PROXY=")
+		out, _ := c.CombinedOutput()
+		if !hasStatus(string(out), http.StatusForbidden) || !strings.Contains(string(out), "own listener or a service the broker uses") {
+			t.Fatalf("agent to the broker's vault: %q", out)
+		}
+	})
+
 	// Vault goes away: the current intermediate signs until a tenth of its life is left, then
 	// nothing is intercepted.
 	vault.Stop()
