@@ -118,3 +118,32 @@ func TestCAUnavailableRefusesInterception(t *testing.T) {
 		t.Fatalf("/readyz: %d %s", w.Code, w.Body)
 	}
 }
+
+// TestCAUnavailableTransparent: a redirected TLS connection the policy would intercept is
+// closed and audited while the CA cannot sign; redirected plain HTTP is still served.
+func TestCAUnavailableTransparent(t *testing.T) {
+	e := newTransparentEnv(t)
+	ca, err := certs.StartVaultPKI(t.Context(), certs.VaultPKIOptions{Signer: sealedVault{}, Path: "pki/root/sign-intermediate", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.b.certs = certs.NewCache(ca, 10)
+	e.redirect(t, "api.github.com", 443)
+	if resp, err := e.client().Get("https://api.github.com/user"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("TLS intercepted with no CA: %d", resp.StatusCode)
+	}
+	if ev := e.event(t, phase("connect")); ev["status"] != float64(503) || ev["mode"] != "transparent" ||
+		!strings.Contains(fmt.Sprint(ev["error"]), "vault is sealed") {
+		t.Fatalf("event: %v", ev)
+	}
+	e.redirect(t, "plain.test", 80)
+	resp, err := e.client().Get("http://plain.test/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("plain HTTP with no CA: %d", resp.StatusCode)
+	}
+}
