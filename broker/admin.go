@@ -45,10 +45,12 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 		} else {
 			status, body["policy"] = http.StatusServiceUnavailable, "no policy loaded yet"
 		}
-		if !m.caReadiness(body) {
+		if caReady, caDegraded := m.caReadiness(body); !caReady {
 			// The CA cannot sign (ca.vault_pki past its intermediate's life without Vault):
 			// nothing the policy intercepts can be served.
 			status = http.StatusServiceUnavailable
+		} else if caDegraded {
+			degraded = true // a renewal failed; the current intermediate still signs
 		}
 		if msg := m.PolicyReloadError(); msg != "" {
 			degraded, body["policy_reload_error"] = true, msg

@@ -6,12 +6,12 @@ import (
 	"github.com/capbroker/capbroker/broker/certs"
 )
 
-// CA reports the state of the broker's CA. *certs.CA implements it.
-type CA interface {
+// CAState reports the state of the broker's CA. *certs.CA implements it.
+type CAState interface {
 	Status() certs.Status
 }
 
-var _ CA = (*certs.CA)(nil)
+var _ CAState = (*certs.CA)(nil)
 
 // codeCAUnavailable is the error of a connection the policy would intercept while the CA
 // cannot sign (certs.ErrUnavailable; ca.vault_pki: its intermediate is near expiry and Vault
@@ -24,7 +24,7 @@ func (b *Broker) checkCA() error { return b.certs.Ready() }
 
 // watchCA exports the CA's state as metrics and has /readyz report it. Only the first CA
 // given a Metrics is watched.
-func (m *Metrics) watchCA(ca CA) {
+func (m *Metrics) watchCA(ca CAState) {
 	if !m.ca.CompareAndSwap(nil, &ca) {
 		return
 	}
@@ -55,16 +55,17 @@ func (m *Metrics) watchCA(ca CA) {
 }
 
 // caReadiness adds the CA's state to a /readyz body: always for ca.vault_pki, and for any CA
-// that cannot sign. It returns false when the CA cannot sign: nothing that the policy
-// intercepts can be served, so the broker is not ready.
-func (m *Metrics) caReadiness(body map[string]any) bool {
+// that cannot sign. ready is false when the CA cannot sign: nothing that the policy
+// intercepts can be served. degraded is true while the last renewal failed but the current
+// intermediate still signs.
+func (m *Metrics) caReadiness(body map[string]any) (ready, degraded bool) {
 	p := m.ca.Load()
 	if p == nil {
-		return true
+		return true, false
 	}
 	st := (*p).Status()
 	if st.Source == "file" && st.Error == "" {
-		return true
+		return true, false
 	}
 	ca := map[string]any{"source": st.Source, "serial": st.Serial, "not_after": timeOrNil(st.NotAfter)}
 	if st.Source == "vault_pki" {
@@ -78,5 +79,5 @@ func (m *Metrics) caReadiness(body map[string]any) bool {
 		ca["error"] = st.Error
 	}
 	body["ca"] = ca
-	return st.Error == ""
+	return st.Error == "", st.RenewFailed != ""
 }

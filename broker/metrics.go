@@ -68,7 +68,7 @@ type Metrics struct {
 	// proxyCheck, once a broker is made, reports its upstream proxies that cannot be connected to.
 	proxyCheck atomic.Pointer[proxyChecker]
 	// ca, once a broker is made, is its CA, whose state /readyz reports (ca.go).
-	ca atomic.Pointer[CA]
+	ca atomic.Pointer[CAState]
 }
 
 type proxyChecker struct {

@@ -191,6 +191,10 @@ print(urllib.request.urlopen(sys.argv[1]).read().decode(), end="")`, upstream.UR
 	// Vault goes away: the current intermediate signs until a tenth of its life is left, then
 	// nothing is intercepted.
 	vault.Stop()
+	failing := waitVaultPKI(t, b, 2*vaultPKITTL, "a failed renewal", func(r vaultPKIReady) bool { return r.CA.RenewError != "" })
+	if failing.code != http.StatusOK || failing.Status != "degraded" || failing.CA.Error != "" {
+		t.Fatalf("/readyz with a renewal failed and the intermediate still signing: %+v", failing)
+	}
 	down := waitVaultPKI(t, b, 2*vaultPKITTL, "the CA unavailable", func(r vaultPKIReady) bool { return r.code == http.StatusServiceUnavailable })
 	if down.CA.Error == "" || down.CA.RenewError == "" || down.Status != "not ready" {
 		t.Fatalf("/readyz with the intermediate lapsed: %+v", down)
