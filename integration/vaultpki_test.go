@@ -20,6 +20,7 @@ import (
 
 	vaultapi "github.com/hashicorp/vault/api"
 
+	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/credentials/vaulttest"
 	"github.com/capbroker/capbroker/internal/harness"
 )
@@ -309,4 +310,70 @@ func vaultPKIHandshake(t *testing.T, b *brokerProc, hostPort string, roots *x509
 	}
 	defer tc.Close()
 	return tc.ConnectionState().PeerCertificates
+}
+
+// TestVaultPKIIntermediateMount: the broker's intermediate signed by a named issuer of an
+// intermediate mount (pki_int, itself signed by the root in pki): leaves are sent with the
+// whole chain below the root, and verify for an agent trusting the root alone, which
+// agent-env reads from that issuer.
+func TestVaultPKIIntermediateMount(t *testing.T) {
+	vault := vaulttest.Start(t)
+	vc := vault.Client()
+	for _, m := range []string{"pki", "pki_int"} {
+		if err := vc.Sys().Mount(m, &vaultapi.MountInput{Type: "pki", Config: vaultapi.MountConfigInput{MaxLeaseTTL: "87600h"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(path string, data map[string]any) map[string]any {
+		t.Helper()
+		s, err := vc.Logical().Write(path, data)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return s.Data
+	}
+	rootPEM := write("pki/root/generate/internal", map[string]any{"common_name": "capbroker-vaultpki root", "ttl": "87600h", "key_type": "ec"})["certificate"].(string)
+	csr := write("pki_int/intermediate/generate/internal", map[string]any{"common_name": "capbroker-vaultpki agents", "key_type": "ec"})["csr"].(string)
+	bundle := write("pki/root/sign-intermediate", map[string]any{"csr": csr, "format": "pem_bundle", "ttl": "8760h"})["certificate"].(string)
+	imported := write("pki_int/intermediate/set-signed", map[string]any{"certificate": bundle})["imported_issuers"].([]any)
+	if len(imported) == 0 {
+		t.Fatal("set-signed imported no issuer")
+	}
+	for _, id := range imported {
+		if s, _ := vc.Logical().Read("pki_int/issuer/" + id.(string)); s != nil && s.Data["issuer_name"] == "" && !strings.Contains(fmt.Sprint(s.Data["certificate"]), strings.TrimSpace(rootPEM)) {
+			write("pki_int/issuer/"+id.(string), map[string]any{"issuer_name": "brokers"})
+		}
+	}
+	if err := vc.Sys().PutPolicy("capbroker-vaultpki", `path "pki_int/issuer/brokers/sign-intermediate" { capabilities = ["update"] }`); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := vc.Auth().Token().Create(&vaultapi.TokenCreateRequest{Policies: []string{"capbroker-vaultpki"}, TTL: "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM([]byte(rootPEM))
+
+	pki := newUpstreamPKI(t)
+	upstream := pki.serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello") }), false, nil)
+	b := startBroker(t, brokerOpts{
+		policy: vaultPKIPolicy,
+		ca:     "vault_pki: {mount: pki_int, issuer: brokers, ttl: 1h}",
+		config: fmt.Sprintf("upstream:\n  ca_file: %q\n  allow_private: [\"127.0.0.1/32\"]\nagents:\n  - {id: a, token_env: A_TOKEN}\n"+
+			"vault:\n  address: %s\n  auth: {method: token, token_env: BROKER_VAULT_TOKEN}\n", pki.File, vault.Addr),
+		env: []string{"A_TOKEN=a-token", "BROKER_VAULT_TOKEN=" + tok.Auth.ClientToken},
+	})
+	waitVaultPKI(t, b, 10*time.Second, "the first intermediate", func(r vaultPKIReady) bool { return r.CA.Renewals >= 1 })
+
+	printed, err := exec.Command(brokerBin, "agent-env", "--config", filepath.Join(b.dir, "broker.yaml"), "--print-ca").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(printed)) != strings.TrimSpace(rootPEM) {
+		t.Fatalf("agent-env --print-ca = %q, %v; want the root above pki_int", printed, err)
+	}
+	chain := vaultPKIHandshake(t, b, strings.TrimPrefix(upstream.URL, "https://"), roots)
+	if len(chain) != 3 || chain[2].Subject.CommonName != "capbroker-vaultpki agents" {
+		t.Fatalf("chain of %d certificates, want leaf, the broker's intermediate and pki_int's", len(chain))
+	}
+	if chain[1].Subject.CommonName != config.DefaultCACommonName || !chain[1].MaxPathLenZero {
+		t.Fatalf("broker's intermediate: CN %q, path length 0 %v", chain[1].Subject.CommonName, chain[1].MaxPathLenZero)
+	}
 }
