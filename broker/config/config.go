@@ -91,8 +91,9 @@ const (
 )
 
 type CA struct {
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
+	CertFile string      `yaml:"cert_file"`
+	KeyFile  string      `yaml:"key_file"`
+	VaultPKI *CAVaultPKI `yaml:"vault_pki"` // ca.go
 }
 
 type Upstream struct {
@@ -304,6 +305,7 @@ func (c *Config) SetDefaults() {
 		c.Approvals.MaxPendingPerAgent = DefaultMaxPendingPerAgent
 	}
 	c.Transparent.defaults()
+	c.CA.defaults()
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}
