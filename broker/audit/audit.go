@@ -75,6 +75,9 @@ type Event struct {
 	// whose origin certificate was trusted through upstream.proxy.tls_inspection_ca.
 	Via          string
 	TLSInspected bool
+	// Redacted is how many times the response's scrubber replaced a secret the broker knows
+	// with [REDACTED] (the upstream echoed one), or 0.
+	Redacted int
 	// TraceID is the trace the request belongs to (CONTRACT §8b "trace_id"), when one exists.
 	TraceID string
 }

@@ -141,6 +141,9 @@ func writeDecision(zl zerolog.Logger, e *Event, m Meta) {
 	if e.Budget != "" {
 		ev = ev.Str("budget", e.Budget)
 	}
+	if e.Redacted > 0 {
+		ev = ev.Int("redacted", e.Redacted)
+	}
 	if e.Via != "" {
 		ev = ev.Str("via", e.Via)
 		if e.TLSInspected {
