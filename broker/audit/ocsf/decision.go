@@ -296,12 +296,12 @@ type native struct {
 	PolicyRevision string         `json:"policy_revision,omitempty"`
 	DecisionID     string         `json:"decision_id,omitempty"`
 	Credentials    []string       `json:"credentials"`
-	WouldDeny      bool           `json:"would_deny,omitempty"`
+	WouldDeny      bool           `json:"would_deny,omitzero"`
 	Error          string         `json:"error,omitempty"`
 	Budget         string         `json:"budget,omitempty"`
-	Redacted       int            `json:"redacted,omitempty"`
+	Redacted       int            `json:"redacted,omitzero"`
 	Via            string         `json:"via,omitempty"`
-	TLSInspected   bool           `json:"tls_inspected,omitempty"`
+	TLSInspected   bool           `json:"tls_inspected,omitzero"`
 	Instance       string         `json:"instance,omitempty"`
 	TraceID        string         `json:"trace_id,omitempty"`
 	AWS            *awsCall       `json:"aws,omitempty"`
@@ -343,7 +343,7 @@ type llmCall struct {
 	TokensCached   int64   `json:"tokens_cached"`
 	Cost           float64 `json:"cost"`
 	UsageReported  bool    `json:"usage_reported"`
-	UsageEstimated bool    `json:"usage_estimated,omitempty"`
+	UsageEstimated bool    `json:"usage_estimated,omitzero"`
 }
 
 type approval struct {

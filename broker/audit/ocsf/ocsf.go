@@ -13,7 +13,7 @@
 package ocsf
 
 import (
-	"encoding/json"
+	"github.com/go-json-experiment/json"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -90,21 +90,21 @@ type event struct {
 	ClassName     string `json:"class_name"`
 	TypeUID       int64  `json:"type_uid"`
 	Time          int64  `json:"time"`
-	StartTime     int64  `json:"start_time,omitempty"`
+	StartTime     int64  `json:"start_time,omitzero"`
 	Duration      *int64 `json:"duration,omitempty"`
 	SeverityID    int    `json:"severity_id"`
 	Severity      string `json:"severity"`
-	StatusID      int    `json:"status_id,omitempty"`
+	StatusID      int    `json:"status_id,omitzero"`
 	Status        string `json:"status,omitempty"`
 	StatusCode    string `json:"status_code,omitempty"`
 	StatusDetail  string `json:"status_detail,omitempty"`
 	Message       string `json:"message,omitempty"`
-	ActionID      int    `json:"action_id,omitempty"`
+	ActionID      int    `json:"action_id,omitzero"`
 	Action        string `json:"action,omitempty"`
-	DispositionID int    `json:"disposition_id,omitempty"`
+	DispositionID int    `json:"disposition_id,omitzero"`
 	Disposition   string `json:"disposition,omitempty"`
-	IsAlert       bool   `json:"is_alert,omitempty"`
-	ConfidenceID  int    `json:"confidence_id,omitempty"`
+	IsAlert       bool   `json:"is_alert,omitzero"`
+	ConfidenceID  int    `json:"confidence_id,omitzero"`
 	Confidence    string `json:"confidence,omitempty"`
 
 	Metadata       metadata        `json:"metadata"`
@@ -115,7 +115,7 @@ type event struct {
 	Traffic        *traffic        `json:"traffic,omitempty"`
 	HTTPRequest    *httpRequest    `json:"http_request,omitempty"`
 	HTTPResponse   *httpResponse   `json:"http_response,omitempty"`
-	HTTPStatus     int             `json:"http_status,omitempty"`
+	HTTPStatus     int             `json:"http_status,omitzero"`
 	Query          *dnsQuery       `json:"query,omitempty"`
 	RcodeID        *int            `json:"rcode_id,omitempty"`
 	Rcode          string          `json:"rcode,omitempty"`
@@ -153,7 +153,7 @@ type actor struct {
 type user struct {
 	Name   string `json:"name,omitempty"`
 	UID    string `json:"uid,omitempty"`
-	TypeID int    `json:"type_id,omitempty"`
+	TypeID int    `json:"type_id,omitzero"`
 	Type   string `json:"type,omitempty"`
 }
 
@@ -161,7 +161,7 @@ type endpoint struct {
 	Name     string `json:"name,omitempty"`
 	Hostname string `json:"hostname,omitempty"`
 	IP       string `json:"ip,omitempty"`
-	Port     int    `json:"port,omitempty"`
+	Port     int    `json:"port,omitzero"`
 }
 
 type connectionInfo struct {
@@ -184,7 +184,7 @@ type httpRequest struct {
 type url struct {
 	Scheme    string `json:"scheme,omitempty"`
 	Hostname  string `json:"hostname,omitempty"`
-	Port      int    `json:"port,omitempty"`
+	Port      int    `json:"port,omitzero"`
 	Path      string `json:"path,omitempty"`
 	URLString string `json:"url_string,omitempty"`
 }
@@ -263,12 +263,20 @@ func ms(t time.Time) int64 { return t.UnixMilli() }
 
 // appendLine appends v as one JSON line.
 func appendLine(dst []byte, v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil { // every field is a plain value: cannot happen; keep the line a JSON object
-		b = []byte(`{"unmapped":{"error":"ocsf encoding failed"}}`)
+	w := appender{dst}
+	if err := json.MarshalWrite(&w, v, json.Deterministic(true)); err != nil {
+		// Every field is a plain value: it cannot happen; the line stays a JSON object.
+		w.b = append(dst, `{"unmapped":{"error":"ocsf encoding failed"}}`...)
 	}
-	dst = append(dst, b...)
-	return append(dst, '\n')
+	return append(w.b, '\n')
+}
+
+// appender is an io.Writer appending to b.
+type appender struct{ b []byte }
+
+func (a *appender) Write(p []byte) (int, error) {
+	a.b = append(a.b, p...)
+	return len(p), nil
 }
 
 // base fills the attributes every class has.
