@@ -22,7 +22,7 @@ import (
 	"github.com/capbroker/capbroker/broker/audit"
 )
 
-// Version is the OCSF schema version the events follow (testdata/schema holds it).
+// Version is the OCSF schema version the events follow (ocsfschema/schema holds it).
 const Version = "1.8.0"
 
 // Options are the encoder's settings.

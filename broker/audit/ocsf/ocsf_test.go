@@ -12,7 +12,17 @@ import (
 	"time"
 
 	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/audit/ocsf/ocsfschema"
 )
+
+func loadSchema(t testing.TB) *ocsfschema.Schema {
+	t.Helper()
+	s, err := ocsfschema.Load(ocsfschema.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
 
 var (
 	t0   = time.Date(2026, 12, 5, 22, 0, 0, 0, time.UTC)
@@ -297,7 +307,7 @@ func TestDecisionClasses(t *testing.T) {
 			var got []int
 			for i, ev := range evs {
 				got = append(got, int(ev["class_uid"].(float64)))
-				for _, p := range s.validate(t, raw[i]) {
+				for _, p := range s.Validate(raw[i]) {
 					t.Errorf("line %d (class %v): %s", i, ev["class_uid"], p)
 				}
 				want(t, ev, "metadata.version", Version)
@@ -323,7 +333,7 @@ func TestApprovalClass(t *testing.T) {
 			if len(evs) != 1 {
 				t.Fatalf("%d lines", len(evs))
 			}
-			for _, p := range s.validate(t, raw[0]) {
+			for _, p := range s.Validate(raw[0]) {
 				t.Error(p)
 			}
 			want(t, evs[0], "class_uid", float64(classUserAccess))
@@ -343,7 +353,7 @@ func TestSchemaCatchesMistakes(t *testing.T) {
 	c := cases["http denied"]
 	raw, _ := lines(t, New(Options{}).Decision(nil, &c.ev, meta))
 	good := raw[1] // the Detection Finding
-	if p := s.validate(t, good); len(p) > 0 {
+	if p := s.Validate(good); len(p) > 0 {
 		t.Fatalf("the good event fails: %v", p)
 	}
 	for name, tc := range map[string]struct {
@@ -366,7 +376,7 @@ func TestSchemaCatchesMistakes(t *testing.T) {
 			_ = json.Unmarshal(good, &m)
 			tc.edit(m)
 			b, _ := json.Marshal(m)
-			p := s.validate(t, b)
+			p := s.Validate(b)
 			if !slices.ContainsFunc(p, func(s string) bool { return strings.Contains(s, tc.want) }) {
 				t.Errorf("problems %q, want one with %q", p, tc.want)
 			}
@@ -374,7 +384,7 @@ func TestSchemaCatchesMistakes(t *testing.T) {
 	}
 }
 
-// TestSchemaTestdataUsed keeps testdata/schema to the files the tests read (set
+// TestSchemaTestdataUsed keeps ocsfschema/schema to the files the tests read (set
 // OCSF_PRUNE=1 to delete the others after adding a class).
 func TestSchemaTestdataUsed(t *testing.T) {
 	s := loadSchema(t)
@@ -382,18 +392,19 @@ func TestSchemaTestdataUsed(t *testing.T) {
 	for _, c := range cases {
 		raw, _ := lines(t, enc.Decision(nil, &c.ev, meta))
 		for _, r := range raw {
-			s.validate(t, r)
+			s.Validate(r)
 		}
 	}
 	for _, c := range approvalCases {
 		raw, _ := lines(t, enc.Approval(nil, &c.ev, meta))
-		s.validate(t, raw[0])
+		s.Validate(raw[0])
 	}
 	var unused []string
-	_ = filepath.WalkDir(filepath.Join(schemaDir, "objects"), func(path string, d os.DirEntry, err error) error {
+	dir, opened := ocsfschema.Dir(), s.Opened()
+	_ = filepath.WalkDir(filepath.Join(dir, "objects"), func(path string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
-			rel, _ := filepath.Rel(schemaDir, path)
-			if !s.opened[rel] {
+			rel, _ := filepath.Rel(dir, path)
+			if !opened[rel] {
 				unused = append(unused, rel)
 			}
 		}
@@ -402,11 +413,11 @@ func TestSchemaTestdataUsed(t *testing.T) {
 	sort.Strings(unused)
 	if os.Getenv("OCSF_PRUNE") == "1" {
 		for _, u := range unused {
-			_ = os.Remove(filepath.Join(schemaDir, u))
+			_ = os.Remove(filepath.Join(dir, u))
 		}
 		return
 	}
 	if len(unused) > 0 {
-		t.Errorf("testdata/schema holds objects no test reads (OCSF_PRUNE=1 removes them): %v", unused)
+		t.Errorf("ocsfschema/schema holds objects no test reads (OCSF_PRUNE=1 removes them): %v", unused)
 	}
 }

@@ -1,4 +1,14 @@
-package ocsf
+// Package ocsfschema validates events against the source files of the published OCSF schema
+// (github.com/ocsf/ocsf-schema): each class resolved through the classes it extends and the
+// profiles it includes, each attribute typed by the dictionary. It is for tests (the OCSF
+// encoder's and the integration suite's); the part of release 1.8.0 they use is in schema/
+// (schema/README.md says where from).
+//
+// Validate reports a missing required attribute, an attribute its class or object does not
+// have, a value of the wrong type, a value outside an enum, a profile's attribute without the
+// profile in metadata.profiles, an unmet constraint (at_least_one, just_one), and uids that do
+// not agree with the class and activity.
+package ocsfschema
 
 import (
 	"encoding/json"
@@ -7,25 +17,22 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 )
 
-// schemaDir holds the parts of the published OCSF schema the encoder's events use, at the
-// release Version names (testdata/schema/README.md says where from).
-const schemaDir = "testdata/schema"
+// Dir is the directory of the schema files beside this package's source.
+func Dir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "schema")
+}
 
-// schema validates events against the OCSF schema's source files: each class resolved through
-// the classes it extends and the profiles it includes, each attribute typed by the dictionary.
-// It reports a missing required attribute, an attribute its class or object does not have, a
-// value of the wrong type, a value outside an enum, a profile's attribute without the profile
-// in metadata.profiles, an unmet constraint (at_least_one, just_one), and uids that do not
-// agree with the class and activity.
-type schema struct {
+// Schema is a loaded schema. Safe for concurrent use.
+type Schema struct {
 	dir        string
 	dict       map[string]dictAttr
 	types      map[string]string // a scalar type to the type it refines ("" for a base type)
@@ -33,7 +40,7 @@ type schema struct {
 	events     map[string]rawDef // by name
 	mu         sync.Mutex
 	objects    map[string]*resolved
-	opened     map[string]bool // files read, to keep testdata to what is used
+	opened     map[string]bool // files read
 }
 
 type dictAttr struct {
@@ -70,9 +77,10 @@ type resolved struct {
 	justOne    [][]string
 }
 
-func loadSchema(t testing.TB) *schema {
-	t.Helper()
-	s := &schema{dir: schemaDir, objects: map[string]*resolved{}, events: map[string]rawDef{}, opened: map[string]bool{}}
+// Load reads the dictionary, the categories and the event classes under dir; objects are
+// read as events reach them.
+func Load(dir string) (*Schema, error) {
+	s := &Schema{dir: dir, objects: map[string]*resolved{}, events: map[string]rawDef{}, opened: map[string]bool{}}
 	var dict struct {
 		Attributes map[string]dictAttr `json:"attributes"`
 		Types      struct {
@@ -81,7 +89,9 @@ func loadSchema(t testing.TB) *schema {
 			} `json:"attributes"`
 		} `json:"types"`
 	}
-	s.readJSON(t, "dictionary.json", &dict)
+	if err := s.readJSON("dictionary.json", &dict); err != nil {
+		return nil, err
+	}
 	s.dict = dict.Attributes
 	s.types = map[string]string{}
 	for k, v := range dict.Types.Attributes {
@@ -92,7 +102,9 @@ func loadSchema(t testing.TB) *schema {
 			UID int `json:"uid"`
 		} `json:"attributes"`
 	}
-	s.readJSON(t, "categories.json", &cats)
+	if err := s.readJSON("categories.json", &cats); err != nil {
+		return nil, err
+	}
 	s.categories = map[string]int{}
 	for k, v := range cats.Attributes {
 		s.categories[k] = v.UID
@@ -103,47 +115,58 @@ func loadSchema(t testing.TB) *schema {
 		}
 		var r rawDef
 		rel, _ := filepath.Rel(s.dir, path)
-		s.readJSON(t, rel, &r)
+		if err := s.readJSON(rel, &r); err != nil {
+			return err
+		}
 		s.events[r.Name] = r
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return s, err
 }
 
-func (s *schema) readJSON(t testing.TB, rel string, v any) {
-	t.Helper()
+// Opened lists the files read so far, relative to the schema's directory.
+func (s *Schema) Opened() map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.opened)
+}
+
+func (s *Schema) readJSON(rel string, v any) error {
 	b, err := os.ReadFile(filepath.Join(s.dir, rel))
 	if err != nil {
-		t.Fatalf("schema testdata lacks %s (copy it from ocsf-schema %s): %v", rel, Version, err)
+		return fmt.Errorf("the schema files lack %s: %w", rel, err)
 	}
 	s.mu.Lock()
 	s.opened[rel] = true
 	s.mu.Unlock()
 	if err := json.Unmarshal(b, v); err != nil {
-		t.Fatalf("%s: %v", rel, err)
+		return fmt.Errorf("%s: %w", rel, err)
 	}
+	return nil
 }
 
-// merge adds def's attributes over those in r: an attribute's fields given again replace
-// the earlier ones, its enum grows.
-func (s *schema) merge(t testing.TB, r *resolved, attrs map[string]json.RawMessage, profile string) {
-	for name, raw := range attrs {
+// merge adds attrs over those in r: an attribute's fields given again replace the earlier
+// ones, its enum grows.
+func (s *Schema) merge(r *resolved, attrs map[string]json.RawMessage, profile string) error {
+	for _, name := range slices.Sorted(maps.Keys(attrs)) {
+		raw := attrs[name]
 		if name == "$include" {
 			var incs []string
 			if err := json.Unmarshal(raw, &incs); err != nil {
-				t.Fatalf("$include: %v", err)
+				return fmt.Errorf("$include: %w", err)
 			}
 			for _, inc := range incs {
 				var d rawDef
-				s.readJSON(t, inc, &d)
+				if err := s.readJSON(inc, &d); err != nil {
+					return err
+				}
 				p := profile
 				if d.Meta == "profile" {
 					p = d.Name
 				}
-				s.merge(t, r, d.Attributes, p)
+				if err := s.merge(r, d.Attributes, p); err != nil {
+					return err
+				}
 			}
 			continue
 		}
@@ -153,7 +176,7 @@ func (s *schema) merge(t testing.TB, r *resolved, attrs map[string]json.RawMessa
 		}
 		var keys map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &a); err != nil {
-			t.Fatalf("attribute %s: %v", name, err)
+			return fmt.Errorf("attribute %s: %w", name, err)
 		}
 		_ = json.Unmarshal(raw, &keys)
 		d := r.attrs[name]
@@ -174,52 +197,7 @@ func (s *schema) merge(t testing.TB, r *resolved, attrs map[string]json.RawMessa
 			d.Profile = "" // the class makes the attribute its own
 		}
 	}
-}
-
-func (s *schema) class(t testing.TB, name string) *resolved {
-	var chain []rawDef
-	for n := name; n != ""; {
-		d, ok := s.events[n]
-		if !ok {
-			t.Fatalf("schema testdata lacks the event class %q", n)
-		}
-		chain = append(chain, d)
-		n = d.Extends
-	}
-	r := &resolved{name: name, uid: chain[0].UID, attrs: map[string]*attrDef{}}
-	for i := len(chain) - 1; i >= 0; i-- {
-		s.merge(t, r, chain[i].Attributes, "")
-		r.constrain(chain[i])
-		if chain[i].Category != "" {
-			r.category = chain[i].Category
-		}
-	}
-	return r
-}
-
-func (s *schema) object(t testing.TB, name string) *resolved {
-	s.mu.Lock()
-	r := s.objects[name]
-	s.mu.Unlock()
-	if r != nil {
-		return r
-	}
-	var chain []rawDef
-	for n := name; n != ""; {
-		var d rawDef
-		s.readJSON(t, "objects/"+n+".json", &d)
-		chain = append(chain, d)
-		n = d.Extends
-	}
-	r = &resolved{name: name, attrs: map[string]*attrDef{}}
-	for i := len(chain) - 1; i >= 0; i-- {
-		s.merge(t, r, chain[i].Attributes, "")
-		r.constrain(chain[i])
-	}
-	s.mu.Lock()
-	s.objects[name] = r
-	s.mu.Unlock()
-	return r
+	return nil
 }
 
 // constrain takes d's constraints, when it has any: a definition's replace those of the one it
@@ -236,23 +214,77 @@ func (r *resolved) constrain(d rawDef) {
 	}
 }
 
-// classNameOf finds the class whose uid is classUID.
-func (s *schema) classNameOf(t testing.TB, classUID int) string {
+func (s *Schema) class(name string) (*resolved, error) {
+	var chain []rawDef
+	for n := name; n != ""; {
+		d, ok := s.events[n]
+		if !ok {
+			return nil, fmt.Errorf("the schema files lack the event class %q", n)
+		}
+		chain = append(chain, d)
+		n = d.Extends
+	}
+	r := &resolved{name: name, uid: chain[0].UID, attrs: map[string]*attrDef{}}
+	for i := len(chain) - 1; i >= 0; i-- {
+		if err := s.merge(r, chain[i].Attributes, ""); err != nil {
+			return nil, err
+		}
+		r.constrain(chain[i])
+		if chain[i].Category != "" {
+			r.category = chain[i].Category
+		}
+	}
+	return r, nil
+}
+
+func (s *Schema) object(name string) (*resolved, error) {
+	s.mu.Lock()
+	r := s.objects[name]
+	s.mu.Unlock()
+	if r != nil {
+		return r, nil
+	}
+	var chain []rawDef
+	for n := name; n != ""; {
+		var d rawDef
+		if err := s.readJSON("objects/"+n+".json", &d); err != nil {
+			return nil, err
+		}
+		chain = append(chain, d)
+		n = d.Extends
+	}
+	r = &resolved{name: name, attrs: map[string]*attrDef{}}
+	for i := len(chain) - 1; i >= 0; i-- {
+		if err := s.merge(r, chain[i].Attributes, ""); err != nil {
+			return nil, err
+		}
+		r.constrain(chain[i])
+	}
+	s.mu.Lock()
+	s.objects[name] = r
+	s.mu.Unlock()
+	return r, nil
+}
+
+// classOf finds the class whose uid is classUID.
+func (s *Schema) classOf(classUID int) (*resolved, error) {
 	for name, d := range s.events {
 		if d.UID == 0 || d.Name == "base_event" {
 			continue
 		}
-		r := s.class(t, name)
+		r, err := s.class(name)
+		if err != nil {
+			return nil, err
+		}
 		if s.categories[r.category]*1000+r.uid == classUID {
-			return name
+			return r, nil
 		}
 	}
-	t.Fatalf("schema testdata has no class %d", classUID)
-	return ""
+	return nil, fmt.Errorf("the schema files have no class %d", classUID)
 }
 
-// validate returns every problem of one event.
-func (s *schema) validate(t testing.TB, line []byte) []string {
+// Validate returns every problem of one event, a JSON object.
+func (s *Schema) Validate(line []byte) []string {
 	var ev map[string]any
 	dec := json.NewDecoder(strings.NewReader(string(line)))
 	dec.UseNumber()
@@ -264,7 +296,10 @@ func (s *schema) validate(t testing.TB, line []byte) []string {
 	if err != nil {
 		return []string{"class_uid missing or not an integer"}
 	}
-	c := s.class(t, s.classNameOf(t, classUID))
+	c, err := s.classOf(classUID)
+	if err != nil {
+		return []string{err.Error()}
+	}
 	var probs []string
 	add := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
 	profiles := map[string]bool{}
@@ -277,7 +312,7 @@ func (s *schema) validate(t testing.TB, line []byte) []string {
 			}
 		}
 	}
-	s.check(t, c, ev, "", profiles, add, true)
+	s.check(c, ev, "", profiles, add, true)
 	cat := s.categories[c.category]
 	num := func(k string) int64 {
 		n, _ := ev[k].(json.Number)
@@ -296,7 +331,7 @@ func (s *schema) validate(t testing.TB, line []byte) []string {
 // uids are checked against the class, not the base event's enum of them.
 var uids = map[string]bool{"class_uid": true, "category_uid": true, "type_uid": true}
 
-func (s *schema) check(t testing.TB, r *resolved, obj map[string]any, at string, profiles map[string]bool, add func(string, ...any), top bool) {
+func (s *Schema) check(r *resolved, obj map[string]any, at string, profiles map[string]bool, add func(string, ...any), top bool) {
 	for _, name := range slices.Sorted(maps.Keys(r.attrs)) {
 		d := r.attrs[name]
 		if _, ok := obj[name]; !ok && d.Requirement == "required" && (d.Profile == "" || profiles[d.Profile]) {
@@ -325,11 +360,11 @@ func (s *schema) check(t testing.TB, r *resolved, obj map[string]any, at string,
 				continue
 			}
 			for i, e := range arr {
-				s.value(t, da.Type, d, e, fmt.Sprintf("%s%s[%d]", at, name, i), profiles, add, top && uids[name])
+				s.value(da.Type, d, e, fmt.Sprintf("%s%s[%d]", at, name, i), profiles, add, top && uids[name])
 			}
 			continue
 		}
-		s.value(t, da.Type, d, v, at+name, profiles, add, top && uids[name])
+		s.value(da.Type, d, v, at+name, profiles, add, top && uids[name])
 	}
 	for _, group := range r.atLeastOne {
 		if !slices.ContainsFunc(group, func(k string) bool { _, ok := obj[k]; return ok }) {
@@ -349,7 +384,7 @@ func (s *schema) check(t testing.TB, r *resolved, obj map[string]any, at string,
 	}
 }
 
-func (s *schema) value(t testing.TB, typ string, d *attrDef, v any, at string, profiles map[string]bool, add func(string, ...any), skipEnum bool) {
+func (s *Schema) value(typ string, d *attrDef, v any, at string, profiles map[string]bool, add func(string, ...any), skipEnum bool) {
 	base := typ
 	for s.types[base] != "" {
 		base = s.types[base]
@@ -363,7 +398,12 @@ func (s *schema) value(t testing.TB, typ string, d *attrDef, v any, at string, p
 		if typ == "object" {
 			return // free-form (unmapped)
 		}
-		s.check(t, s.object(t, typ), o, at+".", profiles, add, false)
+		r, err := s.object(typ)
+		if err != nil {
+			add("%s: %v", at, err)
+			return
+		}
+		s.check(r, o, at+".", profiles, add, false)
 		return
 	}
 	switch base {
