@@ -1,0 +1,234 @@
+package integration
+
+// audit.format: ocsf, end to end: a broker writes OCSF 1.8 events for a real request whose
+// response echoes the injected secret, a denial, an LLM call, an intercepted CONNECT and a
+// refused one; every line validates against the published schema (ocsfschema), the classes
+// and findings are the ones docs/observability.md names, and the secret appears nowhere.
+
+import (
+	"bufio"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/capbroker/capbroker/broker/audit/ocsf/ocsfschema"
+)
+
+const ocsfAgent = "ocsf-agent"
+
+const ocsfPolicy = `package broker
+
+default decision := {"allow": false, "reason": "not allowed by the ocsf test policy"}
+
+decision := {"allow": true, "intercept": true} if {
+	input.phase == "connect"
+	input.request.host == "127.0.0.1"
+}
+
+decision := {"allow": true, "credentials": ["canary"]} if {
+	input.phase == "request"
+	startswith(input.request.path, "/api/")
+}
+
+decision := {"allow": true, "credentials": ["canary"]} if {
+	input.phase == "request"
+	input.request.path == "/v1/chat/completions"
+}
+`
+
+func TestOCSFAudit(t *testing.T) {
+	schema, err := ocsfschema.Load(ocsfschema.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	canary := "sk-canary-ocsf-" + randHex(12)
+	pki := newUpstreamPKI(t)
+	up := pki.serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		if r.URL.Path == "/v1/chat/completions" {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-ocsf","choices":[{"index":0,`+
+				`"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],`+
+				`"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}`)
+			return
+		}
+		w.Header().Set("X-Echo-Authorization", auth) // a hostile upstream echoes the secret
+		fmt.Fprintf(w, "you sent %s\n", auth)
+	}), false, nil)
+	token := randHex(16)
+	b := startBroker(t, brokerOpts{
+		policy: ocsfPolicy,
+		config: canaryConfig(pki.File, []string{ocsfAgent}, `audit: {format: ocsf, instance: ocsf-it}
+llm:
+  openai_compatible:
+    - {name: local, hosts: ["127.0.0.1"], path_prefix: /v1}
+`),
+		env: []string{tokenEnv(ocsfAgent) + "=" + token, "CANARY_SECRET=" + canary},
+	})
+	c := b.client(t, ocsfAgent, token)
+	get := func(path string) (*http.Response, string) {
+		t.Helper()
+		resp, err := c.Get(up.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(body)
+	}
+	resp, body := get("/api/echo")
+	if resp.StatusCode != 200 || strings.Contains(body, canary) || !strings.Contains(body, "[REDACTED]") {
+		t.Fatalf("echo: %d %q", resp.StatusCode, body)
+	}
+	echoID := resp.Header.Get("X-Broker-Request-Id")
+	resp, _ = get("/forbidden")
+	if resp.StatusCode != 403 {
+		t.Fatalf("forbidden: %d", resp.StatusCode)
+	}
+	deniedID := resp.Header.Get("X-Broker-Request-Id")
+	llmResp, err := c.Post(up.URL+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"gpt-ocsf","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, llmResp.Body)
+	llmResp.Body.Close()
+	if llmResp.StatusCode != 200 {
+		t.Fatalf("llm: %d", llmResp.StatusCode)
+	}
+	llmID := llmResp.Header.Get("X-Broker-Request-Id")
+	refusedConnect(t, b, token, "denied.invalid:443")
+
+	if err := b.stop(t); err != nil { // writes every pending event
+		t.Fatalf("broker: %v", err)
+	}
+	lines := b.auditLog.snapshot()
+	var evs []auditEvent
+	for i, line := range lines {
+		for _, p := range schema.Validate([]byte(line)) {
+			t.Errorf("line %d: %s\n%s", i, p, line)
+		}
+		var ev auditEvent
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("line %d is not JSON: %s", i, line)
+		}
+		if _, native := ev["msg"]; native {
+			t.Errorf("line %d is the broker's own JSON line, not OCSF: %s", i, line)
+		}
+		evs = append(evs, ev)
+	}
+	all := strings.Join(lines, "\n") + b.logs.String()
+	if strings.Contains(all, canary) {
+		t.Error("the canary secret appears in the audit log or the broker's log")
+	}
+
+	// find returns the one event of the class about the request id (its correlation_uid).
+	findAll := func(class float64, requestID string, match func(auditEvent) bool) []auditEvent {
+		var found []auditEvent
+		for _, ev := range evs {
+			md, _ := ev["metadata"].(map[string]any)
+			if ev["class_uid"] == class && (requestID == "" || md["correlation_uid"] == requestID) && (match == nil || match(ev)) {
+				found = append(found, ev)
+			}
+		}
+		return found
+	}
+	find := func(t *testing.T, class float64, requestID string, match func(auditEvent) bool) auditEvent {
+		t.Helper()
+		found := findAll(class, requestID, match)
+		if len(found) != 1 {
+			t.Fatalf("%d events of class %v for %q, want 1:\n%s", len(found), class, requestID, strings.Join(lines, "\n"))
+		}
+		return found[0]
+	}
+	at := func(ev auditEvent, path string) any {
+		var cur any = map[string]any(ev)
+		for _, k := range strings.Split(path, ".") {
+			m, _ := cur.(map[string]any)
+			cur = m[k]
+		}
+		return cur
+	}
+	expect := func(t *testing.T, ev auditEvent, path string, want any) {
+		t.Helper()
+		if got := at(ev, path); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("class %v %s = %v, want %v", ev["class_uid"], path, got, want)
+		}
+	}
+
+	t.Run("request with a secret echoed", func(t *testing.T) {
+		ev := find(t, 4002, echoID, nil)
+		expect(t, ev, "http_request.url.path", "/api/echo")
+		expect(t, ev, "http_response.code", 200)
+		expect(t, ev, "actor.user.name", ocsfAgent)
+		expect(t, ev, "disposition", "Allowed")
+		expect(t, ev, "unmapped.instance", "ocsf-it")
+		expect(t, ev, "unmapped.credentials", []any{"canary"})
+		expect(t, ev, "unmapped.redacted", 2) // the header and the body
+		f := find(t, 2004, echoID, nil)
+		expect(t, f, "finding_info.types", []any{"secret_redacted"})
+		expect(t, f, "severity", "High")
+		expect(t, f, "is_alert", true)
+	})
+	t.Run("denial", func(t *testing.T) {
+		ev := find(t, 4002, deniedID, nil)
+		expect(t, ev, "action", "Denied")
+		expect(t, ev, "status_detail", "not allowed by the ocsf test policy")
+		f := find(t, 2004, deniedID, nil)
+		expect(t, f, "finding_info.types", []any{"denied"})
+		expect(t, f, "finding_info.desc", "not allowed by the ocsf test policy")
+	})
+	t.Run("LLM call", func(t *testing.T) {
+		ev := find(t, 6003, llmID, nil)
+		expect(t, ev, "ai_model.name", "gpt-ocsf")
+		expect(t, ev, "message_context.prompt_tokens", 12)
+		expect(t, ev, "message_context.completion_tokens", 3)
+		expect(t, ev, "unmapped.llm.provider", "local")
+	})
+	t.Run("CONNECT", func(t *testing.T) {
+		isHost := func(h string) func(auditEvent) bool {
+			return func(ev auditEvent) bool {
+				return at(ev, "dst_endpoint.ip") == h || at(ev, "dst_endpoint.hostname") == h
+			}
+		}
+		opened := findAll(4001, "", func(ev auditEvent) bool { return isHost("127.0.0.1")(ev) && ev["activity_name"] == "Open" })
+		if len(opened) == 0 { // one per tunnel the client opened
+			t.Fatal("no Network Activity Open for the CONNECTs to 127.0.0.1")
+		}
+		expect(t, opened[0], "connection_info.direction", "Outbound")
+		refused := find(t, 4001, "", isHost("denied.invalid"))
+		expect(t, refused, "activity_name", "Refuse")
+		id := at(refused, "metadata.correlation_uid").(string)
+		f := find(t, 2004, id, nil)
+		expect(t, f, "evidences", []any{map[string]any{
+			"actor":        map[string]any{"user": map[string]any{"name": ocsfAgent, "uid": ocsfAgent, "type_id": 4.0, "type": "Service"}},
+			"src_endpoint": map[string]any{"ip": "127.0.0.1"},
+			"dst_endpoint": map[string]any{"hostname": "denied.invalid", "port": 443.0},
+		}})
+	})
+}
+
+// refusedConnect sends a CONNECT the policy denies and checks the 403.
+func refusedConnect(t *testing.T, b *brokerProc, token, hostport string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", b.proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	auth := base64.StdEncoding.EncodeToString([]byte(ocsfAgent + ":" + token))
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", hostport, hostport, auth)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 403 {
+		t.Fatalf("CONNECT %s: %d, want 403", hostport, resp.StatusCode)
+	}
+}
