@@ -14,6 +14,7 @@ package ocsf
 
 import (
 	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -261,15 +262,22 @@ type trace struct {
 // ms is an OCSF timestamp_t: milliseconds since the epoch.
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
-// appendLine appends v as one JSON line.
-func appendLine(dst []byte, v any) []byte {
+// appendLine appends ev as one JSON line. Text that is not UTF-8 (a DNS name is bytes) has
+// its bad bytes replaced by U+FFFD, as in the JSON line; a value JSON cannot hold (a cost
+// that is not a number) costs the unmapped fields, never the event.
+func appendLine(dst []byte, ev *event) []byte {
 	w := appender{dst}
-	if err := json.MarshalWrite(&w, v, json.Deterministic(true)); err != nil {
-		// Every field is a plain value: it cannot happen; the line stays a JSON object.
-		w.b = append(dst, `{"unmapped":{"error":"ocsf encoding failed"}}`...)
+	if err := json.MarshalWrite(&w, ev, marshalOptions); err != nil {
+		ev.Unmapped = map[string]string{"encoding_error": "the broker's own fields could not be encoded"}
+		w.b = dst
+		if err := json.MarshalWrite(&w, ev, marshalOptions); err != nil {
+			w.b = append(dst, `{"unmapped":{"encoding_error":"the event could not be encoded"}}`...)
+		}
 	}
 	return append(w.b, '\n')
 }
+
+var marshalOptions = json.JoinOptions(json.Deterministic(true), jsontext.AllowInvalidUTF8(true))
 
 // appender is an io.Writer appending to b.
 type appender struct{ b []byte }
