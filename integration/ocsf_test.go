@@ -3,7 +3,8 @@ package integration
 // audit.format: ocsf, end to end: a broker writes OCSF 1.8 events for a real request whose
 // response echoes the injected secret, a denial, an LLM call, an intercepted CONNECT and a
 // refused one; every line validates against the published schema (ocsfschema), the classes
-// and findings are the ones docs/observability.md names, and the secret appears nowhere.
+// and findings are the ones docs/observability.md names, the secret appears nowhere, and
+// `policy replay` and `policy learn` read the OCSF log as they read the broker's own.
 
 import (
 	"bufio"
@@ -13,6 +14,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -63,7 +66,7 @@ func TestOCSFAudit(t *testing.T) {
 	token := randHex(16)
 	b := startBroker(t, brokerOpts{
 		policy: ocsfPolicy,
-		config: canaryConfig(pki.File, []string{ocsfAgent}, `audit: {format: ocsf, instance: ocsf-it}
+		config: canaryConfig(pki.File, []string{ocsfAgent}, `audit: {format: ocsf, instance: ocsf-it, include_input: full}
 llm:
   openai_compatible:
     - {name: local, hosts: ["127.0.0.1"], path_prefix: /v1}
@@ -189,6 +192,26 @@ llm:
 		expect(t, ev, "message_context.prompt_tokens", 12)
 		expect(t, ev, "message_context.completion_tokens", 3)
 		expect(t, ev, "unmapped.llm.provider", "local")
+	})
+	t.Run("replay and learn read the OCSF log", func(t *testing.T) {
+		dir := t.TempDir()
+		logFile := filepath.Join(dir, "audit.ocsf.jsonl")
+		if err := os.WriteFile(logFile, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, code := run(t, dir, "policy", "replay", "--policies", b.policyDir, "--log", logFile)
+		if code != 0 || !strings.Contains(out, "replay: 6 re-decided, 0 changed") {
+			t.Errorf("replay of the recording policy: exit %d\n%s", code, out)
+		}
+		b.writePolicy(t, "broker.rego", strings.Replace(ocsfPolicy, `startswith(input.request.path, "/api/")`, "false", 1))
+		out, code = run(t, dir, "policy", "replay", "--policies", b.policyDir, "--log", logFile)
+		if code != 1 || !strings.Contains(out, echoID+" "+ocsfAgent+" GET 127.0.0.1 /api/echo: allow [canary] -> deny") {
+			t.Errorf("replay of a stricter policy: exit %d\n%s", code, out)
+		}
+		out, code = run(t, dir, "policy", "learn", "--from", logFile, "--out", filepath.Join(dir, "draft"))
+		if code != 0 || !strings.Contains(out, "1 agents") {
+			t.Errorf("learn: exit %d\n%s", code, out)
+		}
 	})
 	t.Run("CONNECT", func(t *testing.T) {
 		isHost := func(h string) func(auditEvent) bool {

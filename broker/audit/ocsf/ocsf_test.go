@@ -421,3 +421,53 @@ func TestSchemaTestdataUsed(t *testing.T) {
 		t.Errorf("ocsfschema/schema holds objects no test reads (OCSF_PRUNE=1 removes them): %v", unused)
 	}
 }
+
+// TestNative: the native line read back from an activity event holds what replay and learn
+// read, as the JSON encoder writes it; a finding and an approval event give none.
+func TestNative(t *testing.T) {
+	enc := New(Options{})
+	fields := []string{"request_id", "agent", "phase", "method", "host", "path", "decision", "reason", "credentials", "would_deny", "error", "input"}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			e := c.ev
+			e.Input, e.InputLevel = map[string]any{"phase": e.Phase, "n": 1.5}, audit.InputFull
+			raw, _ := lines(t, enc.Decision(nil, &e, meta))
+			native, ok := Native(raw[0])
+			if !ok {
+				t.Fatalf("no native line from %s", raw[0])
+			}
+			var got, want map[string]any
+			_ = json.Unmarshal(native, &got)
+			_ = json.Unmarshal(audit.JSON.Decision(nil, &e, meta), &want)
+			if got["msg"] != "decision" {
+				t.Errorf("msg %v", got["msg"])
+			}
+			for _, f := range fields {
+				g, _ := json.Marshal(got[f])
+				w, _ := json.Marshal(want[f])
+				if f == "path" && want[f] == "" {
+					w = []byte("null")
+				}
+				if e.Phase == "dns" && f == "method" || e.Phase == "connect" && f == "method" && e.Method != "CONNECT" {
+					continue // a query's type; a refused flow's protocol: not kept
+				}
+				if string(g) != string(w) {
+					t.Errorf("%s: %s, want %s", f, g, w)
+				}
+			}
+			for _, r := range raw[1:] {
+				if _, ok := Native(r); ok {
+					t.Errorf("a native line from a finding: %s", r)
+				}
+			}
+		})
+	}
+	a := approvalCases["approve"].ev
+	raw, _ := lines(t, enc.Approval(nil, &a, meta))
+	if _, ok := Native(raw[0]); ok {
+		t.Error("a native line from an approval event")
+	}
+	if _, ok := Native(audit.JSON.Decision(nil, &audit.Event{RequestID: "r"}, meta)); ok {
+		t.Error("a native line from the JSON line")
+	}
+}
