@@ -12,6 +12,12 @@ import (
 // timing out and the like are "Other" activities with their name.
 func (c *Encoder) Approval(dst []byte, a *audit.ApprovalEvent, m audit.Meta) []byte {
 	var ev event
+	c.approval(&ev, a, m)
+	return appendLine(dst, &ev)
+}
+
+// approval fills the User Access Management event of an approval event.
+func (c *Encoder) approval(ev *event, a *audit.ApprovalEvent, m audit.Meta) {
 	activity, name := 99, strings.ToUpper(a.Action[:min(1, len(a.Action))])+a.Action[min(1, len(a.Action)):]
 	ev.StatusID, ev.Status = 1, "Success"
 	switch a.Action {
@@ -24,7 +30,7 @@ func (c *Encoder) Approval(dst []byte, a *audit.ApprovalEvent, m audit.Meta) []b
 		ev.StatusDetail = a.Action
 	}
 	ev.SeverityID = sevInformational
-	c.base(&ev, classUserAccess, activity, name, m.Time, m, a.RequestID)
+	c.base(ev, classUserAccess, activity, name, m.Time, m, a.RequestID)
 	ev.Metadata.UID = a.ID
 	agent := a.Agent
 	if agent == "" {
@@ -48,8 +54,7 @@ func (c *Encoder) Approval(dst []byte, a *audit.ApprovalEvent, m audit.Meta) []b
 		u.Expires = a.Expires.UTC().Format("2006-01-02T15:04:05Z07:00")
 	}
 	ev.Unmapped = u
-	ev.Metadata.Profiles = profilesOf(&ev)
-	return appendLine(dst, &ev)
+	ev.Metadata.Profiles = profilesOf(ev)
 }
 
 // privilege names what an approval is about: its scope and target, "once GET

@@ -13,8 +13,6 @@
 package ocsf
 
 import (
-	"github.com/go-json-experiment/json"
-	"github.com/go-json-experiment/json/jsontext"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -262,29 +260,11 @@ type trace struct {
 // ms is an OCSF timestamp_t: milliseconds since the epoch.
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
-// appendLine appends ev as one JSON line. Text that is not UTF-8 (a DNS name is bytes) has
-// its bad bytes replaced by U+FFFD, as in the JSON line; a value JSON cannot hold (a cost
-// that is not a number) costs the unmapped fields, never the event.
+// appendLine appends ev as one JSON line.
 func appendLine(dst []byte, ev *event) []byte {
-	w := appender{dst}
-	if err := json.MarshalWrite(&w, ev, marshalOptions); err != nil {
-		ev.Unmapped = map[string]string{"encoding_error": "the broker's own fields could not be encoded"}
-		w.b = dst
-		if err := json.MarshalWrite(&w, ev, marshalOptions); err != nil {
-			w.b = append(dst, `{"unmapped":{"encoding_error":"the event could not be encoded"}}`...)
-		}
-	}
-	return append(w.b, '\n')
-}
-
-var marshalOptions = json.JoinOptions(json.Deterministic(true), jsontext.AllowInvalidUTF8(true))
-
-// appender is an io.Writer appending to b.
-type appender struct{ b []byte }
-
-func (a *appender) Write(p []byte) (int, error) {
-	a.b = append(a.b, p...)
-	return len(p), nil
+	out := w{b: dst}
+	ev.write(&out)
+	return append(out.b, '\n')
 }
 
 // base fills the attributes every class has.
