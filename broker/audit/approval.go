@@ -65,7 +65,7 @@ type ApprovalEvent struct {
 // WriteApproval records an approval action.
 func (l *Logger) WriteApproval(a *ApprovalEvent) {
 	m := Meta{Time: l.now(), Instance: l.instance}
-	l.emit(func(enc Encoder, dst []byte) []byte { return enc.Approval(dst, a, m) })
+	l.emit(nil, func(enc Encoder, dst []byte) []byte { return enc.Approval(dst, a, m) })
 }
 
 // Tap is given every event the Logger writes (a decision or an approval event) as the broker's

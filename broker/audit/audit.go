@@ -134,6 +134,7 @@ type Logger struct {
 	out      *batchWriter
 	now      func() time.Time
 	tap      atomic.Pointer[Tap]
+	export   atomic.Pointer[Export]
 	bufs     sync.Pool // *[]byte: a line being encoded
 }
 
@@ -167,12 +168,12 @@ func (l *Logger) Lost() int64 { return l.out.lost.Load() }
 func (l *Logger) Write(e *Event) {
 	m := Meta{Time: l.now(), Instance: l.instance}
 	m.Duration = m.Time.Sub(e.Start)
-	l.emit(func(enc Encoder, dst []byte) []byte { return enc.Decision(dst, e, m) })
+	l.emit(e, func(enc Encoder, dst []byte) []byte { return enc.Decision(dst, e, m) })
 }
 
-// emit encodes an event with the Logger's encoder, gives the tap its native line and queues
-// the encoded lines.
-func (l *Logger) emit(encode func(Encoder, []byte) []byte) {
+// emit encodes an event with the Logger's encoder, gives the tap its native line, queues the
+// encoded lines and gives them to the export with e (nil for an approval event).
+func (l *Logger) emit(e *Event, encode func(Encoder, []byte) []byte) {
 	bp, _ := l.bufs.Get().(*[]byte)
 	if bp == nil {
 		bp = new([]byte)
@@ -188,6 +189,9 @@ func (l *Logger) emit(encode func(Encoder, []byte) []byte) {
 		}
 	}
 	_, _ = l.out.Write(line) // the batch writer copies it; it counts a failed write
+	if f := l.export.Load(); f != nil {
+		(*f)(e, line)
+	}
 	if cap(line) <= 64<<10 {
 		*bp = line[:0]
 		l.bufs.Put(bp)

@@ -73,3 +73,30 @@ func TestEncoderChosen(t *testing.T) {
 		t.Errorf("tap: %q", tapped)
 	}
 }
+
+// TestExport: the export is given each event with the lines the log holds for it, after they
+// are queued; an approval event as nil.
+func TestExport(t *testing.T) {
+	var out bytes.Buffer
+	l := NewWith(&out, Options{Encoder: otherEncoder{}})
+	type got struct {
+		id    string
+		lines string
+	}
+	var seen []got
+	l.SetExport(func(e *Event, lines []byte) {
+		id := "approval"
+		if e != nil {
+			id = e.RequestID
+		}
+		seen = append(seen, got{id, string(lines)})
+	})
+	l.Write(&Event{RequestID: "r1", Start: time.Now()})
+	l.WriteApproval(&ApprovalEvent{Action: ActionDeny, ID: "ap-1"})
+	l.SetExport(nil)
+	l.Write(&Event{RequestID: "r2", Start: time.Now()})
+	l.Close()
+	if len(seen) != 2 || seen[0] != (got{"r1", "A r1 \nB r1\n"}) || seen[1] != (got{"approval", "P ap-1\n"}) {
+		t.Errorf("exported %q", seen)
+	}
+}

@@ -7,7 +7,7 @@ const (
 )
 
 // Audit.Format is AuditJSON ("" too) or AuditOCSF; Audit.Instance names this broker replica in
-// every event ("instance"), "" meaning the host name.
+// every event ("instance"), "" meaning $POD_NAME or the host name.
 
 func (a Audit) validateFormat(e *errs) {
 	switch a.Format {

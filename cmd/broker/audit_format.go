@@ -9,9 +9,12 @@ import (
 )
 
 // auditOptions are the audit log's encoding (audit.format) and replica name (audit.instance,
-// else the host name).
+// else $POD_NAME, else the host name).
 func auditOptions(a config.Audit) audit.Options {
 	o := audit.Options{Instance: a.Instance}
+	if o.Instance == "" {
+		o.Instance = os.Getenv("POD_NAME")
+	}
 	if o.Instance == "" {
 		o.Instance, _ = os.Hostname()
 	}
