@@ -8,6 +8,7 @@ package integration
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -106,6 +107,10 @@ llm:
 	}
 	llmID := llmResp.Header.Get("X-Broker-Request-Id")
 	refusedConnect(t, b, token, "denied.invalid:443")
+	// A hostile agent writes a path meant to close the event's JSON and start another, with a
+	// byte that is not UTF-8 and an escaped newline: the event stays one, whole, in its class.
+	hostileID := hostileRequest(t, b, token, up.Listener.Addr().String(),
+		"/api/\"},\"unmapped\":{}}{\"class_uid\":2004,\"x\":\"\xff\\%0A")
 
 	if err := b.stop(t); err != nil { // writes every pending event
 		t.Fatalf("broker: %v", err)
@@ -200,7 +205,7 @@ llm:
 			t.Fatal(err)
 		}
 		out, code := run(t, dir, "policy", "replay", "--policies", b.policyDir, "--log", logFile)
-		if code != 0 || !strings.Contains(out, "replay: 6 re-decided, 0 changed") {
+		if code != 0 || !strings.Contains(out, "replay: 7 re-decided, 0 changed") {
 			t.Errorf("replay of the recording policy: exit %d\n%s", code, out)
 		}
 		b.writePolicy(t, "broker.rego", strings.Replace(ocsfPolicy, `startswith(input.request.path, "/api/")`, "false", 1))
@@ -211,6 +216,15 @@ llm:
 		out, code = run(t, dir, "policy", "learn", "--from", logFile, "--out", filepath.Join(dir, "draft"))
 		if code != 0 || !strings.Contains(out, "1 agents") {
 			t.Errorf("learn: exit %d\n%s", code, out)
+		}
+	})
+	t.Run("a hostile path", func(t *testing.T) {
+		ev := find(t, 4002, hostileID, nil)
+		if p, _ := at(ev, "http_request.url.path").(string); !strings.HasPrefix(p, "/api/") || !strings.Contains(p, "class_uid") {
+			t.Errorf("path %q", p)
+		}
+		if n := len(findAll(2004, hostileID, nil)); n > 1 {
+			t.Errorf("%d findings for one request", n)
 		}
 	})
 	t.Run("CONNECT", func(t *testing.T) {
@@ -236,22 +250,53 @@ llm:
 	})
 }
 
-// refusedConnect sends a CONNECT the policy denies and checks the 403.
-func refusedConnect(t *testing.T, b *brokerProc, token, hostport string) {
+// ocsfConnect sends a CONNECT as the test's agent and returns the connection and the answer.
+func ocsfConnect(t *testing.T, b *brokerProc, token, hostport string) (net.Conn, *http.Response) {
 	t.Helper()
 	conn, err := net.Dial("tcp", b.proxyAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	auth := base64.StdEncoding.EncodeToString([]byte(ocsfAgent + ":" + token))
 	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", hostport, hostport, auth)
 	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return conn, resp
+}
+
+// refusedConnect sends a CONNECT the policy denies and checks the 403.
+func refusedConnect(t *testing.T, b *brokerProc, token, hostport string) {
+	t.Helper()
+	conn, resp := ocsfConnect(t, b, token, hostport)
+	defer conn.Close()
 	resp.Body.Close()
 	if resp.StatusCode != 403 {
 		t.Fatalf("CONNECT %s: %d, want 403", hostport, resp.StatusCode)
 	}
+}
+
+// hostileRequest sends GET path, bytes as they are, in an intercepted tunnel to hostport and
+// returns the request id of the broker's answer.
+func hostileRequest(t *testing.T, b *brokerProc, token, hostport, path string) string {
+	t.Helper()
+	raw, resp := ocsfConnect(t, b, token, hostport)
+	if resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %d", resp.StatusCode)
+	}
+	conn := tls.Client(raw, &tls.Config{RootCAs: b.caPool(t), ServerName: "127.0.0.1"})
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, hostport)
+	answer, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, answer.Body)
+	answer.Body.Close()
+	id := answer.Header.Get("X-Broker-Request-Id")
+	if id == "" {
+		t.Fatalf("no request id in the answer (%d) to GET %q", answer.StatusCode, path)
+	}
+	return id
 }
