@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capbroker/capbroker/broker/audit/ocsf/ocsfschema"
 )
@@ -154,17 +155,9 @@ llm:
 		}
 		return found[0]
 	}
-	at := func(ev auditEvent, path string) any {
-		var cur any = map[string]any(ev)
-		for _, k := range strings.Split(path, ".") {
-			m, _ := cur.(map[string]any)
-			cur = m[k]
-		}
-		return cur
-	}
 	expect := func(t *testing.T, ev auditEvent, path string, want any) {
 		t.Helper()
-		if got := at(ev, path); fmt.Sprint(got) != fmt.Sprint(want) {
+		if got := lookup(ev, path); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("class %v %s = %v, want %v", ev["class_uid"], path, got, want)
 		}
 	}
@@ -220,7 +213,7 @@ llm:
 	})
 	t.Run("a hostile path", func(t *testing.T) {
 		ev := find(t, 4002, hostileID, nil)
-		if p, _ := at(ev, "http_request.url.path").(string); !strings.HasPrefix(p, "/api/") || !strings.Contains(p, "class_uid") {
+		if p, _ := lookup(ev, "http_request.url.path").(string); !strings.HasPrefix(p, "/api/") || !strings.Contains(p, "class_uid") {
 			t.Errorf("path %q", p)
 		}
 		if n := len(findAll(2004, hostileID, nil)); n > 1 {
@@ -230,7 +223,7 @@ llm:
 	t.Run("CONNECT", func(t *testing.T) {
 		isHost := func(h string) func(auditEvent) bool {
 			return func(ev auditEvent) bool {
-				return at(ev, "dst_endpoint.ip") == h || at(ev, "dst_endpoint.hostname") == h
+				return lookup(ev, "dst_endpoint.ip") == h || lookup(ev, "dst_endpoint.hostname") == h
 			}
 		}
 		opened := findAll(4001, "", func(ev auditEvent) bool { return isHost("127.0.0.1")(ev) && ev["activity_name"] == "Open" })
@@ -240,7 +233,7 @@ llm:
 		expect(t, opened[0], "connection_info.direction", "Outbound")
 		refused := find(t, 4001, "", isHost("denied.invalid"))
 		expect(t, refused, "activity_name", "Refuse")
-		id := at(refused, "metadata.correlation_uid").(string)
+		id := lookup(refused, "metadata.correlation_uid").(string)
 		f := find(t, 2004, id, nil)
 		expect(t, f, "evidences", []any{map[string]any{
 			"actor":        map[string]any{"user": map[string]any{"name": ocsfAgent, "uid": ocsfAgent, "type_id": 4.0, "type": "Service"}},
@@ -299,4 +292,109 @@ func hostileRequest(t *testing.T, b *brokerProc, token, hostport, path string) s
 		t.Fatalf("no request id in the answer (%d) to GET %q", answer.StatusCode, path)
 	}
 	return id
+}
+
+// TestOCSFApproval: with audit.format ocsf, a person's approval of a held request is a User
+// Access Management event naming the approver and the agent, the held request's activity
+// carries the approval, and the console's live stream still reads the broker's own lines.
+func TestOCSFApproval(t *testing.T) {
+	schema, err := ocsfschema.Load(ocsfschema.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	canary := "sk-canary-ocsf-" + randHex(12)
+	pki := newUpstreamPKI(t)
+	up := pki.serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "done\n")
+	}), false, nil)
+	token := randHex(16)
+	b := startBroker(t, brokerOpts{
+		policy: askPolicy,
+		config: canaryConfig(pki.File, []string{ocsfAgent}, "audit: {format: ocsf}\n"),
+		env:    []string{tokenEnv(ocsfAgent) + "=" + token, "CANARY_SECRET=" + canary},
+	})
+	a := newAdmin(t, b)
+	stream := a.events()
+	c := b.client(t, ocsfAgent, token)
+	done := make(chan int, 1)
+	go func() {
+		resp, err := c.Post(up.URL+"/ask/push", "text/plain", strings.NewReader("push"))
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	id := stream.approval("pending")
+	a.approve(id, `{"scope": "once", "comment": "ok"}`)
+	if code := <-done; code != 200 {
+		t.Fatalf("held request: %d", code)
+	}
+	// The console's stream: the decision as the broker's own line.
+	deadline := time.After(waitTimeout)
+	for decided := false; !decided; {
+		select {
+		case ev, ok := <-stream.events:
+			if !ok {
+				t.Fatal("the event stream ended")
+			}
+			if ev[0] == "decision" {
+				var d map[string]any
+				if json.Unmarshal([]byte(ev[1]), &d) != nil || d["msg"] != "decision" {
+					t.Fatalf("the console's decision is not the broker's line: %s", ev[1])
+				}
+				decided = d["path"] == "/ask/push"
+			}
+		case <-deadline:
+			t.Fatal("no decision on the console's stream")
+		}
+	}
+	if err := b.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var grant, held auditEvent
+	for i, line := range b.auditLog.snapshot() {
+		for _, p := range schema.Validate([]byte(line)) {
+			t.Errorf("line %d: %s\n%s", i, p, line)
+		}
+		var ev auditEvent
+		_ = json.Unmarshal([]byte(line), &ev)
+		switch {
+		case ev["class_uid"] == 3005.0:
+			grant = ev
+		case ev["class_uid"] == 4002.0:
+			held = ev
+		}
+		if strings.Contains(line, canary) {
+			t.Error("the canary secret is in the audit log")
+		}
+	}
+	if grant == nil || held == nil {
+		t.Fatalf("approval event %v, held request's event %v", grant, held)
+	}
+	for path, want := range map[string]any{"activity_name": "Assign Privileges", "actor.user.name": "local",
+		"user.name": ocsfAgent, "metadata.uid": id, "unmapped.comment": "ok", "unmapped.scope": "once"} {
+		if got := lookup(grant, path); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("approval event %s = %v, want %v", path, got, want)
+		}
+	}
+	if p, _ := grant["privileges"].([]any); len(p) != 1 || !strings.Contains(fmt.Sprint(p[0]), "POST https://127.0.0.1:") {
+		t.Errorf("privileges %v", grant["privileges"])
+	}
+	for path, want := range map[string]any{"unmapped.approval.by": "local", "unmapped.approval.outcome": "approved", "http_response.code": 200} {
+		if got := lookup(held, path); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("held request's event %s = %v, want %v", path, got, want)
+		}
+	}
+}
+
+// lookup is the value at a dotted path of an event.
+func lookup(ev auditEvent, path string) any {
+	var cur any = map[string]any(ev)
+	for _, k := range strings.Split(path, ".") {
+		m, _ := cur.(map[string]any)
+		cur = m[k]
+	}
+	return cur
 }
