@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/capbroker/capbroker/broker/audit/ocsf/ocsfschema"
 )
 
@@ -397,4 +399,72 @@ func lookup(ev auditEvent, path string) any {
 		cur = m[k]
 	}
 	return cur
+}
+
+// TestOCSFDNS: the sandbox's resolver's answers and refusals are DNS Activity events, a
+// refusal with its finding, valid against the schema. The agent is identified by its source
+// address (127.0.0.2), as in transparent mode.
+func TestOCSFDNS(t *testing.T) {
+	schema, err := ocsfschema.Load(ocsfschema.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminToken := randHex(16)
+	b := startBroker(t, brokerOpts{
+		policy: dnsPolicy,
+		admin:  "token_env: OCSF_ADMIN_TOKEN",
+		config: `agents:
+  - {id: ocsf-sandbox, addresses: ["127.0.0.2/32"]}
+transparent:
+  dns: {listen: "127.0.0.1:0"}
+audit: {format: ocsf}
+`,
+		env: []string{"OCSF_ADMIN_TOKEN=" + adminToken},
+	})
+	var l struct{ DNS string }
+	if err := json.Unmarshal([]byte(b.logs.wait(t, `"message":"resolver listening"`)), &l); err != nil {
+		t.Fatal(err)
+	}
+	c := &dns.Client{Net: "udp", Timeout: waitTimeout, Dialer: &net.Dialer{LocalAddr: &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)}}}
+	for name, want := range map[string]int{"api.allowed.test.": dns.RcodeSuccess, "exfil.denied.test.": dns.RcodeRefused} {
+		q := new(dns.Msg)
+		q.SetQuestion(name, dns.TypeA)
+		r, _, err := c.Exchange(q, l.DNS)
+		if err != nil || r.Rcode != want {
+			t.Fatalf("%s: %v %v, want rcode %d", name, r, err, want)
+		}
+	}
+	if err := b.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	byHost := map[string][]auditEvent{}
+	for i, line := range b.auditLog.snapshot() {
+		for _, p := range schema.Validate([]byte(line)) {
+			t.Errorf("line %d: %s\n%s", i, p, line)
+		}
+		var ev auditEvent
+		_ = json.Unmarshal([]byte(line), &ev)
+		host, _ := lookup(ev, "query.hostname").(string)
+		if host == "" {
+			host, _ = lookup(ev, "resources").([]any)[0].(map[string]any)["name"].(string)
+		}
+		byHost[host] = append(byHost[host], ev)
+	}
+	allowed, denied := byHost["api.allowed.test"], byHost["exfil.denied.test"]
+	if len(allowed) != 1 || len(denied) != 2 {
+		t.Fatalf("events by name: %v", byHost)
+	}
+	for path, want := range map[string]any{"class_uid": 4003, "rcode": "NoError", "actor.user.name": "ocsf-sandbox", "src_endpoint.ip": "127.0.0.2", "unmapped.mode": "transparent"} {
+		if got := lookup(allowed[0], path); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("answer %s = %v, want %v", path, got, want)
+		}
+	}
+	for path, want := range map[string]any{"class_uid": 4003, "rcode": "Refused", "query.type": "A", "disposition": "Blocked"} {
+		if got := lookup(denied[0], path); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("refusal %s = %v, want %v", path, got, want)
+		}
+	}
+	if f := denied[1]; f["class_uid"] != 2004.0 || fmt.Sprint(lookup(f, "finding_info.types")) != "[denied]" {
+		t.Errorf("refusal's finding: %v", f)
+	}
 }
