@@ -170,7 +170,7 @@ llm:
 		expect(t, ev, "http_response.code", 200)
 		expect(t, ev, "actor.user.name", ocsfAgent)
 		expect(t, ev, "disposition", "Allowed")
-		expect(t, ev, "unmapped.instance", "ocsf-it")
+		expect(t, ev, "metadata.reporter.name", "ocsf-it")
 		expect(t, ev, "unmapped.credentials", []any{"canary"})
 		expect(t, ev, "unmapped.redacted", 2) // the header and the body
 		f := find(t, 2004, echoID, nil)

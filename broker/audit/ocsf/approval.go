@@ -49,7 +49,7 @@ func (c *Encoder) approval(ev *event, a *audit.ApprovalEvent, m audit.Meta) {
 		ev.Message += " by " + a.By
 	}
 	ev.Message += ": " + ev.Privileges[0] + " for " + agent
-	u := &approvalNative{Action: a.Action, ID: a.ID, RequestID: a.RequestID, Scope: a.Scope, Comment: a.Comment, Instance: m.Instance}
+	u := &approvalNative{Action: a.Action, ID: a.ID, RequestID: a.RequestID, Scope: a.Scope, Comment: a.Comment}
 	if !a.Expires.IsZero() {
 		u.Expires = a.Expires.UTC().Format("2006-01-02T15:04:05Z07:00")
 	}
@@ -85,5 +85,4 @@ type approvalNative struct {
 	Scope     string `json:"scope,omitempty"`
 	Comment   string `json:"comment,omitempty"`
 	Expires   string `json:"expires,omitempty"`
-	Instance  string `json:"instance,omitempty"`
 }

@@ -302,7 +302,6 @@ type native struct {
 	Redacted       int            `json:"redacted,omitzero"`
 	Via            string         `json:"via,omitempty"`
 	TLSInspected   bool           `json:"tls_inspected,omitzero"`
-	Instance       string         `json:"instance,omitempty"`
 	TraceID        string         `json:"trace_id,omitempty"`
 	AWS            *awsCall       `json:"aws,omitempty"`
 	GraphQL        *graphQLCall   `json:"graphql,omitempty"`
@@ -359,7 +358,7 @@ func unmappedOf(e *audit.Event, m audit.Meta) *native {
 	u := &native{Decision: e.Decision, Phase: e.Phase, Mode: e.Mode, PolicyMode: e.PolicyMode,
 		PolicyRevision: e.PolicyRevision, DecisionID: e.DecisionID, Credentials: e.Credentials,
 		WouldDeny: e.WouldDeny, Error: e.Error, Budget: e.Budget, Redacted: e.Redacted, Via: e.Via,
-		TLSInspected: e.TLSInspected, Instance: m.Instance}
+		TLSInspected: e.TLSInspected}
 	if u.Credentials == nil {
 		u.Credentials = []string{}
 	}

@@ -131,12 +131,18 @@ type event struct {
 }
 
 type metadata struct {
-	Version        string   `json:"version"`
-	Product        product  `json:"product"`
-	UID            string   `json:"uid,omitempty"`
-	CorrelationUID string   `json:"correlation_uid,omitempty"`
-	LogName        string   `json:"log_name"`
-	Profiles       []string `json:"profiles,omitempty"`
+	Version        string    `json:"version"`
+	Product        product   `json:"product"`
+	UID            string    `json:"uid,omitempty"`
+	CorrelationUID string    `json:"correlation_uid,omitempty"`
+	LogName        string    `json:"log_name"`
+	Reporter       *reporter `json:"reporter,omitempty"`
+	Profiles       []string  `json:"profiles,omitempty"`
+}
+
+// reporter is the broker replica that wrote the event (audit.instance).
+type reporter struct {
+	Name string `json:"name"`
 }
 
 type product struct {
@@ -277,6 +283,9 @@ func (c *Encoder) base(ev *event, class, activity int, activityName string, at t
 	ev.Time = ms(at)
 	ev.Severity = severityNames[ev.SeverityID]
 	ev.Metadata = metadata{Version: Version, Product: c.product, CorrelationUID: correlation, LogName: "audit"}
+	if m.Instance != "" {
+		ev.Metadata.Reporter = &reporter{Name: m.Instance}
+	}
 }
 
 // agentActor is the agent as the OCSF actor (a service account: an agent is not a person).

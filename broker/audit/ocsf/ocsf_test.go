@@ -53,7 +53,7 @@ var cases = map[string]struct {
 			want(t, evs[0], "time", float64(meta.Time.UnixMilli()))
 			want(t, evs[0], "duration", 1500.0)
 			want(t, evs[0], "unmapped.credentials", []any{"github"})
-			want(t, evs[0], "unmapped.instance", "broker-a")
+			want(t, evs[0], "metadata.reporter.name", "broker-a")
 			want(t, evs[0], "unmapped.policy_revision", "rev1")
 			want(t, evs[0], "metadata.correlation_uid", "r1")
 		},
@@ -338,7 +338,7 @@ func TestApprovalClass(t *testing.T) {
 			}
 			want(t, evs[0], "class_uid", float64(classUserAccess))
 			want(t, evs[0], "activity_id", c.activity)
-			want(t, evs[0], "unmapped.instance", "broker-a")
+			want(t, evs[0], "metadata.reporter.name", "broker-a")
 			if c.check != nil {
 				c.check(t, evs[0])
 			}

@@ -284,6 +284,11 @@ func (m *metadata) write(w *w) {
 	w.strOmit("uid", m.UID)
 	w.strOmit("correlation_uid", m.CorrelationUID)
 	w.str("log_name", m.LogName)
+	if m.Reporter != nil {
+		w.open("reporter")
+		w.str("name", m.Reporter.Name)
+		w.close()
+	}
 	w.strsOmit("profiles", m.Profiles)
 	w.close()
 }
@@ -404,7 +409,6 @@ func (u *native) write(w *w) {
 	w.intOmit("redacted", int64(u.Redacted))
 	w.strOmit("via", u.Via)
 	w.boolOmit("tls_inspected", u.TLSInspected)
-	w.strOmit("instance", u.Instance)
 	w.strOmit("trace_id", u.TraceID)
 	if a := u.AWS; a != nil {
 		w.open("aws")
@@ -477,6 +481,5 @@ func (u *approvalNative) write(w *w) {
 	w.strOmit("scope", u.Scope)
 	w.strOmit("comment", u.Comment)
 	w.strOmit("expires", u.Expires)
-	w.strOmit("instance", u.Instance)
 	w.close()
 }
