@@ -30,7 +30,7 @@ func (c *Encoder) approval(ev *event, a *audit.ApprovalEvent, m audit.Meta) {
 		ev.StatusDetail = a.Action
 	}
 	ev.SeverityID = sevInformational
-	c.base(ev, classUserAccess, activity, name, m.Time, m, a.RequestID)
+	c.base(ev, classUserAccess, activity, name, m, a.RequestID)
 	ev.Metadata.UID = a.ID
 	agent := a.Agent
 	if agent == "" {

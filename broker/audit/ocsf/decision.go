@@ -24,7 +24,7 @@ func (c *Encoder) activity(ev *event, e *audit.Event, m audit.Meta) {
 	if e.Decision == audit.Deny {
 		ev.SeverityID = sevLow
 	}
-	c.base(ev, class, activity, activityName, m.Time, m, e.RequestID)
+	c.base(ev, class, activity, activityName, m, e.RequestID)
 	ev.Metadata.UID = e.RequestID
 	if !e.Start.IsZero() {
 		ev.StartTime = ms(e.Start)
@@ -40,10 +40,12 @@ func (c *Encoder) activity(ev *event, e *audit.Event, m audit.Meta) {
 		ev.StatusCode = itoa(e.Status)
 	}
 	ev.StatusDetail = e.Reason
-	switch e.Decision {
-	case audit.Allow:
+	switch {
+	case e.Decision == audit.Allow:
 		ev.ActionID, ev.Action, ev.DispositionID, ev.Disposition = 1, "Allowed", 1, "Allowed"
-	case audit.Challenge:
+	case failed(e): // not a refusal: nothing to say of what the policy decided
+		ev.DispositionID, ev.Disposition = 27, "Error"
+	case e.Decision == audit.Challenge:
 		ev.ActionID, ev.Action, ev.DispositionID, ev.Disposition = 2, "Denied", 23, "Challenge"
 	default:
 		ev.ActionID, ev.Action, ev.DispositionID, ev.Disposition = 2, "Denied", 2, "Blocked"
@@ -212,13 +214,17 @@ const (
 	findRedacted  = "secret_redacted"
 )
 
+// failed reports whether the exchange failed rather than was refused: an upstream, credential
+// or policy evaluation error (the event's error), written as a deny. It is no finding.
+func failed(e *audit.Event) bool { return e.Error != "" && e.Budget == "" }
+
 // findingsOf names the findings a decision calls for.
 func findingsOf(e *audit.Event) []string {
 	var fs []string
 	switch {
 	case e.Budget != "":
 		fs = append(fs, findBudget)
-	case e.Decision == audit.Deny:
+	case e.Decision == audit.Deny && !failed(e):
 		fs = append(fs, findDenied)
 	case e.WouldDeny:
 		fs = append(fs, findWouldDeny)
@@ -254,7 +260,7 @@ func (c *Encoder) finding(ev *event, e *audit.Event, m audit.Meta, kind string) 
 		desc = "the response carried a value the broker injected; each was replaced with [REDACTED] (" + itoa(e.Redacted) + ")"
 		ev.IsAlert = true
 	}
-	c.base(ev, classDetectionFinding, 1, "Create", m.Time, m, e.RequestID)
+	c.base(ev, classDetectionFinding, 1, "Create", m, e.RequestID)
 	ev.Metadata.UID = e.RequestID + "/" + kind
 	ev.StatusID, ev.Status = 1, "New"
 	ev.ConfidenceID, ev.Confidence = 3, "High"

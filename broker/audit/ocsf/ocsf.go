@@ -274,13 +274,13 @@ func appendLine(dst []byte, ev *event) []byte {
 }
 
 // base fills the attributes every class has.
-func (c *Encoder) base(ev *event, class, activity int, activityName string, at time.Time, m audit.Meta, correlation string) {
+func (c *Encoder) base(ev *event, class, activity int, activityName string, m audit.Meta, correlation string) {
 	cat := class / 1000
 	ev.ActivityID, ev.ActivityName = activity, activityName
 	ev.CategoryUID, ev.CategoryName = cat, categoryNames[cat]
 	ev.ClassUID, ev.ClassName = class, classNames[class]
 	ev.TypeUID = int64(class)*100 + int64(activity)
-	ev.Time = ms(at)
+	ev.Time = ms(m.Time)
 	ev.Severity = severityNames[ev.SeverityID]
 	ev.Metadata = metadata{Version: Version, Product: c.product, CorrelationUID: correlation, LogName: "audit"}
 	if m.Instance != "" {

@@ -191,6 +191,18 @@ var cases = map[string]struct {
 			want(t, evs[1], "unmapped.redacted", 2.0)
 		},
 	},
+	"upstream failure": {
+		ev: audit.Event{RequestID: "r14", Agent: "a", SourceIP: "10.0.0.5", Phase: "request", Method: "GET", Scheme: "https",
+			Host: "api.example.com", Port: 443, Path: "/", Decision: audit.Deny, Reason: "the upstream could not be reached",
+			Error: "dial tcp: connection refused", Status: 502, Start: t0},
+		classes: []int{classHTTPActivity}, // no finding: nothing was refused
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "disposition", "Error")
+			want(t, evs[0], "action_id", nil)
+			want(t, evs[0], "status", "Failure")
+			want(t, evs[0], "unmapped.error", "dial tcp: connection refused")
+		},
+	},
 	"aws graphql approval input": {
 		ev: audit.Event{RequestID: "r13", Agent: "a", SourceIP: "10.0.0.5", Phase: "request", Method: "PATCH", Scheme: "https",
 			Host: "s3.amazonaws.com", Port: 443, Path: "/b/k", Decision: audit.Allow, Status: 200, Start: t0,
