@@ -142,6 +142,9 @@ type Audit struct {
 	File string `yaml:"file"`
 	// IncludeInput is how much of the policy input events carry (audit.Level).
 	IncludeInput audit.Level `yaml:"include_input"`
+	// Format and Instance: audit_format.go.
+	Format   string `yaml:"format"`
+	Instance string `yaml:"instance"`
 }
 
 // Agent is one identity that may use the proxy: by proxy password, or by source address.

@@ -70,6 +70,7 @@ func (c *Config) Validate() []error {
 	if !c.Audit.IncludeInput.Valid() {
 		e.add("audit.include_input", "must be false, true, metadata, headers or full, not %q", c.Audit.IncludeInput)
 	}
+	c.Audit.validateFormat(&e)
 	c.validateAgents(&e)
 	usesVault := c.validateCredentials(&e)
 	if usesVault && c.Vault == nil {

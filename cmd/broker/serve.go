@@ -171,7 +171,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if f, ok := auditW.(*audit.File); ok {
 		rl.auditFile = f // SIGHUP reopens it, after log rotation
 	}
-	auditLog := audit.New(auditW)
+	auditLog := audit.NewWith(auditW, auditOptions(cfg.Audit))
 	defer auditLog.Close() // before the file closes: the last events are written
 
 	// The listeners close when serve returns, whichever way (the servers close them too
