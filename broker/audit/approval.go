@@ -65,7 +65,7 @@ type ApprovalEvent struct {
 
 // WriteApproval records an approval action.
 func (l *Logger) WriteApproval(a *ApprovalEvent) {
-	ev := l.zl.Info().
+	ev := l.logger(nil).Info().
 		Str("action", a.Action).
 		Str("id", a.ID).
 		Str("by", a.By).

@@ -76,6 +76,9 @@ type Event struct {
 	// whose origin certificate was trusted through upstream.proxy.tls_inspection_ca.
 	Via          string
 	TLSInspected bool
+	// TraceID is the request's trace (CONTRACT §8b), when it was traced; SpanID its span,
+	// not written in the line, for the exported log record (broker/telemetry).
+	TraceID, SpanID string
 }
 
 // The ways a connection reaches the broker: the audit event's mode, the policy's
@@ -128,6 +131,8 @@ type Logger struct {
 	out *batchWriter
 	now func() time.Time
 	tap atomic.Pointer[Tap]
+	// export is given each event with its line (SetExport).
+	export atomic.Pointer[Export]
 }
 
 // New writes events to w, one JSON object per line. The lines are written by a goroutine of
@@ -147,7 +152,7 @@ func (l *Logger) Lost() int64 { return l.out.lost.Load() }
 
 // Write records one decision.
 func (l *Logger) Write(e *Event) {
-	ev := l.zl.Info().
+	ev := l.logger(e).Info().
 		Str("request_id", e.RequestID).
 		Str("agent", e.Agent).
 		Str("source_ip", e.SourceIP).
@@ -222,6 +227,9 @@ func (l *Logger) Write(e *Event) {
 		if e.TLSInspected {
 			ev = ev.Bool("tls_inspected", true)
 		}
+	}
+	if e.TraceID != "" {
+		ev = ev.Str("trace_id", e.TraceID)
 	}
 	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
 		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))
