@@ -141,3 +141,7 @@ func (x *exchange) endTrace() {
 	ev.TraceID, ev.SpanID = sc.TraceID().String(), sc.SpanID().String()
 	r.End()
 }
+
+// SetTelemetryProblem makes /readyz report the telemetry export degraded while problem
+// returns a text (the collector refuses the credentials).
+func (m *Metrics) SetTelemetryProblem(problem func() string) { m.telemetryProblem.Store(&problem) }
