@@ -12,9 +12,11 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	grpccreds "google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -81,6 +83,9 @@ func newConn(cfg *config.Telemetry, dial svcdial.Func, secret func(context.Conte
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return dial(ctx, "tcp", addr) }),
 		grpc.WithPerRPCCredentials(rpcHeaders{c}),
 		grpc.WithUnaryInterceptor(c.watch),
+		// A collector back after an outage is reconnected to within seconds, not grpc's
+		// default of up to two minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second}, MinConnectTimeout: 5 * time.Second}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry.endpoint: %w", err)
