@@ -14,8 +14,8 @@ import (
 
 // otelPairs is -only otel-pairs: the cost of exporting the audit events and the request spans
 // over OTLP (gRPC) to a local OpenTelemetry Collector, in pairs of adjacent slices at conns
-// connections: the full pipeline with telemetry (logs and traces) over the same pipeline
-// without it. The collector (integration/testdata/otelcol, built once and cached) writes what
+// connections: the full pipeline with telemetry (logs and traces, then logs alone, to tell
+// their costs apart) over the same pipeline without it. The collector (integration/testdata/otelcol, built once and cached) writes what
 // it receives to /dev/null, with GOMAXPROCS=1 so that it takes at most one core of the
 // machine from the broker; its CPU per request is printed beside the ratio.
 func otelPairs(ctx context.Context, bin, dir string, up *upstream, p *pki, full *path, o options) error {
@@ -24,23 +24,25 @@ func otelPairs(ctx context.Context, bin, dir string, up *upstream, p *pki, full 
 		return err
 	}
 	defer col.stop()
-	tel := fmt.Sprintf("telemetry:\n  endpoint: \"http://%s\"\n  signals: [logs, traces]\n", addr)
-	withTel, err := startBrokerWith(bin, filepath.Join(dir, "full-otel"), up, p, true, "", tel)
-	if err != nil {
-		return err
-	}
-	defer withTel.stop()
-	otel := &path{name: "full-otel", url: full.url, via: withTel.intercepting(), proc: withTel.process}
-	for _, pa := range []*path{full, otel} {
-		pa.client = pa.withConns(p, o.conns)
-		if err := pa.check(ctx); err != nil {
-			return fmt.Errorf("%s: %w", pa.name, err)
-		}
-	}
-	fmt.Fprintln(os.Stderr, "full pipeline with OTLP logs and traces over without, paired...")
+	fmt.Fprintln(os.Stderr, "full pipeline with OTLP logs and traces, then with logs alone, over without, paired...")
 	before := col.cpu()
-	r := pairedRatio(ctx, otel, full, o.conns, max(o.pairs, 1), o.slice)
-	r.print(os.Stdout, "full with OTLP logs+traces/full")
+	for _, v := range []struct{ name, signals string }{{"full-otel", "[logs, traces]"}, {"full-otel-logs", "[logs]"}} {
+		tel := fmt.Sprintf("telemetry:\n  endpoint: \"http://%s\"\n  signals: %s\n", addr, v.signals)
+		withTel, err := startBrokerWith(bin, filepath.Join(dir, v.name), up, p, true, "", tel)
+		if err != nil {
+			return err
+		}
+		otel := &path{name: v.name, url: full.url, via: withTel.intercepting(), proc: withTel.process}
+		for _, pa := range []*path{full, otel} {
+			pa.client = pa.withConns(p, o.conns)
+			if err := pa.check(ctx); err != nil {
+				withTel.stop()
+				return fmt.Errorf("%s: %w", pa.name, err)
+			}
+		}
+		pairedRatio(ctx, otel, full, o.conns, max(o.pairs, 1), o.slice).print(os.Stdout, "full with OTLP "+v.signals+"/full")
+		withTel.stop()
+	}
 	fmt.Printf("collector CPU during the pairs: %.2f s (GOMAXPROCS=1)\n", (col.cpu() - before).Seconds())
 	return nil
 }

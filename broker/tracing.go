@@ -42,8 +42,11 @@ func (b *Broker) startTrace(x *exchange, r *http.Request) {
 	if tp := r.Header.Values("Traceparent"); len(tp) == 1 { // two are no trace context (W3C)
 		parent = traceContext.Extract(parent, propagation.MapCarrier{"traceparent": tp[0]})
 	}
-	x.tr.ctx, x.tr.root = b.tracer.Start(parent, "capbroker."+x.ev.Phase,
+	ctx, root := b.tracer.Start(parent, "capbroker."+x.ev.Phase,
 		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.ev.Start))
+	if root.IsRecording() { // not sampled (telemetry.trace_ratio): no trace, as without a tracer
+		x.tr.ctx, x.tr.root = ctx, root
+	}
 }
 
 // step starts a step's span; the function returned ends it.

@@ -42,6 +42,9 @@ type Telemetry struct {
 	ExportTimeout time.Duration `yaml:"export_timeout"`
 	// MetricsInterval is how often the metrics are exported (default 30s).
 	MetricsInterval time.Duration `yaml:"metrics_interval"`
+	// TraceRatio is the fraction of requests traced, chosen by the broker at random (never by
+	// the agent's traceparent); default 1, every request. Audit log records are never sampled.
+	TraceRatio *float64 `yaml:"trace_ratio"`
 }
 
 // TelemetryHeader is one header sent to the collector.
@@ -181,6 +184,9 @@ func (c *Config) validateTelemetry(e *errs) (usesVault bool) {
 	}
 	if t.QueueSize < 0 {
 		e.add(base+".queue_size", "must be positive")
+	}
+	if r := t.TraceRatio; r != nil && (*r < 0 || *r > 1) {
+		e.add(base+".trace_ratio", "must be between 0 and 1")
 	}
 	if t.BatchSize < 0 {
 		e.add(base+".batch_size", "must be positive")

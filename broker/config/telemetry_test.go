@@ -31,6 +31,7 @@ func TestTelemetry(t *testing.T) {
 		"exporter's header":    {"  endpoint: http://127.0.0.1:4317\n  headers: [{name: Content-Type, value: a}]\n", "telemetry.headers[0].name: \"Content-Type\" is set by the exporter"},
 		"vault needs vault":    {"  endpoint: http://127.0.0.1:4317\n  headers: [{name: X-T, secret: {vault: {mount: secret, path: otel, field: token}}}]\n", "vault: required: a telemetry header's secret has a vault source"},
 		"batch over queue":     {"  endpoint: http://127.0.0.1:4317\n  queue_size: 10\n  batch_size: 20\n", "telemetry.batch_size: must be at most queue_size (10)"},
+		"trace ratio":          {"  endpoint: http://127.0.0.1:4317\n  trace_ratio: 1.5\n", "telemetry.trace_ratio: must be between 0 and 1"},
 		"negative timeout":     {"  endpoint: http://127.0.0.1:4317\n  export_timeout: -1s\n", "telemetry.export_timeout: must be positive"},
 	} {
 		t.Run(name, func(t *testing.T) {

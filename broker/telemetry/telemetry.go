@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"time"
 
@@ -175,9 +176,7 @@ func (t *Telemetry) start(ctx context.Context, cfg *config.Telemetry, res *resou
 			}
 			return err
 		}, t.drop(config.SignalTraces))
-		// Every request is sampled, whatever the agent's traceparent says: an agent must not
-		// be able to keep its requests out of the traces (its sampled flag is not obeyed).
-		t.tp = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSampler(sdktrace.AlwaysSample()),
+		t.tp = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSampler(newSampler(cfg.TraceRatio)),
 			sdktrace.WithSpanProcessor(spanQueue{q}))
 		t.tracer = t.tp.Tracer("github.com/capbroker/capbroker/broker")
 	}
@@ -321,3 +320,27 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	t.conn.close()
 	return errors.Join(errs...)
 }
+
+// newSampler samples a request's root span at random with probability ratio (nil: always),
+// whatever the agent's traceparent says: an agent must not be able to keep its requests out
+// of the traces, nor pick which are traced (its sampled flag is not obeyed, and its trace id,
+// which it chooses, is not what the choice is made on). A step's span follows its root.
+func newSampler(ratio *float64) sdktrace.Sampler {
+	root := sdktrace.AlwaysSample()
+	if ratio != nil && *ratio < 1 {
+		root = randomSampler{*ratio}
+	}
+	return sdktrace.ParentBased(root, sdktrace.WithRemoteParentSampled(root), sdktrace.WithRemoteParentNotSampled(root))
+}
+
+type randomSampler struct{ p float64 }
+
+func (s randomSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	d := sdktrace.Drop
+	if rand.Float64() < s.p {
+		d = sdktrace.RecordAndSample
+	}
+	return sdktrace.SamplingResult{Decision: d, Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
+}
+
+func (s randomSampler) Description() string { return fmt.Sprintf("capbroker.random{%g}", s.p) }

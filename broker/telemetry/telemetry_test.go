@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/scrub"
@@ -184,3 +185,34 @@ func TestAuditRecord(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestSampler: the broker, not the agent's traceparent, decides what is traced; a step follows
+// its root.
+func TestSampler(t *testing.T) {
+	zero, one := 0.0, 1.0
+	for name, c := range map[string]struct {
+		ratio  *float64
+		flags  oteltrace.TraceFlags
+		traced bool
+	}{
+		"default, agent says not sampled": {nil, 0, true},
+		"ratio 1, agent says not sampled": {&one, 0, true},
+		"ratio 0, agent says sampled":     {&zero, oteltrace.FlagsSampled, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(newSampler(c.ratio)), sdktrace.WithSpanProcessor(rec))
+			tid, _ := oteltrace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+			sid, _ := oteltrace.SpanIDFromHex("00f067aa0ba902b7")
+			parent := oteltrace.ContextWithRemoteSpanContext(context.Background(),
+				oteltrace.NewSpanContext(oteltrace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: c.flags, Remote: true}))
+			ctx, root := tp.Tracer("t").Start(parent, "root")
+			_, step := tp.Tracer("t").Start(ctx, "step")
+			step.End()
+			root.End()
+			if n := len(rec.Ended()); (c.traced && n != 2) || (!c.traced && n != 0) {
+				t.Fatalf("%d spans recorded", len(rec.Ended()))
+			}
+		})
+	}
+}
