@@ -8,14 +8,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"github.com/capbroker/capbroker/internal/harness"
 )
 
 // otelPairs is -only otel-pairs: the cost of exporting the audit events and the request spans
 // over OTLP (gRPC) to a local OpenTelemetry Collector, in pairs of adjacent slices at conns
-// connections: the full pipeline with telemetry (logs and traces, then logs alone, to tell
-// their costs apart) over the same pipeline without it. The collector (integration/testdata/otelcol, built once and cached) writes what
+// connections: the full pipeline with telemetry (logs and traces; the same tracing a tenth of
+// the requests; logs alone, to tell the costs apart) over the same pipeline without it. The collector (integration/testdata/otelcol, built once and cached) writes what
 // it receives to /dev/null, with GOMAXPROCS=1 so that it takes at most one core of the
 // machine from the broker; its CPU per request is printed beside the ratio.
 func otelPairs(ctx context.Context, bin, dir string, up *upstream, p *pki, full *path, o options) error {
@@ -26,7 +27,11 @@ func otelPairs(ctx context.Context, bin, dir string, up *upstream, p *pki, full 
 	defer col.stop()
 	fmt.Fprintln(os.Stderr, "full pipeline with OTLP logs and traces, then with logs alone, over without, paired...")
 	before := col.cpu()
-	for _, v := range []struct{ name, signals string }{{"full-otel", "[logs, traces]"}, {"full-otel-logs", "[logs]"}} {
+	for _, v := range []struct{ name, signals string }{
+		{"full-otel", "[logs, traces]"},
+		{"full-otel-tenth", "[logs, traces]\n  trace_ratio: 0.1"},
+		{"full-otel-logs", "[logs]"},
+	} {
 		tel := fmt.Sprintf("telemetry:\n  endpoint: \"http://%s\"\n  signals: %s\n", addr, v.signals)
 		withTel, err := startBrokerWith(bin, filepath.Join(dir, v.name), up, p, true, "", tel)
 		if err != nil {
@@ -40,7 +45,7 @@ func otelPairs(ctx context.Context, bin, dir string, up *upstream, p *pki, full 
 				return fmt.Errorf("%s: %w", pa.name, err)
 			}
 		}
-		pairedRatio(ctx, otel, full, o.conns, max(o.pairs, 1), o.slice).print(os.Stdout, "full with OTLP "+v.signals+"/full")
+		pairedRatio(ctx, otel, full, o.conns, max(o.pairs, 1), o.slice).print(os.Stdout, "full with OTLP "+strings.ReplaceAll(v.signals, "\n ", ",")+"/full")
 		withTel.stop()
 	}
 	fmt.Printf("collector CPU during the pairs: %.2f s (GOMAXPROCS=1)\n", (col.cpu() - before).Seconds())

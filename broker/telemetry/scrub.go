@@ -67,6 +67,9 @@ func (s scrubbedSpan) Attributes() []attribute.KeyValue {
 
 func (s scrubbedSpan) Events() []sdktrace.Event {
 	evs := s.ReadOnlySpan.Events()
+	if len(evs) == 0 {
+		return evs
+	}
 	out := make([]sdktrace.Event, len(evs))
 	for i, e := range evs {
 		e.Name = s.r.String(e.Name)
