@@ -435,7 +435,8 @@ func TestOTelCollector(t *testing.T) {
 			return strings.Contains(col.raw(t, "traces"), id)
 		})
 		col.waitFor(t, "metrics", "the canary agent's metrics", func([]map[string]any) bool {
-			return strings.Count(col.raw(t, "metrics"), "[REDACTED]") > 0
+			raw := col.raw(t, "metrics")
+			return strings.Contains(raw, "[REDACTED]") || strings.Contains(raw, otelCanary)
 		})
 		for _, s := range []string{"logs", "traces", "metrics"} {
 			raw := col.raw(t, s)
@@ -448,6 +449,37 @@ func TestOTelCollector(t *testing.T) {
 		}
 		if strings.Contains(b.logs.String(), otelToken) {
 			t.Error("the collector token is in the broker's log")
+		}
+	})
+
+	t.Run("hostile trace headers", func(t *testing.T) {
+		// Two traceparents, or a malformed one, are no trace context: the request is served
+		// in a trace of the broker's own. tracestate is never read, so never exported.
+		for name, tps := range map[string][]string{
+			"two":       {"00-" + agentTrace + "-" + agentSpan + "-01", "00-11111111111111111111111111111111-2222222222222222-01"},
+			"malformed": {"00-" + agentTrace + "-zzzz-01"},
+		} {
+			req, _ := http.NewRequest(http.MethodGet, up.URL+"/hostile/"+name, nil)
+			req.Header["Traceparent"] = tps
+			req.Header.Set("Tracestate", "leak=hostile-tracestate-value")
+			resp, err := agent.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			ev := b.waitAudit(t, resp.Header.Get("X-Broker-Request-Id"))
+			if tid, _ := ev["trace_id"].(string); len(tid) != 32 || tid == agentTrace || strings.HasPrefix(tid, "1111") {
+				t.Errorf("%s: trace_id %q: want a trace of the broker's own", name, tid)
+			}
+		}
+		id := get(t, agent, "/hostile/marker", "")
+		col.waitFor(t, "traces", "the spans after the hostile requests", func([]map[string]any) bool {
+			return strings.Contains(col.raw(t, "traces"), id)
+		})
+		for _, s := range []string{"traces", "logs"} {
+			if strings.Contains(col.raw(t, s), "hostile-tracestate-value") {
+				t.Errorf("the agent's tracestate reached the collector in %s", s)
+			}
 		}
 	})
 
@@ -473,6 +505,21 @@ func TestOTelCollector(t *testing.T) {
 				t.Fatalf("no record reached the restarted collector; broker log:\n%s", b.logs.String())
 			}
 			time.Sleep(200 * time.Millisecond) // one request per poll of the collector's file
+		}
+	})
+
+	t.Run("otlp over http", func(t *testing.T) {
+		hb := startBroker(t, brokerOpts{
+			policy: otelPolicy, mode: "enforce",
+			config: otelBrokerConfig(caFile, "http", "http://"+col.httpAddr, "OTEL_TOKEN", ""),
+			env:    []string{"OTEL_TOKEN=" + otelToken, "CANARY_SECRET=" + otelCanary, "OTEL_AGENT_TOKEN=agent-token-1", tokenEnv(otelCanary) + "=x"},
+		})
+		hb.logs.wait(t, "telemetry: exporting to the collector")
+		id := get(t, hb.client(t, "otel-agent", "agent-token-1"), "/over-http", "")
+		for _, s := range []string{"logs", "traces"} {
+			col.waitFor(t, s, "the request exported over OTLP/HTTP", func([]map[string]any) bool {
+				return strings.Contains(col.raw(t, s), id)
+			})
 		}
 	})
 
