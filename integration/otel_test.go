@@ -4,8 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,12 +16,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/capbroker/capbroker/internal/harness"
+	"github.com/capbroker/capbroker/internal/testpki"
 )
 
 // The OpenTelemetry tests run the broker against a real OpenTelemetry Collector, built from
@@ -83,6 +88,7 @@ func otelcolBinary(t *testing.T) string {
 // collector is a running test collector: OTLP on grpcAddr and httpAddr, a file per signal.
 type collector struct {
 	bin, dir, config   string
+	caFile             string // the CA of the HTTP receiver's TLS certificate
 	grpcAddr, httpAddr string
 	cmd                *exec.Cmd
 	logs               *logTail
@@ -98,6 +104,11 @@ func startCollector(t *testing.T) *collector {
 	if c.httpAddr, err = harness.FreeAddr(); err != nil {
 		t.Fatal(err)
 	}
+	// OTLP/HTTP is served over TLS (a certificate from a CA of the test's), gRPC in plaintext.
+	pki := testpki.New(t, "otel collector CA")
+	c.caFile = pki.File
+	certFile, keyFile := filepath.Join(c.dir, "otelcol.crt"), filepath.Join(c.dir, "otelcol.key")
+	writePEMPair(t, pki.Leaf, certFile, keyFile)
 	c.config = filepath.Join(c.dir, "otelcol.yaml")
 	cfg := fmt.Sprintf(`extensions:
   bearertokenauth:
@@ -106,7 +117,7 @@ receivers:
   otlp:
     protocols:
       grpc: {endpoint: %q, auth: {authenticator: bearertokenauth}}
-      http: {endpoint: %q, auth: {authenticator: bearertokenauth}}
+      http: {endpoint: %q, auth: {authenticator: bearertokenauth}, tls: {cert_file: %q, key_file: %q}}
 exporters:
   file/logs: {path: %q, flush_interval: 100ms}
   file/traces: {path: %q, flush_interval: 100ms}
@@ -118,13 +129,28 @@ service:
     logs: {receivers: [otlp], exporters: [file/logs]}
     traces: {receivers: [otlp], exporters: [file/traces]}
     metrics: {receivers: [otlp], exporters: [file/metrics]}
-`, otelToken, c.grpcAddr, c.httpAddr, c.file("logs"), c.file("traces"), c.file("metrics"))
+`, otelToken, c.grpcAddr, c.httpAddr, certFile, keyFile, c.file("logs"), c.file("traces"), c.file("metrics"))
 	if err := os.WriteFile(c.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c.start(t)
 	t.Cleanup(func() { c.kill() })
 	return c
+}
+
+// writePEMPair writes a certificate and its key as PEM files.
+func writePEMPair(t *testing.T, cert tls.Certificate, certFile, keyFile string) {
+	t.Helper()
+	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (c *collector) file(signal string) string { return filepath.Join(c.dir, signal+".json") }
@@ -268,7 +294,12 @@ decision := {"allow": true, "credentials": ["canary"], "forward_traceparent": in
 decision := {"allow": true} if input.phase == "connect"
 `
 
-func otelBrokerConfig(caFile, protocol, endpoint, tokenEnvName string, extra string) string {
+// otelBrokerConfig is canaryConfig (upstreams trusted through caFile) with a telemetry section
+// exporting to col at endpoint (an https:// one trusted through col's CA).
+func otelBrokerConfig(caFile string, col *collector, protocol, endpoint, tokenEnvName string, extra string) string {
+	if strings.HasPrefix(endpoint, "https://") {
+		extra = "  ca_file: " + strconv.Quote(col.caFile) + "\n" + extra
+	}
 	return canaryConfig(caFile, []string{"otel-agent", otelCanary}, fmt.Sprintf(`telemetry:
   endpoint: %q
   protocol: %s
@@ -296,7 +327,7 @@ func TestOTelCollector(t *testing.T) {
 	caFile := pki.File
 	b := startBroker(t, brokerOpts{
 		policy: otelPolicy, mode: "enforce",
-		config: otelBrokerConfig(caFile, "grpc", "http://"+col.grpcAddr, "OTEL_TOKEN", "  queue_size: 16\n  batch_size: 8\n"),
+		config: otelBrokerConfig(caFile, col, "grpc", "http://"+col.grpcAddr, "OTEL_TOKEN", "  queue_size: 16\n  batch_size: 8\n"),
 		env: []string{"OTEL_TOKEN=" + otelToken, "CANARY_SECRET=" + otelCanary,
 			"OTEL_AGENT_TOKEN=agent-token-1", tokenEnv(otelCanary) + "=agent-token-2"},
 	})
@@ -508,10 +539,10 @@ func TestOTelCollector(t *testing.T) {
 		}
 	})
 
-	t.Run("otlp over http", func(t *testing.T) {
+	t.Run("otlp over http and TLS", func(t *testing.T) {
 		hb := startBroker(t, brokerOpts{
 			policy: otelPolicy, mode: "enforce",
-			config: otelBrokerConfig(caFile, "http", "http://"+col.httpAddr, "OTEL_TOKEN", ""),
+			config: otelBrokerConfig(caFile, col, "http", "https://"+col.httpAddr, "OTEL_TOKEN", ""),
 			env:    []string{"OTEL_TOKEN=" + otelToken, "CANARY_SECRET=" + otelCanary, "OTEL_AGENT_TOKEN=agent-token-1", tokenEnv(otelCanary) + "=x"},
 		})
 		hb.logs.wait(t, "telemetry: exporting to the collector")
@@ -525,13 +556,13 @@ func TestOTelCollector(t *testing.T) {
 
 	t.Run("wrong token", func(t *testing.T) {
 		for _, protocol := range []string{"http", "grpc"} {
-			addr := col.httpAddr
+			endpoint := "https://" + col.httpAddr
 			if protocol == "grpc" {
-				addr = col.grpcAddr
+				endpoint = "http://" + col.grpcAddr
 			}
 			wb := startBroker(t, brokerOpts{
 				policy: otelPolicy, mode: "enforce",
-				config: otelBrokerConfig(caFile, protocol, "http://"+addr, "OTEL_TOKEN", ""),
+				config: otelBrokerConfig(caFile, col, protocol, endpoint, "OTEL_TOKEN", ""),
 				env:    []string{"OTEL_TOKEN=wrong-token", "CANARY_SECRET=" + otelCanary, "OTEL_AGENT_TOKEN=agent-token-1", tokenEnv(otelCanary) + "=x"},
 			})
 			line := wb.logs.wait(t, "refused the export's credentials")
