@@ -57,8 +57,8 @@ type exchange struct {
 	mcp bool
 	// small is the request's body when readSmallBody read it, else nil.
 	small []byte
-	// tr is the exchange's trace (tracing.go), empty when it is not traced.
-	tr exchangeTrace
+	// tr is the exchange's trace (tracing.go), nil when it is not traced.
+	tr *exchangeTrace
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {

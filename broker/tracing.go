@@ -45,13 +45,13 @@ func (b *Broker) startTrace(x *exchange, r *http.Request) {
 	ctx, root := b.tracer.Start(parent, "capbroker."+x.ev.Phase,
 		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.ev.Start))
 	if root.IsRecording() { // not sampled (telemetry.trace_ratio): no trace, as without a tracer
-		x.tr.ctx, x.tr.root = ctx, root
+		x.tr = &exchangeTrace{ctx: ctx, root: root}
 	}
 }
 
 // step starts a step's span; the function returned ends it.
 func (x *exchange) step(name string) func() {
-	if x.tr.root == nil {
+	if x.tr == nil {
 		return func() {}
 	}
 	_, s := x.b.tracer.Start(x.tr.ctx, name)
@@ -67,7 +67,7 @@ func (x *exchange) traceOutbound(out *http.Request, forward bool) {
 		delete(out.Header, "Traceparent")
 		delete(out.Header, "Tracestate")
 	}
-	if x.tr.root == nil {
+	if x.tr == nil {
 		return
 	}
 	var ctx context.Context
@@ -80,7 +80,7 @@ func (x *exchange) traceOutbound(out *http.Request, forward bool) {
 
 // traceScrub starts the scrub span, when the response is scrubbed.
 func (x *exchange) traceScrub() {
-	if x.tr.root != nil && !x.scrub.Empty() {
+	if x.tr != nil && !x.scrub.Empty() {
 		_, x.tr.scrub = x.b.tracer.Start(x.tr.ctx, "scrub")
 	}
 }
@@ -88,7 +88,7 @@ func (x *exchange) traceScrub() {
 // endTrace sets the decision on the root span, ends the spans still open, and records the
 // trace in the audit event.
 func (x *exchange) endTrace() {
-	if x.tr.root == nil {
+	if x.tr == nil {
 		return
 	}
 	ev := &x.ev
