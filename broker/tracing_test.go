@@ -1,13 +1,18 @@
 package broker
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
+	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/policy"
 )
 
@@ -73,5 +78,46 @@ func TestTraceHeaders(t *testing.T) {
 				t.Errorf("traceparent upstream %q", tp)
 			}
 		})
+	}
+}
+
+// TestTraceLLM: a metered LLM call's upstream span is named after the model and carries the
+// GenAI semantic conventions; the audit event carries the trace id.
+func TestTraceLLM(t *testing.T) {
+	br, tun := benchBroker(t, false)
+	rec := tracetest.NewSpanRecorder()
+	br.tracer = trace.NewTracerProvider(trace.WithSampler(trace.AlwaysSample()), trace.WithSpanProcessor(rec)).Tracer("t")
+	var auditLog bytes.Buffer
+	lg := audit.New(&auditLog)
+	br.audit, br.recorder = lg, &fakeRecorder{}
+	br.setTransport(streamUpstream{sent: make(chan []byte, 1)})
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o-mini","stream":true,"messages":[]}`))
+	r.Host = "api.openai.com"
+	r.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	br.serveTunnel(w, r, tun)
+	lg.Close()
+	var up trace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.SpanKind() == oteltrace.SpanKindClient {
+			up = s
+		}
+	}
+	if up == nil || up.Name() != "chat gpt-4o-mini" {
+		t.Fatalf("upstream span %v", up)
+	}
+	attrs := map[string]string{}
+	for _, kv := range up.Attributes() {
+		attrs[string(kv.Key)] = kv.Value.Emit()
+	}
+	for k, v := range map[string]string{"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "gpt-4o-mini",
+		"gen_ai.usage.input_tokens": "7", "gen_ai.usage.output_tokens": "3"} {
+		if attrs[k] != v {
+			t.Errorf("%s = %q, want %q", k, attrs[k], v)
+		}
+	}
+	var ev map[string]any
+	if err := json.Unmarshal(auditLog.Bytes(), &ev); err != nil || ev["trace_id"] != up.SpanContext().TraceID().String() {
+		t.Errorf("audit %s: trace_id, want %s", auditLog.Bytes(), up.SpanContext().TraceID())
 	}
 }
