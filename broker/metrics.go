@@ -69,6 +69,8 @@ type Metrics struct {
 	proxyCheck atomic.Pointer[proxyChecker]
 	// ca, once a broker is made, is its CA, whose state /readyz reports (ca.go).
 	ca atomic.Pointer[CAState]
+	// telemetryProblem, when telemetry is exported, says why the collector refuses it.
+	telemetryProblem atomic.Pointer[func() string]
 }
 
 type proxyChecker struct {

@@ -28,6 +28,7 @@ type Config struct {
 	LLM         LLM          `yaml:"llm"`
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
+	Telemetry   *Telemetry   `yaml:"telemetry"`
 }
 
 type Proxy struct {
@@ -309,6 +310,7 @@ func (c *Config) SetDefaults() {
 	}
 	c.Transparent.defaults()
 	c.CA.defaults()
+	c.Telemetry.setDefaults()
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}

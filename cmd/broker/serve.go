@@ -231,6 +231,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		defer transparentLn.Close()
 		self = append(self, selfAddrs(transparentLn.Addr())...)
 	}
+	tel, err := startTelemetry(ctx, cfg, known, metrics, auditLog, log)
+	if err != nil {
+		return err
+	}
+	defer tel.close()
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
@@ -239,6 +244,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Budgets:   budgets,
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
 		Known:     known,
+		Tracer:    tel.Tracer(),
 	})
 	if err != nil {
 		return err
