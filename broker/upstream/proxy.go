@@ -80,7 +80,8 @@ type ProxyOptions struct {
 	// origins reached through a proxy, never for others.
 	InspectionCAFile string
 	// Observe, when set, is called after every attempt to use a proxy, with its name and
-	// whether it failed (unreachable or refused).
+	// whether it failed (unreachable or refused), and after every direct connection
+	// DialService makes for no_proxy, with Direct.
 	Observe func(proxy string, failed bool)
 }
 
@@ -167,6 +168,9 @@ type forward struct {
 	target string
 	auth   string
 }
+
+// Via returns the upstream proxy a connection the Dialer made goes through, Direct when none.
+func Via(c net.Conn) string { return viaOf(c) }
 
 // viaOf returns the proxy conn goes through, Direct when none.
 func viaOf(c net.Conn) string {
