@@ -691,3 +691,86 @@ func grepLines(s, substr string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestUpstreamProxyTransparentSquid is transparent mode behind squid: the agent's namespace
+// routes through the broker's (the sandbox topology of transparent_test.go, its rules applied
+// by the built binary), whose only way on is squid. A client with no proxy settings reaches
+// the API by name, through the broker's resolver, the broker and squid.
+func TestUpstreamProxyTransparentSquid(t *testing.T) {
+	sn := newSandboxNet(t)
+	requireNft(t)
+	n := newEgressNet(t, sn.brokerNS)
+	sn.gateway(t)
+	password := "squid-pw-" + randHex(8)
+	n.startSquid(t, "broker", password)
+	pki := newUpstreamPKI(t)
+	received := make(chan string, 4)
+	_, apiPeers := n.origin(t, "443", pki, false, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		received <- r.Host + " " + r.URL.Path + " " + r.Header.Get("Authorization")
+		fmt.Fprintf(w, "host=%s path=%s\n", r.Host, r.URL.Path)
+	}))
+	hostsFile(t, sn.brokerNS, egressOriginIP+" "+transparentAPI)
+	sn.resolvConf(t, "nameserver "+brokerSideIP, "options attempts:1 timeout:3")
+	canary := "sk-canary-" + randHex(12)
+	token := randHex(16)
+	b := startBroker(t, brokerOpts{
+		netns:  sn.brokerNS,
+		listen: transparentProxy,
+		policy: transparentPolicy,
+		mode:   "enforce",
+		config: fmt.Sprintf(`upstream:
+  ca_file: %q
+  allow_private: ["%s/32"]
+  proxy:
+    proxies:
+%s
+agents:
+  - {id: %s, token_env: %s, addresses: ["%s/32", "%s/128"]}
+credentials:
+  - name: canary
+    hosts: [%q]
+    source: {env: CANARY_SECRET}
+    inject: {header: Authorization, value: "Bearer {{secret}}"}
+transparent:
+  listen: "[::]:%s"
+  log_group: %d
+  dns: {listen: %q}
+`, pki.File, egressOriginIP, squidEntry("corp", egressSquid, "SQUID_PW"), agentID, tokenEnv(agentID), agentSideIP, agentSideIP6,
+			transparentAPI, transparentPort, transparentLog, transparentDNS),
+		env: []string{tokenEnv(agentID) + "=" + token, "CANARY_SECRET=" + canary, "SQUID_PW=" + password},
+	})
+	b.logs.wait(t, `"message":"resolver listening"`)
+	sn.transparentRules(t, "--sandbox-iface", sn.vethB, "--sandbox-cidr", agentSideIP+"/32", "--sandbox-cidr", agentSideIP6+"/128",
+		"--config", filepath.Join(b.dir, "broker.yaml"), "--apply")
+
+	var env []string // the agent's: the broker's CA, nothing about a proxy
+	for _, kv := range sn.agentEnv(t, b.proxyURL(agentID, token), b.caFile) {
+		if !strings.Contains(strings.ToLower(kv), "_proxy=") {
+			env = append(env, kv)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		argv []string
+	}{
+		{"curl", []string{"curl", "--noproxy", "*", "-4", "-sS", "--max-time", "20", "https://" + transparentAPI + "/api/curl"}},
+		{"python", []string{"python3", "-c", `import sys, urllib.request
+o = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+print(o.open(sys.argv[1], timeout=20).read().decode(), end="")`, "https://" + transparentAPI + "/api/python"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := sn.agent(t, env, c.argv...)
+			want := fmt.Sprintf("host=%s path=/api/%s\n", transparentAPI, c.name)
+			if err != nil || out != want {
+				t.Fatalf("%v\n%q, want %q\nbroker log:\n%s", err, out, want, b.logs.String())
+			}
+			if got := <-received; got != transparentAPI+" /api/"+c.name+" Bearer "+canary {
+				t.Fatalf("the upstream received %q", got)
+			}
+			b.waitAuditWhere(t, 1, "a transparent request via corp", func(ev auditEvent) bool {
+				return ev["phase"] == "request" && ev["mode"] == "transparent" && ev["via"] == "corp" && ev["path"] == "/api/"+c.name
+			})
+		})
+	}
+	apiPeers.fromSquidOnly(t)
+}
