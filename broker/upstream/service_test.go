@@ -18,6 +18,7 @@ type connectProxy struct {
 	ln      net.Listener
 	mu      sync.Mutex
 	targets []string
+	closed  chan struct{} // one value each time the proxy has closed a tunnel's client side
 }
 
 func newConnectProxy(t *testing.T) *connectProxy {
@@ -25,7 +26,7 @@ func newConnectProxy(t *testing.T) *connectProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &connectProxy{ln: ln}
+	p := &connectProxy{ln: ln, closed: make(chan struct{}, 16)}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -40,7 +41,13 @@ func newConnectProxy(t *testing.T) *connectProxy {
 }
 
 func (p *connectProxy) serve(c net.Conn) {
-	defer c.Close()
+	defer func() {
+		c.Close()
+		select {
+		case p.closed <- struct{}{}:
+		default:
+		}
+	}()
 	br := bufio.NewReader(c)
 	req, err := http.ReadRequest(br)
 	if err != nil || req.Method != http.MethodConnect {
