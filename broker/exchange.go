@@ -91,7 +91,7 @@ func (x *exchange) finish() {
 		x.ev.Redacted = int(x.redacted.Load())
 		if v := x.route.Via(); v != "" {
 			x.ev.Via = v
-			x.ev.TLSInspected = v != upstream.Direct && x.g.tlsInspected && x.ev.Phase != policy.PhaseConnect
+			x.ev.TLSInspected = x.route.Inspected()
 			x.b.metrics.proxyUsed(v, x.code == "upstream_proxy_refused" || x.code == "upstream_error")
 		}
 		x.nameRPC()

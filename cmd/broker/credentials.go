@@ -151,7 +151,7 @@ func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, known *inject.
 	} else {
 		set.store = credentials.NewStore(sources, opts)
 	}
-	ownStore.Store(set.store) // the proxies' passwords of the broker's own connections
+	own.store.Store(set.store) // the proxies' passwords of the broker's own connections
 
 	if err := set.derive(cfg, log); err != nil {
 		return nil, err

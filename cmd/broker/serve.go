@@ -110,6 +110,9 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	log := zerolog.New(o.stderr).Level(level).With().Timestamp().Logger()
 
+	// The broker's own clients connect as cfg's upstream.proxy says (and a reload's, later).
+	own.use(cfg)
+	own.log.Store(&log)
 	ca, err := loadFileCA(cfg) // nil with ca.vault_pki: started below, once Vault is
 	if err != nil {
 		return err
@@ -205,6 +208,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	metrics := broker.NewMetrics(nil)
 	metrics.SetBuild(version, buildCommit())
+	own.metrics.Store(metrics)
 	approvalsPolicyDir := ""
 	if watch {
 		approvalsPolicyDir = cfg.Policy.Dir
