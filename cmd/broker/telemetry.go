@@ -38,7 +38,7 @@ func startTelemetry(ctx context.Context, cfg *config.Config, known *inject.Known
 	t, err := telemetry.New(cfg.Telemetry, telemetry.Deps{
 		Dial: ownDial(cfg),
 		Secret: func(ctx context.Context, name string) (string, error) {
-			s := ownStore.Load()
+			s := own.store.Load()
 			if s == nil {
 				return "", errors.New("the credentials are not loaded yet")
 			}
