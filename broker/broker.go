@@ -15,7 +15,6 @@ import (
 
 	"github.com/elazarl/goproxy"
 	"github.com/rs/zerolog"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
@@ -85,7 +84,7 @@ type Deps struct {
 	// minting (inject.Known). Nil: a registry with the default bounds.
 	Known *inject.Known
 	// Tracer makes the spans of each request (broker/tracing.go); nil: none.
-	Tracer trace.Tracer
+	Tracer Tracer
 }
 
 // Limits of the agent-facing side.
@@ -118,7 +117,7 @@ type Broker struct {
 	budgets   *budget.Budgets
 	recorder  usage.Recorder
 	sessions  *rpc.Sessions // which agent each MCP session was issued to (broker/mcp.go)
-	tracer    trace.Tracer  // nil: requests are not traced
+	tracer    Tracer        // nil: requests are not traced
 	// names maps the addresses the sandbox's resolver answered to their names (transparent
 	// mode): shared by the resolver and the transparent listener.
 	names *transparent.Names

@@ -125,7 +125,7 @@ func (b *Broker) connectDecision(x *exchange, r *http.Request, agent identity.Ag
 	in := connectInput(x.g, agent, x.ev.SourceIP, x.ev.Mode, host, port)
 	endPolicy := x.step("policy")
 	d, err := b.policy.Decide(r.Context(), in)
-	endPolicy()
+	endPolicy.Finish()
 	if err == nil && d.Ask != nil {
 		d, err = b.ask(x, r, in, d, nil, &policyBody{}) // before any TLS
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/capbroker/capbroker/broker/llm"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/scrub"
+	"github.com/capbroker/capbroker/broker/telemetry"
 )
 
 // exchange is the state of one decision, from arrival to the audit event. finish writes the
@@ -59,7 +60,7 @@ type exchange struct {
 	// small is the request's body when readSmallBody read it, else nil.
 	small []byte
 	// tr is the exchange's trace (tracing.go), nil when it is not traced.
-	tr *exchangeTrace
+	tr *telemetry.Trace
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {

@@ -62,7 +62,7 @@ func (b *Broker) exchange(r *http.Request, tun *tunnel) (resp *http.Response) {
 func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Response, error) {
 	endIdentity := x.step("identity")
 	t, err := b.requestTarget(x, r, tun)
-	endIdentity()
+	endIdentity.Finish()
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +105,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	endCredentials := x.step("credentials")
 	toks, err := x.g.inject(r.Context(), out, granted, d.Scopes)
 	if err != nil {
-		endCredentials()
+		endCredentials.Finish()
 		return nil, err
 	}
 	x.scrub = x.g.responseScrubber(t.host)
@@ -121,7 +121,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	}
 	x.g.forwardTrailers(r, out)
 	err = x.g.sign(r.Context(), out, granted)
-	endCredentials()
+	endCredentials.Finish()
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +153,7 @@ func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, bo
 	}
 	endPolicy := x.step("policy")
 	d, err := b.policy.Decide(r.Context(), in)
-	endPolicy()
+	endPolicy.Finish()
 	if body.err == nil {
 		body.err = bodyRefusal(err)
 	}
@@ -163,7 +163,7 @@ func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, bo
 	if err == nil && d.Ask != nil {
 		endApproval := x.step("approval")
 		d, err = b.ask(x, r, in, d, small, body)
-		endApproval()
+		endApproval.Finish()
 	}
 	granted, err := b.authorize(x, in, d, err)
 	if err == nil {

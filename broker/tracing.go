@@ -2,15 +2,16 @@ package broker
 
 import (
 	"context"
+	"encoding/hex"
 	"net/http"
 	"strconv"
+	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/telemetry"
 )
 
 // The trace of a request (telemetry.traces, docs/observability.md): a root span per exchange
@@ -18,44 +19,48 @@ import (
 // a W3C traceparent, with a child per step: identity, policy, approval (while a person is
 // asked), credentials (fetch, mint, sign), upstream (a client span, to the end of the
 // response; GenAI attributes on a metered LLM call), scrub (the response scrubbed, to its
-// end). The decision is set on the root when the exchange finishes, and the audit event
-// carries trace_id. Without a tracer nothing is done (no span, no allocation).
+// end). The request records only ids and timestamps in its telemetry.Trace; when the
+// exchange finishes the Trace takes a copy of the audit event (the decision and the
+// attributes) and goes to the export queue, where the spans are made. The audit event carries
+// trace_id. Without a tracer, or not sampled, nothing is done (no allocation).
 //
 // Only the agent's traceparent is read, never tracestate: no decision, sampling included,
-// depends on what tracestate says (every request is sampled, whatever the traceparent's flag).
-type exchangeTrace struct {
-	ctx      context.Context // carries the root span
-	root     trace.Span
-	upstream trace.Span // open until the exchange finishes
-	scrub    trace.Span // open until the exchange finishes
+// depends on what tracestate says (the broker samples, whatever the traceparent's flag).
+
+// Tracer hands out the Trace of each sampled request and takes it back when the request
+// ends (telemetry.Tracer: never blocks).
+type Tracer interface {
+	Start() *telemetry.Trace
+	End(*telemetry.Trace)
 }
 
 // traceContext reads only traceparent: the broker never looks at tracestate.
 var traceContext = propagation.TraceContext{}
 
-// startTrace starts the exchange's root span.
+// startTrace starts the exchange's trace, when it is sampled.
 func (b *Broker) startTrace(x *exchange, r *http.Request) {
 	if b.tracer == nil {
 		return
 	}
-	parent := context.Background()
+	tr := b.tracer.Start()
+	if tr == nil {
+		return
+	}
 	if tp := r.Header.Values("Traceparent"); len(tp) == 1 { // two are no trace context (W3C)
-		parent = traceContext.Extract(parent, propagation.MapCarrier{"traceparent": tp[0]})
+		if sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp[0]})); sc.IsValid() {
+			tr.TraceID, tr.Parent = sc.TraceID(), sc.SpanID()
+		}
 	}
-	ctx, root := b.tracer.Start(parent, "capbroker."+x.ev.Phase,
-		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.ev.Start))
-	if root.IsRecording() { // not sampled (telemetry.trace_ratio): no trace, as without a tracer
-		x.tr = &exchangeTrace{ctx: ctx, root: root}
-	}
+	tr.Root.Name, tr.Root.Start = "capbroker."+x.ev.Phase, x.ev.Start
+	x.tr = tr
 }
 
-// step starts a step's span; the function returned ends it.
-func (x *exchange) step(name string) func() {
+// step starts a step's span; its Finish ends it (nil, which Finish takes, when not traced).
+func (x *exchange) step(name string) *telemetry.Span {
 	if x.tr == nil {
-		return func() {}
+		return nil
 	}
-	_, s := x.b.tracer.Start(x.tr.ctx, name)
-	return func() { s.End() }
+	return x.tr.Step(name)
 }
 
 // traceOutbound removes the agent's trace headers from the outbound request unless the
@@ -70,79 +75,55 @@ func (x *exchange) traceOutbound(out *http.Request, forward bool) {
 	if x.tr == nil {
 		return
 	}
-	var ctx context.Context
-	ctx, x.tr.upstream = x.b.tracer.Start(x.tr.ctx, "upstream", trace.WithSpanKind(trace.SpanKindClient))
+	u := &x.tr.Upstream
+	u.ID, u.Name, u.Start = telemetry.NewSpanID(), "upstream", time.Now()
 	if forward {
-		delete(out.Header, "Traceparent")
-		traceContext.Inject(ctx, propagation.HeaderCarrier(out.Header))
+		var b [55]byte
+		copy(b[:], "00-")
+		hex.Encode(b[3:35], x.tr.TraceID[:])
+		b[35] = '-'
+		hex.Encode(b[36:52], u.ID[:])
+		copy(b[52:], "-01")
+		out.Header["Traceparent"] = []string{string(b[:])}
 	}
 }
 
 // traceScrub starts the scrub span, when the response is scrubbed.
 func (x *exchange) traceScrub() {
 	if x.tr != nil && !x.scrub.Empty() {
-		_, x.tr.scrub = x.b.tracer.Start(x.tr.ctx, "scrub")
+		x.tr.Scrub = telemetry.Span{ID: telemetry.NewSpanID(), Name: "scrub", Start: time.Now()}
 	}
 }
 
-// endTrace sets the decision on the root span, ends the spans still open, and records the
-// trace in the audit event.
+// endTrace ends the spans still open, records the trace in the audit event, and hands the
+// trace, with a copy of the event, to the tracer.
 func (x *exchange) endTrace() {
-	if x.tr == nil {
+	tr := x.tr
+	if tr == nil {
 		return
 	}
+	x.tr = nil
 	ev := &x.ev
-	if s := x.tr.scrub; s != nil {
-		s.End()
+	now := time.Now()
+	if !tr.Scrub.Start.IsZero() {
+		tr.Scrub.End = now
 	}
-	if s := x.tr.upstream; s != nil {
-		s.SetAttributes(attribute.String("server.address", ev.Host), attribute.Int("server.port", ev.Port),
-			attribute.Int("http.response.status_code", ev.Status))
+	if u := &tr.Upstream; !u.Start.IsZero() {
+		u.End = now
 		if l := ev.LLM; l != nil {
-			// OpenTelemetry's GenAI semantic conventions, for the call to the model.
-			s.SetName("chat " + l.Model)
-			s.SetAttributes(
-				attribute.String("gen_ai.operation.name", "chat"),
-				attribute.String("gen_ai.provider.name", l.Provider),
-				attribute.String("gen_ai.request.model", l.Model),
-				attribute.Int64("gen_ai.usage.input_tokens", l.TokensIn),
-				attribute.Int64("gen_ai.usage.output_tokens", l.TokensOut),
-				attribute.Float64("capbroker.llm.cost", l.Cost),
-				attribute.Bool("capbroker.llm.usage_reported", l.Reported),
-			)
+			u.Name = "chat " + l.Model
 		}
-		s.End()
 	}
-	r := x.tr.root
-	r.SetAttributes(
-		attribute.String("capbroker.request_id", ev.RequestID),
-		attribute.String("capbroker.agent", ev.Agent),
-		attribute.String("capbroker.phase", ev.Phase),
-		attribute.String("capbroker.decision", ev.Decision),
-		attribute.String("capbroker.reason", ev.Reason),
-		attribute.StringSlice("capbroker.credentials", ev.Credentials),
-		attribute.String("capbroker.policy_revision", ev.PolicyRevision),
-		attribute.String("capbroker.decision_id", ev.DecisionID),
-		attribute.String("capbroker.mode", ev.Mode),
-		attribute.String("http.request.method", ev.Method),
-		attribute.String("server.address", ev.Host),
-		attribute.Int("server.port", ev.Port),
-		attribute.String("url.path", ev.Path),
-		attribute.Int("http.response.status_code", ev.Status),
-	)
-	if ev.WouldDeny {
-		r.SetAttributes(attribute.Bool("capbroker.would_deny", true))
-	}
+	tr.Root.End = now
 	if ev.Decision == audit.Deny || ev.Status >= 500 {
-		desc := x.code
-		if desc == "" {
-			desc = ev.Decision + " " + strconv.Itoa(ev.Status)
+		tr.Status = x.code
+		if tr.Status == "" {
+			tr.Status = ev.Decision + " " + strconv.Itoa(ev.Status)
 		}
-		r.SetStatus(codes.Error, desc)
 	}
-	sc := r.SpanContext()
-	ev.TraceID, ev.SpanID = sc.TraceID().String(), sc.SpanID().String()
-	r.End()
+	ev.TraceID, ev.SpanID = hex.EncodeToString(tr.TraceID[:]), hex.EncodeToString(tr.Root.ID[:])
+	tr.Event = *ev
+	x.b.tracer.End(tr)
 }
 
 // SetTelemetryProblem makes /readyz report the telemetry export degraded while problem

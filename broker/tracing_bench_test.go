@@ -5,24 +5,23 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 
-	"go.opentelemetry.io/otel/sdk/trace"
-
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/telemetry"
 	"github.com/capbroker/capbroker/policies"
 )
 
-// BenchmarkPipelineTraced is BenchmarkPipeline/full with every request traced by the SDK into
-// a processor that drops the ended spans: what the spans cost the request itself (their
+// BenchmarkPipelineTraced is BenchmarkPipeline/full with every request traced into a tracer that
+// drops the ended traces: what the spans cost the request itself (their
 // export runs on goroutines of its own).
 func BenchmarkPipelineTraced(b *testing.B) {
 	e, err := policy.New(context.Background(), policies.FS)
 	if err != nil {
 		b.Fatal(err)
 	}
-	tp := trace.NewTracerProvider(trace.WithSampler(trace.AlwaysSample()), trace.WithSpanProcessor(dropSpans{}))
-	br, tun := testBroker(b, testConfig(b), Deps{Policy: e, Secrets: benchSecrets{}, Tracer: tp.Tracer("bench")}, memoryUpstream{}, "api.openai.com")
+	br, tun := testBroker(b, testConfig(b), Deps{Policy: e, Secrets: benchSecrets{}, Tracer: dropTraces{}}, memoryUpstream{}, "api.openai.com")
 	body := []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"Say ok."}],"max_tokens":8}`)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -38,9 +37,27 @@ func BenchmarkPipelineTraced(b *testing.B) {
 	}
 }
 
-type dropSpans struct{}
+// dropTraces traces every request and drops the ended traces.
+type dropTraces struct{}
 
-func (dropSpans) OnStart(context.Context, trace.ReadWriteSpan) {}
-func (dropSpans) OnEnd(trace.ReadOnlySpan)                     {}
-func (dropSpans) Shutdown(context.Context) error               { return nil }
-func (dropSpans) ForceFlush(context.Context) error             { return nil }
+func (dropTraces) Start() *telemetry.Trace { return telemetry.NewTrace() }
+func (dropTraces) End(*telemetry.Trace)    {}
+
+// recordTraces traces every request and keeps the ended traces.
+type recordTraces struct {
+	mu    sync.Mutex
+	ended []*telemetry.Trace
+}
+
+func (r *recordTraces) Start() *telemetry.Trace { return telemetry.NewTrace() }
+func (r *recordTraces) End(tr *telemetry.Trace) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended = append(r.ended, tr)
+}
+
+func (r *recordTraces) Ended() []*telemetry.Trace {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended
+}

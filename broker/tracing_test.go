@@ -2,18 +2,16 @@ package broker
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	oteltrace "go.opentelemetry.io/otel/trace"
-
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/policy"
+	"github.com/capbroker/capbroker/broker/telemetry"
 )
 
 // TestTraceHeaders: the agent's traceparent and tracestate go upstream only when the decision
@@ -31,10 +29,10 @@ func TestTraceHeaders(t *testing.T) {
 		"traced, forwarded":     {forward: true, traced: true},
 	} {
 		t.Run(name, func(t *testing.T) {
-			rec := tracetest.NewSpanRecorder()
+			rec := &recordTraces{}
 			deps := Deps{Policy: fixedDecision{policy.Decision{ForwardTraceparent: c.forward}}, Secrets: benchSecrets{}}
 			if c.traced {
-				deps.Tracer = trace.NewTracerProvider(trace.WithSampler(trace.AlwaysSample()), trace.WithSpanProcessor(rec)).Tracer("t")
+				deps.Tracer = rec
 			}
 			up := &recordingUpstream{}
 			br, tun := testBroker(t, testConfig(t), deps, up, "api.example.test")
@@ -59,34 +57,43 @@ func TestTraceHeaders(t *testing.T) {
 			if !c.traced {
 				return
 			}
-			spans := rec.Ended()
-			byName := map[string]trace.ReadOnlySpan{}
-			for _, s := range spans {
-				byName[s.Name()] = s
+			traces := rec.Ended()
+			if len(traces) != 1 {
+				t.Fatalf("%d traces", len(traces))
 			}
-			root := byName["capbroker.request"]
-			if root == nil || root.Parent().SpanID().String() != agentSpan || root.SpanContext().TraceID().String() != agentTrace {
-				t.Fatalf("root %v of %d spans", root, len(spans))
+			tr := traces[0]
+			if tr.Root.Name != "capbroker.request" || hex.EncodeToString(tr.Parent[:]) != agentSpan || hex.EncodeToString(tr.TraceID[:]) != agentTrace ||
+				tr.Root.End.Before(tr.Root.Start) {
+				t.Fatalf("root %+v parent %x trace %x", tr.Root, tr.Parent, tr.TraceID)
 			}
+			byName := map[string]telemetry.Span{}
+			for _, s := range tr.Steps[:tr.NSteps] {
+				byName[s.Name] = s
+			}
+			byName[tr.Upstream.Name] = tr.Upstream
 			for _, step := range []string{"identity", "policy", "credentials", "upstream"} {
-				s := byName[step]
-				if s == nil || s.Parent().SpanID() != root.SpanContext().SpanID() {
-					t.Errorf("step %q: %v", step, s)
+				s, ok := byName[step]
+				if !ok || s.ID == ([8]byte{}) || s.End.IsZero() || s.End.Before(s.Start) {
+					t.Errorf("step %q: %+v", step, s)
 				}
 			}
-			if c.forward && tp != "00-"+agentTrace+"-"+byName["upstream"].SpanContext().SpanID().String()+"-01" {
+			if c.forward && tp != "00-"+agentTrace+"-"+hex.EncodeToString(tr.Upstream.ID[:])+"-01" {
 				t.Errorf("traceparent upstream %q", tp)
+			}
+			if tr.Event.TraceID != agentTrace || tr.Event.SpanID != hex.EncodeToString(tr.Root.ID[:]) {
+				t.Errorf("event trace %q span %q", tr.Event.TraceID, tr.Event.SpanID)
 			}
 		})
 	}
 }
 
 // TestTraceLLM: a metered LLM call's upstream span is named after the model and carries the
-// GenAI semantic conventions; the audit event carries the trace id.
+// GenAI semantic conventions (the model's name and
+// usage, on export: TestTraceExport); the audit event carries the trace id.
 func TestTraceLLM(t *testing.T) {
 	br, tun := benchBroker(t, false)
-	rec := tracetest.NewSpanRecorder()
-	br.tracer = trace.NewTracerProvider(trace.WithSampler(trace.AlwaysSample()), trace.WithSpanProcessor(rec)).Tracer("t")
+	rec := &recordTraces{}
+	br.tracer = rec
 	var auditLog bytes.Buffer
 	lg := audit.New(&auditLog)
 	br.audit, br.recorder = lg, &fakeRecorder{}
@@ -97,27 +104,16 @@ func TestTraceLLM(t *testing.T) {
 	w := httptest.NewRecorder()
 	br.serveTunnel(w, r, tun)
 	lg.Close()
-	var up trace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if s.SpanKind() == oteltrace.SpanKindClient {
-			up = s
-		}
+	ended := rec.Ended()
+	if len(ended) != 1 || ended[0].Upstream.Name != "chat gpt-4o-mini" {
+		t.Fatalf("traces %v", ended)
 	}
-	if up == nil || up.Name() != "chat gpt-4o-mini" {
-		t.Fatalf("upstream span %v", up)
-	}
-	attrs := map[string]string{}
-	for _, kv := range up.Attributes() {
-		attrs[string(kv.Key)] = kv.Value.Emit()
-	}
-	for k, v := range map[string]string{"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "gpt-4o-mini",
-		"gen_ai.usage.input_tokens": "7", "gen_ai.usage.output_tokens": "3"} {
-		if attrs[k] != v {
-			t.Errorf("%s = %q, want %q", k, attrs[k], v)
-		}
+	tr := ended[0]
+	if l := tr.Event.LLM; l == nil || l.Provider != "openai" || l.Model != "gpt-4o-mini" || l.TokensIn != 7 || l.TokensOut != 3 {
+		t.Errorf("the trace's LLM call: %+v", l)
 	}
 	var ev map[string]any
-	if err := json.Unmarshal(auditLog.Bytes(), &ev); err != nil || ev["trace_id"] != up.SpanContext().TraceID().String() {
-		t.Errorf("audit %s: trace_id, want %s", auditLog.Bytes(), up.SpanContext().TraceID())
+	if err := json.Unmarshal(auditLog.Bytes(), &ev); err != nil || ev["trace_id"] != hex.EncodeToString(tr.TraceID[:]) {
+		t.Errorf("audit %s: trace_id, want %x", auditLog.Bytes(), tr.TraceID)
 	}
 }

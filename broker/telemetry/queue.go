@@ -6,7 +6,6 @@ import (
 	"time"
 
 	sdklog "go.opentelemetry.io/otel/sdk/log"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // queue holds what waits to be exported, bounded: put never blocks. What finds it full is
@@ -20,6 +19,8 @@ type queue[T any] struct {
 	timeout time.Duration
 	export  func(context.Context, []T) error
 	dropped func(reason string, n int)
+	// count is how many of the signal's items v holds (nil: one), for the drop counts.
+	count func(v T) int
 
 	flush chan chan struct{}
 	stop  chan struct{}
@@ -47,15 +48,22 @@ func newQueue[T any](size, batch int, wait, timeout time.Duration, export func(c
 func (q *queue[T]) put(v T) {
 	select {
 	case <-q.stop:
-		q.dropped(dropQueueFull, 1)
+		q.dropped(dropQueueFull, q.n(v))
 		return
 	default:
 	}
 	select {
 	case q.items <- v:
 	default:
-		q.dropped(dropQueueFull, 1)
+		q.dropped(dropQueueFull, q.n(v))
 	}
+}
+
+func (q *queue[T]) n(v T) int {
+	if q.count == nil {
+		return 1
+	}
+	return q.count(v)
 }
 
 func (q *queue[T]) run() {
@@ -69,7 +77,11 @@ func (q *queue[T]) run() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
 		if err := q.export(ctx, buf); err != nil {
-			q.dropped(dropExportFailed, len(buf))
+			n := 0
+			for _, v := range buf {
+				n += q.n(v)
+			}
+			q.dropped(dropExportFailed, n)
 		}
 		cancel()
 		clear(buf)
@@ -144,16 +156,6 @@ func (q *queue[T]) Close(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
-
-// spanQueue is the SDK's span processor over a queue: ended spans are queued, never waited for.
-type spanQueue struct{ q *queue[sdktrace.ReadOnlySpan] }
-
-var _ sdktrace.SpanProcessor = spanQueue{}
-
-func (spanQueue) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
-func (s spanQueue) OnEnd(span sdktrace.ReadOnlySpan)              { s.q.put(span) }
-func (s spanQueue) Shutdown(ctx context.Context) error            { return s.q.Close(ctx) }
-func (s spanQueue) ForceFlush(ctx context.Context) error          { return s.q.Flush(ctx) }
 
 // logQueue is the SDK's log processor over a queue: each record is copied and queued.
 type logQueue struct{ q *queue[sdklog.Record] }

@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlplog/otlploghttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otellog "go.opentelemetry.io/otel/log"
@@ -29,10 +29,10 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/prometheus/client_golang/prometheus"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
@@ -60,13 +60,13 @@ type Deps struct {
 // Telemetry is the running export. Its methods are safe for concurrent use, and on a nil
 // *Telemetry do nothing.
 type Telemetry struct {
-	conn     *conn
-	tracer   trace.Tracer
-	tp       *sdktrace.TracerProvider
-	lp       *sdklog.LoggerProvider
-	mp       *sdkmetric.MeterProvider
-	logger   otellog.Logger
-	scrubber func() *scrub.Replacer
+	conn        *conn
+	tracer      *Tracer
+	traceClient otlptrace.Client
+	lp          *sdklog.LoggerProvider
+	mp          *sdkmetric.MeterProvider
+	logger      otellog.Logger
+	scrubber    func() *scrub.Replacer
 
 	dropped  *prometheus.CounterVec
 	exported *prometheus.CounterVec
@@ -157,28 +157,40 @@ func (t *Telemetry) start(ctx context.Context, cfg *config.Telemetry, res *resou
 		t.logger = t.lp.Logger("github.com/capbroker/capbroker/broker/audit")
 	}
 	if cfg.Enabled(config.SignalTraces) {
-		var exp sdktrace.SpanExporter
-		var err error
+		var client otlptrace.Client
 		if grpcOn {
-			exp, err = otlptracegrpc.New(ctx, otlptracegrpc.WithGRPCConn(c.grpc), otlptracegrpc.WithTimeout(cfg.ExportTimeout),
+			client = otlptracegrpc.NewClient(otlptracegrpc.WithGRPCConn(c.grpc), otlptracegrpc.WithTimeout(cfg.ExportTimeout),
 				otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: true, InitialInterval: 200 * time.Millisecond, MaxInterval: time.Second, MaxElapsedTime: retryWithin}))
 		} else {
-			exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(c.url("/v1/traces")), otlptracehttp.WithHTTPClient(c.http), otlptracehttp.WithTimeout(cfg.ExportTimeout),
+			client = otlptracehttp.NewClient(otlptracehttp.WithEndpointURL(c.url("/v1/traces")), otlptracehttp.WithHTTPClient(c.http), otlptracehttp.WithTimeout(cfg.ExportTimeout),
 				otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: true, InitialInterval: 200 * time.Millisecond, MaxInterval: time.Second, MaxElapsedTime: retryWithin}))
 		}
-		if err != nil {
+		if err := client.Start(ctx); err != nil {
 			return fmt.Errorf("telemetry: traces exporter: %w", err)
 		}
-		q := newQueue(cfg.QueueSize, cfg.BatchSize, cfg.BatchTimeout, cfg.ExportTimeout, func(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
-			err := exp.ExportSpans(ctx, scrubSpans(t.scrubber(), spans))
-			if err == nil {
-				t.exported.WithLabelValues(config.SignalTraces).Add(float64(len(spans)))
+		t.traceClient = client
+		exp := &traceExporter{client: client, resource: resourceProto(res),
+			scope: &commonpb.InstrumentationScope{Name: "github.com/capbroker/capbroker/broker"}}
+		tr := &Tracer{ratio: 1}
+		if cfg.TraceRatio != nil {
+			tr.ratio = *cfg.TraceRatio
+		}
+		tr.q = newQueue(cfg.QueueSize, cfg.BatchSize, cfg.BatchTimeout, cfg.ExportTimeout, func(ctx context.Context, batch []*Trace) error {
+			err := exp.export(ctx, t.scrubber(), batch)
+			n := 0
+			for _, x := range batch {
+				n += spanCount(x)
+				tr.release(x)
 			}
-			return err
+			if err != nil { // counted here: the batch's Traces are released
+				t.dropped.WithLabelValues(config.SignalTraces, dropExportFailed).Add(float64(n))
+			} else {
+				t.exported.WithLabelValues(config.SignalTraces).Add(float64(n))
+			}
+			return nil
 		}, t.drop(config.SignalTraces))
-		t.tp = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSampler(newSampler(cfg.TraceRatio)),
-			sdktrace.WithSpanProcessor(spanQueue{q}))
-		t.tracer = t.tp.Tracer("github.com/capbroker/capbroker/broker")
+		tr.q.count = spanCount
+		t.tracer = tr
 	}
 	if cfg.Enabled(config.SignalMetrics) {
 		var exp sdkmetric.Exporter
@@ -227,7 +239,7 @@ func (m *metricExporter) Export(ctx context.Context, rm *metricdata.ResourceMetr
 }
 
 // Tracer is the tracer of the request spans, nil when traces are not exported.
-func (t *Telemetry) Tracer() trace.Tracer {
+func (t *Telemetry) Tracer() *Tracer {
 	if t == nil || t.tracer == nil {
 		return nil
 	}
@@ -308,8 +320,8 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	var errs []error
-	if t.tp != nil {
-		errs = append(errs, t.tp.Shutdown(ctx))
+	if t.tracer != nil {
+		errs = append(errs, t.tracer.q.Close(ctx), t.traceClient.Stop(ctx))
 	}
 	if t.lp != nil {
 		errs = append(errs, t.lp.Shutdown(ctx))
@@ -320,27 +332,3 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	t.conn.close()
 	return errors.Join(errs...)
 }
-
-// newSampler samples a request's root span at random with probability ratio (nil: always),
-// whatever the agent's traceparent says: an agent must not be able to keep its requests out
-// of the traces, nor pick which are traced (its sampled flag is not obeyed, and its trace id,
-// which it chooses, is not what the choice is made on). A step's span follows its root.
-func newSampler(ratio *float64) sdktrace.Sampler {
-	root := sdktrace.AlwaysSample()
-	if ratio != nil && *ratio < 1 {
-		root = randomSampler{*ratio}
-	}
-	return sdktrace.ParentBased(root, sdktrace.WithRemoteParentSampled(root), sdktrace.WithRemoteParentNotSampled(root))
-}
-
-type randomSampler struct{ p float64 }
-
-func (s randomSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
-	d := sdktrace.Drop
-	if rand.Float64() < s.p {
-		d = sdktrace.RecordAndSample
-	}
-	return sdktrace.SamplingResult{Decision: d, Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
-}
-
-func (s randomSampler) Description() string { return fmt.Sprintf("capbroker.random{%g}", s.p) }

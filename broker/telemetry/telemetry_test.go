@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -10,13 +11,13 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	otellog "go.opentelemetry.io/otel/log"
 	sdklog "go.opentelemetry.io/otel/sdk/log"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	oteltrace "go.opentelemetry.io/otel/trace"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/scrub"
@@ -78,28 +79,65 @@ func TestQueueCountsFailedExports(t *testing.T) {
 
 const canary = "sk-canary-0123456789abcdef"
 
-// TestScrubSpans: a span's name, attributes, events and status are scrubbed on export.
-func TestScrubSpans(t *testing.T) {
+// TestTraceExport: a Trace becomes its span tree in OTLP (the root a child of the agent's
+// span, each step a child of the root, the decision and GenAI attributes), and every string
+// exported is scrubbed, also the second time it is seen (from the cache).
+func TestTraceExport(t *testing.T) {
 	r := scrub.New(canary, "[REDACTED]")
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	_, s := tp.Tracer("t").Start(context.Background(), "GET /"+canary)
-	s.SetAttributes(attribute.String("url.path", "/x/"+canary), attribute.StringSlice("names", []string{"a", canary}), attribute.Int("n", 1))
-	s.AddEvent("saw " + canary)
-	s.SetStatus(codes.Error, "failed with "+canary)
-	s.End()
-	out := scrubSpans(r, rec.Ended())[0]
-	if out.Name() != "GET /[REDACTED]" || out.Status().Description != "failed with [REDACTED]" || out.Events()[0].Name != "saw [REDACTED]" {
-		t.Fatalf("name %q status %q event %q", out.Name(), out.Status().Description, out.Events()[0].Name)
+	client := &uploads{}
+	e := &traceExporter{client: client, resource: &resourcepb.Resource{}, scope: &commonpb.InstrumentationScope{}}
+	trace := func() *Trace {
+		tr := NewTrace()
+		tr.Parent = NewSpanID()
+		now := time.Now()
+		tr.Root = Span{ID: tr.Root.ID, Name: "capbroker.request", Start: now, End: now.Add(time.Millisecond)}
+		tr.Step("identity").Finish()
+		tr.Upstream = Span{ID: NewSpanID(), Name: "chat gpt-4o-mini", Start: now, End: now}
+		tr.Scrub = Span{ID: NewSpanID(), Name: "scrub", Start: now, End: now}
+		tr.Status = "failed with " + canary
+		tr.Event = audit.Event{Agent: "agent-" + canary, Decision: "deny", Path: "/x/" + canary, Credentials: []string{"a", canary}, Status: 502,
+			LLM: &audit.LLMCall{Provider: "openai", Model: "gpt-4o-mini", TokensIn: 7, TokensOut: 3}}
+		return tr
 	}
-	for _, kv := range out.Attributes() {
-		if v := kv.Value.Emit(); len(v) > 0 && contains(v, canary) {
-			t.Fatalf("attribute %s = %s", kv.Key, v)
+	if err := e.export(context.Background(), r, []*Trace{trace(), trace()}); err != nil {
+		t.Fatal(err)
+	}
+	spans := client.got[0].ScopeSpans[0].Spans
+	if len(spans) != 8 {
+		t.Fatalf("%d spans, want 8", len(spans))
+	}
+	for _, tr := range [][]*tracepb.Span{spans[:4], spans[4:]} {
+		root := tr[0]
+		if root.Kind != tracepb.Span_SPAN_KIND_SERVER || len(root.ParentSpanId) != 8 || root.Status.GetMessage() != "failed with [REDACTED]" {
+			t.Fatalf("root %v", root)
+		}
+		for _, s := range tr[1:] {
+			if string(s.ParentSpanId) != string(root.SpanId) || string(s.TraceId) != string(root.TraceId) {
+				t.Errorf("span %q not under the root", s.Name)
+			}
+		}
+		attrs := map[string]string{}
+		for _, kv := range tr[2].Attributes {
+			attrs[kv.Key] = kv.Value.String()
+		}
+		if tr[2].Name != "chat gpt-4o-mini" || tr[2].Kind != tracepb.Span_SPAN_KIND_CLIENT || !contains(attrs["gen_ai.request.model"], "gpt-4o-mini") || !contains(attrs["gen_ai.usage.input_tokens"], "7") {
+			t.Errorf("upstream span %v", tr[2])
 		}
 	}
-	if contains(rec.Ended()[0].Attributes()[0].Value.AsString(), "[REDACTED]") {
-		t.Fatal("the recorded span itself was changed")
+	b, err := proto.Marshal(client.got[0])
+	if err != nil || bytes.Contains(b, []byte(canary)) || !bytes.Contains(b, []byte("agent-[REDACTED]")) {
+		t.Fatalf("exported: %v; the canary or no redaction in %q", err, b)
 	}
+}
+
+// uploads is an OTLP trace client that keeps what it is sent.
+type uploads struct{ got []*tracepb.ResourceSpans }
+
+func (*uploads) Start(context.Context) error { return nil }
+func (*uploads) Stop(context.Context) error  { return nil }
+func (u *uploads) UploadTraces(_ context.Context, rs []*tracepb.ResourceSpans) error {
+	u.got = append(u.got, rs...)
+	return nil
 }
 
 // TestScrubRecordsAndMetrics: a log record's body and attributes, and a metric point's
@@ -186,33 +224,20 @@ func TestAuditRecord(t *testing.T) {
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
-// TestSampler: the broker, not the agent's traceparent, decides what is traced; a step follows
-// its root.
+// TestSampler: the broker decides what is traced, at the configured ratio.
 func TestSampler(t *testing.T) {
-	zero, one := 0.0, 1.0
-	for name, c := range map[string]struct {
-		ratio  *float64
-		flags  oteltrace.TraceFlags
+	for _, c := range []struct {
+		ratio  float64
 		traced bool
-	}{
-		"default, agent says not sampled": {nil, 0, true},
-		"ratio 1, agent says not sampled": {&one, 0, true},
-		"ratio 0, agent says sampled":     {&zero, oteltrace.FlagsSampled, false},
-	} {
-		t.Run(name, func(t *testing.T) {
-			rec := tracetest.NewSpanRecorder()
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(newSampler(c.ratio)), sdktrace.WithSpanProcessor(rec))
-			tid, _ := oteltrace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
-			sid, _ := oteltrace.SpanIDFromHex("00f067aa0ba902b7")
-			parent := oteltrace.ContextWithRemoteSpanContext(context.Background(),
-				oteltrace.NewSpanContext(oteltrace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: c.flags, Remote: true}))
-			ctx, root := tp.Tracer("t").Start(parent, "root")
-			_, step := tp.Tracer("t").Start(ctx, "step")
-			step.End()
-			root.End()
-			if n := len(rec.Ended()); (c.traced && n != 2) || (!c.traced && n != 0) {
-				t.Fatalf("%d spans recorded", len(rec.Ended()))
+	}{{1, true}, {0, false}} {
+		tr := &Tracer{ratio: c.ratio}
+		for range 100 {
+			if got := tr.Start() != nil; got != c.traced {
+				t.Fatalf("ratio %g: traced %v", c.ratio, got)
 			}
-		})
+		}
+	}
+	if (*Tracer)(nil).Start() != nil {
+		t.Fatal("a nil Tracer traced")
 	}
 }
