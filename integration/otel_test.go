@@ -606,13 +606,3 @@ func waitMetric(t *testing.T, b *brokerProc, series string) {
 		time.Sleep(50 * time.Millisecond) // polling the broker's metrics
 	}
 }
-
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
