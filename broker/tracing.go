@@ -1,14 +1,10 @@
 package broker
 
 import (
-	"context"
 	"encoding/hex"
 	"net/http"
 	"strconv"
 	"time"
-
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/telemetry"
@@ -34,9 +30,6 @@ type Tracer interface {
 	End(*telemetry.Trace)
 }
 
-// traceContext reads only traceparent: the broker never looks at tracestate.
-var traceContext = propagation.TraceContext{}
-
 // startTrace starts the exchange's trace, when it is sampled.
 func (b *Broker) startTrace(x *exchange, r *http.Request) {
 	if b.tracer == nil {
@@ -47,12 +40,40 @@ func (b *Broker) startTrace(x *exchange, r *http.Request) {
 		return
 	}
 	if tp := r.Header.Values("Traceparent"); len(tp) == 1 { // two are no trace context (W3C)
-		if sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp[0]})); sc.IsValid() {
-			tr.TraceID, tr.Parent = sc.TraceID(), sc.SpanID()
+		if tid, sid, ok := parseTraceparent(tp[0]); ok {
+			tr.TraceID, tr.Parent = tid, sid
 		}
 	}
 	tr.Root.Name, tr.Root.Start = "capbroker."+x.ev.Phase, x.ev.Start
+	if x.ev.Phase == "request" {
+		tr.Root.Name = "capbroker.request" // without the concatenation's allocation
+	}
 	x.tr = tr
+}
+
+// parseTraceparent reads a W3C traceparent (version-traceid-parentid-flags, lower-case hex)
+// as the SDK's propagator does: version ff is invalid, version 00 has exactly four fields, a
+// later version may add fields after a '-'; the ids must not be all zeros. The flags are
+// checked for form and otherwise ignored (the broker samples).
+func parseTraceparent(h string) (tid [16]byte, sid [8]byte, ok bool) {
+	if len(h) < 55 || h[2] != '-' || h[35] != '-' || h[52] != '-' || h[:2] == "ff" ||
+		(h[:2] == "00" && len(h) != 55) || (len(h) > 55 && h[55] != '-') {
+		return tid, sid, false
+	}
+	lowerHex := func(s string) bool {
+		for i := range len(s) {
+			if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+		return true
+	}
+	if !lowerHex(h[:2]) || !lowerHex(h[3:35]) || !lowerHex(h[36:52]) || !lowerHex(h[53:55]) {
+		return tid, sid, false
+	}
+	hex.Decode(tid[:], []byte(h[3:35]))
+	hex.Decode(sid[:], []byte(h[36:52]))
+	return tid, sid, tid != [16]byte{} && sid != [8]byte{}
 }
 
 // step starts a step's span; its Finish ends it (nil, which Finish takes, when not traced).

@@ -2,12 +2,16 @@ package broker
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel/propagation"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/policy"
@@ -115,5 +119,23 @@ func TestTraceLLM(t *testing.T) {
 	var ev map[string]any
 	if err := json.Unmarshal(auditLog.Bytes(), &ev); err != nil || ev["trace_id"] != hex.EncodeToString(tr.TraceID[:]) {
 		t.Errorf("audit %s: trace_id, want %x", auditLog.Bytes(), tr.TraceID)
+	}
+}
+
+// TestParseTraceparent: the broker reads a traceparent as the SDK's W3C propagator does.
+func TestParseTraceparent(t *testing.T) {
+	const tid, sid = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	for _, h := range []string{
+		"00-" + tid + "-" + sid + "-01", "00-" + tid + "-" + sid + "-00", "01-" + tid + "-" + sid + "-01-extra",
+		"01-" + tid + "-" + sid + "-01", "00-" + tid + "-" + sid + "-01-extra", "ff-" + tid + "-" + sid + "-01",
+		"00-" + strings.ToUpper(tid) + "-" + sid + "-01", "00-00000000000000000000000000000000-" + sid + "-01",
+		"00-" + tid + "-0000000000000000-01", "00-" + tid + "-" + sid + "-0g", "0-" + tid + "-" + sid + "-01",
+		"00-" + tid + "-" + sid, "", "00_" + tid + "-" + sid + "-01", "01-" + tid + "-" + sid + "-01x",
+	} {
+		sc := oteltrace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": h}))
+		gotT, gotS, ok := parseTraceparent(h)
+		if ok != sc.IsValid() || (ok && (oteltrace.TraceID(gotT) != sc.TraceID() || oteltrace.SpanID(gotS) != sc.SpanID())) {
+			t.Errorf("%q: ok %v %x %x; the SDK: valid %v %s %s", h, ok, gotT, gotS, sc.IsValid(), sc.TraceID(), sc.SpanID())
+		}
 	}
 }
