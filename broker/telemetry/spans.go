@@ -6,11 +6,11 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/sdk/resource"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
-	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/scrub"
@@ -128,164 +128,36 @@ func spanCount(tr *Trace) int {
 	return n
 }
 
-// traceExporter turns batches of Traces into OTLP and uploads them.
+// traceExporter turns batches of Traces into OTLP and sends them (spanwire.go).
 type traceExporter struct {
-	client   otlptrace.Client
-	resource *resourcepb.Resource
-	scope    *commonpb.InstrumentationScope
-	cache    scrubCache
+	send     func(context.Context, []byte) error
+	resource []byte // the ResourceSpans' resource field, encoded
+	scope    []byte // the ScopeSpans' scope field, encoded
+	w        wire   // the export goroutine's buffer and scrub cache
 }
 
-// export is the queue's export of a batch.
-func (e *traceExporter) export(ctx context.Context, r *scrub.Replacer, batch []*Trace) error {
-	e.cache.use(r)
-	n := 0
-	for _, tr := range batch {
-		n += spanCount(tr)
-	}
-	spans := make([]tracepb.Span, n) // one allocation for the batch's spans
-	ptrs := make([]*tracepb.Span, n)
-	for i := range spans {
-		ptrs[i] = &spans[i]
-	}
-	next := ptrs
-	for _, tr := range batch {
-		next = e.fillSpans(next, tr)
-	}
-	return e.client.UploadTraces(ctx, []*tracepb.ResourceSpans{{
-		Resource:   e.resource,
-		ScopeSpans: []*tracepb.ScopeSpans{{Scope: e.scope, Spans: ptrs}},
-	}})
-}
-
-// fillSpans fills the first spans of dst with tr's in OTLP form, every string scrubbed, and
-// returns the rest of dst.
-func (e *traceExporter) fillSpans(dst []*tracepb.Span, tr *Trace) []*tracepb.Span {
-	ev := &tr.Event
-	tid := tr.TraceID[:]
-	span := func(s *Span, parent []byte, kind tracepb.Span_SpanKind, attrs []*commonpb.KeyValue) *tracepb.Span {
-		flags := uint32(1) | uint32(tracepb.SpanFlags_SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK) // sampled
-		if s == &tr.Root && parent != nil {
-			flags |= uint32(tracepb.SpanFlags_SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK)
-		}
-		p := dst[0]
-		dst = dst[1:]
-		p.TraceId, p.SpanId, p.ParentSpanId = tid, s.ID[:], parent
-		p.Name, p.Kind, p.Flags, p.Attributes = e.cache.scrub(s.Name), kind, flags, attrs
-		p.StartTimeUnixNano, p.EndTimeUnixNano = uint64(s.Start.UnixNano()), uint64(s.End.UnixNano())
-		return p
-	}
-	var parent []byte
-	if tr.Parent != [8]byte{} {
-		parent = tr.Parent[:]
-	}
-	c := &e.cache
-	attrs := []*commonpb.KeyValue{
-		c.str("capbroker.request_id", ev.RequestID),
-		c.str("capbroker.agent", ev.Agent),
-		c.str("capbroker.phase", ev.Phase),
-		c.str("capbroker.decision", ev.Decision),
-		c.str("capbroker.reason", ev.Reason),
-		c.strs("capbroker.credentials", ev.Credentials),
-		c.str("capbroker.policy_revision", ev.PolicyRevision),
-		c.str("capbroker.decision_id", ev.DecisionID),
-		c.str("capbroker.mode", ev.Mode),
-		c.str("http.request.method", ev.Method),
-		c.str("server.address", ev.Host),
-		intKV("server.port", int64(ev.Port)),
-		c.str("url.path", ev.Path),
-		intKV("http.response.status_code", int64(ev.Status)),
-	}
-	if ev.WouldDeny {
-		attrs = append(attrs, &commonpb.KeyValue{Key: "capbroker.would_deny", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_BoolValue{BoolValue: true}}})
-	}
-	root := span(&tr.Root, parent, tracepb.Span_SPAN_KIND_SERVER, attrs)
-	if tr.Status != "" {
-		root.Status = &tracepb.Status{Code: tracepb.Status_STATUS_CODE_ERROR, Message: c.scrub(tr.Status)}
-	}
-	rid := tr.Root.ID[:]
-	for i := range tr.NSteps {
-		span(&tr.Steps[i], rid, tracepb.Span_SPAN_KIND_INTERNAL, nil)
-	}
-	if s := &tr.Upstream; !s.Start.IsZero() {
-		attrs := []*commonpb.KeyValue{
-			c.str("server.address", ev.Host), intKV("server.port", int64(ev.Port)),
-			intKV("http.response.status_code", int64(ev.Status)),
-		}
-		if l := ev.LLM; l != nil {
-			// OpenTelemetry's GenAI semantic conventions, for the call to the model.
-			attrs = append(attrs,
-				c.str("gen_ai.operation.name", "chat"),
-				c.str("gen_ai.provider.name", l.Provider),
-				c.str("gen_ai.request.model", l.Model),
-				intKV("gen_ai.usage.input_tokens", l.TokensIn),
-				intKV("gen_ai.usage.output_tokens", l.TokensOut),
-				&commonpb.KeyValue{Key: "capbroker.llm.cost", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_DoubleValue{DoubleValue: l.Cost}}},
-				&commonpb.KeyValue{Key: "capbroker.llm.usage_reported", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_BoolValue{BoolValue: l.Reported}}},
-			)
-		}
-		span(s, rid, tracepb.Span_SPAN_KIND_CLIENT, attrs)
-	}
-	if s := &tr.Scrub; !s.Start.IsZero() {
-		span(s, rid, tracepb.Span_SPAN_KIND_INTERNAL, nil)
-	}
-	return dst
-}
-
-func intKV(k string, v int64) *commonpb.KeyValue {
-	return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_IntValue{IntValue: v}}}
-}
-
-// scrubCache scrubs each distinct string once while the secrets stay the same: most of a
-// span's strings (agent, host, decision, names) repeat from request to request. It is the
-// export goroutine's own, bounded, and emptied when the Replacer changes.
-type scrubCache struct {
-	r    *scrub.Replacer
-	seen map[string]*commonpb.AnyValue
-}
-
-const scrubCacheMax = 4096
-
-func (c *scrubCache) use(r *scrub.Replacer) {
-	if c.r != r || len(c.seen) > scrubCacheMax {
-		c.r, c.seen = r, make(map[string]*commonpb.AnyValue, 256)
-	}
-}
-
-// value is s scrubbed, as an OTLP string value (shared between the spans that carry it:
-// the messages are only read when encoded).
-func (c *scrubCache) value(s string) *commonpb.AnyValue {
-	if v, ok := c.seen[s]; ok {
-		return v
-	}
-	v := &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: c.r.String(s)}}
-	c.seen[s] = v
-	return v
-}
-
-func (c *scrubCache) scrub(s string) string {
-	return c.value(s).Value.(*commonpb.AnyValue_StringValue).StringValue
-}
-
-func (c *scrubCache) str(k, v string) *commonpb.KeyValue {
-	return &commonpb.KeyValue{Key: k, Value: c.value(v)}
-}
-
-func (c *scrubCache) strs(k string, vs []string) *commonpb.KeyValue {
-	arr := make([]*commonpb.AnyValue, len(vs))
-	for i, v := range vs {
-		arr[i] = c.value(v)
-	}
-	return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_ArrayValue{ArrayValue: &commonpb.ArrayValue{Values: arr}}}}
-}
-
-// resourceProto is the OTLP form of the resource (string attributes only).
-func resourceProto(res *resource.Resource) *resourcepb.Resource {
+func newTraceExporter(send func(context.Context, []byte) error, res *resource.Resource, scope string) (*traceExporter, error) {
 	r := &resourcepb.Resource{}
 	for _, kv := range res.Attributes() {
 		r.Attributes = append(r.Attributes, &commonpb.KeyValue{Key: string(kv.Key), Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: kv.Value.Emit()}}})
 	}
-	return r
+	rb, err := proto.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := proto.Marshal(&commonpb.InstrumentationScope{Name: scope})
+	if err != nil {
+		return nil, err
+	}
+	e := &traceExporter{send: send}
+	e.resource = protowire.AppendBytes(protowire.AppendTag(nil, fRSResource, protowire.BytesType), rb)
+	e.scope = protowire.AppendBytes(protowire.AppendTag(nil, fSSScope, protowire.BytesType), sb)
+	return e, nil
+}
+
+// export is the queue's export of a batch.
+func (e *traceExporter) export(ctx context.Context, r *scrub.Replacer, batch []*Trace) error {
+	return e.send(ctx, e.encode(r, batch))
 }
 
 // Finish ends s (nothing when s is nil: the step is not traced).

@@ -21,9 +21,6 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlplog/otlploghttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otellog "go.opentelemetry.io/otel/log"
 	sdklog "go.opentelemetry.io/otel/sdk/log"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -32,7 +29,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/prometheus/client_golang/prometheus"
-	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
@@ -60,13 +58,12 @@ type Deps struct {
 // Telemetry is the running export. Its methods are safe for concurrent use, and on a nil
 // *Telemetry do nothing.
 type Telemetry struct {
-	conn        *conn
-	tracer      *Tracer
-	traceClient otlptrace.Client
-	lp          *sdklog.LoggerProvider
-	mp          *sdkmetric.MeterProvider
-	logger      otellog.Logger
-	scrubber    func() *scrub.Replacer
+	conn     *conn
+	tracer   *Tracer
+	lp       *sdklog.LoggerProvider
+	mp       *sdkmetric.MeterProvider
+	logger   otellog.Logger
+	scrubber func() *scrub.Replacer
 
 	dropped  *prometheus.CounterVec
 	exported *prometheus.CounterVec
@@ -157,20 +154,17 @@ func (t *Telemetry) start(ctx context.Context, cfg *config.Telemetry, res *resou
 		t.logger = t.lp.Logger("github.com/capbroker/capbroker/broker/audit")
 	}
 	if cfg.Enabled(config.SignalTraces) {
-		var client otlptrace.Client
+		snd := &rawSender{retryFirst: 200 * time.Millisecond}
 		if grpcOn {
-			client = otlptracegrpc.NewClient(otlptracegrpc.WithGRPCConn(c.grpc), otlptracegrpc.WithTimeout(cfg.ExportTimeout),
-				otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: true, InitialInterval: 200 * time.Millisecond, MaxInterval: time.Second, MaxElapsedTime: retryWithin}))
+			snd.grpc, snd.method = c.grpc, "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+			snd.newReply = func() proto.Message { return &coltrace.ExportTraceServiceResponse{} }
 		} else {
-			client = otlptracehttp.NewClient(otlptracehttp.WithEndpointURL(c.url("/v1/traces")), otlptracehttp.WithHTTPClient(c.http), otlptracehttp.WithTimeout(cfg.ExportTimeout),
-				otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: true, InitialInterval: 200 * time.Millisecond, MaxInterval: time.Second, MaxElapsedTime: retryWithin}))
+			snd.http, snd.url = c.http, c.url("/v1/traces")
 		}
-		if err := client.Start(ctx); err != nil {
+		exp, err := newTraceExporter(snd.send, res, "github.com/capbroker/capbroker/broker")
+		if err != nil {
 			return fmt.Errorf("telemetry: traces exporter: %w", err)
 		}
-		t.traceClient = client
-		exp := &traceExporter{client: client, resource: resourceProto(res),
-			scope: &commonpb.InstrumentationScope{Name: "github.com/capbroker/capbroker/broker"}}
 		tr := &Tracer{ratio: 1}
 		if cfg.TraceRatio != nil {
 			tr.ratio = *cfg.TraceRatio
@@ -321,7 +315,7 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	}
 	var errs []error
 	if t.tracer != nil {
-		errs = append(errs, t.tracer.q.Close(ctx), t.traceClient.Stop(ctx))
+		errs = append(errs, t.tracer.q.Close(ctx))
 	}
 	if t.lp != nil {
 		errs = append(errs, t.lp.Shutdown(ctx))
