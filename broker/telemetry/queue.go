@@ -4,8 +4,6 @@ import (
 	"context"
 	"sync"
 	"time"
-
-	sdklog "go.opentelemetry.io/otel/sdk/log"
 )
 
 // queue holds what waits to be exported, bounded: put never blocks. What finds it full is
@@ -156,16 +154,3 @@ func (q *queue[T]) Close(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
-
-// logQueue is the SDK's log processor over a queue: each record is copied and queued.
-type logQueue struct{ q *queue[sdklog.Record] }
-
-var _ sdklog.Processor = logQueue{}
-
-func (l logQueue) OnEmit(_ context.Context, r *sdklog.Record) error {
-	l.q.put(r.Clone())
-	return nil
-}
-func (logQueue) Enabled(context.Context, sdklog.EnabledParameters) bool { return true }
-func (l logQueue) Shutdown(ctx context.Context) error                   { return l.q.Close(ctx) }
-func (l logQueue) ForceFlush(ctx context.Context) error                 { return l.q.Flush(ctx) }

@@ -137,22 +137,28 @@ type traceExporter struct {
 }
 
 func newTraceExporter(send func(context.Context, []byte) error, res *resource.Resource, scope string) (*traceExporter, error) {
+	rb, sb, err := resourceAndScope(res, scope)
+	if err != nil {
+		return nil, err
+	}
+	return &traceExporter{send: send, resource: rb, scope: sb}, nil
+}
+
+// resourceAndScope are the resource and scope fields of a ResourceSpans or ResourceLogs and
+// its ScopeSpans or ScopeLogs (field 1 in each), encoded once.
+func resourceAndScope(res *resource.Resource, scope string) (rb, sb []byte, err error) {
 	r := &resourcepb.Resource{}
 	for _, kv := range res.Attributes() {
 		r.Attributes = append(r.Attributes, &commonpb.KeyValue{Key: string(kv.Key), Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: kv.Value.Emit()}}})
 	}
-	rb, err := proto.Marshal(r)
-	if err != nil {
-		return nil, err
+	if rb, err = proto.Marshal(r); err != nil {
+		return nil, nil, err
 	}
-	sb, err := proto.Marshal(&commonpb.InstrumentationScope{Name: scope})
-	if err != nil {
-		return nil, err
+	if sb, err = proto.Marshal(&commonpb.InstrumentationScope{Name: scope}); err != nil {
+		return nil, nil, err
 	}
-	e := &traceExporter{send: send}
-	e.resource = protowire.AppendBytes(protowire.AppendTag(nil, fRSResource, protowire.BytesType), rb)
-	e.scope = protowire.AppendBytes(protowire.AppendTag(nil, fSSScope, protowire.BytesType), sb)
-	return e, nil
+	return protowire.AppendBytes(protowire.AppendTag(nil, fRSResource, protowire.BytesType), rb),
+		protowire.AppendBytes(protowire.AppendTag(nil, fSSScope, protowire.BytesType), sb), nil
 }
 
 // export is the queue's export of a batch.

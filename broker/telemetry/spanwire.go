@@ -68,6 +68,7 @@ const (
 type wire struct {
 	b     []byte
 	cache scrubCache
+	attrs protowire.Number // the attributes' field: a Span's or a LogRecord's
 }
 
 // open starts a length-delimited field; close ends it.
@@ -101,9 +102,16 @@ func (w *wire) fixed64(f protowire.Number, v uint64) {
 	w.b = protowire.AppendFixed64(w.b, v)
 }
 
+func (w *wire) attr() int {
+	if w.attrs == 0 {
+		w.attrs = fAttributes
+	}
+	return w.open(w.attrs)
+}
+
 // str is a string attribute, its value scrubbed; empty values are sent too (as the SDK did).
 func (w *wire) str(k, v string) {
-	kv := w.open(fAttributes)
+	kv := w.attr()
 	w.string(fKey, k)
 	av := w.open(fValue)
 	w.string(fString, w.cache.scrub(v))
@@ -112,7 +120,7 @@ func (w *wire) str(k, v string) {
 }
 
 func (w *wire) int(k string, v int64) {
-	kv := w.open(fAttributes)
+	kv := w.attr()
 	w.string(fKey, k)
 	av := w.open(fValue)
 	w.varint(fInt, uint64(v))
@@ -121,7 +129,7 @@ func (w *wire) int(k string, v int64) {
 }
 
 func (w *wire) bool(k string, v bool) {
-	kv := w.open(fAttributes)
+	kv := w.attr()
 	w.string(fKey, k)
 	av := w.open(fValue)
 	w.varint(fBool, protowire.EncodeBool(v))
@@ -130,7 +138,7 @@ func (w *wire) bool(k string, v bool) {
 }
 
 func (w *wire) double(k string, v float64) {
-	kv := w.open(fAttributes)
+	kv := w.attr()
 	w.string(fKey, k)
 	av := w.open(fValue)
 	w.fixed64(fDouble, math.Float64bits(v))
@@ -139,7 +147,7 @@ func (w *wire) double(k string, v float64) {
 }
 
 func (w *wire) strs(k string, vs []string) {
-	kv := w.open(fAttributes)
+	kv := w.attr()
 	w.string(fKey, k)
 	av := w.open(fValue)
 	arr := w.open(fArray)
@@ -174,6 +182,7 @@ func (w *wire) span(tr *Trace, s *Span, parent []byte, kind uint64, flags uint32
 // encode writes batch as one ExportTraceServiceRequest into w.b (reset first).
 func (e *traceExporter) encode(r *scrub.Replacer, batch []*Trace) []byte {
 	w := &e.w
+	w.attrs = fAttributes
 	w.cache.use(r)
 	w.b = w.b[:0]
 	rs := w.open(fReqResourceSpans)

@@ -1,14 +1,15 @@
-// Package telemetry exports what the broker does over OpenTelemetry (OTLP, gRPC or HTTP) with
-// the official Go SDK: each audit event as a log record whose body is the audit line as
-// written (whatever audit.format), a span tree per request (the broker makes the spans; this
-// package provides the tracer), and the Prometheus families as OTLP metrics. Export never
+// Package telemetry exports what the broker does over OpenTelemetry (OTLP, gRPC or HTTP):
+// each audit event as a log record whose body is the audit line as written (whatever
+// audit.format), a span tree per request (the broker records it in a Trace; this package
+// provides the Tracer), both encoded to OTLP protobuf here on the export goroutines
+// (spanwire.go, logwire.go: the SDK's record and span objects cost the request path too much),
+// and the Prometheus families as OTLP metrics with the official Go SDK. Export never
 // holds a request: records and spans go into bounded queues, and what does not fit, or
 // cannot be delivered, is dropped and counted (capbroker_telemetry_dropped_total). Every
 // exported string is scrubbed of every secret the broker knows (scrub.go).
 package telemetry
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,18 +18,14 @@ import (
 
 	promBridge "go.opentelemetry.io/contrib/bridges/prometheus"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlplog/otlploggrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlplog/otlploghttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
-	otellog "go.opentelemetry.io/otel/log"
-	sdklog "go.opentelemetry.io/otel/sdk/log"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/resource"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/prometheus/client_golang/prometheus"
+	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
@@ -60,9 +57,8 @@ type Deps struct {
 type Telemetry struct {
 	conn     *conn
 	tracer   *Tracer
-	lp       *sdklog.LoggerProvider
+	logs     *queue[logRecord]
 	mp       *sdkmetric.MeterProvider
-	logger   otellog.Logger
 	scrubber func() *scrub.Replacer
 
 	dropped  *prometheus.CounterVec
@@ -130,28 +126,25 @@ func (t *Telemetry) start(ctx context.Context, cfg *config.Telemetry, res *resou
 	grpcOn, c := cfg.Protocol != "http", t.conn
 	retryWithin := cfg.ExportTimeout
 	if cfg.Enabled(config.SignalLogs) {
-		var exp sdklog.Exporter
-		var err error
+		snd := &rawSender{retryFirst: 200 * time.Millisecond}
 		if grpcOn {
-			exp, err = otlploggrpc.New(ctx, otlploggrpc.WithGRPCConn(c.grpc), otlploggrpc.WithTimeout(cfg.ExportTimeout),
-				otlploggrpc.WithRetry(otlploggrpc.RetryConfig{Enabled: true, InitialInterval: 200 * time.Millisecond, MaxInterval: time.Second, MaxElapsedTime: retryWithin}))
+			snd.grpc, snd.method = c.grpc, "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
+			snd.newReply = func() proto.Message { return &collogs.ExportLogsServiceResponse{} }
 		} else {
-			exp, err = otlploghttp.New(ctx, otlploghttp.WithEndpointURL(c.url("/v1/logs")), otlploghttp.WithHTTPClient(c.http), otlploghttp.WithTimeout(cfg.ExportTimeout),
-				otlploghttp.WithRetry(otlploghttp.RetryConfig{Enabled: true, InitialInterval: 200 * time.Millisecond, MaxInterval: time.Second, MaxElapsedTime: retryWithin}))
+			snd.http, snd.url = c.http, c.url("/v1/logs")
 		}
+		rb, sb, err := resourceAndScope(res, "github.com/capbroker/capbroker/broker/audit")
 		if err != nil {
 			return fmt.Errorf("telemetry: logs exporter: %w", err)
 		}
-		q := newQueue(cfg.QueueSize, cfg.BatchSize, cfg.BatchTimeout, cfg.ExportTimeout, func(ctx context.Context, recs []sdklog.Record) error {
-			scrubRecords(t.scrubber(), recs)
-			err := exp.Export(ctx, recs)
+		exp := &logExporter{send: snd.send, resource: rb, scope: sb}
+		t.logs = newQueue(cfg.QueueSize, cfg.BatchSize, cfg.BatchTimeout, cfg.ExportTimeout, func(ctx context.Context, recs []logRecord) error {
+			err := exp.export(ctx, t.scrubber(), recs)
 			if err == nil {
 				t.exported.WithLabelValues(config.SignalLogs).Add(float64(len(recs)))
 			}
 			return err
 		}, t.drop(config.SignalLogs))
-		t.lp = sdklog.NewLoggerProvider(sdklog.WithResource(res), sdklog.WithProcessor(logQueue{q}))
-		t.logger = t.lp.Logger("github.com/capbroker/capbroker/broker/audit")
 	}
 	if cfg.Enabled(config.SignalTraces) {
 		snd := &rawSender{retryFirst: 200 * time.Millisecond}
@@ -245,44 +238,10 @@ func (t *Telemetry) Tracer() *Tracer {
 // attributes and, when the request was traced, its trace and span. e is nil for an
 // approval event. It never blocks: the record is queued or dropped.
 func (t *Telemetry) Audit(e *audit.Event, line []byte) {
-	if t == nil || t.logger == nil {
+	if t == nil || t.logs == nil {
 		return
 	}
-	var r otellog.Record
-	now := time.Now()
-	r.SetTimestamp(now)
-	r.SetObservedTimestamp(now)
-	r.SetSeverity(otellog.SeverityInfo)
-	r.SetSeverityText("INFO")
-	r.SetBody(attribute.StringValue(string(bytes.TrimRight(line, "\n"))))
-	ctx := context.Background()
-	if e == nil {
-		r.SetEventName("capbroker.approval")
-	} else {
-		r.SetEventName("capbroker.decision")
-		r.AddAttributes(
-			attribute.String("capbroker.agent", e.Agent),
-			attribute.String("capbroker.request_id", e.RequestID),
-			attribute.String("capbroker.decision", e.Decision),
-		)
-		if sc := spanContext(e); sc.IsValid() {
-			ctx = trace.ContextWithSpanContext(ctx, sc)
-		}
-	}
-	t.logger.Emit(ctx, r)
-}
-
-// spanContext is the span of a traced event's request.
-func spanContext(e *audit.Event) trace.SpanContext {
-	if e.TraceID == "" {
-		return trace.SpanContext{}
-	}
-	tid, err1 := trace.TraceIDFromHex(e.TraceID)
-	sid, err2 := trace.SpanIDFromHex(e.SpanID)
-	if err1 != nil || err2 != nil {
-		return trace.SpanContext{}
-	}
-	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled})
+	t.logs.put(newLogRecord(e, line))
 }
 
 // Probe asks the collector once whether it takes the credentials, with an empty export. The
@@ -317,8 +276,8 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	if t.tracer != nil {
 		errs = append(errs, t.tracer.q.Close(ctx))
 	}
-	if t.lp != nil {
-		errs = append(errs, t.lp.Shutdown(ctx))
+	if t.logs != nil {
+		errs = append(errs, t.logs.Close(ctx))
 	}
 	if t.mp != nil {
 		errs = append(errs, t.mp.Shutdown(ctx))

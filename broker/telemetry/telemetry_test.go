@@ -3,6 +3,7 @@ package telemetry
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"sync"
@@ -11,10 +12,9 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	otellog "go.opentelemetry.io/otel/log"
-	sdklog "go.opentelemetry.io/otel/sdk/log"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/resource"
+	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -144,22 +144,19 @@ func TestTraceExport(t *testing.T) {
 // attributes, are scrubbed.
 func TestScrubRecordsAndMetrics(t *testing.T) {
 	r := scrub.New(canary, "[REDACTED]")
-	var got []sdklog.Record
-	lp := sdklog.NewLoggerProvider(sdklog.WithProcessor(recordProcessor{&got}))
-	var rec otellog.Record
-	rec.SetBody(attribute.StringValue(`{"agent":"` + canary + `"}`))
-	rec.AddAttributes(attribute.String("capbroker.agent", canary))
-	lp.Logger("t").Emit(context.Background(), rec)
-	scrubRecords(r, got)
-	if b := got[0].Body().AsString(); b != `{"agent":"[REDACTED]"}` {
-		t.Fatalf("body %s", b)
-	}
-	got[0].WalkAttributes(func(kv attribute.KeyValue) bool {
-		if kv.Value.AsString() != "[REDACTED]" {
-			t.Fatalf("attribute %v", kv)
+	e := &logExporter{}
+	for range 2 { // the second time from the cache
+		req := decodeLogs(t, e.encode(r, []logRecord{newLogRecord(&audit.Event{Agent: canary, RequestID: "x" + canary}, []byte(`{"agent":"`+canary+`"}`+"\n"))}))
+		rec := req.ResourceLogs[0].ScopeLogs[0].LogRecords[0]
+		if b := rec.Body.GetStringValue(); b != `{"agent":"[REDACTED]"}` {
+			t.Fatalf("body %s", b)
 		}
-		return true
-	})
+		for _, kv := range rec.Attributes {
+			if v := kv.Value.GetStringValue(); contains(v, canary) {
+				t.Fatalf("attribute %v", kv)
+			}
+		}
+	}
 
 	rm := &metricdata.ResourceMetrics{ScopeMetrics: []metricdata.ScopeMetrics{{Metrics: []metricdata.Metrics{
 		{Name: "c", Data: metricdata.Sum[float64]{DataPoints: []metricdata.DataPoint[float64]{{Attributes: attribute.NewSet(attribute.String("agent", canary))}}}},
@@ -182,43 +179,42 @@ func TestScrubRecordsAndMetrics(t *testing.T) {
 	}
 }
 
-type recordProcessor struct{ got *[]sdklog.Record }
-
-func (p recordProcessor) OnEmit(_ context.Context, r *sdklog.Record) error {
-	*p.got = append(*p.got, r.Clone())
-	return nil
+func decodeLogs(t *testing.T, b []byte) *collogs.ExportLogsServiceRequest {
+	t.Helper()
+	var req collogs.ExportLogsServiceRequest
+	if err := proto.Unmarshal(b, &req); err != nil {
+		t.Fatal(err)
+	}
+	return &req
 }
-func (recordProcessor) Enabled(context.Context, sdklog.EnabledParameters) bool { return true }
-func (recordProcessor) Shutdown(context.Context) error                         { return nil }
-func (recordProcessor) ForceFlush(context.Context) error                       { return nil }
 
 // TestAuditRecord: an audit event becomes one record: the line as body, the agent, request
 // id and decision as attributes, the request's span as the record's.
 func TestAuditRecord(t *testing.T) {
-	var got []sdklog.Record
-	lp := sdklog.NewLoggerProvider(sdklog.WithProcessor(recordProcessor{&got}))
-	tel := &Telemetry{logger: lp.Logger("t")}
 	ev := &audit.Event{RequestID: "r1", Agent: "a1", Decision: "deny",
 		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", SpanID: "00f067aa0ba902b7"}
-	tel.Audit(ev, []byte(`{"msg":"decision"}`+"\n"))
-	tel.Audit(nil, []byte(`{"msg":"approval"}`+"\n"))
 	var nilTel *Telemetry
 	nilTel.Audit(ev, []byte("x\n")) // no telemetry: nothing, no panic
+	e := &logExporter{}
+	req := decodeLogs(t, e.encode(scrub.New(), []logRecord{newLogRecord(ev, []byte(`{"msg":"decision"}`+"\n")), newLogRecord(nil, []byte(`{"msg":"approval"}`+"\n"))}))
+	got := req.ResourceLogs[0].ScopeLogs[0].LogRecords
 	if len(got) != 2 {
 		t.Fatalf("%d records", len(got))
 	}
 	r := got[0]
-	if r.Body().AsString() != `{"msg":"decision"}` || r.EventName() != "capbroker.decision" ||
-		r.TraceID().String() != ev.TraceID || r.SpanID().String() != ev.SpanID {
-		t.Fatalf("record: body %q event %q trace %s span %s", r.Body().AsString(), r.EventName(), r.TraceID(), r.SpanID())
+	if r.Body.GetStringValue() != `{"msg":"decision"}` || r.EventName != "capbroker.decision" || r.SeverityText != "INFO" ||
+		hex.EncodeToString(r.TraceId) != ev.TraceID || hex.EncodeToString(r.SpanId) != ev.SpanID || r.TimeUnixNano == 0 {
+		t.Fatalf("record %v", r)
 	}
 	attrs := map[string]string{}
-	r.WalkAttributes(func(kv attribute.KeyValue) bool { attrs[string(kv.Key)] = kv.Value.AsString(); return true })
+	for _, kv := range r.Attributes {
+		attrs[kv.Key] = kv.Value.GetStringValue()
+	}
 	if attrs["capbroker.agent"] != "a1" || attrs["capbroker.request_id"] != "r1" || attrs["capbroker.decision"] != "deny" {
 		t.Fatalf("attributes %v", attrs)
 	}
-	if got[1].EventName() != "capbroker.approval" || got[1].TraceID().IsValid() {
-		t.Fatalf("approval record: %q %s", got[1].EventName(), got[1].TraceID())
+	if got[1].EventName != "capbroker.approval" || len(got[1].TraceId) != 0 || len(got[1].Attributes) != 0 {
+		t.Fatalf("approval record: %v", got[1])
 	}
 }
 
