@@ -95,7 +95,7 @@ func (e *logExporter) encode(r *scrub.Replacer, batch []logRecord) []byte {
 		w.close(body)
 		if rec.event == "capbroker.decision" {
 			w.str("capbroker.agent", rec.agent)
-			w.str("capbroker.request_id", rec.requestID)
+			w.unique("capbroker.request_id", rec.requestID)
 			w.str("capbroker.decision", rec.decision)
 		}
 		if rec.spanID != [8]byte{} {

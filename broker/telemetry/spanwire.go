@@ -110,11 +110,17 @@ func (w *wire) attr() int {
 }
 
 // str is a string attribute, its value scrubbed; empty values are sent too (as the SDK did).
-func (w *wire) str(k, v string) {
+func (w *wire) str(k, v string) { w.strScrubbed(k, w.cache.scrub(v)) }
+
+// unique is a string attribute whose value is new each time (a request's id): scrubbed, not
+// cached.
+func (w *wire) unique(k, v string) { w.strScrubbed(k, w.cache.r.String(v)) }
+
+func (w *wire) strScrubbed(k, v string) {
 	kv := w.attr()
 	w.string(fKey, k)
 	av := w.open(fValue)
-	w.string(fString, w.cache.scrub(v))
+	w.string(fString, v)
 	w.close(av)
 	w.close(kv)
 }
@@ -206,14 +212,14 @@ func (w *wire) trace(tr *Trace) {
 		parent, flags = tr.Parent[:], flagsRemote
 	}
 	root := w.span(tr, &tr.Root, parent, kindServer, flags)
-	w.str("capbroker.request_id", ev.RequestID)
+	w.unique("capbroker.request_id", ev.RequestID)
 	w.str("capbroker.agent", ev.Agent)
 	w.str("capbroker.phase", ev.Phase)
 	w.str("capbroker.decision", ev.Decision)
 	w.str("capbroker.reason", ev.Reason)
 	w.strs("capbroker.credentials", ev.Credentials)
 	w.str("capbroker.policy_revision", ev.PolicyRevision)
-	w.str("capbroker.decision_id", ev.DecisionID)
+	w.unique("capbroker.decision_id", ev.DecisionID)
 	w.str("capbroker.mode", ev.Mode)
 	w.str("http.request.method", ev.Method)
 	w.str("server.address", ev.Host)

@@ -99,7 +99,7 @@ func TestTraceExport(t *testing.T) {
 		tr.Upstream = Span{ID: NewSpanID(), Name: "chat gpt-4o-mini", Start: now, End: now}
 		tr.Scrub = Span{ID: NewSpanID(), Name: "scrub", Start: now, End: now}
 		tr.Status = "failed with " + canary
-		tr.Event = audit.Event{Agent: "agent-" + canary, Decision: "deny", Path: "/x/" + canary, Credentials: []string{"a", canary}, Status: 502,
+		tr.Event = audit.Event{RequestID: "r-" + canary, DecisionID: "d-" + canary, Agent: "agent-" + canary, Decision: "deny", Path: "/x/" + canary, Credentials: []string{"a", canary}, Status: 502,
 			LLM: &audit.LLMCall{Provider: "openai", Model: "gpt-4o-mini", TokensIn: 7, TokensOut: 3}}
 		return tr
 	}
