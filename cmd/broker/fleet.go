@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/capbroker/capbroker/broker"
+	"github.com/capbroker/capbroker/broker/approvals"
+	"github.com/capbroker/capbroker/broker/budget"
+	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/rpc"
+)
+
+// fleetSetup is what serve needs to run as one replica of a fleet (fleet: in the config;
+// docs/fleet.md): the shared approvals queue, the shared MCP sessions, and the drain.
+type fleetSetup struct {
+	cfg      *config.Fleet
+	instance string
+	shared   *approvals.RedisShared
+	sessions *rpc.SharedSessions
+	draining atomic.Bool
+	log      zerolog.Logger
+}
+
+// buildFleet returns nil without a fleet section (validated to come with budgets.store.redis).
+func buildFleet(cfg *config.Config, store *budget.Redis, log zerolog.Logger) *fleetSetup {
+	f := cfg.Fleet
+	if f == nil || store == nil {
+		return nil
+	}
+	name := f.InstanceName()
+	ttl := f.MCPSessionTTL
+	if ttl == 0 {
+		ttl = config.DefaultMCPSessionTTL
+	}
+	return &fleetSetup{
+		cfg: f, instance: name, log: log,
+		shared: &approvals.RedisShared{Client: store.Client(), Prefix: store.Prefix(), Instance: name},
+		sessions: &rpc.SharedSessions{Local: rpc.NewSessions(1 << 16), Client: store.Client(), Prefix: store.Prefix(),
+			TTL: ttl, FailClosed: f.OnStoreError != "local"},
+	}
+}
+
+func (f *fleetSetup) drainDelay() time.Duration {
+	if f.cfg.DrainDelay == 0 {
+		return config.DefaultDrainDelay
+	}
+	return f.cfg.DrainDelay
+}
+
+func (f *fleetSetup) drainHold() time.Duration {
+	if f.cfg.DrainHold == 0 {
+		return config.DefaultDrainHold
+	}
+	return f.cfg.DrainHold
+}
+
+// serveUntil returns a context that ends drainDelay after ctx (SIGTERM): in between, the
+// replica reports not ready (readiness) while it goes on serving, so that the load balancer
+// stops sending it connections before its listener closes.
+func (f *fleetSetup) serveUntil(ctx context.Context) context.Context {
+	out, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		<-ctx.Done()
+		f.draining.Store(true)
+		f.log.Info().Dur("drain_delay", f.drainDelay()).Msg("draining: not ready; serving on until the load balancer has noticed")
+		t := time.NewTimer(f.drainDelay())
+		defer t.Stop()
+		<-t.C
+		cancel()
+	}()
+	return out
+}
+
+// readiness answers /readyz 503 while the replica drains; everything else goes to next.
+func (f *fleetSetup) readiness(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" && f.draining.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"status":"draining","instance":` + quoteJSON(f.instance) + "}\n"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func quoteJSON(s string) string {
+	b := []byte{'"'}
+	for _, r := range s {
+		if r < 0x20 || r == '"' || r == '\\' {
+			b = append(b, '?')
+			continue
+		}
+		b = append(b, string(r)...)
+	}
+	return string(append(b, '"'))
+}
+
+// brokerDeps adds the fleet's parts to the broker's collaborators.
+func (f *fleetSetup) brokerDeps(d *broker.Deps) {
+	if f == nil {
+		return
+	}
+	d.MCPSessions = f.sessions
+	d.DrainHold = f.drainHold()
+}
