@@ -1,0 +1,715 @@
+package integration
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capbroker/capbroker/broker/budget/redistest"
+	"github.com/capbroker/capbroker/internal/harness"
+)
+
+// fleetPolicy: tunnels to 127.0.0.1 are intercepted; /open/ is allowed, /ask/ asks a person,
+// /mcp is decided by the shipped MCP policy.
+const fleetPolicy = `package broker
+
+import data.mcp
+
+default decision := {"allow": false, "reason": "not allowed by the test policy"}
+
+decision := {"allow": true, "intercept": true} if {
+	input.phase == "connect"
+	input.request.host == "127.0.0.1"
+}
+
+decision := {"allow": true} if {
+	input.phase == "request"
+	startswith(input.request.path, "/open/")
+}
+
+decision := {"ask": {"reason": "writes need a person", "timeout": "1m"}} if {
+	input.phase == "request"
+	startswith(input.request.path, "/ask/")
+}
+
+decision := mcp.decision if {
+	input.phase == "request"
+	input.request.path == "/mcp"
+}
+`
+
+// fleetRig is three brokers (the built binary) sharing one CA, one policy directory and a
+// real redis-server, behind Debian's haproxy in TCP mode as the Service: round robin over the
+// replicas whose /readyz answers 200, a connection that fails retried on another.
+type fleetRig struct {
+	t         *testing.T
+	dir       string
+	redis     *redistest.Server
+	caFile    string
+	policyDir string
+	config    string // the part of the config every replica shares
+	env       []string
+	replicas  []*fleetReplica
+	lb        string // haproxy's address: the Service
+	lbStats   string // haproxy's stats socket
+	tokens    map[string]string
+}
+
+type fleetReplica struct {
+	name, listen, admin, cfgFile string
+	proc                         *brokerProc
+}
+
+func haproxyBin(t *testing.T) string {
+	for _, p := range []string{os.Getenv("HAPROXY_BIN"), "/usr/sbin/haproxy"} {
+		if p != "" {
+			if _, err := os.Stat(p); err == nil {
+				return p
+			}
+		}
+	}
+	if p, err := exec.LookPath("haproxy"); err == nil {
+		return p
+	}
+	requireTool(t, "haproxy is missing")
+	return ""
+}
+
+func newFleetRig(t *testing.T, upstreamCA string, files map[string]string, extra string) *fleetRig {
+	t.Helper()
+	hap := haproxyBin(t)
+	dir, err := os.MkdirTemp("", "capbroker-fleet-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	r := &fleetRig{t: t, dir: dir, redis: redistest.Start(t), caFile: filepath.Join(dir, "ca", "ca.crt"),
+		policyDir: filepath.Join(dir, "policies"), tokens: map[string]string{}}
+	if out, err := exec.Command(brokerBin, "ca", "init", "--out", filepath.Join(dir, "ca")).CombinedOutput(); err != nil {
+		t.Fatalf("ca init: %v\n%s", err, out)
+	}
+	if err := os.MkdirAll(r.policyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files["broker.rego"] = fleetPolicy
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(r.policyDir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agents := []string{"fleet-a", "fleet-b", "fleet-c"}
+	for _, a := range agents {
+		r.tokens[a] = randHex(16)
+		r.env = append(r.env, tokenEnv(a)+"="+r.tokens[a])
+	}
+	r.env = append(r.env, "CANARY_SECRET=sk-canary-"+randHex(8))
+	r.config = canaryConfig(upstreamCA, agents, fmt.Sprintf(`budgets:
+  store: {redis: {address: %q, key_prefix: "fleet:"}}
+protocols:
+  mcp: [{hosts: [127.0.0.1], path: /mcp}]
+`, r.redis.Addr)+extra)
+	var servers strings.Builder
+	for i := range 3 {
+		rp := &fleetReplica{name: fmt.Sprintf("replica-%d", i+1), listen: freeAddr(t), admin: freeAddr(t)}
+		rp.cfgFile = filepath.Join(dir, rp.name+".yaml")
+		cfg := fmt.Sprintf("proxy: {listen: %q}\nadmin: {listen: %q}\nca: {cert_file: %q, key_file: %q}\npolicy: {dir: %q, mode: enforce}\n"+
+			"approvals: {state_file: %q}\nfleet: {instance: %s, drain_delay: 400ms, drain_hold: 3s}\n",
+			rp.listen, rp.admin, r.caFile, filepath.Join(dir, "ca", "ca.key"), r.policyDir,
+			filepath.Join(dir, rp.name+"-approvals.json"), rp.name) + r.config
+		if err := os.WriteFile(rp.cfgFile, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r.replicas = append(r.replicas, rp)
+		_, adminPort, _ := net.SplitHostPort(rp.admin)
+		fmt.Fprintf(&servers, "  server %s %s check port %s\n", rp.name, rp.listen, adminPort)
+	}
+	for _, rp := range r.replicas {
+		r.start(rp)
+	}
+	r.lb, r.lbStats = freeAddr(t), filepath.Join(dir, "haproxy.sock")
+	hcfg := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(hcfg, []byte(fmt.Sprintf(`global
+  stats socket %s level admin
+  maxconn 2000
+defaults
+  mode tcp
+  timeout connect 2s
+  timeout client 60s
+  timeout server 60s
+  retries 3
+  option redispatch 1
+frontend service
+  bind %s
+  default_backend brokers
+backend brokers
+  balance roundrobin
+  option httpchk GET /readyz
+  http-check expect status 200
+  default-server inter 100ms fall 1 rise 1
+%s`, r.lbStats, r.lb, servers.String())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(hap, "-db", "-f", hcfg)
+	cmd.Env = harness.Env()
+	logs := newLogTail()
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for _, rp := range r.replicas {
+		r.waitLB(rp, "UP")
+	}
+	return r
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	a, err := harness.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// start runs a replica (again) on its addresses and waits until it listens.
+func (r *fleetRig) start(rp *fleetReplica) {
+	t := r.t
+	t.Helper()
+	b := &brokerProc{dir: r.dir, caFile: r.caFile, policyDir: r.policyDir, logs: newLogTail(), auditLog: newLogTail(), done: make(chan error, 1)}
+	b.cmd = exec.Command(brokerBin, "run", "--config", rp.cfgFile)
+	b.cmd.Env = append(harness.Env(), r.env...)
+	b.cmd.Stdout, b.cmd.Stderr = b.auditLog, b.logs
+	if err := b.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		err := b.cmd.Wait()
+		b.logs.Write([]byte(fmt.Sprintf("broker process exited: %v\n", err)))
+		b.done <- err
+	}()
+	t.Cleanup(func() { b.stop(t) })
+	b.logs.wait(t, `"message":"listening"`)
+	b.proxyAddr, b.adminAddr = rp.listen, rp.admin
+	rp.proc = b
+}
+
+// lbStatus is haproxy's view of a replica (UP, DOWN, ...), from its stats socket.
+func (r *fleetRig) lbStatus(rp *fleetReplica) string {
+	c, err := net.Dial("unix", r.lbStats)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "show stat\n")
+	sc := bufio.NewScanner(c)
+	col := -1
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), ",")
+		if strings.HasPrefix(sc.Text(), "# ") {
+			for i, n := range f {
+				if n == "status" {
+					col = i
+				}
+			}
+			continue
+		}
+		if len(f) > col && col >= 0 && f[0] == "brokers" && f[1] == rp.name {
+			return strings.Fields(f[col] + " ")[0]
+		}
+	}
+	return ""
+}
+
+// waitLB waits until haproxy reports the replica in state (its checks run every 100ms).
+func (r *fleetRig) waitLB(rp *fleetReplica, state string) {
+	r.t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for r.lbStatus(rp) != state {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("haproxy never saw %s %s (now %q)", rp.name, state, r.lbStatus(rp))
+		}
+		time.Sleep(20 * time.Millisecond) // polling another process's health checks
+	}
+}
+
+// client is an agent's HTTP client through the Service, one connection per request, so that
+// successive requests land on successive replicas.
+func (r *fleetRig) client(agent string) *http.Client {
+	return r.clientVia(r.lb, agent)
+}
+
+func (r *fleetRig) clientVia(addr, agent string) *http.Client {
+	pu, _ := url.Parse(fmt.Sprintf("http://%s:%s@%s", agent, r.tokens[agent], addr))
+	b := &brokerProc{caFile: r.caFile}
+	return &http.Client{Timeout: waitTimeout, Transport: &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true,
+		TLSClientConfig: &tls.Config{RootCAs: b.caPool(r.t)}}}
+}
+
+func (r *fleetRig) admin(rp *fleetReplica) *admin { return newAdmin(r.t, rp.proc) }
+
+// instances counts the decision events of each replica whose path starts with prefix.
+func (r *fleetRig) instances(prefix string) map[string]int {
+	out := map[string]int{}
+	for _, rp := range r.replicas {
+		for _, ev := range rp.proc.audit(r.t) {
+			if p, _ := ev["path"].(string); ev["msg"] == "decision" && strings.HasPrefix(p, prefix) {
+				out[fmt.Sprint(ev["instance"])]++
+			}
+		}
+	}
+	return out
+}
+
+// countingUpstream counts the requests it is sent, by path; /open/slow/ waits for release.
+type countingUpstream struct {
+	mu      sync.Mutex
+	seen    map[string]int
+	arrived chan string
+	release chan struct{}
+}
+
+func (u *countingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.seen[r.URL.Path]++
+	u.mu.Unlock()
+	if strings.HasPrefix(r.URL.Path, "/open/slow/") {
+		u.arrived <- r.URL.Path
+		select {
+		case <-u.release:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	_, _ = io.WriteString(w, "ok "+r.URL.Path)
+}
+
+func (u *countingUpstream) count(path string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.seen[path]
+}
+
+// TestFleetBehindHAProxy: three replicas behind haproxy share one budget exactly, show a
+// request held on one replica on another's console, which decides it, with a grant that a
+// third replica honours; continue an MCP session through other replicas, never for another
+// agent; roll all three under load with no failed request; and, when one is killed, lose
+// only its requests in flight, each sent upstream once, the held one reported by a survivor.
+func TestFleetBehindHAProxy(t *testing.T) {
+	modules := nodeModules(t)
+	mcpAddr := startMCPEverything(t, modules)
+	pki := newUpstreamPKI(t)
+	up := &countingUpstream{seen: map[string]int{}, arrived: make(chan string, 16), release: make(chan struct{})}
+	upSrv := pki.serve(t, up, false, nil)
+	mcpSrv := pki.serve(t, httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: mcpAddr}), false, nil)
+	r := newFleetRig(t, pki.File, map[string]string{
+		"mcp.rego":     readShipped(t, "mcp.rego"),
+		"data.yaml":    mcpData,
+		"budgets.json": `{"budgets": {"fleet-day": {"agent": "fleet-b", "requests": 20, "window": "day"}}}`,
+	}, "")
+
+	t.Run("spread", func(t *testing.T) {
+		c := r.client("fleet-a")
+		for i := range 6 {
+			resp, err := c.Get(fmt.Sprintf("%s/open/spread/%d", upSrv.URL, i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+		}
+		got := r.instances("/open/spread/")
+		for _, rp := range r.replicas {
+			if got[rp.name] == 0 {
+				t.Fatalf("replica %s served none of the requests (audit instance field): %v", rp.name, got)
+			}
+		}
+	})
+
+	t.Run("budget exact across three", func(t *testing.T) {
+		var ok, refused atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Go(func() {
+				c := r.client("fleet-b")
+				for i := range 5 {
+					resp, err := c.Get(fmt.Sprintf("%s/open/budget/%d-%d", upSrv.URL, g, i))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case 200:
+						ok.Add(1)
+					case 429:
+						refused.Add(1)
+					default:
+						t.Errorf("status %d", resp.StatusCode)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		reached := 0
+		up.mu.Lock()
+		for p, n := range up.seen {
+			if strings.HasPrefix(p, "/open/budget/") {
+				reached += n
+			}
+		}
+		up.mu.Unlock()
+		if ok.Load() != 20 || refused.Load() != 10 || reached != 20 {
+			t.Fatalf("30 requests for a budget of 20 over 3 replicas: %d allowed, %d refused, %d reached the upstream", ok.Load(), refused.Load(), reached)
+		}
+		if got := r.instances("/open/budget/"); len(got) != 3 {
+			t.Fatalf("the requests did not spread over the three replicas: %v", got)
+		}
+	})
+
+	t.Run("approval held on one decided on another, grant used on a third", func(t *testing.T) {
+		// curl, as the agent, through the Service.
+		proxy := fmt.Sprintf("http://fleet-c:%s@%s", r.tokens["fleet-c"], r.lb)
+		cmd := exec.Command("curl", "-sS", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}", upSrv.URL+"/ask/deploy/1")
+		cmd.Env = append(harness.Env(), "HTTPS_PROXY="+proxy, "CURL_CA_BUNDLE="+r.caFile, "NO_PROXY=")
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill() })
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		// Any replica's API lists it, with the replica that holds it.
+		lister := r.replicas[0]
+		held := r.waitHeld(lister, "/ask/deploy/1")
+		holder, _ := held["instance"].(string)
+		if holder == "" {
+			holder = lister.name // held on the replica listing it
+		}
+		var decider, third *fleetReplica
+		for _, rp := range r.replicas {
+			if rp.name == holder {
+				continue
+			}
+			if decider == nil {
+				decider = rp
+			} else {
+				third = rp
+			}
+		}
+		// Every replica lists it, once.
+		for _, rp := range r.replicas {
+			_, list := r.admin(rp).call("GET", "/api/approvals", "", nil)
+			n := 0
+			for _, p := range list["pending"].([]any) {
+				if p.(map[string]any)["id"] == held["id"] {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Fatalf("%s lists the held request %d times", rp.name, n)
+			}
+		}
+		// The CLI against the decider lists it too.
+		if cli, err := exec.Command(brokerBin, "approvals", "list", "--admin", "http://"+decider.admin).CombinedOutput(); err != nil || !strings.Contains(string(cli), held["id"].(string)) {
+			t.Fatalf("broker approvals list on %s: %v\n%s", decider.name, err, cli)
+		}
+		res := r.admin(decider).approve(held["id"].(string), `{"scope": "agent", "path_prefix": "/ask/deploy/"}`)
+		if res["grant"] == nil {
+			t.Fatalf("the approval from %s made no grant: %v", decider.name, res)
+		}
+		<-done
+		if !strings.HasSuffix(strings.TrimSpace(out.String()), "200") || up.count("/ask/deploy/1") != 1 {
+			t.Fatalf("held on %s, approved on %s: curl got %q, upstream saw it %d times", holder, decider.name, out.String(), up.count("/ask/deploy/1"))
+		}
+		// The grant, made on the holder, lets the next request through the third replica at once.
+		resp, err := r.clientVia(third.listen, "fleet-c").Get(upSrv.URL + "/ask/deploy/2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || up.count("/ask/deploy/2") != 1 {
+			t.Fatalf("the grant made on %s, used on %s: %d", holder, third.name, resp.StatusCode)
+		}
+		// The audit names the replica that decided each.
+		third.proc.waitAuditWhere(t, 1, "the third replica's decision", func(ev auditEvent) bool {
+			return ev["path"] == "/ask/deploy/2" && ev["instance"] == third.name && ev["status"] == float64(200)
+		})
+		// Another replica's console cannot decide what is no longer held.
+		if code, _ := r.admin(decider).call("POST", "/api/approvals/"+held["id"].(string)+"/deny", "{}", nil); code != 404 {
+			t.Fatalf("denying a request already approved: %d, want 404", code)
+		}
+	})
+
+	t.Run("MCP session continued through other replicas", func(t *testing.T) {
+		var last string
+		post := func(c *http.Client, body, session string) *http.Response {
+			t.Helper()
+			req, _ := http.NewRequest(http.MethodPost, mcpSrv.URL+"/mcp", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+			if session != "" {
+				req.Header.Set("Mcp-Session-Id", session)
+			}
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			last = string(b)
+			return resp
+		}
+		via := func(i int, agent string) *http.Client { return r.clientVia(r.replicas[i].listen, agent) }
+		resp := post(via(0, "fleet-a"), `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`, "")
+		session := resp.Header.Get("Mcp-Session-Id")
+		if resp.StatusCode != 200 || session == "" {
+			t.Fatalf("initialize through replica-1: %d, session %q", resp.StatusCode, session)
+		}
+		if resp := post(via(1, "fleet-a"), `{"jsonrpc":"2.0","method":"notifications/initialized"}`, session); resp.StatusCode != 202 {
+			t.Fatalf("initialized through replica-2: %d %s", resp.StatusCode, last)
+		}
+		if resp := post(via(2, "fleet-a"), `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, session); resp.StatusCode != 200 || !strings.Contains(last, `"echo"`) {
+			t.Fatalf("tools/list through replica-3: %d %s", resp.StatusCode, last)
+		}
+		// Another agent, through a replica that has not seen the session: refused.
+		if resp := post(via(1, "fleet-c"), `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`, session); resp.StatusCode != 200 ||
+			!strings.Contains(last, "this MCP session was issued to another agent") {
+			t.Fatalf("fleet-c in fleet-a's session through replica-2: %d %s", resp.StatusCode, last)
+		}
+		if resp := post(via(2, "fleet-a"), `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`, "made-up-"+randHex(8)); resp.StatusCode != 404 {
+			t.Fatalf("a session never issued: %d", resp.StatusCode)
+		}
+		// The session id itself is never written to the store: only its digest.
+		keys, err := redisKeys(r.redis.Addr, "fleet:mcp:session:*")
+		if err != nil || len(keys) == 0 {
+			t.Fatalf("no MCP session key in Redis: %v", err)
+		}
+		for _, k := range keys {
+			if strings.Contains(k, session) {
+				t.Fatalf("the session id is in a Redis key: %s", k)
+			}
+		}
+	})
+
+	t.Run("MCP SDK through the Service", func(t *testing.T) {
+		// The SDK's client, its connections spread over the replicas by haproxy.
+		out := runNodeFleet(t, modules, fmt.Sprintf("http://fleet-a:%s@%s", r.tokens["fleet-a"], r.lb), r.caFile, mcpSrv.URL+"/mcp")
+		if !strings.Contains(out, "echo Echo: hello") {
+			t.Fatalf("MCP SDK client through haproxy:\n%s", out)
+		}
+		got := r.instances("/mcp")
+		if len(got) < 2 {
+			t.Fatalf("the MCP requests did not spread over replicas: %v", got)
+		}
+	})
+
+	t.Run("rolling restart under load", func(t *testing.T) {
+		stop := make(chan struct{})
+		var sent, failed atomic.Int64
+		var fails sync.Map
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				c := r.client("fleet-a")
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					sent.Add(1)
+					resp, err := c.Get(fmt.Sprintf("%s/open/roll/%d-%d", upSrv.URL, g, i))
+					if err != nil {
+						failed.Add(1)
+						fails.Store(fmt.Sprintf("%d-%d", g, i), err.Error())
+						continue
+					}
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						failed.Add(1)
+						fails.Store(fmt.Sprintf("%d-%d", g, i), resp.Status)
+					}
+				}
+			})
+		}
+		for _, rp := range r.replicas {
+			if err := rp.proc.stop(t); err != nil {
+				t.Fatalf("%s did not drain cleanly: %v\n%s", rp.name, err, rp.proc.logs.String())
+			}
+			if !strings.Contains(rp.proc.logs.String(), "draining: not ready") {
+				t.Fatalf("%s did not report draining", rp.name)
+			}
+			r.start(rp)
+			r.waitLB(rp, "UP")
+		}
+		close(stop)
+		wg.Wait()
+		fails.Range(func(k, v any) bool { t.Errorf("request %s failed: %s", k, v); return true })
+		t.Logf("rolling restart of 3 replicas: %d requests, %d failed", sent.Load(), failed.Load())
+		if sent.Load() < 20 {
+			t.Fatalf("only %d requests ran during the roll", sent.Load())
+		}
+	})
+
+	t.Run("SIGKILL of one replica", func(t *testing.T) {
+		victim, survivor := r.replicas[0], r.replicas[1]
+		// Two requests in flight on the victim (waiting at the upstream), and one held.
+		errs := make(chan error, 2)
+		for i := range 2 {
+			go func() {
+				resp, err := r.clientVia(victim.listen, "fleet-a").Get(fmt.Sprintf("%s/open/slow/%d", upSrv.URL, i))
+				if err == nil {
+					resp.Body.Close()
+				}
+				errs <- err
+			}()
+		}
+		for range 2 {
+			<-up.arrived
+		}
+		heldErr := make(chan error, 1)
+		go func() {
+			resp, err := r.clientVia(victim.listen, "fleet-c").Get(upSrv.URL + "/ask/kill/1")
+			if err == nil {
+				resp.Body.Close()
+			}
+			heldErr <- err
+		}()
+		lost := r.waitHeld(survivor, "/ask/kill/1")
+		if lost["instance"] != victim.name {
+			t.Fatalf("the held request is listed on %s as held by %v", survivor.name, lost["instance"])
+		}
+		_ = victim.proc.cmd.Process.Signal(syscall.SIGKILL)
+		for range 2 {
+			if err := <-errs; err == nil {
+				t.Fatal("a request in flight on the killed replica succeeded")
+			}
+		}
+		if err := <-heldErr; err == nil {
+			t.Fatal("the held request on the killed replica succeeded")
+		}
+		r.waitLB(victim, "DOWN")
+		// The service goes on through the survivors.
+		resp, err := r.client("fleet-a").Get(upSrv.URL + "/open/after-kill")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		// A survivor reports the held request lost, once the killed replica's heartbeat has
+		// expired; listing the queue (an open console) is what notices.
+		deadline := time.Now().Add(waitTimeout)
+		for r.isHeld(survivor, "/ask/kill/1") {
+			if time.Now().After(deadline) {
+				t.Fatal("the killed replica's held request is still listed")
+			}
+			time.Sleep(100 * time.Millisecond) // the heartbeat's TTL runs out
+		}
+		survivor.proc.waitAuditWhere(t, 1, "the lost held request reported", func(ev auditEvent) bool {
+			c, _ := ev["comment"].(string)
+			return ev["msg"] == "approval" && ev["action"] == "interrupted" && ev["id"] == lost["id"] &&
+				ev["instance"] == survivor.name && strings.Contains(c, victim.name)
+		})
+		// Nothing was sent twice: each request in flight reached the upstream once.
+		close(up.release)
+		for i := range 2 {
+			if n := up.count(fmt.Sprintf("/open/slow/%d", i)); n != 1 {
+				t.Fatalf("request %d in flight on the killed replica reached the upstream %d times", i, n)
+			}
+		}
+		if n := up.count("/ask/kill/1"); n != 0 {
+			t.Fatalf("the held request reached the upstream %d times", n)
+		}
+		r.start(victim)
+	})
+}
+
+// waitHeld waits until rp's API lists a held request for path, and returns it.
+func (r *fleetRig) waitHeld(rp *fleetReplica, path string) map[string]any {
+	r.t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		if h := r.held(rp, path); h != nil {
+			return h
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("no request for %s held on %s's API", path, rp.name)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the API as a console does
+	}
+}
+
+func (r *fleetRig) isHeld(rp *fleetReplica, path string) bool { return r.held(rp, path) != nil }
+
+func (r *fleetRig) held(rp *fleetReplica, path string) map[string]any {
+	_, list := r.admin(rp).call("GET", "/api/approvals", "", nil)
+	pending, _ := list["pending"].([]any)
+	for _, p := range pending {
+		if m := p.(map[string]any); m["path"] == path {
+			return m
+		}
+	}
+	return nil
+}
+
+// redisKeys lists the keys matching pattern (KEYS, over RESP by hand).
+func redisKeys(addr, pattern string) ([]string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintf(c, "*2\r\n$4\r\nKEYS\r\n$%d\r\n%s\r\n", len(pattern), pattern)
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "*") {
+		return nil, fmt.Errorf("KEYS: %q %v", line, err)
+	}
+	var n int
+	fmt.Sscanf(line, "*%d", &n)
+	out := make([]string, 0, n)
+	for range n {
+		if _, err := br.ReadString('\n'); err != nil { // $len
+			return nil, err
+		}
+		k, err := br.ReadString('\n')
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, strings.TrimRight(k, "\r\n"))
+	}
+	return out, nil
+}
+
+// runNodeFleet runs testdata/node/mcp-fleet.mjs: the MCP SDK's client, one connection per
+// request, through proxy.
+func runNodeFleet(t *testing.T, modules, proxy, caFile, target string) string {
+	t.Helper()
+	cmd := exec.Command("node", "mcp-fleet.mjs", target)
+	cmd.Dir = filepath.Dir(modules)
+	cmd.Env = append(harness.Env(), "HTTPS_PROXY="+proxy, "NODE_EXTRA_CA_CERTS="+caFile, "NO_PROXY=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node mcp-fleet.mjs: %v\n%s", err, out)
+	}
+	return string(out)
+}
