@@ -92,6 +92,9 @@ type Deps struct {
 	// DrainHold, when set, keeps the requests held for approval this long into a drain (to
 	// be decided, from any replica of a fleet) before they are answered approval_interrupted.
 	DrainHold time.Duration
+	// Caps, when set, cap each agent's requests per second and connections across a fleet
+	// (budget.Caps).
+	Caps *budget.Caps
 }
 
 // Limits of the agent-facing side.
@@ -180,6 +183,9 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 	}
 	if b.sessions == nil {
 		b.sessions = localSessions{rpc.NewSessions(mcpSessionsMax)}
+	}
+	if deps.Caps != nil {
+		b.admission.fleet = deps.Caps
 	}
 	b.gen.Store(g)
 	b.mitmTLS = b.newMitmTLS()

@@ -22,6 +22,7 @@ type fleetSetup struct {
 	instance string
 	shared   *approvals.RedisShared
 	sessions *rpc.SharedSessions
+	caps     *budget.Caps // nil without a cap
 	draining atomic.Bool
 	log      zerolog.Logger
 }
@@ -37,11 +38,25 @@ func buildFleet(cfg *config.Config, store *budget.Redis, log zerolog.Logger) *fl
 	if ttl == 0 {
 		ttl = config.DefaultMCPSessionTTL
 	}
-	return &fleetSetup{
+	fs := &fleetSetup{
 		cfg: f, instance: name, log: log,
 		shared: &approvals.RedisShared{Client: store.Client(), Prefix: store.Prefix(), Instance: name},
 		sessions: &rpc.SharedSessions{Local: rpc.NewSessions(1 << 16), Client: store.Client(), Prefix: store.Prefix(),
 			TTL: ttl, FailClosed: f.OnStoreError != "local"},
+	}
+	if f.AgentRequestsPerSecond > 0 || f.AgentConnections > 0 {
+		fs.caps = budget.NewCaps(budget.CapsOptions{Store: store, Instance: name, RequestsPerSecond: f.AgentRequestsPerSecond,
+			Connections: f.AgentConnections, FailClosed: f.OnStoreError != "local"})
+	}
+	return fs
+}
+
+// run keeps the fleet's shared parts going until ctx ends (after the drain).
+func (f *fleetSetup) run(ctx context.Context, q *approvals.Queue) {
+	f.shared.Lost = q.ReportLost
+	go f.shared.Run(ctx, q)
+	if f.caps != nil {
+		go f.caps.Run(ctx)
 	}
 }
 
@@ -108,4 +123,5 @@ func (f *fleetSetup) brokerDeps(d *broker.Deps) {
 	}
 	d.MCPSessions = f.sessions
 	d.DrainHold = f.drainHold()
+	d.Caps = f.caps
 }

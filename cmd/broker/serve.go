@@ -232,12 +232,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	if fl != nil {
-		fl.shared.Lost = ap.queue.ReportLost
 		// The fleet's part outlives the listener: held requests are decided from other
 		// replicas during the drain.
 		fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
 		defer stopFleet()
-		go fl.shared.Run(fleetCtx, ap.queue)
+		fl.run(fleetCtx, ap.queue)
 	}
 	ap.api.SetUsage(func(ctx context.Context) (any, error) { return budgets.Summary(ctx, agentLabels(cfg)) })
 	var transparentLn net.Listener // connections the sandbox's rules redirect (transparent mode)
