@@ -570,6 +570,38 @@ func TestFleetBehindHAProxy(t *testing.T) {
 		}
 	})
 
+	t.Run("a draining replica's held request is decided from another", func(t *testing.T) {
+		drained, decider := r.replicas[2], r.replicas[0]
+		res := make(chan string, 1)
+		go func() {
+			resp, err := r.clientVia(drained.listen, "fleet-c").Get(upSrv.URL + "/ask/drain/1")
+			if err != nil {
+				res <- err.Error()
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			res <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+		}()
+		held := r.waitHeld(decider, "/ask/drain/1")
+		stopped := make(chan error, 1)
+		go func() { stopped <- drained.proc.stop(t) }()
+		drained.proc.logs.wait(t, "draining: not ready")
+		r.waitLB(drained, "DOWN") // readiness went false first
+		r.admin(decider).approve(held["id"].(string), `{}`)
+		if got := <-res; !strings.HasPrefix(got, "200 ") {
+			t.Fatalf("held on %s as it drained, approved on %s: %s", drained.name, decider.name, got)
+		}
+		if err := <-stopped; err != nil {
+			t.Fatalf("%s did not drain cleanly: %v", drained.name, err)
+		}
+		if n := up.count("/ask/drain/1"); n != 1 {
+			t.Fatalf("the upstream saw the approved request %d times", n)
+		}
+		r.start(drained)
+		r.waitLB(drained, "UP")
+	})
+
 	t.Run("SIGKILL of one replica", func(t *testing.T) {
 		victim, survivor := r.replicas[0], r.replicas[1]
 		// Two requests in flight on the victim (waiting at the upstream), and one held.
