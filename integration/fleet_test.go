@@ -522,6 +522,66 @@ func TestFleetBehindHAProxy(t *testing.T) {
 		}
 	})
 
+	t.Run("round trips to Redis per request", func(t *testing.T) {
+		mcpPost := func(rp *fleetReplica, body, session string) string {
+			req, _ := http.NewRequest(http.MethodPost, mcpSrv.URL+"/mcp", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+			if session != "" {
+				req.Header.Set("Mcp-Session-Id", session)
+			}
+			resp, err := r.clientVia(rp.listen, "fleet-a").Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode/100 != 2 {
+				t.Fatalf("MCP through %s: %d", rp.name, resp.StatusCode)
+			}
+			return resp.Header.Get("Mcp-Session-Id")
+		}
+		get := func(rp *fleetReplica, agent, path string) func() {
+			return func() {
+				resp, err := r.clientVia(rp.listen, agent).Get(upSrv.URL + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+		}
+		one, two := r.replicas[0], r.replicas[1]
+		var session string
+		cases := []struct {
+			name string
+			rp   *fleetReplica
+			do   func()
+			want float64
+		}{
+			{"allowed, no budget, grant or MCP session", one, get(one, "fleet-a", "/open/rt/1"), 0},
+			// The first run of the budget's script on a Redis loads it (EVALSHA, then EVAL).
+			{"a budget, its script loaded", one, get(one, "fleet-b", "/open/rt/2"), -1},
+			{"a budget", one, get(one, "fleet-b", "/open/rt/3"), 1},
+			{"an ask covered by a grant", one, get(one, "fleet-c", "/ask/deploy/3"), 1},
+			{"an MCP session issued", one, func() {
+				session = mcpPost(one, `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`, "")
+			}, 1},
+			{"an MCP session used where it was issued", one, func() { mcpPost(one, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, session) }, 0},
+			{"an MCP session first used on another replica", two, func() { mcpPost(two, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, session) }, 1},
+			{"an MCP session used again there", two, func() { mcpPost(two, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`, session) }, 0},
+		}
+		for _, c := range cases {
+			before := roundTrips(t, c.rp)
+			c.do()
+			if got := roundTrips(t, c.rp) - before; c.want >= 0 && got != c.want {
+				t.Errorf("%s: %v round trips to Redis, want %v", c.name, got, c.want)
+			} else {
+				t.Logf("%s: %v round trips", c.name, got)
+			}
+		}
+	})
+
 	t.Run("rolling restart under load", func(t *testing.T) {
 		stop := make(chan struct{})
 		var sent, failed atomic.Int64
@@ -700,6 +760,26 @@ func (r *fleetRig) held(rp *fleetReplica, path string) map[string]any {
 		}
 	}
 	return nil
+}
+
+// roundTrips reads capbroker_store_round_trips_total{kind="request"} off a replica's metrics.
+func roundTrips(t *testing.T, rp *fleetReplica) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + rp.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), `capbroker_store_round_trips_total{kind="request"} `); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	t.Fatal("no capbroker_store_round_trips_total in the metrics")
+	return 0
 }
 
 // redisKeys lists the keys matching pattern (KEYS, over RESP by hand).

@@ -67,6 +67,16 @@ type RedisShared struct {
 	Lost func(Request, string)
 	// Timeout bounds a decision's round trip to the broker holding the request.
 	Timeout time.Duration
+	// Background, when set, marks the contexts of what is done outside any agent's request
+	// (heartbeats, the subscription, the console's reads and decisions), for counting.
+	Background func(context.Context) context.Context
+}
+
+func (s *RedisShared) bg(ctx context.Context) context.Context {
+	if s.Background == nil {
+		return ctx
+	}
+	return s.Background(ctx)
 }
 
 // HeartbeatTTL is how long an instance counts as alive after its last heartbeat; a broker
@@ -112,6 +122,7 @@ func (s *RedisShared) Ended(id string) {
 // List reads the pending hash. An entry past its expiry, or of an instance with no
 // heartbeat, is removed; the latter is reported (Lost) by whichever broker removes it.
 func (s *RedisShared) List(ctx context.Context) ([]Request, error) {
+	ctx = s.bg(ctx)
 	m, err := s.Client.HGetAll(ctx, s.key("approvals:pending")).Result()
 	if err != nil {
 		return nil, err
@@ -167,7 +178,7 @@ func (s *RedisShared) Decide(ctx context.Context, id string, d Decision) (*Grant
 	if timeout <= 0 {
 		timeout = 5 * time.Second
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(s.bg(ctx), timeout)
 	defer cancel()
 	v, err := s.Client.HGet(ctx, s.key("approvals:pending"), id).Result()
 	if errors.Is(err, redis.Nil) {
@@ -222,6 +233,7 @@ func (s *RedisShared) Decide(ctx context.Context, id string, d Decision) (*Grant
 // Run serves the decisions other brokers send for requests held here, forwards "held" and
 // "ended" to this broker's consoles, and beats this instance's heartbeat, until ctx ends.
 func (s *RedisShared) Run(ctx context.Context, q *Queue) {
+	ctx = s.bg(ctx)
 	go s.heartbeat(ctx)
 	for ctx.Err() == nil {
 		s.serve(ctx, q)
@@ -264,7 +276,7 @@ func (s *RedisShared) serve(ctx context.Context, q *Queue) {
 				r.Error, r.Reason = "other", err.Error()
 			}
 			b, _ := json.Marshal(r)
-			pctx, cancel := s.ctx()
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
 			_ = s.Client.Publish(pctx, dm.Reply, b).Err()
 		}()
@@ -278,12 +290,12 @@ func (s *RedisShared) heartbeat(ctx context.Context) {
 	defer t.Stop()
 	key := s.key("instance:" + s.Instance)
 	for {
-		c, cancel := s.ctx()
+		c, cancel := context.WithTimeout(ctx, time.Second)
 		_ = s.Client.Set(c, key, time.Now().UTC().Format(time.RFC3339), HeartbeatTTL).Err()
 		cancel()
 		select {
 		case <-ctx.Done():
-			c, cancel := s.ctx()
+			c, cancel := context.WithTimeout(s.bg(context.Background()), time.Second)
 			_ = s.Client.Del(c, key).Err()
 			cancel()
 			return

@@ -142,13 +142,14 @@ func (c *Caps) Release(agent string) {
 
 // Run syncs every SyncInterval until ctx ends, then withdraws this broker's counts.
 func (c *Caps) Run(ctx context.Context) {
+	ctx = Background(ctx)
 	t := time.NewTicker(SyncInterval)
 	defer t.Stop()
 	for {
 		c.sync(ctx)
 		select {
 		case <-ctx.Done():
-			dctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			dctx, cancel := context.WithTimeout(Background(context.Background()), time.Second)
 			c.c.Del(dctx, c.prefix+"conns:"+c.instance)
 			c.c.ZRem(dctx, c.prefix+"members", c.instance)
 			cancel()

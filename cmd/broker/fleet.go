@@ -40,7 +40,7 @@ func buildFleet(cfg *config.Config, store *budget.Redis, log zerolog.Logger) *fl
 	}
 	fs := &fleetSetup{
 		cfg: f, instance: name, log: log,
-		shared: &approvals.RedisShared{Client: store.Client(), Prefix: store.Prefix(), Instance: name},
+		shared: &approvals.RedisShared{Client: store.Client(), Prefix: store.Prefix(), Instance: name, Background: budget.Background},
 		sessions: &rpc.SharedSessions{Local: rpc.NewSessions(1 << 16), Client: store.Client(), Prefix: store.Prefix(),
 			TTL: ttl, FailClosed: f.OnStoreError != "local"},
 	}
