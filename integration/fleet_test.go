@@ -127,7 +127,7 @@ protocols:
 		rp := &fleetReplica{name: fmt.Sprintf("replica-%d", i+1), listen: freeAddr(t), admin: freeAddr(t)}
 		rp.cfgFile = filepath.Join(dir, rp.name+".yaml")
 		cfg := fmt.Sprintf("proxy: {listen: %q}\nadmin: {listen: %q}\nca: {cert_file: %q, key_file: %q}\npolicy: {dir: %q, mode: enforce}\n"+
-			"approvals: {state_file: %q}\nfleet: {instance: %s, drain_delay: 400ms, drain_hold: 3s}\n",
+			"approvals: {state_file: %q}\nfleet: {instance: %s, drain_delay: 400ms, drain_hold: 3s, learn: true}\naudit: {include_input: metadata}\n",
 			rp.listen, rp.admin, r.caFile, filepath.Join(dir, "ca", "ca.key"), r.policyDir,
 			filepath.Join(dir, rp.name+"-approvals.json"), rp.name) + r.config
 		if err := os.WriteFile(rp.cfgFile, []byte(cfg), 0o600); err != nil {
@@ -339,6 +339,33 @@ func TestFleetBehindHAProxy(t *testing.T) {
 			if got[rp.name] == 0 {
 				t.Fatalf("replica %s served none of the requests (audit instance field): %v", rp.name, got)
 			}
+		}
+	})
+
+	t.Run("learn records of every replica", func(t *testing.T) {
+		out := t.TempDir()
+		deadline := time.Now().Add(waitTimeout)
+		for {
+			got, err := exec.Command(brokerBin, "policy", "learn", "--from", "fleet", "--config", r.replicas[0].cfgFile, "--out", out, "--force").CombinedOutput()
+			var events int
+			fmt.Sscanf(string(got), "learn: %d events", &events)
+			// The six requests of "spread", two on each replica: a connect and a request
+			// event each, all twelve only if every replica recorded its own.
+			if err == nil && events >= 12 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("broker policy learn --from fleet: %v\n%s", err, got)
+			}
+			time.Sleep(50 * time.Millisecond) // the replicas send their records every 100ms
+		}
+		data, err := os.ReadFile(filepath.Join(out, "learned.json"))
+		if err != nil {
+			entries, _ := os.ReadDir(out)
+			t.Fatalf("the draft: %v (%v)", err, entries)
+		}
+		if !strings.Contains(string(data), "fleet-a") {
+			t.Fatalf("the draft names no agent fleet-a:\n%s", data)
 		}
 	})
 

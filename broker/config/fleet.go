@@ -27,6 +27,9 @@ type Fleet struct {
 	AgentRequestsPerSecond int `yaml:"agent_requests_per_second"`
 	// AgentConnections caps each agent's open connections across the fleet (0: no cap).
 	AgentConnections int `yaml:"agent_connections"`
+	// Learn records every replica's decision events (those carrying their input, from
+	// audit.include_input) in Redis, for `broker policy learn --from fleet`.
+	Learn bool `yaml:"learn"`
 }
 
 // Enabled reports whether the fleet section is set.
@@ -78,5 +81,8 @@ func (c *Config) validateFleet(e *errs) {
 	}
 	if f.AgentConnections < 0 {
 		e.add("fleet.agent_connections", "must be positive")
+	}
+	if f.Learn && !c.Audit.IncludeInput.Logs() {
+		e.add("fleet.learn", "records the decision events' input: set audit.include_input (metadata, headers or full)")
 	}
 }

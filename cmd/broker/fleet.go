@@ -10,8 +10,10 @@ import (
 
 	"github.com/capbroker/capbroker/broker"
 	"github.com/capbroker/capbroker/broker/approvals"
+	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/policy/learn"
 	"github.com/capbroker/capbroker/broker/rpc"
 )
 
@@ -22,7 +24,8 @@ type fleetSetup struct {
 	instance string
 	shared   *approvals.RedisShared
 	sessions *rpc.SharedSessions
-	caps     *budget.Caps // nil without a cap
+	caps     *budget.Caps    // nil without a cap
+	learn    *learn.Recorder // nil without fleet.learn
 	draining atomic.Bool
 	log      zerolog.Logger
 }
@@ -48,13 +51,20 @@ func buildFleet(cfg *config.Config, store *budget.Redis, log zerolog.Logger) *fl
 		fs.caps = budget.NewCaps(budget.CapsOptions{Store: store, Instance: name, RequestsPerSecond: f.AgentRequestsPerSecond,
 			Connections: f.AgentConnections, FailClosed: f.OnStoreError != "local"})
 	}
+	if f.Learn {
+		fs.learn = &learn.Recorder{Client: store.Client(), Key: store.Prefix() + "learn", Background: budget.Background}
+	}
 	return fs
 }
 
 // run keeps the fleet's shared parts going until ctx ends (after the drain).
-func (f *fleetSetup) run(ctx context.Context, q *approvals.Queue) {
+func (f *fleetSetup) run(ctx context.Context, q *approvals.Queue, auditLog *audit.Logger) {
 	f.shared.Lost = q.ReportLost
 	go f.shared.Run(ctx, q)
+	if f.learn != nil {
+		auditLog.SetTap(func(line []byte) { q.Events.AuditTap(line); f.learn.Tap(line) })
+		go f.learn.Run(ctx)
+	}
 	if f.caps != nil {
 		go f.caps.Run(ctx)
 	}

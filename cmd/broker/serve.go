@@ -236,7 +236,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		// replicas during the drain.
 		fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
 		defer stopFleet()
-		fl.run(fleetCtx, ap.queue)
+		fl.run(fleetCtx, ap.queue, auditLog)
 	}
 	ap.api.SetUsage(func(ctx context.Context) (any, error) { return budgets.Summary(ctx, agentLabels(cfg)) })
 	var transparentLn net.Listener // connections the sandbox's rules redirect (transparent mode)
