@@ -67,6 +67,7 @@ type fleetRig struct {
 	lb        string // haproxy's address: the Service
 	lbStats   string // haproxy's stats socket
 	tokens    map[string]string
+	canary    string // the canary credential's value
 }
 
 type fleetReplica struct {
@@ -116,7 +117,8 @@ func newFleetRig(t *testing.T, upstreamCA string, files map[string]string, extra
 		r.tokens[a] = randHex(16)
 		r.env = append(r.env, tokenEnv(a)+"="+r.tokens[a])
 	}
-	r.env = append(r.env, "CANARY_SECRET=sk-canary-"+randHex(8))
+	r.canary = "sk-canary-" + randHex(8)
+	r.env = append(r.env, "CANARY_SECRET="+r.canary)
 	r.config = canaryConfig(upstreamCA, agents, fmt.Sprintf(`budgets:
   store: {redis: {address: %q, key_prefix: "fleet:"}}
 protocols:
@@ -485,6 +487,43 @@ func TestFleetBehindHAProxy(t *testing.T) {
 		}
 	})
 
+	t.Run("a held request's secrets never reach Redis", func(t *testing.T) {
+		// A hostile agent puts the credential's value in what every console is shown.
+		res := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodPost, upSrv.URL+"/ask/leak?k="+r.canary, strings.NewReader(`{"note": "`+r.canary+`"}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Note", r.canary)
+			resp, err := r.clientVia(r.replicas[1].listen, "fleet-a").Do(req)
+			if err != nil {
+				res <- 0
+				return
+			}
+			resp.Body.Close()
+			res <- resp.StatusCode
+		}()
+		held := r.waitHeld(r.replicas[2], "/ask/leak")
+		dump, err := redisDump(r.redis.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(dump, held["id"].(string)) {
+			t.Fatalf("the held request is not in Redis:\n%s", dump)
+		}
+		if strings.Contains(dump, r.canary) || strings.Contains(dump, r.tokens["fleet-a"]) {
+			t.Fatalf("a secret reached Redis:\n%s", dump)
+		}
+		if code, _ := r.admin(r.replicas[2]).call("POST", "/api/approvals/"+held["id"].(string)+"/deny", `{"comment": "no"}`, nil); code != 200 {
+			t.Fatalf("deny from replica-3: %d", code)
+		}
+		if code := <-res; code != http.StatusForbidden {
+			t.Fatalf("the denied request: %d", code)
+		}
+		if n := up.count("/ask/leak"); n != 0 {
+			t.Fatalf("the denied request reached the upstream %d times", n)
+		}
+	})
+
 	t.Run("MCP session continued through other replicas", func(t *testing.T) {
 		var last string
 		post := func(c *http.Client, body, session string) *http.Response {
@@ -807,6 +846,40 @@ func roundTrips(t *testing.T, rp *fleetReplica) float64 {
 	}
 	t.Fatal("no capbroker_store_round_trips_total in the metrics")
 	return 0
+}
+
+// redisDump is every key of the Redis at addr with its value, as redis-cli prints them.
+func redisDump(addr string) (string, error) {
+	keys, err := redisKeys(addr, "*")
+	if err != nil {
+		return "", err
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	var b strings.Builder
+	for _, k := range keys {
+		typ, _ := exec.Command("redis-cli", "-h", host, "-p", port, "TYPE", k).Output()
+		var args []string
+		switch strings.TrimSpace(string(typ)) {
+		case "string":
+			args = []string{"GET", k}
+		case "hash":
+			args = []string{"HGETALL", k}
+		case "set":
+			args = []string{"SMEMBERS", k}
+		case "zset":
+			args = []string{"ZRANGE", k, "0", "-1"}
+		case "stream":
+			args = []string{"XRANGE", k, "-", "+"}
+		default:
+			continue
+		}
+		out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).Output()
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "%s: %s\n", k, out)
+	}
+	return b.String(), nil
 }
 
 // redisKeys lists the keys matching pattern (KEYS, over RESP by hand).
