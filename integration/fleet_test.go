@@ -129,7 +129,7 @@ protocols:
 		rp := &fleetReplica{name: fmt.Sprintf("replica-%d", i+1), listen: freeAddr(t), admin: freeAddr(t)}
 		rp.cfgFile = filepath.Join(dir, rp.name+".yaml")
 		cfg := fmt.Sprintf("proxy: {listen: %q}\nadmin: {listen: %q}\nca: {cert_file: %q, key_file: %q}\npolicy: {dir: %q, mode: enforce}\n"+
-			"approvals: {state_file: %q}\nfleet: {instance: %s, drain_delay: 400ms, drain_hold: 3s, learn: true}\naudit: {include_input: metadata}\n",
+			"approvals: {state_file: %q}\nfleet: {instance: %s, drain_delay: 400ms, drain_hold: 3s, learn: true, agent_connections: 12}\naudit: {include_input: metadata}\n",
 			rp.listen, rp.admin, r.caFile, filepath.Join(dir, "ca", "ca.key"), r.policyDir,
 			filepath.Join(dir, rp.name+"-approvals.json"), rp.name) + r.config
 		if err := os.WriteFile(rp.cfgFile, []byte(cfg), 0o600); err != nil {
@@ -585,6 +585,65 @@ func TestFleetBehindHAProxy(t *testing.T) {
 		got := r.instances("/mcp")
 		if len(got) < 2 {
 			t.Fatalf("the MCP requests did not spread over replicas: %v", got)
+		}
+	})
+
+	t.Run("connection cap across the fleet", func(t *testing.T) {
+		// fleet-c keeps 12 connections open, spread over the three replicas by haproxy: the
+		// fleet's cap. A 13th is refused by whichever replica it reaches, once the replicas
+		// have synced their counts (every 100ms); when they close, a new one is let in.
+		keep := func() (*http.Client, string) {
+			pu, _ := url.Parse(fmt.Sprintf("http://fleet-c:%s@%s", r.tokens["fleet-c"], r.lb))
+			c := &http.Client{Timeout: waitTimeout, Transport: &http.Transport{Proxy: http.ProxyURL(pu), MaxConnsPerHost: 1,
+				TLSClientConfig: &tls.Config{RootCAs: (&brokerProc{caFile: r.caFile}).caPool(t)}}}
+			resp, err := c.Get(upSrv.URL + "/open/cap")
+			if err != nil {
+				// Refused at the CONNECT: Go reports the proxy's answer as an error.
+				if strings.Contains(err.Error(), "too_many_connections") {
+					return c, "capped"
+				}
+				return c, err.Error()
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests && strings.Contains(string(body), `"too_many_connections"`) {
+				return c, "capped"
+			}
+			return c, resp.Status
+		}
+		var open []*http.Client
+		defer func() {
+			for _, c := range open {
+				c.CloseIdleConnections()
+			}
+		}()
+		for range 12 {
+			c, got := keep()
+			if got != "200 OK" {
+				t.Fatalf("connection %d of 12: %s", len(open)+1, got)
+			}
+			open = append(open, c)
+		}
+		refused := func() bool {
+			time.Sleep(20 * time.Millisecond) // the replicas sync their counts every 100ms
+			c, got := keep()
+			c.CloseIdleConnections()
+			return got == "capped"
+		}
+		deadline := time.Now().Add(waitTimeout)
+		for !refused() {
+			if time.Now().After(deadline) {
+				t.Fatal("a 13th connection of fleet-c was never refused")
+			}
+		}
+		for _, c := range open {
+			c.CloseIdleConnections()
+		}
+		open = nil
+		for refused() {
+			if time.Now().After(deadline) {
+				t.Fatal("fleet-c's connections, closed, still count")
+			}
 		}
 	})
 
