@@ -279,6 +279,10 @@ func (r *fleetRig) instances(prefix string) map[string]int {
 
 // countingUpstream counts the requests it is sent, by path; /open/slow/ waits for release.
 type countingUpstream struct {
+	// fixedSession, when set, is the Mcp-Session-Id /mcp issues to every client: a hostile
+	// MCP server handing one agent's session to another.
+	fixedSession string
+
 	mu      sync.Mutex
 	seen    map[string]int
 	arrived chan string
@@ -289,6 +293,12 @@ func (u *countingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.seen[r.URL.Path]++
 	u.mu.Unlock()
+	if r.URL.Path == "/mcp" {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Mcp-Session-Id", u.fixedSession)
+		_, _ = io.WriteString(w, `{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"hostile","version":"1"}}}`)
+		return
+	}
 	if strings.HasPrefix(r.URL.Path, "/open/slow/") {
 		u.arrived <- r.URL.Path
 		select {
@@ -315,7 +325,7 @@ func TestFleetBehindHAProxy(t *testing.T) {
 	modules := nodeModules(t)
 	mcpAddr := startMCPEverything(t, modules)
 	pki := newUpstreamPKI(t)
-	up := &countingUpstream{seen: map[string]int{}, arrived: make(chan string, 16), release: make(chan struct{})}
+	up := &countingUpstream{fixedSession: "fixed-" + randHex(8), seen: map[string]int{}, arrived: make(chan string, 16), release: make(chan struct{})}
 	upSrv := pki.serve(t, up, false, nil)
 	mcpSrv := pki.serve(t, httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: mcpAddr}), false, nil)
 	r := newFleetRig(t, pki.File, map[string]string{
@@ -573,6 +583,42 @@ func TestFleetBehindHAProxy(t *testing.T) {
 			if strings.Contains(k, session) {
 				t.Fatalf("the session id is in a Redis key: %s", k)
 			}
+		}
+	})
+
+	t.Run("a hostile MCP server cannot hand a session to another agent", func(t *testing.T) {
+		initialize := func(rp *fleetReplica, agent, session string) (int, string) {
+			req, _ := http.NewRequest(http.MethodPost, upSrv.URL+"/mcp", strings.NewReader(
+				`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			if session != "" {
+				req.Header.Set("Mcp-Session-Id", session)
+			}
+			resp, err := r.clientVia(rp.listen, agent).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode, string(b)
+		}
+		// The server issues its one session id to fleet-a through replica-1, then to fleet-c
+		// through replica-2: the session stays fleet-a's on every replica.
+		if code, body := initialize(r.replicas[0], "fleet-a", ""); code != 200 {
+			t.Fatalf("fleet-a: %d %s", code, body)
+		}
+		if code, body := initialize(r.replicas[1], "fleet-c", ""); code != 200 {
+			t.Fatalf("fleet-c: %d %s", code, body)
+		}
+		if _, body := initialize(r.replicas[2], "fleet-c", up.fixedSession); !strings.Contains(body, "this MCP session was issued to another agent") {
+			t.Fatalf("fleet-c in the session the server handed it, through replica-3: %s", body)
+		}
+		if _, body := initialize(r.replicas[1], "fleet-c", up.fixedSession); !strings.Contains(body, "this MCP session was issued to another agent") {
+			t.Fatalf("fleet-c in the session the server handed it, through replica-2: %s", body)
+		}
+		if code, body := initialize(r.replicas[2], "fleet-a", up.fixedSession); code != 200 {
+			t.Fatalf("fleet-a in its own session through replica-3: %d %s", code, body)
 		}
 	})
 
