@@ -191,7 +191,7 @@ func (b *Broker) noteMCPSession(x *exchange, in *policy.Input, resp *http.Respon
 		return
 	}
 	if err := b.sessions.Issued(context.Background(), in.Host, id, x.agent.ID); err != nil {
-		b.log.Warn().Err(err).Msg("an MCP session could not be recorded in the shared store: it is served by this broker only")
+		b.log.Warn().Err(err).Msg("an MCP session could not be recorded in the fleet's store: refused until it is (fail_closed), or served by this broker only (local)")
 	}
 }
 

@@ -36,8 +36,10 @@ func (s *SharedSessions) key(host, id string) string {
 }
 
 // Issued records that host issued id to agent, unless another broker recorded it first (then
-// that agent keeps it, as Sessions.Issued does). On a store error the session is known here
-// only, and the error returned.
+// that agent keeps it, as Sessions.Issued does). On a store error the error is returned and,
+// failing closed, nothing is recorded (the session is refused until the store answers: it may
+// be another agent's on another broker); otherwise the session is this broker's alone, as
+// with one broker.
 func (s *SharedSessions) Issued(ctx context.Context, host, id, agent string) error {
 	if _, ok := s.Local.Owner(host, id); ok {
 		return nil
@@ -45,7 +47,9 @@ func (s *SharedSessions) Issued(ctx context.Context, host, id, agent string) err
 	k := s.key(host, id)
 	set, err := s.Client.SetNX(ctx, k, agent, s.TTL).Result()
 	if err != nil {
-		s.Local.Issued(host, id, agent)
+		if !s.FailClosed {
+			s.Local.Issued(host, id, agent)
+		}
 		return err
 	}
 	if !set {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -107,23 +108,11 @@ func (f *fleetSetup) readiness(next http.Handler) http.Handler {
 		if r.URL.Path == "/readyz" && f.draining.Load() {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte(`{"status":"draining","instance":` + quoteJSON(f.instance) + "}\n"))
+			_ = json.NewEncoder(w).Encode(map[string]string{"status": "draining", "instance": f.instance})
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-func quoteJSON(s string) string {
-	b := []byte{'"'}
-	for _, r := range s {
-		if r < 0x20 || r == '"' || r == '\\' {
-			b = append(b, '?')
-			continue
-		}
-		b = append(b, string(r)...)
-	}
-	return string(append(b, '"'))
 }
 
 // brokerDeps adds the fleet's parts to the broker's collaborators.
