@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/capbroker/capbroker/broker"
@@ -32,7 +33,7 @@ type fleetSetup struct {
 }
 
 // buildFleet returns nil without a fleet section (validated to come with budgets.store.redis).
-func buildFleet(cfg *config.Config, store *budget.Redis, log zerolog.Logger) *fleetSetup {
+func buildFleet(cfg *config.Config, store *budget.Redis, reg prometheus.Registerer, log zerolog.Logger) *fleetSetup {
 	f := cfg.Fleet
 	if f == nil || store == nil {
 		return nil
@@ -54,6 +55,11 @@ func buildFleet(cfg *config.Config, store *budget.Redis, log zerolog.Logger) *fl
 	}
 	if f.Learn {
 		fs.learn = &learn.Recorder{Client: store.Client(), Key: store.Prefix() + "learn", Background: budget.Background}
+		rec := fs.learn
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "capbroker_fleet_learn_dropped_total",
+			Help: "Decision events not sent to the fleet's learn stream: Redis did not take them and the buffer was full.",
+		}, func() float64 { return float64(rec.Dropped.Load()) }))
 	}
 	return fs
 }

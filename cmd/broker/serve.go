@@ -222,7 +222,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		defer budgetStore.Close()
 		grants = &approvals.RedisGrants{Client: budgetStore.Client(), Key: budgetStore.Prefix() + "grants"}
 	}
-	fl := buildFleet(cfg, budgetStore, log)
+	fl := buildFleet(cfg, budgetStore, metrics.Registry(), log)
 	var shared approvals.Shared
 	if fl != nil {
 		shared = fl.shared
