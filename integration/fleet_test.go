@@ -758,9 +758,14 @@ func TestFleetBehindHAProxy(t *testing.T) {
 		var sent, failed atomic.Int64
 		var fails sync.Map
 		var wg sync.WaitGroup
-		for g := range 4 {
+		for g := range 6 {
 			wg.Go(func() {
 				c := r.client("fleet-a")
+				if g >= 4 {
+					// Two clients keep their connections (a tunnel each) between requests: a
+					// drain closes them when idle, and the client opens another.
+					c.Transport.(*http.Transport).DisableKeepAlives = false
+				}
 				for i := 0; ; i++ {
 					select {
 					case <-stop:
