@@ -346,6 +346,15 @@ func TestFleetBehindHAProxy(t *testing.T) {
 				t.Fatalf("status %d", resp.StatusCode)
 			}
 		}
+		// Python's urllib, as an agent's script would, through the Service.
+		for i := range 3 {
+			py := exec.Command("python3", "-c", "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())",
+				fmt.Sprintf("%s/open/spread/py-%d", upSrv.URL, i))
+			py.Env = append(harness.Env(), fmt.Sprintf("https_proxy=http://fleet-a:%s@%s", r.tokens["fleet-a"], r.lb), "SSL_CERT_FILE="+r.caFile, "no_proxy=")
+			if out, err := py.CombinedOutput(); err != nil || !strings.Contains(string(out), fmt.Sprintf("ok /open/spread/py-%d", i)) {
+				t.Fatalf("python through the Service: %v\n%s", err, out)
+			}
+		}
 		got := r.instances("/open/spread/")
 		for _, rp := range r.replicas {
 			if got[rp.name] == 0 {
@@ -361,9 +370,10 @@ func TestFleetBehindHAProxy(t *testing.T) {
 			got, err := exec.Command(brokerBin, "policy", "learn", "--from", "fleet", "--config", r.replicas[0].cfgFile, "--out", out, "--force").CombinedOutput()
 			var events int
 			fmt.Sscanf(string(got), "learn: %d events", &events)
-			// The six requests of "spread", two on each replica: a connect and a request
-			// event each, all twelve only if every replica recorded its own.
-			if err == nil && events >= 12 {
+			// The nine requests of "spread", three on each replica (haproxy's round robin
+			// over nine connections): a connect and a request event each, all eighteen only
+			// if every replica recorded its own.
+			if err == nil && events >= 18 {
 				break
 			}
 			if time.Now().After(deadline) {
