@@ -284,7 +284,7 @@ func (s *RedisShared) serve(ctx context.Context, q *Queue) {
 }
 
 // heartbeat marks this instance alive (PREFIX instance:INSTANCE, TTL HeartbeatTTL) every
-// third of HeartbeatTTL; a drained broker removes its mark as it stops.
+// third of HeartbeatTTL, and sweeps the queue; a drained broker removes its mark as it stops.
 func (s *RedisShared) heartbeat(ctx context.Context) {
 	t := time.NewTicker(HeartbeatTTL / 3)
 	defer t.Stop()
@@ -292,6 +292,9 @@ func (s *RedisShared) heartbeat(ctx context.Context) {
 	for {
 		c, cancel := context.WithTimeout(ctx, time.Second)
 		_ = s.Client.Set(c, key, time.Now().UTC().Format(time.RFC3339), HeartbeatTTL).Err()
+		// Listing sweeps the requests of replicas gone without draining: whichever replica
+		// removes one reports it, whether or not a console is open.
+		_, _ = s.List(c)
 		cancel()
 		select {
 		case <-ctx.Done():
