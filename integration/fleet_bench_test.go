@@ -90,7 +90,7 @@ func BenchmarkFleetOnOff(b *testing.B) {
 	off := startBenchBroker(b, base, env)
 	on := startBenchBroker(b, base+fmt.Sprintf(`budgets:
   store: {redis: {address: %q, key_prefix: "bench:"}}
-fleet: {instance: bench-1, agent_requests_per_second: 1000000, agent_connections: 100000}
+fleet: {agent_requests_per_second: 1000000, agent_connections: 100000}
 `, srv.Addr), env)
 	client := func(bp *benchBroker) *http.Client {
 		pu, _ := url.Parse(fmt.Sprintf("http://bench-agent:%s@%s", token, bp.proxy))

@@ -129,7 +129,7 @@ protocols:
 		rp := &fleetReplica{name: fmt.Sprintf("replica-%d", i+1), listen: freeAddr(t), admin: freeAddr(t)}
 		rp.cfgFile = filepath.Join(dir, rp.name+".yaml")
 		cfg := fmt.Sprintf("proxy: {listen: %q}\nadmin: {listen: %q}\nca: {cert_file: %q, key_file: %q}\npolicy: {dir: %q, mode: enforce}\n"+
-			"approvals: {state_file: %q}\nfleet: {instance: %s, drain_delay: 400ms, drain_hold: 3s, learn: true, agent_connections: 12}\naudit: {include_input: metadata}\n",
+			"approvals: {state_file: %q}\nfleet: {drain_delay: 400ms, drain_hold: 3s, learn: true, agent_connections: 12}\naudit: {include_input: metadata, instance: %s}\n",
 			rp.listen, rp.admin, r.caFile, filepath.Join(dir, "ca", "ca.key"), r.policyDir,
 			filepath.Join(dir, rp.name+"-approvals.json"), rp.name) + r.config
 		if err := os.WriteFile(rp.cfgFile, []byte(cfg), 0o600); err != nil {

@@ -1,17 +1,12 @@
 package config
 
-import (
-	"os"
-	"time"
-)
+import "time"
 
 // Fleet makes this broker one replica of several that behave as one (docs/fleet.md): the
 // requests held for approval, MCP sessions and per-agent caps are shared through
-// budgets.store.redis, beside the budgets and grants.
+// budgets.store.redis, beside the budgets and grants. The replica's name is audit.instance's
+// (default $POD_NAME, else the host name): in its audit events and in the shared store.
 type Fleet struct {
-	// Instance names this replica in audit events (instance) and in the shared store;
-	// default $POD_NAME, else the host name.
-	Instance string `yaml:"instance"`
 	// OnStoreError is what MCP sessions and the fleet's caps do when the store cannot be
 	// reached: fail_closed (the default; 503) or local (this replica's own view).
 	OnStoreError string `yaml:"on_store_error"`
@@ -30,21 +25,6 @@ type Fleet struct {
 	// Learn records every replica's decision events (those carrying their input, from
 	// audit.include_input) in Redis, for `broker policy learn --from fleet`.
 	Learn bool `yaml:"learn"`
-}
-
-// Enabled reports whether the fleet section is set.
-func (f *Fleet) Enabled() bool { return f != nil }
-
-// InstanceName is fleet.instance, $POD_NAME or the host name.
-func (f *Fleet) InstanceName() string {
-	if f != nil && f.Instance != "" {
-		return f.Instance
-	}
-	if p := os.Getenv("POD_NAME"); p != "" {
-		return p
-	}
-	h, _ := os.Hostname()
-	return h
 }
 
 // Fleet defaults.

@@ -38,7 +38,7 @@ func buildFleet(cfg *config.Config, store *budget.Redis, reg prometheus.Register
 	if f == nil || store == nil {
 		return nil
 	}
-	name := f.InstanceName()
+	name := auditOptions(cfg.Audit).Instance // the replica's name in its events and in Redis
 	ttl := f.MCPSessionTTL
 	if ttl == 0 {
 		ttl = config.DefaultMCPSessionTTL
