@@ -30,12 +30,22 @@ import (
 //     never left waiting in the listener's backlog.
 type admission struct {
 	max, perAgent, perAgentRequests int
+	// fleet, when set, caps each agent across a fleet of brokers too (budget.Caps).
+	fleet fleetCaps
 
 	mu       sync.Mutex
 	open     int                            // connections held
 	pending  map[netip.Addr][]*admittedConn // connections not yet claimed, by source address, oldest first
 	agents   map[string]int                 // connections claimed, by agent
 	requests map[string]int                 // requests running, by agent
+}
+
+// fleetCaps are per-agent caps a fleet of brokers shares (budget.Caps). They answer from
+// memory: they never wait on the store.
+type fleetCaps interface {
+	Request(agent string) error
+	Claim(agent string) bool
+	Release(agent string)
 }
 
 func newAdmission(max, perAgent, perAgentRequests int) *admission {
@@ -85,6 +95,11 @@ func (a *admission) request(agent string) error {
 	if a.requests[agent] >= a.perAgentRequests {
 		return errTooManyRequests
 	}
+	if a.fleet != nil {
+		if err := a.fleet.Request(agent); err != nil {
+			return err
+		}
+	}
 	a.requests[agent]++
 	return nil
 }
@@ -124,6 +139,8 @@ func (c *admittedConn) claim(agent string) error {
 		return errOtherAgent
 	case a.agents[agent] >= a.perAgent:
 		return errTooMany
+	case a.fleet != nil && !a.fleet.Claim(agent):
+		return errTooMany
 	}
 	a.unpend(c)
 	a.agents[agent]++
@@ -148,8 +165,13 @@ func (a *admission) drop(c *admittedConn) {
 	a.open--
 	if c.agent == "" {
 		a.unpend(c)
-	} else if a.agents[c.agent]--; a.agents[c.agent] <= 0 {
-		delete(a.agents, c.agent)
+	} else {
+		if a.agents[c.agent]--; a.agents[c.agent] <= 0 {
+			delete(a.agents, c.agent)
+		}
+		if a.fleet != nil {
+			a.fleet.Release(c.agent)
+		}
 	}
 }
 

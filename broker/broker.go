@@ -86,6 +86,15 @@ type Deps struct {
 	Known *inject.Known
 	// Tracer makes the spans of each request (broker/tracing.go); nil: none.
 	Tracer trace.Tracer
+	// MCPSessions remembers which agent each MCP session was issued to; nil: this broker's
+	// memory. A fleet shares them (rpc.SharedSessions).
+	MCPSessions MCPSessions
+	// DrainHold, when set, keeps the requests held for approval this long into a drain (to
+	// be decided, from any replica of a fleet) before they are answered approval_interrupted.
+	DrainHold time.Duration
+	// Caps, when set, cap each agent's requests per second and connections across a fleet
+	// (budget.Caps).
+	Caps *budget.Caps
 }
 
 // Limits of the agent-facing side.
@@ -117,8 +126,9 @@ type Broker struct {
 	approvals *approvals.Queue
 	budgets   *budget.Budgets
 	recorder  usage.Recorder
-	sessions  *rpc.Sessions // which agent each MCP session was issued to (broker/mcp.go)
-	tracer    trace.Tracer  // nil: requests are not traced
+	tracer    trace.Tracer // nil: requests are not traced
+	sessions  MCPSessions  // which agent each MCP session was issued to (broker/mcp.go)
+	drainHold time.Duration
 	// names maps the addresses the sandbox's resolver answered to their names (transparent
 	// mode): shared by the resolver and the transparent listener.
 	names *transparent.Names
@@ -166,9 +176,16 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		budgets:   deps.Budgets,
 		recorder:  deps.Recorder,
 		tracer:    deps.Tracer,
-		sessions:  rpc.NewSessions(mcpSessionsMax),
+		sessions:  deps.MCPSessions,
+		drainHold: deps.DrainHold,
 		names:     transparent.NewNames(cfg.Transparent.DNS.Prefixes()),
 		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
+	}
+	if b.sessions == nil {
+		b.sessions = localSessions{rpc.NewSessions(mcpSessionsMax)}
+	}
+	if deps.Caps != nil {
+		b.admission.fleet = deps.Caps
 	}
 	b.gen.Store(g)
 	b.mitmTLS = b.newMitmTLS()
@@ -231,7 +248,19 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	}
 	b.log.Info().Msg("draining requests in flight")
 	if b.approvals != nil {
-		b.approvals.Interrupt() // held requests are answered now: a drain does not wait for a person
+		// Held requests are answered now (a drain does not wait for a person), or, in a
+		// fleet, after drainHold, in which any replica's console may still decide them.
+		if b.drainHold <= 0 {
+			b.approvals.Interrupt()
+		} else {
+			b.approvals.Close()
+			stop := time.AfterFunc(min(b.drainHold, grace/2), b.approvals.Interrupt)
+			defer func() {
+				if stop.Stop() {
+					b.approvals.Interrupt()
+				}
+			}()
+		}
 	}
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()

@@ -133,6 +133,11 @@ func classify(err error) agentError {
 	case errors.Is(err, errTooMany):
 		return agentError{http.StatusTooManyRequests, "too_many_connections", "this agent has too many open connections through the broker",
 			"Close idle connections or wait for running requests to finish, then retry."}
+	case errors.Is(err, budget.ErrRateCapped):
+		return agentError{http.StatusTooManyRequests, "too_many_requests", err.Error(), "Slow down, then retry."}
+	case errors.Is(err, budget.ErrCapsUnusable):
+		return agentError{http.StatusServiceUnavailable, "fleet_store_unavailable", "the broker could not reach the fleet's shared store to count this request; it was not sent",
+			"This is a problem on the broker's side. Retrying later may work."}
 	case errors.Is(err, errTooManyRequests):
 		return agentError{http.StatusTooManyRequests, "too_many_requests", "this agent has too many requests in flight through the broker",
 			"Wait for running requests to finish, then retry."}

@@ -8,6 +8,7 @@
 # integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
 # nft (nftables) writes the transparent-mode test's redirect rules (integration/transparent_test.go).
+# haproxy is the Service in front of three brokers in integration/fleet_test.go.
 # promtool (Debian's prometheus) checks and unit-tests the shipped alerting rules (deploy/prometheus).
 # squid is the corporate proxy of integration/upstream_proxy_test.go (/usr/sbin/squid, with
 # /usr/lib/squid/basic_ncsa_auth); Debian's squid-openssl, since the ssl-bump test
@@ -18,6 +19,8 @@ missing=()
 for tool in curl git python3 node npm aws chromium redis-server nft promtool; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
+# /usr/sbin is not on every user's PATH.
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 # /usr/sbin is not on every user's PATH.
 squid=$(command -v squid || echo /usr/sbin/squid)
 "$squid" -v 2>/dev/null | grep -q -- --with-openssl || missing+=(squid)

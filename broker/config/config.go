@@ -29,6 +29,7 @@ type Config struct {
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
 	Telemetry   *Telemetry   `yaml:"telemetry"`
+	Fleet       *Fleet       `yaml:"fleet"`
 }
 
 type Proxy struct {

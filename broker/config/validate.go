@@ -81,6 +81,7 @@ func (c *Config) Validate() []error {
 	}
 	c.validateApprovals(&e)
 	c.validateBudgets(&e)
+	c.validateFleet(&e)
 	c.validateLLM(&e)
 	c.validateProtocols(&e)
 	c.validateTransparent(&e)

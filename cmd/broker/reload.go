@@ -186,7 +186,7 @@ func (r *reloader) refused(log zerolog.Logger, err error) {
 
 // keepRestartOnly puts back in cfg the running values of the keys a reload cannot apply, and
 // warns about each that changed: the listeners, the CA, the policy source, the audit
-// destination and the Vault connection are set up once, at start.
+// destination, the fleet and the Vault connection are set up once, at start.
 func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	old := r.cur
 	keep := func(key string, cur, next any, restore func()) {
@@ -201,6 +201,7 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	keep("admin", old.Admin, cfg.Admin, func() { cfg.Admin = old.Admin })
 	keep("approvals", old.Approvals, cfg.Approvals, func() { cfg.Approvals = old.Approvals })
 	keep("budgets", old.Budgets, cfg.Budgets, func() { cfg.Budgets = old.Budgets })
+	keep("fleet", old.Fleet, cfg.Fleet, func() { cfg.Fleet = old.Fleet })
 	keep("ca", old.CA, cfg.CA, func() { cfg.CA = old.CA })
 	keep("policy.dir", old.Policy.Dir, cfg.Policy.Dir, func() { cfg.Policy.Dir = old.Policy.Dir })
 	keep("policy.bundle", old.Policy.Bundle, cfg.Policy.Bundle, func() { cfg.Policy.Bundle = old.Policy.Bundle })

@@ -222,9 +222,21 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		defer budgetStore.Close()
 		grants = &approvals.RedisGrants{Client: budgetStore.Client(), Key: budgetStore.Prefix() + "grants"}
 	}
-	ap, err := buildApprovals(ctx, cfg, o.configPath, approvalsPolicyDir, adminLn.Addr(), token, adminTLSConfig != nil, auditLog, metrics, log, grants)
+	fl := buildFleet(cfg, budgetStore, metrics.Registry(), log)
+	var shared approvals.Shared
+	if fl != nil {
+		shared = fl.shared
+	}
+	ap, err := buildApprovals(ctx, cfg, o.configPath, approvalsPolicyDir, adminLn.Addr(), token, adminTLSConfig != nil, auditLog, metrics, log, grants, shared)
 	if err != nil {
 		return err
+	}
+	if fl != nil {
+		// The fleet's part outlives the listener: held requests are decided from other
+		// replicas during the drain.
+		fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopFleet()
+		fl.run(fleetCtx, ap.queue, auditLog)
 	}
 	ap.api.SetUsage(func(ctx context.Context) (any, error) { return budgets.Summary(ctx, agentLabels(cfg)) })
 	var transparentLn net.Listener // connections the sandbox's rules redirect (transparent mode)
@@ -240,7 +252,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	defer tel.close()
-	b, err := broker.New(cfg, broker.Deps{
+	deps := broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
 		Self:      append(append(self, vaultAddrs(cfg)...), redisAddrs(cfg)...),
@@ -249,7 +261,9 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
 		Known:     known,
 		Tracer:    tel.Tracer(),
-	})
+	}
+	fl.brokerDeps(&deps)
+	b, err := broker.New(cfg, deps)
 	if err != nil {
 		return err
 	}
@@ -267,7 +281,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if adminTLSConfig != nil {
 		adminLn = tls.NewListener(adminLn, adminTLSConfig)
 	}
-	admin := &http.Server{Handler: adminMux(broker.AdminHandler(metrics, rl.ready, engine), ap.api, engine), ReadHeaderTimeout: 5 * time.Second}
+	var adminH http.Handler = broker.AdminHandler(metrics, rl.ready, engine)
+	if fl != nil {
+		adminH = fl.readiness(adminH)
+	}
+	admin := &http.Server{Handler: adminMux(adminH, ap.api, engine), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = admin.Serve(adminLn) }()
 	defer admin.Close()
 
@@ -314,7 +332,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 			}
 		}()
 	}
-	err = b.Serve(ctx, proxyLn, drainGrace)
+	serveCtx := ctx
+	if fl != nil {
+		serveCtx = fl.serveUntil(ctx)
+	}
+	err = b.Serve(serveCtx, proxyLn, drainGrace)
 	log.Info().Msg("stopped")
 	return err
 }

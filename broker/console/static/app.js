@@ -370,6 +370,7 @@
         el('span', { text: 'agent ' + str(p.agent) }),
         p.source_ip ? el('span', { text: 'from ' + str(p.source_ip) }) : null,
         p.phase ? el('span', { text: 'phase ' + str(p.phase) }) : null,
+        p.instance ? el('span', { class: 'instance', text: 'held on ' + str(p.instance) }) : null,
         expiresEl),
       p.reason ? el('p', { class: 'reason', text: str(p.reason) }) : null,
       credentialsLine(p),
