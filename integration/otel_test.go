@@ -607,12 +607,3 @@ func waitMetric(t *testing.T, b *brokerProc, series string) {
 	}
 }
 
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
