@@ -76,6 +76,20 @@ type Event struct {
 	// whose origin certificate was trusted through upstream.proxy.tls_inspection_ca.
 	Via          string
 	TLSInspected bool
+	// SSH is what a git session over SSH did (phase "ssh", CONTRACT §8b), or nil.
+	SSH *SSHSession
+}
+
+// SSHSession is the audit event's "ssh" object: the fields of input.ssh.
+type SSHSession struct {
+	Host, User, Service, Repository string
+	Port                            int
+	Refs                            []SSHRef
+}
+
+// SSHRef is one ref update of a push.
+type SSHRef struct {
+	Name, Old, New string
 }
 
 // The ways a connection reaches the broker: the audit event's mode, the policy's
@@ -222,6 +236,14 @@ func (l *Logger) Write(e *Event) {
 		if e.TLSInspected {
 			ev = ev.Bool("tls_inspected", true)
 		}
+	}
+	if x := e.SSH; x != nil {
+		refs := zerolog.Arr()
+		for _, r := range x.Refs {
+			refs = refs.Dict(zerolog.Dict().Str("name", r.Name).Str("old", r.Old).Str("new", r.New))
+		}
+		ev = ev.Dict("ssh", zerolog.Dict().Str("host", x.Host).Int("port", x.Port).Str("user", x.User).
+			Str("service", x.Service).Str("repository", x.Repository).Array("refs", refs))
 	}
 	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
 		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))
