@@ -201,6 +201,12 @@ func (b *Broker) newProxy() *goproxy.ProxyHttpServer {
 	return p
 }
 
+// DialUpstream dials out as every upstream connection does, through the running config's one
+// Dialer (destination checks, upstream.proxy): for the broker's other front doors (SSH).
+func (b *Broker) DialUpstream(ctx context.Context, network, addr string) (net.Conn, error) {
+	return b.gen.Load().dialer.DialContext(ctx, network, addr)
+}
+
 // Serve accepts agent connections on ln until ctx ends, then drains: it stops accepting,
 // waits up to grace for requests in flight, and returns.
 func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {

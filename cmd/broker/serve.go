@@ -227,6 +227,14 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		defer transparentLn.Close()
 		self = append(self, selfAddrs(transparentLn.Addr())...)
 	}
+	sshLn, err := listenSSH(cfg) // git over SSH (ssh.listen)
+	if err != nil {
+		return err
+	}
+	if sshLn != nil {
+		defer sshLn.Close()
+		self = append(self, selfAddrs(sshLn.Addr())...)
+	}
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
@@ -299,6 +307,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 				log.Error().Err(err).Msg("transparent listener stopped")
 			}
 		}()
+	}
+	if sshLn != nil {
+		if err := serveSSH(ctx, sshLn, cfg, b, engine, auditLog, creds, metrics, log); err != nil {
+			return err
+		}
 	}
 	err = b.Serve(ctx, proxyLn, drainGrace)
 	log.Info().Msg("stopped")
