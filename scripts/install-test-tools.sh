@@ -8,6 +8,8 @@
 # integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
 # nft (nftables) writes the transparent-mode test's redirect rules (integration/transparent_test.go).
+# sshd (Debian's openssh-server) is the git host of integration/ssh_test.go, serving bare
+# repositories through git-shell (/usr/sbin/sshd; the test runs its own, never the system's).
 # promtool (Debian's prometheus) checks and unit-tests the shipped alerting rules (deploy/prometheus).
 # squid is the corporate proxy of integration/upstream_proxy_test.go (/usr/sbin/squid, with
 # /usr/lib/squid/basic_ncsa_auth); Debian's squid-openssl, since the ssl-bump test
@@ -21,6 +23,7 @@ done
 # /usr/sbin is not on every user's PATH.
 squid=$(command -v squid || echo /usr/sbin/squid)
 "$squid" -v 2>/dev/null | grep -q -- --with-openssl || missing+=(squid)
+[ -x /usr/sbin/sshd ] || missing+=(sshd)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
   missing+=(botocore)
 fi
@@ -36,7 +39,8 @@ if [ ${#missing[@]} -gt 0 ]; then
       aws | botocore) pkgs+=(awscli) ;;
       nft) pkgs+=(nftables) ;;
       squid) pkgs+=(squid-openssl) ;; # replaces plain squid: ssl-bump needs OpenSSL
-      promtool) pkgs+=(prometheus) ;; # checks deploy/prometheus/capbroker-rules.yml
+      promtool) pkgs+=(prometheus) ;;
+      sshd) pkgs+=(openssh-server) ;; # checks deploy/prometheus/capbroker-rules.yml
       *) pkgs+=("$tool") ;;
     esac
   done
