@@ -292,6 +292,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if bundlePoller != nil {
 		go bundlePoller.Run(ctx, reported("policy bundle not loaded; keeping the last good policy", "policy bundle loaded"))
 	}
+	if sshLn != nil {
+		if err := serveSSH(ctx, sshLn, cfg, b, engine, auditLog, creds, metrics, log); err != nil {
+			return err
+		}
+	}
 	rl.watch(ctx)
 	reloading = true
 	go rl.run(ctx, hup)
@@ -307,11 +312,6 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 				log.Error().Err(err).Msg("transparent listener stopped")
 			}
 		}()
-	}
-	if sshLn != nil {
-		if err := serveSSH(ctx, sshLn, cfg, b, engine, auditLog, creds, metrics, log); err != nil {
-			return err
-		}
 	}
 	err = b.Serve(ctx, proxyLn, drainGrace)
 	log.Info().Msg("stopped")
