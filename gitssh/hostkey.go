@@ -37,7 +37,15 @@ func LoadOrCreateHostKey(path string) (ssh.Signer, error) {
 		if err := f.Close(); err != nil {
 			return nil, fmt.Errorf("ssh.host_key_file: %w", err)
 		}
-		return ssh.NewSignerFromKey(priv)
+		signer, err := ssh.NewSignerFromKey(priv)
+		if err != nil {
+			return nil, err
+		}
+		// The public key beside it, for `broker agent-env` where the private key is not readable.
+		if err := os.WriteFile(path+".pub", ssh.MarshalAuthorizedKey(signer.PublicKey()), 0o644); err != nil {
+			return nil, fmt.Errorf("ssh.host_key_file: %w", err)
+		}
+		return signer, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("ssh.host_key_file: %w", err)
@@ -50,4 +58,22 @@ func LoadOrCreateHostKey(path string) (ssh.Signer, error) {
 		return nil, fmt.Errorf("ssh.host_key_file %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// ReadPublicKey is the public half of the host key at path: from path+".pub" when present
+// (written beside the key when it is created), else from the key itself.
+func ReadPublicKey(path string) (ssh.PublicKey, error) {
+	if b, err := os.ReadFile(path + ".pub"); err == nil {
+		k, _, _, _, err := ssh.ParseAuthorizedKey(b)
+		return k, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s, err := ssh.ParsePrivateKey(b)
+	if err != nil {
+		return nil, err
+	}
+	return s.PublicKey(), nil
 }

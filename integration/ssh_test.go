@@ -308,30 +308,18 @@ ssh:
 	must(t, json.Unmarshal([]byte(line), &l))
 	_, port, _ := net.SplitHostPort(l.SSH)
 
-	// The agent's side: what `broker agent-env` prints for ssh, written by hand here.
-	keyText, err := os.ReadFile(filepath.Join(brokerDir, "ssh_host_key"))
-	must(t, err)
-	brokerKey, err := ssh.ParsePrivateKey(keyText)
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(an.dir, "known_hosts"), []byte(
-		known(fmt.Sprintf("[%s]:%s", an.hostIP, port), brokerKey.PublicKey())+"\n"+
-			known("git.test", brokerKey.PublicKey())+"\n"+known("evil.test", brokerKey.PublicKey())+"\n"), 0o644))
-	must(t, os.WriteFile(filepath.Join(an.dir, "ssh_config"), fmt.Appendf(nil, `Host capbroker
-  HostName %s
-  Port %s
-  User coder
-Host git.test evil.test
-  ProxyJump capbroker
-Host *
-  UserKnownHostsFile %s
-  GlobalKnownHostsFile /dev/null
-  StrictHostKeyChecking yes
-  BatchMode yes
-`, an.hostIP, port, filepath.Join(an.dir, "known_hosts")), 0o644))
-	env := []string{"PATH=" + agentPath, "HOME=" + an.dir, "GIT_SSH_COMMAND=ssh -F " + filepath.Join(an.dir, "ssh_config"),
+	// The agent's side, as `broker agent-env` writes it: the broker's host key pinned for
+	// the broker and for each git host name, the broker as their jump host.
+	sshDir := filepath.Join(an.dir, "ssh")
+	out, err := exec.Command(brokerBin, "agent-env", "--config", filepath.Join(b.dir, "broker.yaml"), "--agent", "coder",
+		"--ssh", net.JoinHostPort(an.hostIP, port), "--ssh-dir", sshDir, "--ssh-write", "--format", "env").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "GIT_SSH_COMMAND=ssh -F "+sshDir+"/ssh_config\n") {
+		t.Fatalf("agent-env: %v\n%s", err, out)
+	}
+	env := []string{"PATH=" + agentPath, "HOME=" + an.dir, "GIT_SSH_COMMAND=ssh -o BatchMode=yes -F " + filepath.Join(sshDir, "ssh_config"),
 		"GIT_AUTHOR_NAME=agent", "GIT_AUTHOR_EMAIL=agent@sandbox", "GIT_COMMITTER_NAME=agent", "GIT_COMMITTER_EMAIL=agent@sandbox",
 		"GIT_CONFIG_NOSYSTEM=1"}
-	sshCmd := []string{"ssh", "-F", filepath.Join(an.dir, "ssh_config")}
+	sshCmd := []string{"ssh", "-o", "BatchMode=yes", "-F", filepath.Join(sshDir, "ssh_config")}
 	bare := filepath.Join(host.repos, "org/repo.git")
 
 	lastEvent := func(t *testing.T, what string, match func(auditEvent) bool) auditEvent {
