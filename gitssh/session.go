@@ -305,6 +305,9 @@ func (s *Server) upstreamFailed(ch ssh.Channel, ev *audit.Event, t *target, err 
 	case errors.Is(err, ErrHostKey):
 		ev.Decision, ev.Status = audit.Deny, 502
 		ev.Reason = fmt.Sprintf("host_key_mismatch: the host key of %s is not one pinned in the broker's config (ssh.upstreams known_hosts); refused, never trusted on first use", t.cfg.Host)
+	case errors.Is(err, ErrUpstreamAuth):
+		ev.Status = 502
+		ev.Reason = fmt.Sprintf("upstream_auth_refused: %s refused the broker's certificate (expired, not yet valid, or a principal it does not accept)", t.cfg.Host)
 	case errors.Is(err, ErrCredential):
 		ev.Status = 503
 		ev.Reason = fmt.Sprintf("credential_unavailable: the broker could not get a key to sign in to %s from Vault; try again later", t.cfg.Host)

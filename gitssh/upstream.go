@@ -35,8 +35,10 @@ var (
 	ErrHostKey = errors.New("the git host's key is not the one pinned in the broker's config")
 	// ErrCredential: Vault could not sign a key or give the private key.
 	ErrCredential = errors.New("credential_unavailable")
-	// ErrUpstream: the git host could not be reached or refused the broker's key.
+	// ErrUpstream: the git host could not be reached.
 	ErrUpstream = errors.New("upstream_error")
+	// ErrUpstreamAuth: the git host refused the broker's key or certificate.
+	ErrUpstreamAuth = errors.New("upstream_auth_refused")
 )
 
 // target is one configured git host.
@@ -99,6 +101,9 @@ func dialUpstream(ctx context.Context, dial DialFunc, vault Vault, t *target) (*
 		if hostKeyErr != nil {
 			return nil, hostKeyErr
 		}
+		if strings.Contains(err.Error(), "unable to authenticate") {
+			return nil, fmt.Errorf("%w: signing in to %s: %v", ErrUpstreamAuth, t.cfg.Host, err)
+		}
 		return nil, fmt.Errorf("%w: signing in to %s: %v", ErrUpstream, t.cfg.Host, err)
 	}
 	_ = conn.SetDeadline(time.Time{})
@@ -128,8 +133,11 @@ func upstreamSigner(ctx context.Context, vault Vault, u config.SSHUpstream) (ssh
 			return nil, fmt.Errorf("%w: vault's certificate does not parse: %v", ErrCredential, err)
 		}
 		cert, ok := key.(*ssh.Certificate)
-		if !ok || !bytes.Equal(cert.Key.Marshal(), sshPub.Marshal()) {
+		if !ok || !bytes.Equal(cert.Key.Marshal(), sshPub.Marshal()) || cert.CertType != ssh.UserCert {
 			return nil, fmt.Errorf("%w: vault returned a certificate of another key", ErrCredential)
+		}
+		if err := checkValidity(cert, time.Now()); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrCredential, err)
 		}
 		signer, err := ssh.NewSignerFromKey(priv)
 		if err != nil {
@@ -151,4 +159,23 @@ func upstreamSigner(ctx context.Context, vault Vault, u config.SSHUpstream) (ssh
 		return nil, fmt.Errorf("%w: the private key in vault (%s) does not parse", ErrCredential, strings.TrimSpace(k.Path))
 	}
 	return signer, nil
+}
+
+// clockSkew is how far the certificate's start may be ahead of the broker's clock.
+const clockSkew = time.Minute
+
+// checkValidity refuses a certificate Vault signed that is not valid now (a Vault whose clock
+// is wrong), or that is valid for longer than the most the config allows: the git host would
+// refuse the one, and the other would outlive what the operator asked for.
+func checkValidity(cert *ssh.Certificate, now time.Time) error {
+	if cert.ValidBefore != ssh.CertTimeInfinity && now.Unix() >= int64(cert.ValidBefore) {
+		return fmt.Errorf("vault signed a certificate that expired at %s (vault's clock?)", time.Unix(int64(cert.ValidBefore), 0).UTC().Format(time.RFC3339))
+	}
+	if int64(cert.ValidAfter) > now.Add(clockSkew).Unix() {
+		return fmt.Errorf("vault signed a certificate valid only from %s (vault's clock?)", time.Unix(int64(cert.ValidAfter), 0).UTC().Format(time.RFC3339))
+	}
+	if cert.ValidBefore == ssh.CertTimeInfinity || int64(cert.ValidBefore) > now.Add(config.MaxSSHCertTTL+clockSkew).Unix() {
+		return fmt.Errorf("vault signed a certificate valid for longer than %s: check the role's ttl and max_ttl", config.MaxSSHCertTTL)
+	}
+	return nil
 }

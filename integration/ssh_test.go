@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
@@ -42,7 +43,10 @@ func requireSSHTools(t *testing.T) {
 	if os.Geteuid() != 0 {
 		missing = append(missing, "root (network namespaces, sshd)")
 	}
-	for _, tool := range []string{"/usr/sbin/sshd", "ssh", "ssh-keygen", "git", "git-shell", "ip", "setpriv"} {
+	if fakeTimeLib(t) == "" {
+		missing = append(missing, "libfaketime")
+	}
+	for _, tool := range []string{"/usr/sbin/sshd", "ssh", "git", "git-shell", "ip", "setpriv"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool)
 		}
@@ -51,9 +55,18 @@ func requireSSHTools(t *testing.T) {
 		return
 	}
 	if os.Getenv("CAPBROKER_REQUIRE_VAULT") == "1" || os.Getenv("CI") != "" {
-		t.Fatalf("missing for the git-over-SSH tests: %s (scripts/install-test-tools.sh installs openssh-server)", strings.Join(missing, ", "))
+		t.Fatalf("missing for the git-over-SSH tests: %s (scripts/install-test-tools.sh installs openssh-server and faketime)", strings.Join(missing, ", "))
 	}
-	t.Skipf("skipped: missing %s (scripts/install-test-tools.sh installs openssh-server)", strings.Join(missing, ", "))
+	t.Skipf("skipped: missing %s (scripts/install-test-tools.sh installs openssh-server and faketime)", strings.Join(missing, ", "))
+}
+
+// fakeTimeLib is Debian's libfaketime (package faketime), or "".
+func fakeTimeLib(t *testing.T) string {
+	libs, _ := filepath.Glob("/usr/lib/*/faketime/libfaketime.so.1")
+	if len(libs) == 0 {
+		return ""
+	}
+	return libs[0]
 }
 
 // sshAgentNet is the agent's namespace and its one link.
@@ -100,30 +113,27 @@ func newSSHAgentNet(t *testing.T) *sshAgentNet {
 func (s *sshAgentNet) run(t *testing.T, dir string, env []string, argv ...string) (string, error) {
 	t.Helper()
 	args := append([]string{"netns", "exec", s.ns, "setpriv", "--reuid", agentUID, "--regid", agentUID, "--clear-groups", "env", "-i"}, env...)
-	cmd := exec.Command("ip", append(args, argv...)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a bound: a hung git fails the test
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", append(args, argv...)...)
+	cmd.WaitDelay = 5 * time.Second // ssh's children may hold the output open
 	cmd.Dir = filepath.Join(s.dir, dir)
 	cmd.Env = []string{"PATH=" + agentPath}
-	done := make(chan struct{})
-	defer close(done)
-	go func() { // a bound, not a synchronisation: a hung git fails the test
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			_ = cmd.Process.Kill()
-		}
-	}()
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
 
 // gitHost is sshd serving bare repositories under dir/repos through git-shell.
 type gitHost struct {
+	logs    *logTail
 	addr    string
 	hostKey ssh.PublicKey
 	repos   string
 }
 
-func startGitHost(t *testing.T, caPub string) *gitHost {
+// startGitHost starts sshd with env added to its environment (libfaketime's, for a host
+// whose clock is an hour ahead: every certificate Vault signs has expired for it).
+func startGitHost(t *testing.T, caPub string, env ...string) *gitHost {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "cbssh-sshd-")
 	if err != nil {
@@ -174,6 +184,8 @@ LogLevel VERBOSE
 `, addr, keyFile, filepath.Join(dir, "ca.pub"), filepath.Join(dir, "principals"), g.repos), 0o600))
 		logs := newLogTail()
 		cmd := exec.Command("/usr/sbin/sshd", "-D", "-e", "-f", conf)
+		cmd.Env = append(harness.Env(), env...)
+		cmd.WaitDelay = 5 * time.Second
 		cmd.Stdout, cmd.Stderr = logs, logs
 		must(t, cmd.Start())
 		exited := make(chan struct{})
@@ -186,7 +198,7 @@ LogLevel VERBOSE
 			}
 			t.Fatalf("sshd did not start:\n%s", logs.String())
 		}
-		g.addr = addr
+		g.addr, g.logs = addr, logs
 		return g
 	}
 }
@@ -259,6 +271,7 @@ func TestSSHGitThroughBroker(t *testing.T) {
 	must(t, err)
 
 	host := startGitHost(t, caPub)
+	late := startGitHost(t, caPub, "FAKETIME=+1h", "LD_PRELOAD="+fakeTimeLib(t))
 	// The repository: org/repo.git with one commit on main.
 	seed := t.TempDir()
 	hostGit(t, host.repos, "init", "-q", "--bare", "-b", "main", "org/repo.git")
@@ -274,7 +287,7 @@ func TestSSHGitThroughBroker(t *testing.T) {
 	known := func(name string, k ssh.PublicKey) string {
 		return strings.TrimSpace(name + " " + string(ssh.MarshalAuthorizedKey(k)))
 	}
-	policyText, files := sshPolicies(t, "    git.test: true\n    evil.test: true\n", "[org/*]")
+	policyText, files := sshPolicies(t, "    git.test: true\n    evil.test: true\n    late.test: true\n", "[org/*]")
 	brokerDir := t.TempDir()
 	b := startBroker(t, brokerOpts{
 		policy: policyText, files: files, mode: "enforce",
@@ -300,8 +313,14 @@ ssh:
       user: root
       known_hosts: [%q]
       vault_ssh: {role: git, principals: [git]}
+    - host: late.test
+      address: %q
+      user: root
+      known_hosts: [%q]
+      vault_ssh: {role: git, principals: [git]}
 `, an.agentIP+"/32", vault.Addr, an.hostIP+":0", filepath.Join(brokerDir, "ssh_host_key"),
-			host.addr, known("git.test", host.hostKey), host.addr, known("evil.test", otherSigner.PublicKey())),
+			host.addr, known("git.test", host.hostKey), host.addr, known("evil.test", otherSigner.PublicKey()),
+			late.addr, known("late.test", late.hostKey)),
 	})
 	line := b.logs.wait(t, "listening for git over ssh")
 	var l struct{ SSH string }
@@ -467,6 +486,16 @@ ssh:
 		lastEvent(t, "the host key's audit event", func(e auditEvent) bool {
 			return e["host"] == "evil.test" && e["decision"] == "deny" && strings.Contains(fmt.Sprint(e["reason"]), "host_key_mismatch")
 		})
+	})
+
+	t.Run("an expired certificate is refused by the git host", func(t *testing.T) {
+		out, err := an.run(t, "", env, "git", "ls-remote", "git@late.test:org/repo.git")
+		if err == nil || !strings.Contains(out, "upstream_auth_refused: late.test refused the broker's certificate") {
+			t.Fatalf("ls-remote: %v\n%s", err, out)
+		}
+		if !strings.Contains(late.logs.String(), "expired") {
+			t.Errorf("sshd did not log an expired certificate:\n%s", late.logs.String())
+		}
 	})
 
 	t.Run("the git host is out of the agent's reach but through the broker", func(t *testing.T) {
