@@ -125,6 +125,7 @@ func (s *sshAgentNet) run(t *testing.T, dir string, env []string, argv ...string
 
 // gitHost is sshd serving bare repositories under dir/repos through git-shell.
 type gitHost struct {
+	dir     string
 	logs    *logTail
 	addr    string
 	hostKey ssh.PublicKey
@@ -156,6 +157,9 @@ func startGitHost(t *testing.T, caPub string, env ...string) *gitHost {
 	// The certificates Vault signs carry the principal "git"; the account is root, whose
 	// every command is git-shell's in the repositories' folder.
 	must(t, os.WriteFile(filepath.Join(dir, "principals"), []byte("git\n"), 0o644))
+	// The deploy key a team keeps in Vault KV (vault_key) instead of certificates.
+	g.dir = dir
+	must(t, os.WriteFile(filepath.Join(dir, "authorized_keys"), nil, 0o644))
 	must(t, os.MkdirAll("/run/sshd", 0o755)) // sshd's privilege separation directory
 	for attempt := 0; ; attempt++ {
 		addr, err := harness.FreeAddr()
@@ -174,14 +178,14 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 TrustedUserCAKeys %s
 AuthorizedPrincipalsFile %s
-AuthorizedKeysFile none
+AuthorizedKeysFile %s
 AllowUsers root
 AcceptEnv GIT_PROTOCOL
 DisableForwarding yes
 PermitTTY no
 ForceCommand cd %s && exec git-shell -c "$SSH_ORIGINAL_COMMAND"
 LogLevel VERBOSE
-`, addr, keyFile, filepath.Join(dir, "ca.pub"), filepath.Join(dir, "principals"), g.repos), 0o600))
+`, addr, keyFile, filepath.Join(dir, "ca.pub"), filepath.Join(dir, "principals"), filepath.Join(dir, "authorized_keys"), g.repos), 0o600))
 		logs := newLogTail()
 		cmd := exec.Command("/usr/sbin/sshd", "-D", "-e", "-f", conf)
 		cmd.Env = append(harness.Env(), env...)
@@ -281,13 +285,23 @@ func TestSSHGitThroughBroker(t *testing.T) {
 	hostGit(t, filepath.Join(seed, "w"), "commit", "-q", "-m", "first")
 	hostGit(t, filepath.Join(seed, "w"), "push", "-q", filepath.Join(host.repos, "org/repo.git"), "main")
 
+	// A deploy key held in Vault KV, authorised on the git host: the vault_key way in.
+	_, deployKey, _ := ed25519.GenerateKey(rand.Reader)
+	deployPEM, err := ssh.MarshalPrivateKey(deployKey, "")
+	must(t, err)
+	deploySigner, _ := ssh.NewSignerFromKey(deployKey)
+	must(t, os.WriteFile(filepath.Join(host.dir, "authorized_keys"), ssh.MarshalAuthorizedKey(deploySigner.PublicKey()), 0o644))
+	deployText := string(pem.EncodeToMemory(deployPEM))
+	_, err = vc.KVv2("secret").Put(t.Context(), "deploy-keys/git", map[string]any{"private_key": deployText})
+	must(t, err)
+
 	an := newSSHAgentNet(t)
 	_, otherKey, _ := ed25519.GenerateKey(rand.Reader)
 	otherSigner, _ := ssh.NewSignerFromKey(otherKey)
 	known := func(name string, k ssh.PublicKey) string {
 		return strings.TrimSpace(name + " " + string(ssh.MarshalAuthorizedKey(k)))
 	}
-	policyText, files := sshPolicies(t, "    git.test: true\n    evil.test: true\n    late.test: true\n", "[org/*]")
+	policyText, files := sshPolicies(t, "    git.test: true\n    evil.test: true\n    late.test: true\n    kv.test: true\n", "[org/*]")
 	brokerDir := t.TempDir()
 	b := startBroker(t, brokerOpts{
 		policy: policyText, files: files, mode: "enforce",
@@ -313,6 +327,11 @@ ssh:
       user: root
       known_hosts: [%q]
       vault_ssh: {role: git, principals: [git]}
+    - host: kv.test
+      address: %q
+      user: root
+      known_hosts: [%q]
+      vault_key: {mount: secret, path: deploy-keys/git, field: private_key}
     - host: late.test
       address: %q
       user: root
@@ -320,7 +339,7 @@ ssh:
       vault_ssh: {role: git, principals: [git]}
 `, an.agentIP+"/32", vault.Addr, an.hostIP+":0", filepath.Join(brokerDir, "ssh_host_key"),
 			host.addr, known("git.test", host.hostKey), host.addr, known("evil.test", otherSigner.PublicKey()),
-			late.addr, known("late.test", late.hostKey)),
+			host.addr, known("kv.test", host.hostKey), late.addr, known("late.test", late.hostKey)),
 	})
 	line := b.logs.wait(t, "listening for git over ssh")
 	var l struct{ SSH string }
@@ -488,6 +507,25 @@ ssh:
 		})
 	})
 
+	t.Run("clone with a deploy key from Vault KV", func(t *testing.T) {
+		out, err := an.run(t, "", env, "git", "clone", "git@kv.test:org/repo.git", "work-kv")
+		if err != nil {
+			t.Fatalf("clone: %v\n%s", err, out)
+		}
+		if _, err := os.Stat(filepath.Join(an.dir, "work-kv", "README")); err != nil {
+			t.Fatal(err)
+		}
+		// Held in memory only: nowhere on the broker's disk, and in no log.
+		filepath.WalkDir(b.dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				if body, _ := os.ReadFile(p); strings.Contains(string(body), strings.Split(deployText, "\n")[1]) {
+					t.Errorf("the deploy key is written in %s", p)
+				}
+			}
+			return nil
+		})
+	})
+
 	t.Run("an expired certificate is refused by the git host", func(t *testing.T) {
 		out, err := an.run(t, "", env, "git", "ls-remote", "git@late.test:org/repo.git")
 		if err == nil || !strings.Contains(out, "upstream_auth_refused: late.test refused the broker's certificate") {
@@ -515,10 +553,15 @@ ssh:
 		t.Logf("git ls-remote with Vault down:\n%s", out)
 	})
 
-	// No secret in any log: the Vault token never appears.
+	// No secret in any log: neither the Vault token nor any line of the deploy key.
 	for _, text := range []string{b.logs.String(), b.auditLog.String()} {
 		if strings.Contains(text, vault.RootToken) {
 			t.Fatal("the Vault token is in the broker's output")
+		}
+		for _, line := range strings.Split(deployText, "\n")[1:3] {
+			if strings.Contains(text, line) {
+				t.Fatal("the deploy key is in the broker's output")
+			}
 		}
 	}
 }
