@@ -241,12 +241,25 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 			s.refuseChannel(c, nch, host, int(dest.Port), fmt.Sprintf("%s port %d is not a git host the broker serves over SSH", host, dest.Port))
 			continue
 		}
+		release, ok := s.admit(c.agent.ID)
+		if !ok {
+			reason := fmt.Sprintf("agent %s has %d connections to git hosts open, the most ssh.max_sessions_per_agent allows", c.agent.ID, s.cfg.MaxSessionsPerAgent)
+			_ = nch.Reject(ssh.ResourceShortage, "capbroker: "+reason)
+			ev := s.event(c, host, int(dest.Port))
+			ev.Decision, ev.Reason, ev.Status = audit.Deny, reason, 429
+			s.finish(ev, "none")
+			continue
+		}
 		ch, creqs, err := nch.Accept()
 		if err != nil {
+			release()
 			continue
 		}
 		go ssh.DiscardRequests(creqs)
-		go s.serveInner(ctx, c, t, ch)
+		go func() {
+			defer release()
+			s.serveInner(ctx, c, t, ch)
+		}()
 	}
 }
 
@@ -263,16 +276,29 @@ func (s *Server) serveInner(ctx context.Context, c *conn, t *target, ch ssh.Chan
 	}
 	defer sc.Close()
 	go s.refuseRequests(c, reqs)
+	// One git command at a time per connection, as git runs them: the per-agent cap counts
+	// connections, and this bounds what each may run.
+	busy := make(chan struct{}, 1)
 	for nch := range chans {
 		if nch.ChannelType() != "session" {
 			s.refuseChannel(c, nch, t.cfg.Host, t.cfg.Port, fmt.Sprintf("a %s channel (port forwarding) is not allowed: only git commands", nch.ChannelType()))
 			continue
 		}
-		sch, sreqs, err := nch.Accept()
-		if err != nil {
+		select {
+		case busy <- struct{}{}:
+		default:
+			_ = nch.Reject(ssh.ResourceShortage, "capbroker: one git command at a time per connection")
 			continue
 		}
-		go s.session(ctx, c, t, sc.User(), sch, sreqs)
+		sch, sreqs, err := nch.Accept()
+		if err != nil {
+			<-busy
+			continue
+		}
+		go func() {
+			defer func() { <-busy }()
+			s.session(ctx, c, t, sc.User(), sch, sreqs)
+		}()
 	}
 }
 
@@ -333,7 +359,8 @@ func (channelConn) SetDeadline(time.Time) error      { return nil }
 func (channelConn) SetReadDeadline(time.Time) error  { return nil }
 func (channelConn) SetWriteDeadline(time.Time) error { return nil }
 
-// admit counts a session of the agent, or refuses it over ssh.max_sessions_per_agent.
+// admit counts a connection of the agent to a git host, or refuses it over
+// ssh.max_sessions_per_agent.
 func (s *Server) admit(agent string) (release func(), ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -185,3 +185,35 @@ func TestAdmitCapsSessionsPerAgent(t *testing.T) {
 		t.Fatal("a released session is not given back")
 	}
 }
+
+func TestConnectionsToGitHostsCappedPerAgent(t *testing.T) {
+	addr, hostKey, _, ev := testDoor(t, newSigner(t).PublicKey())
+	var open []*ssh.Client
+	for range 4 { // ssh.max_sessions_per_agent in testDoor
+		c, err := jump(t, addr, hostKey, "pw", ssh.Password("tok"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, c)
+	}
+	if _, err := jump(t, addr, hostKey, "pw", ssh.Password("tok")); err == nil || !strings.Contains(err.Error(), "ssh.max_sessions_per_agent") {
+		t.Fatalf("a fifth connection: %v", err)
+	}
+	<-ev.ch
+	if last := ev.evs[len(ev.evs)-1]; last.Decision != audit.Deny || last.Status != 429 {
+		t.Errorf("audit event %+v", last)
+	}
+	open[0].Close()
+	// The slot comes back once the broker has seen the connection end; retry until then.
+	for i := 0; ; i++ {
+		c, err := jump(t, addr, hostKey, "pw", ssh.Password("tok"))
+		if err == nil {
+			c.Close()
+			break
+		}
+		<-ev.ch // each refusal is audited: wait for it rather than for time
+		if i > 100 {
+			t.Fatalf("the slot of a closed connection never came back: %v", err)
+		}
+	}
+}

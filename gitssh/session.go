@@ -112,14 +112,6 @@ func (s *Server) run(ctx context.Context, c *conn, t *target, user string, ch ss
 		return
 	}
 	service, info.Service, info.Repository = cmd.service, cmd.service, cmd.repository
-	release, ok := s.admit(c.agent.ID)
-	if !ok {
-		ev.Decision, ev.Status = audit.Deny, 429
-		ev.Reason = fmt.Sprintf("agent %s has %d git sessions open, the most ssh.max_sessions_per_agent allows", c.agent.ID, s.cfg.MaxSessionsPerAgent)
-		refuseGit(ch, ev, ev.Reason)
-		return
-	}
-	defer release()
 	if cmd.service != ServicePush && !s.decide(ctx, ev, c, t, user, cmd, nil) {
 		refuseGit(ch, ev, "denied: "+ev.Reason)
 		return
