@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
@@ -216,4 +217,13 @@ func TestConnectionsToGitHostsCappedPerAgent(t *testing.T) {
 			t.Fatalf("the slot of a closed connection never came back: %v", err)
 		}
 	}
+}
+
+func TestIdleSessionStopped(t *testing.T) {
+	var a activity
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go a.watch(20*time.Millisecond, done, func() { close(stopped) })
+	<-stopped // nothing moved: stopped once the idle time passed
+	close(done)
 }
