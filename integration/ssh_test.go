@@ -407,6 +407,19 @@ ssh:
 		}
 	})
 
+	t.Run("archive", func(t *testing.T) {
+		out, err := an.run(t, "", env, "git", "archive", "--remote=git@git.test:org/repo.git", "--output=repo.tar", "main", "README")
+		if err != nil {
+			t.Fatalf("archive: %v\n%s", err, out)
+		}
+		if st, err := os.Stat(filepath.Join(an.dir, "repo.tar")); err != nil || st.Size() == 0 {
+			t.Fatalf("archive: %v", err)
+		}
+		lastEvent(t, "the archive's audit event", func(e auditEvent) bool {
+			return sshObj(e)["service"] == "archive" && e["decision"] == "allow"
+		})
+	})
+
 	commit := func(t *testing.T, msg string) string {
 		t.Helper()
 		must(t, os.WriteFile(filepath.Join(an.dir, "work", msg), []byte(msg+"\n"), 0o644))
@@ -474,6 +487,13 @@ ssh:
 		out, err = an.run(t, "", env, append(sshCmd, "git@git.test", "sh -c id")...)
 		if err == nil || !strings.Contains(out, "only git-upload-pack, git-receive-pack and git-upload-archive") || strings.Contains(out, "uid=") {
 			t.Fatalf("exec: %v\n%s", err, out)
+		}
+		// A repository outside the git user's folder, in the spellings git-shell would take.
+		for _, cmd := range []string{"git-upload-pack '../../etc'", "git-upload-pack '/../etc'", "git-receive-pack 'org/../../x.git'"} {
+			out, err := an.run(t, "", env, append(sshCmd, "git@git.test", cmd)...)
+			if err == nil || !strings.Contains(out, "the repository path must be relative segments") {
+				t.Errorf("%s: %v\n%s", cmd, err, out)
+			}
 		}
 		lastEvent(t, "the shell's audit event", func(e auditEvent) bool {
 			return e["decision"] == "deny" && strings.Contains(fmt.Sprint(e["reason"]), "interactive shell")
