@@ -308,12 +308,14 @@ func (s *Server) refuseRequests(c *conn, reqs <-chan *ssh.Request) {
 		if r.WantReply {
 			_ = r.Reply(false, nil)
 		}
-		if strings.HasPrefix(r.Type, "keepalive@") {
-			continue
+		switch r.Type {
+		case "tcpip-forward", "streamlocal-forward@openssh.com":
+			// Remote port forwarding: refused and audited. Other global requests (keepalives,
+			// OpenSSH's no-more-sessions) are refused quietly: they ask for nothing.
+			ev := s.event(c, "", 0)
+			ev.Decision, ev.Reason = audit.Deny, fmt.Sprintf("the request %s (port forwarding) is not allowed: only git commands", r.Type)
+			s.finish(ev, "none")
 		}
-		ev := s.event(c, "", 0)
-		ev.Decision, ev.Reason = audit.Deny, fmt.Sprintf("the request %s (port forwarding) is not allowed: only git commands", r.Type)
-		s.finish(ev, "none")
 	}
 }
 

@@ -501,7 +501,15 @@ ssh:
 	})
 
 	t.Run("port forwarding is refused", func(t *testing.T) {
-		// Through the git host's connection, and through the jump host to anything else.
+		// Through the git host's connection, and through the jump host to anything else;
+		// a remote forward is refused too (ExitOnForwardFailure makes ssh say so).
+		out, err := an.run(t, "", env, append(sshCmd, "-o", "ExitOnForwardFailure=yes", "-R", "127.0.0.1:2022:127.0.0.1:22", "git@git.test", "git-upload-pack 'org/repo.git'")...)
+		if err == nil || !strings.Contains(out, "remote port forwarding failed") {
+			t.Errorf("remote forward: %v\n%s", err, out)
+		}
+		lastEvent(t, "the remote forward's audit event", func(e auditEvent) bool {
+			return e["decision"] == "deny" && strings.Contains(fmt.Sprint(e["reason"]), "tcpip-forward")
+		})
 		for _, argv := range [][]string{
 			append(sshCmd, "-W", host.addr, "git@git.test"),
 			append(sshCmd, "-W", host.addr, "capbroker"),
@@ -573,6 +581,13 @@ ssh:
 		t.Logf("git ls-remote with Vault down:\n%s", out)
 	})
 
+	// One event per session: what git did raised no refusal of its own (OpenSSH's global
+	// requests, keepalives), so every deny above was one of the attacks.
+	for _, e := range b.audit(t) {
+		if e["phase"] == "ssh" && e["decision"] == "deny" && strings.Contains(fmt.Sprint(e["reason"]), "@openssh.com") {
+			t.Errorf("a routine request of ssh's was audited as refused: %v", e)
+		}
+	}
 	// No secret in any log: neither the Vault token nor any line of the deploy key.
 	for _, text := range []string{b.logs.String(), b.auditLog.String()} {
 		if strings.Contains(text, vault.RootToken) {
