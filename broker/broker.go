@@ -169,6 +169,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 	b.mitmTLS = b.newMitmTLS()
 	m.configure(cfg)
 	m.watch(b.certs.Len, b.audit.Lost, b.openTunnels, func() Secrets { return b.gen.Load().secrets })
+	m.watchCA(deps.CA)
 	m.proxyCheck.Store(&proxyChecker{b.checkProxies})
 	b.proxy = b.newProxy()
 	return b, nil

@@ -95,6 +95,9 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 	}
 
 	if d.Intercept || x.ev.WouldDeny {
+		if err := b.checkCA(); err != nil {
+			return nil, err
+		}
 		x.ev.Status = http.StatusOK
 		x.finish()
 		tun := &tunnel{agent: agent, target: t, gen: x.g, proxyAuth: proxyAuth, source: sourceAddr(r), mode: audit.ModeExplicit}

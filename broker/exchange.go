@@ -29,8 +29,9 @@ type exchange struct {
 	ev    audit.Event
 	agent identity.Agent
 	once  sync.Once
-	// bytesIn and bytesOut are updated by the body wrappers, possibly from another goroutine.
-	bytesIn, bytesOut atomic.Int64
+	// bytesIn and bytesOut are updated by the body wrappers, possibly from another goroutine;
+	// redacted by the response's scrubber (audit "redacted").
+	bytesIn, bytesOut, redacted atomic.Int64
 	// running: the exchange holds one of its agent's running-request slots (admission).
 	running bool
 	// scrub is the response scrubber of the request's host, once it is known: the audit
@@ -84,6 +85,7 @@ func (x *exchange) identify(a identity.Agent) {
 func (x *exchange) finish() {
 	x.once.Do(func() {
 		x.ev.BytesIn, x.ev.BytesOut = x.bytesIn.Load(), x.bytesOut.Load()
+		x.ev.Redacted = int(x.redacted.Load())
 		if v := x.route.Via(); v != "" {
 			x.ev.Via = v
 			x.ev.TLSInspected = v != upstream.Direct && x.g.tlsInspected && x.ev.Phase != policy.PhaseConnect

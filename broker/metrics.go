@@ -67,6 +67,8 @@ type Metrics struct {
 	proxyRequests *prometheus.CounterVec
 	// proxyCheck, once a broker is made, reports its upstream proxies that cannot be connected to.
 	proxyCheck atomic.Pointer[proxyChecker]
+	// ca, once a broker is made, is its CA, whose state /readyz reports (ca.go).
+	ca atomic.Pointer[CAState]
 }
 
 type proxyChecker struct {

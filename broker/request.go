@@ -128,7 +128,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	if err := checkSwitch(out, resp); err != nil {
 		return nil, err
 	}
-	return x.respond(resp, x.scrub, rng)
+	return x.respond(resp, x.scrub.Counting(&x.redacted), rng)
 }
 
 // decide asks the policy about the request (and a person, when the policy asks), applies the

@@ -92,8 +92,9 @@ const (
 )
 
 type CA struct {
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
+	CertFile string      `yaml:"cert_file"`
+	KeyFile  string      `yaml:"key_file"`
+	VaultPKI *CAVaultPKI `yaml:"vault_pki"` // ca.go
 }
 
 type Upstream struct {
@@ -142,6 +143,9 @@ type Audit struct {
 	File string `yaml:"file"`
 	// IncludeInput is how much of the policy input events carry (audit.Level).
 	IncludeInput audit.Level `yaml:"include_input"`
+	// Format and Instance: audit_format.go.
+	Format   string `yaml:"format"`
+	Instance string `yaml:"instance"`
 }
 
 // Agent is one identity that may use the proxy: by proxy password, or by source address.
@@ -306,6 +310,7 @@ func (c *Config) SetDefaults() {
 	}
 	c.Transparent.defaults()
 	c.SSH.defaults()
+	c.CA.defaults()
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}

@@ -191,6 +191,8 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	keep("policy.dir", old.Policy.Dir, cfg.Policy.Dir, func() { cfg.Policy.Dir = old.Policy.Dir })
 	keep("policy.bundle", old.Policy.Bundle, cfg.Policy.Bundle, func() { cfg.Policy.Bundle = old.Policy.Bundle })
 	keep("audit.file", old.Audit.File, cfg.Audit.File, func() { cfg.Audit.File = old.Audit.File })
+	keep("audit.format", old.Audit.Format, cfg.Audit.Format, func() { cfg.Audit.Format = old.Audit.Format })
+	keep("audit.instance", old.Audit.Instance, cfg.Audit.Instance, func() { cfg.Audit.Instance = old.Audit.Instance })
 	keep("transparent", old.Transparent, cfg.Transparent, func() { cfg.Transparent = old.Transparent })
 	if old.Vault != nil && cfg.Vault != nil {
 		o, n := *old.Vault, *cfg.Vault
