@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -579,6 +581,24 @@ ssh:
 			t.Fatalf("ls-remote with Vault down: %v\n%s", err, out)
 		}
 		t.Logf("git ls-remote with Vault down:\n%s", out)
+	})
+
+	t.Run("metrics by service", func(t *testing.T) {
+		resp, err := http.Get("http://" + b.adminAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{
+			`capbroker_ssh_sessions_total{decision="allow",service="fetch"}`,
+			`capbroker_ssh_sessions_total{decision="deny",service="push"} 1`,
+			`capbroker_ssh_bytes_total{direction="out",service="fetch"}`,
+		} {
+			if !strings.Contains(string(body), want) {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		}
 	})
 
 	// One event per session: what git did raised no refusal of its own (OpenSSH's global
