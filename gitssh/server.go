@@ -48,7 +48,8 @@ type Auditor interface {
 
 // Deps are the steps the front door shares with the HTTP pipeline.
 type Deps struct {
-	Agents  *identity.Identifier
+	// Agents returns the running config's identities (they change on reload).
+	Agents  func() *identity.Identifier
 	Policy  Decider
 	Audit   Auditor
 	Dial    DialFunc
@@ -128,12 +129,12 @@ func New(cfg *config.Config, deps Deps) (*Server, error) {
 	s.server = &ssh.ServerConfig{
 		NoClientAuth: true,
 		NoClientAuthCallback: func(c ssh.ConnMetadata) (*ssh.Permissions, error) {
-			a, err := deps.Agents.Identify("", sourceAddr(c.RemoteAddr()))
+			a, err := deps.Agents().Identify("", sourceAddr(c.RemoteAddr()))
 			return permissions(a, err)
 		},
 		PasswordCallback: func(c ssh.ConnMetadata, password []byte) (*ssh.Permissions, error) {
 			basic := "Basic " + base64.StdEncoding.EncodeToString([]byte(c.User()+":"+string(password)))
-			a, err := deps.Agents.Identify(basic, sourceAddr(c.RemoteAddr()))
+			a, err := deps.Agents().Identify(basic, sourceAddr(c.RemoteAddr()))
 			return permissions(a, err)
 		},
 		PublicKeyCallback: func(c ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
@@ -154,7 +155,7 @@ func New(cfg *config.Config, deps Deps) (*Server, error) {
 
 // agentByID is the configured agent with this id (its labels), for a key listed for it.
 func (s *Server) agentByID(id string) (*ssh.Permissions, error) {
-	a, ok := s.deps.Agents.Lookup(id)
+	a, ok := s.deps.Agents().Lookup(id)
 	if !ok {
 		return nil, identity.ErrUnauthenticated
 	}

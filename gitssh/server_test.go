@@ -77,7 +77,7 @@ func testDoor(t *testing.T, agentKey ssh.PublicKey) (addr string, hostKey ssh.Pu
 	}}
 	pol, ev = &denyAll{}, &events{ch: make(chan struct{}, 16)}
 	hk := newSigner(t)
-	s, err := New(cfg, Deps{Agents: ids, Policy: pol, Audit: ev, HostKey: hk, Log: zerolog.Nop(),
+	s, err := New(cfg, Deps{Agents: func() *identity.Identifier { return ids }, Policy: pol, Audit: ev, HostKey: hk, Log: zerolog.Nop(),
 		Dial: func(context.Context, string, string) (net.Conn, error) {
 			t.Error("the upstream was dialled")
 			return nil, errors.New("no")

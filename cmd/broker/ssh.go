@@ -10,7 +10,6 @@ import (
 	"github.com/capbroker/capbroker/broker"
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
-	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/gitssh"
 )
@@ -35,12 +34,8 @@ func serveSSH(ctx context.Context, ln net.Listener, cfg *config.Config, b *broke
 	if err != nil {
 		return err
 	}
-	agents, err := identity.New(cfg.Agents)
-	if err != nil {
-		return err
-	}
 	deps := gitssh.Deps{
-		Agents: agents, Policy: engine, Audit: auditLog, Dial: b.DialUpstream, HostKey: hostKey,
+		Agents: b.Agents, Policy: engine, Audit: auditLog, Dial: b.DialUpstream, HostKey: hostKey,
 		Log: log, Metrics: metrics.Registry(),
 	}
 	if creds.vault != nil {
