@@ -112,7 +112,11 @@ func (s *Server) run(ctx context.Context, c *conn, t *target, user string, ch ss
 		return
 	}
 	service, info.Service, info.Repository = cmd.service, cmd.service, cmd.repository
-	if cmd.service != ServicePush && !s.decide(ctx, ev, c, t, user, cmd, nil) {
+	// Every command is decided before the broker signs in upstream: a fetch or archive once
+	// and for all, a push with refs [] first (a repository the policy refuses pushes to is
+	// refused here, before the git host advertises its refs to the agent), then again with
+	// its ref updates (gatePush).
+	if !s.decide(ctx, ev, c, t, user, cmd, nil) {
 		refuseGit(ch, ev, "denied: "+ev.Reason)
 		return
 	}

@@ -481,6 +481,18 @@ ssh:
 		}
 	})
 
+	t.Run("a push to a repository not listed is refused before the git host is asked", func(t *testing.T) {
+		hostGit(t, host.repos, "init", "-q", "--bare", "-b", "main", "other/repo.git")
+		signIns := strings.Count(host.logs.String(), "Accepted ")
+		out, err := an.run(t, "work", env, "git", "push", "git@git.test:other/repo.git", "HEAD:refs/heads/agent/x")
+		if err == nil || !strings.Contains(out, "fatal: remote error: capbroker: denied: pushing to other/repo.git on git.test is not allowed") {
+			t.Fatalf("push: %v\n%s", err, out)
+		}
+		if n := strings.Count(host.logs.String(), "Accepted "); n != signIns {
+			t.Fatalf("the broker signed in to the git host for a refused push (%d sign-ins, was %d)", n, signIns)
+		}
+	})
+
 	t.Run("a shell is refused", func(t *testing.T) {
 		out, err := an.run(t, "", env, append(sshCmd, "git@git.test")...)
 		if err == nil || !strings.Contains(out, "an interactive shell is not allowed through the broker") {
@@ -592,7 +604,7 @@ ssh:
 		resp.Body.Close()
 		for _, want := range []string{
 			`capbroker_ssh_sessions_total{decision="allow",service="fetch"}`,
-			`capbroker_ssh_sessions_total{decision="deny",service="push"} 1`,
+			`capbroker_ssh_sessions_total{decision="deny",service="push"} 2`,
 			`capbroker_ssh_bytes_total{direction="out",service="fetch"}`,
 		} {
 			if !strings.Contains(string(body), want) {
