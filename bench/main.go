@@ -39,7 +39,7 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; curves: only the curves of -curves; charts: only draw the charts")
+	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; curves: only the curves of -curves; charts: only draw the charts")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.IntVar(&o.sshMiB, "ssh-mib", 300, "-only ssh-clone: the size of the repository cloned, in MiB")
 	flag.BoolVar(&keepAlive, "keepalive", true, "clients keep their connections between requests; false: a connection (a CONNECT and a TLS handshake through a proxy) per request, as one curl command makes")
@@ -208,6 +208,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.only == "proxy-pairs" {
 		return proxyPairs(ctx, bin, dir, up, p, fullPath, paths[1], o)
+	}
+	if o.only == "otel-pairs" {
+		return otelPairs(ctx, bin, dir, up, p, fullPath, o)
 	}
 	if o.only != "" {
 		only := slices.Concat(paths, pathsH2)

@@ -107,6 +107,11 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 				degraded, body["upstream_proxies"] = true, down
 			}
 		}
+		if tp := m.telemetryProblem.Load(); tp != nil {
+			if msg := (*tp)(); msg != "" {
+				degraded, body["telemetry"] = true, msg
+			}
+		}
 		_, strict := r.URL.Query()["strict"]
 		switch {
 		case status != http.StatusOK:

@@ -58,6 +58,8 @@ type exchange struct {
 	mcp bool
 	// small is the request's body when readSmallBody read it, else nil.
 	small []byte
+	// tr is the exchange's trace (tracing.go), nil when it is not traced.
+	tr *exchangeTrace
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
@@ -73,6 +75,7 @@ func (b *Broker) begin(phase string, r *http.Request) *exchange {
 		PolicyMode: x.g.mode,
 		SourceIP:   sourceIP(r),
 	}
+	b.startTrace(x, r)
 	return x
 }
 
@@ -88,7 +91,7 @@ func (x *exchange) finish() {
 		x.ev.Redacted = int(x.redacted.Load())
 		if v := x.route.Via(); v != "" {
 			x.ev.Via = v
-			x.ev.TLSInspected = v != upstream.Direct && x.g.tlsInspected && x.ev.Phase != policy.PhaseConnect
+			x.ev.TLSInspected = x.route.Inspected()
 			x.b.metrics.proxyUsed(v, x.code == "upstream_proxy_refused" || x.code == "upstream_error")
 		}
 		x.nameRPC()
@@ -107,6 +110,7 @@ func (x *exchange) finish() {
 		x.b.metrics.requests.WithLabelValues(x.ev.Phase, decision).Inc()
 		x.b.metrics.latency.WithLabelValues(x.ev.Phase).Observe(time.Since(x.ev.Start).Seconds())
 		x.b.metrics.finished(x.ev.Agent, x.ev.Host, outcome(decision, x.code), x.ev.Credentials)
+		x.endTrace()
 		x.b.audit.Write(&x.ev)
 		if x.running {
 			x.b.admission.requestDone(x.agent.ID)

@@ -78,8 +78,9 @@ type Event struct {
 	// Redacted is how many times the response's scrubber replaced a secret the broker knows
 	// with [REDACTED] (the upstream echoed one), or 0.
 	Redacted int
-	// TraceID is the trace the request belongs to (CONTRACT §8b "trace_id"), when one exists.
-	TraceID string
+	// TraceID is the request's trace (CONTRACT §8b "trace_id"), when it was traced; SpanID its
+	// span, not written in the line, for the exported log record (broker/telemetry).
+	TraceID, SpanID string
 	// SSH is what a git session over SSH did (phase "ssh", CONTRACT §8b), or nil.
 	SSH *SSHSession
 }

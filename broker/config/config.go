@@ -29,6 +29,7 @@ type Config struct {
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
 	SSH         SSH          `yaml:"ssh"`
+	Telemetry   *Telemetry   `yaml:"telemetry"`
 }
 
 type Proxy struct {
@@ -311,6 +312,7 @@ func (c *Config) SetDefaults() {
 	c.Transparent.defaults()
 	c.SSH.defaults()
 	c.CA.defaults()
+	c.Telemetry.setDefaults()
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}

@@ -87,6 +87,9 @@ func (c *Config) Validate() []error {
 	c.validateLLM(&e)
 	c.validateProtocols(&e)
 	c.validateTransparent(&e)
+	if c.validateTelemetry(&e) && c.Vault == nil {
+		e.add("vault", "required: a telemetry header's secret has a vault source")
+	}
 	return e
 }
 

@@ -110,6 +110,9 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	log := zerolog.New(o.stderr).Level(level).With().Timestamp().Logger()
 
+	// The broker's own clients connect as cfg's upstream.proxy says (and a reload's, later).
+	own.use(cfg)
+	own.log.Store(&log)
 	ca, err := loadFileCA(cfg) // nil with ca.vault_pki: started below, once Vault is
 	if err != nil {
 		return err
@@ -205,6 +208,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	metrics := broker.NewMetrics(nil)
 	metrics.SetBuild(version, buildCommit())
+	own.metrics.Store(metrics)
 	approvalsPolicyDir := ""
 	if watch {
 		approvalsPolicyDir = cfg.Policy.Dir
@@ -239,6 +243,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		defer sshLn.Close()
 		self = append(self, selfAddrs(sshLn.Addr())...)
 	}
+	tel, err := startTelemetry(ctx, cfg, known, metrics, auditLog, log)
+	if err != nil {
+		return err
+	}
+	defer tel.close()
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
@@ -247,6 +256,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Budgets:   budgets,
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
 		Known:     known,
+		Tracer:    tel.Tracer(),
 	})
 	if err != nil {
 		return err
