@@ -39,8 +39,9 @@ func main() {
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; curves: only the curves of -curves; charts: only draw the charts")
+	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; curves: only the curves of -curves; charts: only draw the charts")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
+	flag.IntVar(&o.sshMiB, "ssh-mib", 300, "-only ssh-clone: the size of the repository cloned, in MiB")
 	flag.BoolVar(&keepAlive, "keepalive", true, "clients keep their connections between requests; false: a connection (a CONNECT and a TLS handshake through a proxy) per request, as one curl command makes")
 	flag.StringVar(&o.agent, "agent", "h1", "what the bench's clients offer in ALPN, to the brokers and the upstream alike: h1 (http/1.1 alone, as the LLM SDKs) or h2 (h2 first, then http/1.1, as curl and browsers)")
 	flag.StringVar(&o.upstream, "upstream", "both", "upstreams: h1 (HTTP/1.1 only), h2 (also one offering h2; -only pairs measures only the h1/h2 pairs) or both; -only takes direct-h2, intercept-h2, full-h2 unless h1")
@@ -94,6 +95,7 @@ type options struct {
 	slice             time.Duration
 	latencySlice      time.Duration
 	upstream          string // h1, h2 or both
+	sshMiB            int    // -only ssh-clone: the repository's size
 	agent             string // h1 or h2 (agentH2)
 }
 
@@ -106,6 +108,11 @@ func run(ctx context.Context, o options) error {
 	defer os.RemoveAll(dir)
 	bin, err := buildBroker(dir)
 	if err != nil {
+		return err
+	}
+	if o.only == "ssh-clone" {
+		r, err := sshClone(ctx, bin, dir, o.sshMiB, max(o.pairs/4, 3))
+		r.print(os.Stdout)
 		return err
 	}
 	p, err := newPKI("brokerbench upstream CA", filepath.Join(dir, "upstream-ca.pem"), o.newHosts)

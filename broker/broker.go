@@ -22,6 +22,7 @@ import (
 	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/rpc"
@@ -222,6 +223,18 @@ func (b *Broker) newProxy() *goproxy.ProxyHttpServer {
 	p.OnRequest().HandleConnectFunc(b.handleConnect)
 	p.OnRequest().DoFunc(b.handleRequest)
 	return p
+}
+
+// Agents is the running config's agent identities, for the broker's other front doors: they
+// follow reloads as the proxy does.
+func (b *Broker) Agents() *identity.Identifier {
+	return b.gen.Load().agents
+}
+
+// DialUpstream dials out as every upstream connection does, through the running config's one
+// Dialer (destination checks, upstream.proxy): for the broker's other front doors (SSH).
+func (b *Broker) DialUpstream(ctx context.Context, network, addr string) (net.Conn, error) {
+	return b.gen.Load().dialer.DialContext(ctx, network, addr)
 }
 
 // Serve accepts agent connections on ln until ctx ends, then drains: it stops accepting,

@@ -2,7 +2,7 @@
 # package per concern; edit policies/data.yaml to change the lists they read.
 #
 #   registries.rego  read-only package registries (GET, HEAD)
-#   git.rego         git hosting: clone and fetch, never push
+#   git.rego         git hosting: clone and fetch; over SSH, pushes to listed branches
 #   github.rego      the GitHub API with the github credential, scoped to repositories
 #   graphql.rego     GitHub's GraphQL API: queries, and the mutations listed per agent
 #   llm.rego         LLM APIs with their credentials, for listed models only
@@ -41,14 +41,19 @@ concern := "aws" if aws.governs(host)
 
 concern := "mcp" if mcp.governs(host)
 
-default decision := {"allow": false, "reason": "the policy does not know this kind of request (phase must be connect or request)"}
+default decision := {"allow": false, "reason": "the policy does not know this kind of request (phase must be connect, request or ssh)"}
 
 decision := {"allow": false, "reason": sprintf("host %s is not on the allow-list in policies/data.yaml", [host])} if {
-	input.phase in {"connect", "request"}
+	input.phase in {"connect", "request", "ssh"}
 	not concern
 } else := {"allow": false, "reason": agents.refusal(concern, host)} if {
-	input.phase in {"connect", "request"}
+	input.phase in {"connect", "request", "ssh"}
 	not agents.may_use(concern)
+} else := {"allow": false, "reason": sprintf("%s is not a git host: only git hosting is served over SSH", [host])} if {
+	input.phase == "ssh"
+	concern != "git"
+} else := git.ssh_decision if {
+	input.phase == "ssh"
 } else := connect if {
 	input.phase == "connect"
 } else := {"allow": false, "reason": sprintf("plain http:// is not allowed for %s; use https://%s", [host, host])} if {

@@ -9,6 +9,9 @@
 # integration/testdata/node/node_modules.
 # nft (nftables) writes the transparent-mode test's redirect rules (integration/transparent_test.go).
 # haproxy is the Service in front of three brokers in integration/fleet_test.go.
+# sshd (Debian's openssh-server) is the git host of integration/ssh_test.go, serving bare
+# repositories through git-shell (/usr/sbin/sshd; the test runs its own, never the system's);
+# faketime runs one an hour ahead, to whom the broker's certificates have expired.
 # promtool (Debian's prometheus) checks and unit-tests the shipped alerting rules (deploy/prometheus).
 # squid is the corporate proxy of integration/upstream_proxy_test.go (/usr/sbin/squid, with
 # /usr/lib/squid/basic_ncsa_auth); Debian's squid-openssl, since the ssl-bump test
@@ -21,9 +24,10 @@ for tool in curl git python3 node npm aws chromium redis-server nft promtool; do
 done
 # /usr/sbin is not on every user's PATH.
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
-# /usr/sbin is not on every user's PATH.
 squid=$(command -v squid || echo /usr/sbin/squid)
 "$squid" -v 2>/dev/null | grep -q -- --with-openssl || missing+=(squid)
+[ -x /usr/sbin/sshd ] || missing+=(sshd)
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
   missing+=(botocore)
 fi
@@ -40,6 +44,7 @@ if [ ${#missing[@]} -gt 0 ]; then
       nft) pkgs+=(nftables) ;;
       squid) pkgs+=(squid-openssl) ;; # replaces plain squid: ssl-bump needs OpenSSL
       promtool) pkgs+=(prometheus) ;; # checks deploy/prometheus/capbroker-rules.yml
+      sshd) pkgs+=(openssh-server) ;;
       *) pkgs+=("$tool") ;;
     esac
   done

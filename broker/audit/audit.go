@@ -81,6 +81,20 @@ type Event struct {
 	// TraceID is the request's trace (CONTRACT §8b "trace_id"), when it was traced; SpanID its
 	// span, not written in the line, for the exported log record (broker/telemetry).
 	TraceID, SpanID string
+	// SSH is what a git session over SSH did (phase "ssh", CONTRACT §8b), or nil.
+	SSH *SSHSession
+}
+
+// SSHSession is the audit event's "ssh" object: the fields of input.ssh.
+type SSHSession struct {
+	Host, User, Service, Repository string
+	Port                            int
+	Refs                            []SSHRef
+}
+
+// SSHRef is one ref update of a push.
+type SSHRef struct {
+	Name, Old, New string
 }
 
 // The ways a connection reaches the broker: the audit event's mode, the policy's

@@ -28,6 +28,7 @@ type Config struct {
 	LLM         LLM          `yaml:"llm"`
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
+	SSH         SSH          `yaml:"ssh"`
 	Telemetry   *Telemetry   `yaml:"telemetry"`
 	Fleet       *Fleet       `yaml:"fleet"`
 }
@@ -310,6 +311,7 @@ func (c *Config) SetDefaults() {
 		c.Approvals.MaxPendingPerAgent = DefaultMaxPendingPerAgent
 	}
 	c.Transparent.defaults()
+	c.SSH.defaults()
 	c.CA.defaults()
 	c.Telemetry.setDefaults()
 	if c.Policy.Mode == "" {

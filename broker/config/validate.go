@@ -76,6 +76,9 @@ func (c *Config) Validate() []error {
 	if usesVault && c.Vault == nil {
 		e.add("vault", "required: a credential has a vault source")
 	}
+	if c.validateSSH(&e) && c.Vault == nil {
+		e.add("vault", "required: ssh.upstreams sign in with keys from vault")
+	}
 	if c.Vault != nil {
 		c.Vault.validate(&e)
 	}

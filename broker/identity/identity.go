@@ -93,12 +93,13 @@ func (t *addrTable) lookup(src netip.Addr) (Agent, bool) {
 type Identifier struct {
 	byID  map[string]*tokenAgent
 	addrs addrTable
+	all   map[string]Agent // every configured agent, for Lookup
 }
 
 // New reads the agents' tokens (from the environment, files, or hashes in the config).
 // Errors name the key path and never contain a token.
 func New(agents []config.Agent) (*Identifier, error) {
-	id := &Identifier{byID: map[string]*tokenAgent{}}
+	id := &Identifier{byID: map[string]*tokenAgent{}, all: map[string]Agent{}}
 	var errs []error
 	for i, a := range agents {
 		ag := Agent{ID: a.ID, Labels: a.Labels}
@@ -106,6 +107,7 @@ func New(agents []config.Agent) (*Identifier, error) {
 			ag.Labels = map[string]string{}
 		}
 		p := fmt.Sprintf("agents[%d]", i)
+		id.all[a.ID] = ag
 		var digest []byte
 		var src credentials.Source
 		key := ""
@@ -162,6 +164,13 @@ func (id *Identifier) Identify(proxyAuth string, source netip.Addr) (Agent, erro
 		return a, nil
 	}
 	return Agent{}, ErrUnauthenticated
+}
+
+// Lookup returns the configured agent with this id, for a front door that established who it
+// is by other means (an SSH key listed for the agent).
+func (id *Identifier) Lookup(agentID string) (Agent, bool) {
+	a, ok := id.all[agentID]
+	return a, ok
 }
 
 func (id *Identifier) byToken(header string) (Agent, error) {

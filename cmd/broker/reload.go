@@ -209,6 +209,7 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	keep("audit.format", old.Audit.Format, cfg.Audit.Format, func() { cfg.Audit.Format = old.Audit.Format })
 	keep("audit.instance", old.Audit.Instance, cfg.Audit.Instance, func() { cfg.Audit.Instance = old.Audit.Instance })
 	keep("transparent", old.Transparent, cfg.Transparent, func() { cfg.Transparent = old.Transparent })
+	keep("ssh", old.SSH, cfg.SSH, func() { cfg.SSH = old.SSH }) // the SSH front door reads it at start
 	if old.Vault != nil && cfg.Vault != nil {
 		o, n := *old.Vault, *cfg.Vault
 		o.RefreshInterval, o.MaxStale = n.RefreshInterval, n.MaxStale // these do apply

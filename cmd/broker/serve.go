@@ -247,6 +247,14 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		defer transparentLn.Close()
 		self = append(self, selfAddrs(transparentLn.Addr())...)
 	}
+	sshLn, err := listenSSH(cfg) // git over SSH (ssh.listen)
+	if err != nil {
+		return err
+	}
+	if sshLn != nil {
+		defer sshLn.Close()
+		self = append(self, selfAddrs(sshLn.Addr())...)
+	}
 	tel, err := startTelemetry(ctx, cfg, known, metrics, auditLog, log)
 	if err != nil {
 		return err
@@ -315,6 +323,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	if bundlePoller != nil {
 		go bundlePoller.Run(ctx, reported("policy bundle not loaded; keeping the last good policy", "policy bundle loaded"))
+	}
+	if sshLn != nil {
+		if err := serveSSH(ctx, sshLn, cfg, b, engine, auditLog, creds, metrics, log); err != nil {
+			return err
+		}
 	}
 	rl.watch(ctx)
 	reloading = true
