@@ -606,4 +606,3 @@ func waitMetric(t *testing.T, b *brokerProc, series string) {
 		time.Sleep(50 * time.Millisecond) // polling the broker's metrics
 	}
 }
-
