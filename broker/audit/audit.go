@@ -76,6 +76,8 @@ type Event struct {
 	// whose origin certificate was trusted through upstream.proxy.tls_inspection_ca.
 	Via          string
 	TLSInspected bool
+	// Postgres is a Postgres connection's or statement's object (CONTRACT §8b), or nil.
+	Postgres *PostgresCall
 }
 
 // The ways a connection reaches the broker: the audit event's mode, the policy's
@@ -222,6 +224,9 @@ func (l *Logger) Write(e *Event) {
 		if e.TLSInspected {
 			ev = ev.Bool("tls_inspected", true)
 		}
+	}
+	if e.Postgres != nil {
+		ev = ev.Object("postgres", e.Postgres)
 	}
 	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
 		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))

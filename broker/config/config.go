@@ -28,6 +28,7 @@ type Config struct {
 	LLM         LLM          `yaml:"llm"`
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
+	Postgres    Postgres     `yaml:"postgres"`
 }
 
 type Proxy struct {
@@ -304,6 +305,7 @@ func (c *Config) SetDefaults() {
 		c.Approvals.MaxPendingPerAgent = DefaultMaxPendingPerAgent
 	}
 	c.Transparent.defaults()
+	c.Postgres.defaults()
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}

@@ -23,6 +23,9 @@ type Decision struct {
 	// UpstreamProxy names the upstream proxy the request leaves through ("direct": none);
 	// "" leaves it to upstream.proxy (CONTRACT §8b).
 	UpstreamProxy string
+	// Role is, for a Postgres connection, the Vault database role its user is issued from
+	// (CONTRACT §8b); "" leaves it to the upstream's default_role.
+	Role string
 	// Revision identifies the policy that decided.
 	Revision string
 	// Ask, when set, holds the request for a person to approve (CONTRACT §8): Allow is false,
@@ -112,6 +115,13 @@ func parseDecision(v any, revision string) Decision {
 			return Decision{Reason: ReasonMalformed + ": upstream_proxy is not a proxy's name", Revision: revision}
 		}
 		d.UpstreamProxy = s
+	}
+	if r, ok := obj["role"]; ok {
+		s, ok := r.(string)
+		if !ok || s == "" {
+			return Decision{Reason: ReasonMalformed + ": role is not a role's name", Revision: revision}
+		}
+		d.Role = s
 	}
 	if i, ok := obj["intercept"]; ok {
 		b, ok := i.(bool)
