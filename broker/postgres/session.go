@@ -84,9 +84,9 @@ func (ss *session) input(st *Statement) map[string]any {
 			"tables": strs(st.Tables), "functions": strs(st.Functions)}
 	}
 	return map[string]any{
-		"phase":  "postgres",
-		"agent":  map[string]any{"id": ss.agent.ID, "labels": labels(ss.agent.Labels)},
-		"source": map[string]any{"ip": ss.src.String(), "mode": audit.ModeExplicit},
+		"phase":    "postgres",
+		"agent":    map[string]any{"id": ss.agent.ID, "labels": labels(ss.agent.Labels)},
+		"source":   map[string]any{"ip": ss.src.String(), "mode": audit.ModeExplicit},
 		"postgres": pg,
 	}
 }
