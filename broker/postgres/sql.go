@@ -480,6 +480,7 @@ func (a *analysis) copyCommand(i int) (Statement, error) {
 			continue
 		}
 		if a.t[j].is("from", "to") {
+			a.skip[j] = true // COPY's own FROM is no FROM list
 			if a.t[j].is("from") {
 				st.Kind = "write"
 			}
@@ -553,24 +554,18 @@ func (a *analysis) scan() error {
 	t := a.t
 	for i := 0; i < len(t); i++ {
 		switch {
+		// Every token is visited: a subquery inside a FROM item has its own FROM.
 		case t[i].is("from") && !a.skip[i]:
-			if a.word(0) == "copy" {
+			if i > 0 && t[i-1].is("distinct") { // IS DISTINCT FROM
 				continue
 			}
-			if a.precededBy(i, "distinct") && i > 0 && t[i-1].is("distinct") { // IS DISTINCT FROM
-				continue
-			}
-			j, err := a.fromList(i + 1)
-			if err != nil {
+			if err := a.fromList(i + 1); err != nil {
 				return err
 			}
-			i = j - 1
 		case t[i].is("join"):
-			j, err := a.fromItem(i + 1)
-			if err != nil {
+			if _, err := a.fromItem(i + 1); err != nil {
 				return err
 			}
-			i = j - 1
 		case t[i].is("into") && !(i > 0 && t[i-1].punct(")")):
 			if n, j, ok := a.name(i + 1); ok {
 				a.table(n, i+1, j)
@@ -611,11 +606,9 @@ func (a *analysis) scan() error {
 				}
 			}
 		case t[i].is("using") && !(i+1 < len(t) && t[i+1].punct("(")):
-			j, err := a.fromItem(i + 1)
-			if err != nil {
+			if _, err := a.fromItem(i + 1); err != nil {
 				return err
 			}
-			i = j - 1
 		case t[i].is("view", "index", "sequence") && i > 0:
 			if n, k, ok := a.name(i + 1); ok && !a.t[i+1].is("if") {
 				a.table(n, i+1, k)
@@ -660,8 +653,7 @@ func (a *analysis) statementStart(i int) bool {
 	if i == 0 {
 		return true
 	}
-	p := a.t[i-1]
-	return p.punct("(") || p.punct(",") && false
+	return a.t[i-1].punct("(")
 }
 
 func (a *analysis) table(name string, from, to int) {
@@ -671,18 +663,37 @@ func (a *analysis) table(name string, from, to int) {
 	}
 }
 
-// fromList reads a FROM list: items separated by commas.
-func (a *analysis) fromList(i int) (int, error) {
+// listEnd are the words that end a FROM list (at its own depth).
+var listEnd = []string{"where", "group", "having", "window", "order", "limit", "offset", "fetch", "for",
+	"union", "intersect", "except", "returning", "set", "into", "values", "select", "when", "do"}
+
+// fromList reads a FROM list: items separated by commas, each possibly followed by joins
+// (whose items the JOIN case reads) and their conditions: a comma at the list's depth before
+// a word that ends the list starts another item.
+func (a *analysis) fromList(i int) error {
+	t := a.t
 	for {
 		j, err := a.fromItem(i)
 		if err != nil {
-			return 0, err
+			return err
 		}
-		if j < len(a.t) && a.t[j].punct(",") {
+		depth := 0
+		for ; j < len(t); j++ {
+			switch {
+			case t[j].punct("(") || t[j].punct("["):
+				depth++
+			case t[j].punct(")") || t[j].punct("]"):
+				depth--
+			}
+			if depth < 0 || depth == 0 && (t[j].punct(",") || t[j].punct(";") || t[j].is(listEnd...)) {
+				break
+			}
+		}
+		if j < len(t) && depth == 0 && t[j].punct(",") {
 			i = j + 1
 			continue
 		}
-		return j, nil
+		return nil
 	}
 }
 
@@ -730,6 +741,9 @@ func (a *analysis) fromItem(i int) (int, error) {
 	if a.word(i) == "tablesample" {
 		for i < len(t) && !t[i].punct("(") {
 			i++
+		}
+		if i >= len(t) {
+			return 0, errors.New("TABLESAMPLE without its arguments")
 		}
 		i = a.matching(i) + 1
 		if a.word(i) == "repeatable" {
