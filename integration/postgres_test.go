@@ -342,6 +342,32 @@ postgres:
 		}
 	})
 
+	t.Run("agent-env: a DATABASE_URL without a secret", func(t *testing.T) {
+		cmd := exec.Command(brokerBin, "agent-env", "--config", filepath.Join(b.dir, "broker.yaml"), "--agent", "coder-1",
+			"--proxy", brokerSideIP+":8080", "--ca-file", ca, "--format", "env")
+		cmd.Env = append(os.Environ(), "CODER_1_TOKEN="+token)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var agentVars []string
+		var url string
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			agentVars = append(agentVars, line)
+			if v, ok := strings.CutPrefix(line, "DATABASE_URL="); ok {
+				url = v
+			}
+		}
+		if url == "" || strings.Contains(url, token) || strings.Contains(url, rootToken) {
+			t.Fatalf("DATABASE_URL %q: missing, or holds a secret", url)
+		}
+		got, err := sn.agent(t, append(agentVars, "PATH="+agentPath, "HOME="+sn.agentDir), "sh", "-c", `psql -X -A -t "$DATABASE_URL" -c 'SELECT 40 + 2'`)
+		agentOut.WriteString(got)
+		if err != nil || strings.TrimSpace(got) != "42" {
+			t.Fatalf("psql with agent-env's DATABASE_URL: %v\n%s", err, got)
+		}
+	})
+
 	t.Run("refused write and DDL under a read-only role", func(t *testing.T) {
 		out, err := psql("app", "verify-full", "INSERT INTO items VALUES (3, 'secret-literal')")
 		if err == nil || !strings.Contains(out, `database "app" is read-only: INSERT (write) is not allowed`) {
