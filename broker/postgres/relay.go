@@ -265,7 +265,7 @@ func (ss *session) statement(ctx context.Context, typ byte, hdr, body []byte) ([
 	}
 	for i := range sts {
 		st := &sts[i]
-		d, err := ss.decide(ctx, st)
+		d, err := ss.decideStatement(ctx, st)
 		switch {
 		case err != nil:
 			return ss.refuse(typ, &parse, st, refusal{code: codeUnavailable,

@@ -45,6 +45,9 @@ type Identifier interface {
 // Decider is the policy (*policy.Engine).
 type Decider interface {
 	DecideValue(ctx context.Context, input any) (policy.Decision, error)
+	// Revision names the policy loaded now: a connection's statement decisions are reused
+	// only while it is the same.
+	Revision() string
 }
 
 // Vault issues the database users (*credentials.Vault).

@@ -52,6 +52,13 @@ type session struct {
 	bytesOut      atomic.Int64 // to the agent
 	last          atomic.Int64 // Unix nanoseconds of the last message either way
 
+	// allowed holds, by statement shape (statementKey), the statements the policy allowed
+	// on this connection at revision allowedRev: the input of a statement decision is the
+	// connection's (fixed) and the statement's shape, so the same shape gets the same answer
+	// until the policy changes. Only allows are kept; at most maxAllowed.
+	allowed    map[string]bool
+	allowedRev string
+
 	refMu    sync.Mutex
 	refusals map[string]refusal // by nonce: statements replaced upstream by a refusal
 
@@ -123,6 +130,31 @@ func (ss *session) event() *audit.Event {
 
 func (ss *session) decide(ctx context.Context, st *Statement) (policy.Decision, error) {
 	return ss.s.d.Policy.DecideValue(ctx, ss.input(st))
+}
+
+const maxAllowed = 512
+
+// statementKey is what a statement decision depends on besides the connection.
+func statementKey(st *Statement) string {
+	return st.Kind + "\x00" + st.Command + "\x00" + st.Setting + "\x00" + strings.Join(st.Tables, "\x01") + "\x00" + strings.Join(st.Functions, "\x01")
+}
+
+// decideStatement is decide for a statement, reusing an allow of the same shape under the
+// same policy revision.
+func (ss *session) decideStatement(ctx context.Context, st *Statement) (policy.Decision, error) {
+	rev := ss.s.d.Policy.Revision()
+	key := statementKey(st)
+	if rev != ss.allowedRev {
+		ss.allowed, ss.allowedRev = map[string]bool{}, rev
+	}
+	if ss.allowed[key] {
+		return policy.Decision{Allow: true, Revision: rev}, nil
+	}
+	d, err := ss.decide(ctx, st)
+	if err == nil && d.Allow && d.Revision == rev && len(ss.allowed) < maxAllowed {
+		ss.allowed[key] = true
+	}
+	return d, err
 }
 
 func (ss *session) run(ctx context.Context, m *pgproto3.StartupMessage) {
