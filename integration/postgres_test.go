@@ -203,6 +203,7 @@ func inNS(t *testing.T, ns string, env []string, argv ...string) string {
 }
 
 func TestPostgresFrontDoor(t *testing.T) {
+	top := t
 	binDir := requirePostgresTools(t)
 	vaultBin, err := vaulttest.Binary()
 	if err != nil {
@@ -252,7 +253,7 @@ func TestPostgresFrontDoor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := startBroker(t, brokerOpts{
+	opts := brokerOpts{
 		netns:  sn.brokerNS,
 		listen: brokerSideIP + ":0",
 		mode:   "enforce",
@@ -275,6 +276,7 @@ postgres:
   listen: %q
   tls: required
   statements: true
+  max_connections_per_agent: 4
   upstreams:
     - {name: app, address: "127.0.0.1:%s", ca_file: %q, vault: {default_role: readonly}}
     - {name: app_rw, address: "127.0.0.1:%s", database: app, ca_file: %q, vault: {roles: [readwrite]}}
@@ -284,7 +286,8 @@ postgres:
       ca_file: %q
       static: {mount: secret, path: pg/static}
 `, brokerSideIP+":"+pgPort, pgPort, pg.caFile, pgPort, pg.caFile, pgPort, pg.caFile),
-	})
+	}
+	b := startBroker(t, opts)
 	b.logs.wait(t, "listening for Postgres clients")
 
 	ca := filepath.Join(sn.agentDir, "broker-ca.crt")
@@ -517,6 +520,65 @@ const c = new Client({host: %q, port: %s, user: "coder-1", database: "app", pass
 		out, err := psql("app_static", "verify-full", "SELECT current_user")
 		if err != nil || strings.TrimSpace(out) != "static_user" {
 			t.Fatalf("static user: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("options smuggling a role, and the per-agent cap", func(t *testing.T) {
+		out, err := sn.agent(t, append(env, "PGOPTIONS=-c role=postgres"), "psql", "-X", dsn("app", "verify-full"), "-c", "SELECT current_user")
+		agentOut.WriteString(out)
+		if err == nil || !strings.Contains(out, `the startup parameter "options" is not passed upstream`) {
+			t.Fatalf("want options refused, got %v\n%s", err, out)
+		}
+		script := `
+import psycopg2, sys
+conns = [psycopg2.connect(sys.argv[1]) for _ in range(4)]
+try:
+    psycopg2.connect(sys.argv[1])
+    print("fifth connected")
+except psycopg2.OperationalError as e:
+    print(str(e).strip())
+`
+		out, err = sn.agent(t, env, "python3", "-c", script, dsn("app", "verify-full"))
+		agentOut.WriteString(out)
+		if err != nil || !strings.Contains(out, "holds 4 connections, the most it may") {
+			t.Fatalf("want the fifth connection refused, got %v\n%s", err, out)
+		}
+	})
+
+	t.Run("shutdown revokes the users of open connections", func(t *testing.T) {
+		done := make(chan string, 1)
+		go func() {
+			out, _ := sn.agent(t, env, "psql", "-X", dsn("app", "verify-full"), "-c", "SELECT pg_sleep(60)")
+			done <- out
+		}()
+		var user string
+		for deadline := time.Now().Add(waitTimeout); user == "" && time.Now().Before(deadline); {
+			user = pg.sql(t, "app", "SELECT usename FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'")
+			if user == "" {
+				time.Sleep(50 * time.Millisecond) // polling the server's own view
+			}
+		}
+		if !strings.HasPrefix(user, "v-token-readonly-") {
+			t.Fatalf("the held connection's user: %q", user)
+		}
+		if err := b.stop(t); err != nil {
+			t.Fatalf("the broker's exit: %v\n%s", err, b.logs.String())
+		}
+		agentOut.WriteString(<-done)
+		if n := pg.sql(t, "app", "SELECT count(*) FROM pg_roles WHERE rolname = '"+user+"'"); n != "0" {
+			t.Fatalf("user %s of a connection open at shutdown still exists", user)
+		}
+		logs, audit := b.logs.String(), b.auditLog.String()
+		b = startBroker(top, opts) // the test's, not this subtest's: it serves the next one
+		b.logs.wait(t, "listening for Postgres clients")
+		b.logs.Write([]byte(logs))
+		b.auditLog.Write([]byte(audit))
+		newCA, err := os.ReadFile(b.caFile) // a new broker, a new CA
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(ca, newCA, 0o644); err != nil {
+			t.Fatal(err)
 		}
 	})
 
