@@ -95,6 +95,27 @@ func (ss *session) fromUpstream(upc io.Reader) error {
 		}
 		ss.last.Store(time.Now().UnixNano())
 		switch typ {
+		case 'S':
+			// ParameterStatus: standard_conforming_strings decides how the broker reads the
+			// strings of the next statements.
+			body = grow(body, n)
+			if _, err := io.ReadFull(ur, body); err != nil {
+				return err
+			}
+			var ps pgproto3.ParameterStatus
+			if err := ps.Decode(body); err != nil {
+				return err
+			}
+			if ps.Name == "standard_conforming_strings" {
+				ss.backslashes.Store(ps.Value != "on")
+			}
+			if _, err := aw.Write(hdr[:]); err != nil {
+				return err
+			}
+			if _, err := aw.Write(body); err != nil {
+				return err
+			}
+			ss.bytesOut.Add(int64(n + 5))
 		case 'E', 'N':
 			if n > maxMessageLength {
 				return errors.New("upstream message too long")
@@ -243,7 +264,7 @@ func (ss *session) statement(ctx context.Context, typ byte, hdr, body []byte) ([
 		// A call by function OID: nothing names what it runs.
 		perr = errors.New("a FunctionCall message names its function by OID only")
 	} else {
-		sts, perr = Split(sql)
+		sts, perr = split(sql, ss.backslashes.Load())
 	}
 	ss.mu.Lock()
 	if perr != nil {

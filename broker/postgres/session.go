@@ -51,6 +51,9 @@ type session struct {
 	bytesIn       atomic.Int64 // from the agent
 	bytesOut      atomic.Int64 // to the agent
 	last          atomic.Int64 // Unix nanoseconds of the last message either way
+	// backslashes: the server reads '...' with backslash escapes (standard_conforming_strings
+	// off), and so does the broker.
+	backslashes atomic.Bool
 
 	// allowed holds, by statement shape (statementKey), the statements the policy allowed
 	// on this connection at revision allowedRev: the input of a statement decision is the
@@ -193,6 +196,11 @@ func (ss *session) run(ctx context.Context, m *pgproto3.StartupMessage) {
 			return
 		}
 	}
+	if enc := ss.params["client_encoding"]; enc != "" && !asciiSafe(enc) {
+		ev.Reason = fmt.Sprintf("client_encoding %s can hide quotes and backslashes inside characters", enc)
+		fatal(ss.be, codeProtocol, "capbroker: "+ev.Reason+"; use UTF8")
+		return
+	}
 	d, err := ss.decide(ctx, nil)
 	ev.DecisionID, ev.PolicyRevision = d.ID, d.Revision
 	if err != nil {
@@ -244,6 +252,7 @@ func (ss *session) run(ctx context.Context, m *pgproto3.StartupMessage) {
 	ss.mu.Lock()
 	ss.upc, ss.upPID, ss.upKey = hc.Conn, hc.PID, hc.SecretKey
 	ss.mu.Unlock()
+	ss.backslashes.Store(hc.ParameterStatuses["standard_conforming_strings"] != "on")
 	select {
 	case <-ss.done: // the broker stopped while logging in
 		_ = hc.Conn.Close()
@@ -391,4 +400,17 @@ func (ss *session) connectUpstream(ctx context.Context, user, password string) (
 func (ss *session) startupParam(k string) (string, bool) {
 	v, ok := ss.params[k]
 	return v, ok
+}
+
+// asciiSafe reports whether a client encoding keeps every byte below 0x80 a character of its
+// own: the encodings whose multibyte characters may hold a quote or backslash byte (SJIS,
+// BIG5, GBK, UHC, GB18030, JOHAB) would be read otherwise by the broker than by the server.
+func asciiSafe(enc string) bool {
+	e := strings.NewReplacer("-", "", "_", "").Replace(strings.ToUpper(strings.TrimSpace(enc)))
+	switch e {
+	case "SJIS", "SHIFTJIS", "SHIFTJIS2004", "MSKANJI", "WIN932", "CP932", "BIG5", "WIN950", "CP950",
+		"GBK", "WIN936", "CP936", "UHC", "WIN949", "CP949", "GB18030", "JOHAB":
+		return false
+	}
+	return true
 }

@@ -66,8 +66,9 @@ func isIdentChar(c byte) bool { return isIdentStart(c) || c >= '0' && c <= '9' |
 
 const opChars = "+-*/<>=~!@#%^&|`?"
 
-// lex reads sql into tokens.
-func lex(sql string) ([]token, error) {
+// lex reads sql into tokens. backslashes makes '...' strings take backslash escapes, as they
+// do with standard_conforming_strings off.
+func lex(sql string, backslashes bool) ([]token, error) {
 	var toks []token
 	i, n := 0, len(sql)
 	for i < n {
@@ -101,7 +102,7 @@ func lex(sql string) ([]token, error) {
 				i++
 			}
 		case c == '\'':
-			end, err := quoted(sql, i, false)
+			end, err := quoted(sql, i, backslashes)
 			if err != nil {
 				return nil, err
 			}
@@ -229,9 +230,19 @@ func quoted(sql string, i int, esc bool) (int, error) {
 	return 0, errUnterminated
 }
 
-// Split reads a query string into its statements, classified. An empty query has none.
-func Split(sql string) ([]Statement, error) {
-	toks, err := lex(sql)
+// Split reads a query string into its statements, classified, as Postgres reads it with
+// standard_conforming_strings on. An empty query has none.
+func Split(sql string) ([]Statement, error) { return split(sql, false) }
+
+// lexSettings are the settings that change how Postgres reads the text of later statements:
+// a statement that sets them is not read (the broker would read what follows otherwise than
+// the server).
+var lexSettings = []string{"client_encoding", "names", "standard_conforming_strings", "backslash_quote", "escape_string_warning"}
+
+// split is Split; backslashes reads '...' strings with backslash escapes
+// (standard_conforming_strings off).
+func split(sql string, backslashes bool) ([]Statement, error) {
+	toks, err := lex(sql, backslashes)
 	if err != nil {
 		return nil, err
 	}
@@ -262,6 +273,12 @@ func Split(sql string) ([]Statement, error) {
 				return nil, err
 			}
 			st.Text = sql[part[0].start:part[len(part)-1].end]
+			if slices.Contains(lexSettings, st.Setting) && st.Command != "SHOW" {
+				return nil, fmt.Errorf("%s %s changes how the server reads SQL text", st.Command, st.Setting)
+			}
+			if len(out) > 0 && slices.Contains(out[len(out)-1].Functions, "set_config") {
+				return nil, errors.New("set_config may change how the server reads the statements after it in the same query")
+			}
 			out = append(out, st)
 		}
 		from = i + 1
@@ -762,7 +779,7 @@ func (t token) op(o string) bool { return t.kind == tOp && t.text == o }
 // Redact returns sql with every literal (strings, numbers) replaced by "?", for the audit.
 // Text it cannot read is replaced whole.
 func Redact(sql string) string {
-	toks, err := lex(sql)
+	toks, err := lex(sql, false)
 	if err != nil {
 		return "[unreadable statement]"
 	}

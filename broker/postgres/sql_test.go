@@ -91,10 +91,28 @@ func TestSplitRefusesWhatItCannotRead(t *testing.T) {
 		"SELECT * FROM a b c",
 		"COPY t FROM somewhere",
 		"SELECT a FROM 'x'",
+		"SET client_encoding TO 'SJIS'",
+		"SET NAMES 'BIG5'",
+		"SET standard_conforming_strings = off",
+		"SELECT set_config('standard_conforming_strings', 'off', false); SELECT 1",
 	} {
 		if st, err := Split(sql); err == nil {
 			t.Errorf("%q: read as %+v, want an error", sql, st)
 		}
+	}
+}
+
+// With standard_conforming_strings off, a backslash escapes a quote in '...' as the server
+// reads it: the broker reads the same statement boundaries.
+func TestSplitBackslashStrings(t *testing.T) {
+	sql := `SELECT 'a\'; DROP TABLE items; --'`
+	on, err := split(sql, false)
+	if err != nil || len(on) != 2 || on[1].Command != "DROP TABLE" {
+		t.Fatalf("standard strings: %+v %v", on, err)
+	}
+	off, err := split(sql, true)
+	if err != nil || len(off) != 1 || off[0].Command != "SELECT" {
+		t.Fatalf("backslash strings: %+v %v", off, err)
 	}
 }
 
