@@ -30,11 +30,7 @@ type Options struct {
 
 // NewWith is New with options.
 func NewWith(agents []config.Agent, opts Options) (*Identifier, error) {
-	id, err := newIdentifier(agents, opts)
-	if err != nil {
-		return nil, err
-	}
-	return id, nil
+	return newIdentifier(agents, opts)
 }
 
 // SCRAM returns the verifier of the token of the agent named id, and the agent.
