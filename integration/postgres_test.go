@@ -538,11 +538,16 @@ try:
 except psycopg2.OperationalError as e:
     print(str(e).strip())
 `
+		mark := b.auditLog.mark()
 		out, err = sn.agent(t, env, "python3", "-c", script, dsn("app", "verify-full"))
 		agentOut.WriteString(out)
 		if err != nil || !strings.Contains(out, "holds 4 connections, the most it may") {
 			t.Fatalf("want the fifth connection refused, got %v\n%s", err, out)
 		}
+		// The four are over once their events are written (after their leases are revoked).
+		b.auditLog.waitLines(t, mark, 4, "the four connections' events", func(line string) bool {
+			return strings.Contains(line, `"method":"CONNECT"`) && strings.Contains(line, `"decision":"allow"`)
+		})
 	})
 
 	t.Run("shutdown revokes the users of open connections", func(t *testing.T) {
@@ -555,7 +560,11 @@ except psycopg2.OperationalError as e:
 		for deadline := time.Now().Add(waitTimeout); user == "" && time.Now().Before(deadline); {
 			user = pg.sql(t, "app", "SELECT usename FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'")
 			if user == "" {
-				time.Sleep(50 * time.Millisecond) // polling the server's own view
+				select {
+				case out := <-done:
+					t.Fatalf("psql ended before its query was seen: %s", out)
+				case <-time.After(50 * time.Millisecond): // polling the server's own view
+				}
 			}
 		}
 		if !strings.HasPrefix(user, "v-token-readonly-") {
@@ -587,6 +596,14 @@ except psycopg2.OperationalError as e:
 		out, err := psql("app", "verify-full", "SELECT 1")
 		if err == nil || !strings.Contains(out, "database credentials are unavailable") || !strings.Contains(out, "Vault") {
 			t.Fatalf("want a clear error with Vault down, got %v\n%s", err, out)
+		}
+		metrics := inNS(t, sn.brokerNS, nil, "curl", "-sS", "http://"+b.adminAddr+"/metrics")
+		for _, want := range []string{
+			`broker_postgres_connections_total{outcome="credential_unavailable",role="readonly",upstream="app"} 1`,
+		} {
+			if !strings.Contains(metrics, want) {
+				t.Errorf("/metrics has no %s", want)
+			}
 		}
 	})
 
