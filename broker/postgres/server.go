@@ -19,7 +19,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -386,4 +385,3 @@ func (s *Server) cancel(ctx context.Context, m *pgproto3.CancelRequest) {
 	s.d.Log.Info().Str("agent", ss.agent.ID).Str("upstream", up.Name).Msg("postgres cancel forwarded")
 }
 
-func itoa(n uint16) string { return strconv.Itoa(int(n)) }
