@@ -384,4 +384,3 @@ func (s *Server) cancel(ctx context.Context, m *pgproto3.CancelRequest) {
 	s.d.Metrics.cancels.WithLabelValues("forwarded").Inc()
 	s.d.Log.Info().Str("agent", ss.agent.ID).Str("upstream", up.Name).Msg("postgres cancel forwarded")
 }
-
