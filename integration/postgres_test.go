@@ -246,11 +246,13 @@ func TestPostgresFrontDoor(t *testing.T) {
 	vcli("secrets", "enable", "database")
 	vcli("write", "database/config/app", "plugin_name=postgresql-database-plugin",
 		"connection_url=postgresql://{{username}}:{{password}}@127.0.0.1:"+pgPort+"/app?sslmode=disable",
-		"username=postgres", "password="+superPass, "allowed_roles=readonly,readwrite", "verify_connection=true")
+		"username=postgres", "password="+superPass, "allowed_roles=readonly,readwrite,short", "verify_connection=true")
 	vcli("write", "database/roles/readonly", "db_name=app", "default_ttl=10m", "max_ttl=1h",
 		`creation_statements=CREATE ROLE "{{name}}" WITH LOGIN PASSWORD '{{password}}' VALID UNTIL '{{expiration}}'; GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{{name}}";`)
 	vcli("write", "database/roles/readwrite", "db_name=app", "default_ttl=10m", "max_ttl=1h",
 		`creation_statements=CREATE ROLE "{{name}}" WITH LOGIN PASSWORD '{{password}}' VALID UNTIL '{{expiration}}'; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{{name}}"; GRANT CREATE, USAGE ON SCHEMA public TO "{{name}}";`)
+	vcli("write", "database/roles/short", "db_name=app", "default_ttl=1s", "max_ttl=2s",
+		`creation_statements=CREATE ROLE "{{name}}" WITH LOGIN PASSWORD '{{password}}' VALID UNTIL '{{expiration}}'; GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{{name}}";`)
 	vcli("kv", "put", "secret/pg/static", "username=static_user", "password="+pgCanaryPass)
 
 	token := "tok-" + randHex(16)
@@ -269,6 +271,7 @@ func TestPostgresFrontDoor(t *testing.T) {
       app: {role: readonly, access: read}
       app_rw: {role: readwrite, access: ask}
       app_static: {access: write}
+      app_short: {role: short, access: read}
 `},
 		env: []string{"CODER_1_TOKEN=" + token, "BROKER_VAULT_TOKEN=" + rootToken},
 		config: fmt.Sprintf(`agents:
@@ -285,12 +288,13 @@ postgres:
   upstreams:
     - {name: app, address: "127.0.0.1:%s", ca_file: %q, vault: {default_role: readonly}}
     - {name: app_rw, address: "127.0.0.1:%s", database: app, ca_file: %q, vault: {roles: [readwrite]}}
+    - {name: app_short, address: "127.0.0.1:%s", database: app, ca_file: %q, vault: {default_role: short}}
     - name: app_static
       address: "127.0.0.1:%s"
       database: app
       ca_file: %q
       static: {mount: secret, path: pg/static}
-`, brokerSideIP+":"+pgPort, pgPort, pg.caFile, pgPort, pg.caFile, pgPort, pg.caFile),
+`, brokerSideIP+":"+pgPort, pgPort, pg.caFile, pgPort, pg.caFile, pgPort, pg.caFile, pgPort, pg.caFile),
 	}
 	b := startBroker(t, opts)
 	b.logs.wait(t, "listening for Postgres clients")
@@ -521,6 +525,13 @@ const c = new Client({host: %q, port: %s, user: "coder-1", database: "app", pass
 		out, err := psql("app_static", "verify-full", "SELECT current_user")
 		if err != nil || strings.TrimSpace(out) != "static_user" {
 			t.Fatalf("static user: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("the connection ends with its lease", func(t *testing.T) {
+		out, err := psql("app_short", "verify-full", "SELECT pg_sleep(20)")
+		if err == nil || !strings.Contains(out, "its database user's lease ended") {
+			t.Fatalf("want the connection closed at the lease's max_ttl, got %v\n%s", err, out)
 		}
 	})
 

@@ -35,15 +35,16 @@ type refusal struct {
 
 const bufSize = 32 << 10
 
-// relay carries messages both ways until either side ends, the broker stops or the
-// connection is idle for postgres.idle_timeout.
-func (ss *session) relay(ctx context.Context, hc *pgconn.HijackedConn) {
+// relay carries messages both ways until either side ends, the broker stops, the
+// connection is idle for postgres.idle_timeout, or its database user's lease ends (expires,
+// zero when the user has no lease: renewed leases move it on).
+func (ss *session) relay(ctx context.Context, hc *pgconn.HijackedConn, expires func() time.Time) {
 	ss.last.Store(time.Now().UnixNano())
 	errc := make(chan error, 2)
 	go func() { errc <- ss.fromUpstream(hc.Conn) }()
 	go func() { errc <- ss.fromAgent(ctx, hc.Conn) }()
 	idle := ss.s.cfg.IdleTimeout
-	tick := time.NewTicker(min(idle/4+time.Millisecond, 30*time.Second))
+	tick := time.NewTicker(min(idle/4+time.Millisecond, time.Second))
 	defer tick.Stop()
 	for {
 		select {
@@ -56,16 +57,24 @@ func (ss *session) relay(ctx context.Context, hc *pgconn.HijackedConn) {
 			<-errc
 			return
 		case <-tick.C:
-			if time.Since(time.Unix(0, ss.last.Load())) >= idle {
-				w := bufio.NewWriter(ss.conn)
-				b, _ := (&pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: codeIdle,
-					Message: "capbroker: connection closed after postgres.idle_timeout without a message"}).Encode(nil)
-				_, _ = w.Write(b)
-				_ = w.Flush()
-				ss.close()
+			switch end := expires(); {
+			case time.Since(time.Unix(0, ss.last.Load())) >= idle:
+				ss.end(codeIdle, "capbroker: connection closed after postgres.idle_timeout without a message")
+			case !end.IsZero() && time.Now().After(end):
+				// Vault would revoke the user now: the connection ends with it, rather than
+				// go on under a user that no longer exists.
+				ss.end(codeAdminEnd, "capbroker: connection closed: its database user's lease ended (the Vault role's max_ttl)")
 			}
 		}
 	}
+}
+
+// end tells the agent why the connection closes, and closes it.
+func (ss *session) end(code, msg string) {
+	b, _ := (&pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: code, Message: msg}).Encode(nil)
+	_ = ss.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = ss.conn.Write(b)
+	ss.close()
 }
 
 // readHeader reads a message's type and body length.

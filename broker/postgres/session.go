@@ -272,7 +272,11 @@ func (ss *session) run(ctx context.Context, m *pgproto3.StartupMessage) {
 	_ = ss.conn.SetDeadline(time.Time{})
 	s.d.Metrics.open.WithLabelValues(up.Name, ss.role).Inc()
 	defer s.d.Metrics.open.WithLabelValues(up.Name, ss.role).Dec()
-	ss.relay(ctx, hc)
+	expires := func() time.Time { return time.Time{} }
+	if lease != nil {
+		expires = lease.Expires
+	}
+	ss.relay(ctx, hc, expires)
 	ev.Status = 0
 }
 
