@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -203,6 +204,7 @@ func (ss *session) rewriteNotice(typ byte, body []byte) ([]byte, error) {
 // FunctionCall: counted by kind and, with statement rules, decided.
 func (ss *session) fromAgent(ctx context.Context, upc io.Writer) error {
 	ar := bufio.NewReaderSize(ss.conn, bufSize)
+	ss.agentReader = ar
 	uw := bufio.NewWriterSize(upc, bufSize)
 	var hdr [5]byte
 	var body []byte
@@ -361,6 +363,24 @@ func (ss *session) hold(ctx context.Context, st *Statement, d policy.Decision) (
 			done()
 		case <-hctx.Done():
 		}
+	}()
+	// While the statement is held nothing reads the agent's side: watch it, so that an agent
+	// that goes away withdraws the statement (approvals' "withdrawn") rather than leave it
+	// pending until its timeout. Bytes it sends meanwhile (a pipelined Sync) stay buffered.
+	watched := make(chan error, 1)
+	go func() {
+		_, err := ss.agentReader.Peek(1)
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			done()
+		}
+		watched <- err
+	}()
+	defer func() {
+		_ = ss.conn.SetReadDeadline(time.Now()) // end the watch
+		if err := <-watched; errors.Is(err, os.ErrDeadlineExceeded) {
+			_, _ = ss.agentReader.Read(nil) // clear the deadline's error from the reader
+		}
+		_ = ss.conn.SetReadDeadline(time.Time{})
 	}()
 	ss.s.d.Metrics.statements.WithLabelValues(ss.up.Name, ss.role, st.Kind, "held").Inc()
 	out, err := h.Hold(hctx, req)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/identity"
@@ -95,10 +96,24 @@ type denyDeletes struct{}
 
 func (denyDeletes) DecideValue(_ context.Context, input any) (policy.Decision, error) {
 	pg := input.(map[string]any)["postgres"].(map[string]any)
-	if st, ok := pg["statement"].(map[string]any); ok && st["command"] == "DELETE" {
+	st, _ := pg["statement"].(map[string]any)
+	switch {
+	case st != nil && st["command"] == "DELETE":
 		return policy.Decision{Reason: "no deletes"}, nil
+	case st != nil && st["kind"] == "ddl":
+		return policy.Decision{Ask: &policy.Ask{Reason: "ddl"}}, nil
 	}
 	return policy.Decision{Allow: true}, nil
+}
+
+// withdrawn holds until the statement's agent goes away.
+type withdrawn struct{ started, ended chan approvals.Request }
+
+func (w withdrawn) Hold(ctx context.Context, req approvals.Request) (approvals.Outcome, error) {
+	w.started <- req
+	<-ctx.Done()
+	w.ended <- req
+	return approvals.Outcome{ID: "ap-1", State: approvals.StateWithdrawn}, nil
 }
 
 func (denyDeletes) Revision() string { return "r1" }
@@ -127,7 +142,7 @@ func (e *events) Write(ev *audit.Event) {
 }
 
 // frontDoor serves the front door before a hostile upstream, with statement rules on.
-func frontDoor(t *testing.T, idle time.Duration) (string, *events) {
+func frontDoor(t *testing.T, idle time.Duration, holder ...Holder) (string, *events) {
 	t.Helper()
 	t.Setenv("PG_TEST_AGENT_TOKEN", "agent-token")
 	ids, err := identity.NewWith([]config.Agent{{ID: "agent1", TokenEnv: "PG_TEST_AGENT_TOKEN"}}, identity.Options{SCRAM: true})
@@ -138,7 +153,11 @@ func frontDoor(t *testing.T, idle time.Duration) (string, *events) {
 		IdleTimeout: idle, Upstreams: []config.PostgresUpstream{{Name: "app", Database: "app", Address: hostileUpstream(t),
 			TLS: "disable", Static: &config.VaultSource{Mount: "secret", Path: "db", KVVersion: 2}}}}
 	ev := &events{c: make(chan *audit.Event, 64)}
-	srv, err := New(cfg, Deps{Identity: ids, Policy: denyDeletes{}, Vault: staticVault{}, Audit: ev,
+	var h Holder
+	if len(holder) > 0 {
+		h = holder[0]
+	}
+	srv, err := New(cfg, Deps{Identity: ids, Policy: denyDeletes{}, Vault: staticVault{}, Audit: ev, Approvals: h,
 		Known: inject.NewKnown(inject.KnownOptions{}), Dial: (&net.Dialer{}).DialContext})
 	if err != nil {
 		t.Fatal(err)
@@ -232,5 +251,28 @@ func TestFrontDoorWrongToken(t *testing.T) {
 	_, err = pgconn.Connect(context.Background(), "host="+host+" port="+port+" user=nobody password=agent-token dbname=app sslmode=disable")
 	if !errors.As(err, &pe) || pe.Code != codeAuth {
 		t.Fatalf("unknown agent: %v", err)
+	}
+}
+
+// A held statement is withdrawn when its agent goes away, not left pending.
+func TestFrontDoorHeldStatementWithdrawn(t *testing.T) {
+	w := withdrawn{started: make(chan approvals.Request, 1), ended: make(chan approvals.Request, 1)}
+	addr, ev := frontDoor(t, time.Minute, w)
+	var notices []string
+	c := connect(t, addr, &notices)
+	go func() { _, _ = c.Exec(context.Background(), "CREATE TABLE t (a int)").ReadAll() }()
+	req := <-w.started
+	if req.BodyPreview != "CREATE TABLE t (a int)" || req.Method != "CREATE TABLE" || req.Agent != "agent1" {
+		t.Fatalf("the approver sees %+v", req)
+	}
+	_ = c.Conn().Close() // the agent goes away
+	select {
+	case <-w.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hold outlived its agent")
+	}
+	e := <-ev.c
+	if e.Decision != audit.Deny || e.Approval == nil || e.Approval.Outcome != approvals.StateWithdrawn {
+		t.Fatalf("held statement's event: %+v", e)
 	}
 }

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -61,6 +62,8 @@ type session struct {
 	// until the policy changes. Only allows are kept; at most maxAllowed.
 	allowed    map[string]bool
 	allowedRev string
+
+	agentReader *bufio.Reader // the agent side's reader (fromAgent's), watched while a statement is held
 
 	refMu    sync.Mutex
 	refusals map[string]refusal // by nonce: statements replaced upstream by a refusal
