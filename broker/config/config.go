@@ -29,6 +29,7 @@ type Config struct {
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
 	Postgres    Postgres     `yaml:"postgres"`
+	Telemetry   *Telemetry   `yaml:"telemetry"`
 }
 
 type Proxy struct {
@@ -92,8 +93,9 @@ const (
 )
 
 type CA struct {
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
+	CertFile string      `yaml:"cert_file"`
+	KeyFile  string      `yaml:"key_file"`
+	VaultPKI *CAVaultPKI `yaml:"vault_pki"` // ca.go
 }
 
 type Upstream struct {
@@ -142,6 +144,9 @@ type Audit struct {
 	File string `yaml:"file"`
 	// IncludeInput is how much of the policy input events carry (audit.Level).
 	IncludeInput audit.Level `yaml:"include_input"`
+	// Format and Instance: audit_format.go.
+	Format   string `yaml:"format"`
+	Instance string `yaml:"instance"`
 }
 
 // Agent is one identity that may use the proxy: by proxy password, or by source address.
@@ -306,6 +311,8 @@ func (c *Config) SetDefaults() {
 	}
 	c.Transparent.defaults()
 	c.Postgres.defaults()
+	c.CA.defaults()
+	c.Telemetry.setDefaults()
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}

@@ -26,6 +26,10 @@ type Decision struct {
 	// Role is, for a Postgres connection, the Vault database role its user is issued from
 	// (CONTRACT §8b); "" leaves it to the upstream's default_role.
 	Role string
+	// ForwardTraceparent ("forward_traceparent": true) lets the request's W3C traceparent
+	// (and tracestate) header go upstream; without it the broker removes them, as a header
+	// can carry what the agent should not pass on (docs/observability.md).
+	ForwardTraceparent bool
 	// Revision identifies the policy that decided.
 	Revision string
 	// Ask, when set, holds the request for a person to approve (CONTRACT §8): Allow is false,
@@ -122,6 +126,13 @@ func parseDecision(v any, revision string) Decision {
 			return Decision{Reason: ReasonMalformed + ": role is not a role's name", Revision: revision}
 		}
 		d.Role = s
+	}
+	if f, ok := obj["forward_traceparent"]; ok {
+		b, ok := f.(bool)
+		if !ok {
+			return Decision{Reason: ReasonMalformed + ": forward_traceparent is not a boolean", Revision: revision}
+		}
+		d.ForwardTraceparent = b
 	}
 	if i, ok := obj["intercept"]; ok {
 		b, ok := i.(bool)
