@@ -10,6 +10,7 @@
 #   mcp.rego         MCP servers: listed tools, resources and prompts; arguments per agent
 #   agents.rego      per-agent profiles (label `profile`): which of those an agent may use
 #   paths.rego       reading paths by segments, and refusing every spelling of "." and ".."
+#   postgres.rego    the Postgres front door: databases, Vault roles, statement rules
 #
 # The CONNECT phase opens (and intercepts) a tunnel on port 443 to a host some concern
 # governs, if the agent's profile may use that concern; the request phase then decides every
@@ -23,6 +24,7 @@ import data.git
 import data.github
 import data.llm
 import data.mcp
+import data.postgres
 import data.registries
 
 host := input.request.host
@@ -41,7 +43,7 @@ concern := "aws" if aws.governs(host)
 
 concern := "mcp" if mcp.governs(host)
 
-default decision := {"allow": false, "reason": "the policy does not know this kind of request (phase must be connect, request or ssh)"}
+default decision := {"allow": false, "reason": "the policy does not know this kind of request (phase must be connect, request, ssh or postgres)"}
 
 decision := {"allow": false, "reason": sprintf("host %s is not on the allow-list in policies/data.yaml", [host])} if {
 	input.phase in {"connect", "request", "ssh"}
@@ -77,6 +79,8 @@ decision := {"allow": false, "reason": sprintf("host %s is not on the allow-list
 } else := mcp.decision if {
 	input.phase == "request"
 	concern == "mcp"
+} else := postgres.decision if {
+	input.phase == "postgres"
 }
 
 connect := {"allow": true, "intercept": true} if {

@@ -31,6 +31,13 @@ command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
   missing+=(botocore)
 fi
+# The Postgres front door's tests (integration/postgres_test.go): Debian's server (initdb,
+# postgres), psql and pgbench, and Python's psycopg2.
+command -v psql >/dev/null 2>&1 && command -v pgbench >/dev/null 2>&1 || missing+=(postgresql-client)
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import psycopg2' >/dev/null 2>&1; then
+  missing+=(python3-psycopg2)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "missing test tools: ${missing[*]} (install them, or run as root on Debian to install automatically)" >&2

@@ -75,6 +75,8 @@ type Event struct {
 	// whose origin certificate was trusted through upstream.proxy.tls_inspection_ca.
 	Via          string
 	TLSInspected bool
+	// Postgres is a Postgres connection's or statement's object (CONTRACT §8b), or nil.
+	Postgres *PostgresCall
 	// Redacted is how many times the response's scrubber replaced a secret the broker knows
 	// with [REDACTED] (the upstream echoed one), or 0.
 	Redacted int

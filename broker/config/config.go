@@ -29,6 +29,7 @@ type Config struct {
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
 	SSH         SSH          `yaml:"ssh"`
+	Postgres    Postgres     `yaml:"postgres"`
 	Telemetry   *Telemetry   `yaml:"telemetry"`
 	Fleet       *Fleet       `yaml:"fleet"`
 }
@@ -312,6 +313,7 @@ func (c *Config) SetDefaults() {
 	}
 	c.Transparent.defaults()
 	c.SSH.defaults()
+	c.Postgres.defaults()
 	c.CA.defaults()
 	c.Telemetry.setDefaults()
 	if c.Policy.Mode == "" {

@@ -73,6 +73,7 @@ func (c *Config) Validate() []error {
 	c.Audit.validateFormat(&e)
 	c.validateAgents(&e)
 	usesVault := c.validateCredentials(&e)
+	usesVault = c.validatePostgres(&e) || usesVault
 	if usesVault && c.Vault == nil {
 		e.add("vault", "required: a credential has a vault source")
 	}

@@ -30,7 +30,11 @@ type Agent struct {
 type tokenAgent struct {
 	Agent
 	digest [sha256.Size]byte // SHA-256 of the token; the token itself is not kept
+	scram  *SCRAMKeys        // with Options.SCRAM, for a token the broker read
 }
+
+// Addr is a source address.
+type Addr = netip.Addr
 
 // addrTable finds the first configured agent (in config order) with an address prefix
 // holding a source address, in one map lookup per distinct prefix length configured (at most
@@ -99,6 +103,10 @@ type Identifier struct {
 // New reads the agents' tokens (from the environment, files, or hashes in the config).
 // Errors name the key path and never contain a token.
 func New(agents []config.Agent) (*Identifier, error) {
+	return newIdentifier(agents, Options{})
+}
+
+func newIdentifier(agents []config.Agent, opts Options) (*Identifier, error) {
 	id := &Identifier{byID: map[string]*tokenAgent{}, all: map[string]Agent{}}
 	var errs []error
 	for i, a := range agents {
@@ -124,6 +132,7 @@ func New(agents []config.Agent) (*Identifier, error) {
 			}
 			digest = d
 		}
+		var scram *SCRAMKeys
 		if src != nil {
 			token, err := src.Fetch(context.Background())
 			if err != nil {
@@ -132,9 +141,12 @@ func New(agents []config.Agent) (*Identifier, error) {
 			}
 			d := sha256.Sum256([]byte(token.Reveal()))
 			digest = d[:]
+			if opts.SCRAM {
+				scram = scramKeys(token.Reveal())
+			}
 		}
 		if digest != nil {
-			ta := &tokenAgent{Agent: ag}
+			ta := &tokenAgent{Agent: ag, scram: scram}
 			copy(ta.digest[:], digest)
 			id.byID[a.ID] = ta
 		}

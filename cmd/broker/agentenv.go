@@ -176,6 +176,7 @@ func agentEnv(cfg *config.Config, a config.Agent, token, proxy string, admin net
 		"GIT_SSL_CAINFO", "AWS_CA_BUNDLE", "PIP_CERT", "CARGO_HTTP_CAINFO"} {
 		env = append(env, envVar{v, caFile})
 	}
+	env = append(env, postgresEnv(cfg, a, token, proxy, caFile)...)
 	seen := map[string]bool{}
 	for _, c := range cfg.Credentials {
 		for _, v := range credentialEnv(c) {
@@ -301,4 +302,29 @@ func shellQuote(s string) string {
 		return `"` + s + `"`
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// postgresEnv is the Postgres front door's side of the agent (docs/postgres.md): a
+// DATABASE_URL naming the first upstream, with no secret in it, and the libpq variables. The
+// password is the agent's proxy token (PGPASSWORD), checked by SCRAM: worth nothing outside
+// the broker, like HTTPS_PROXY's.
+func postgresEnv(cfg *config.Config, a config.Agent, token, proxy, caFile string) []envVar {
+	p := cfg.Postgres
+	if p.Listen == "" || len(p.Upstreams) == 0 {
+		return nil
+	}
+	host, _, _ := net.SplitHostPort(proxy)
+	_, port, _ := net.SplitHostPort(p.Listen)
+	ssl := "verify-full"
+	if p.TLS == config.PostgresTLSOff {
+		ssl = "disable"
+	}
+	db := p.Upstreams[0].Name
+	u := fmt.Sprintf("postgresql://%s@%s/%s?sslmode=%s&sslrootcert=%s", a.ID, net.JoinHostPort(host, port), db, ssl, caFile)
+	env := []envVar{{"DATABASE_URL", u}, {"PGHOST", host}, {"PGPORT", port}, {"PGUSER", a.ID},
+		{"PGDATABASE", db}, {"PGSSLMODE", ssl}, {"PGSSLROOTCERT", caFile}}
+	if token != "" {
+		env = append(env, envVar{"PGPASSWORD", token})
+	}
+	return env
 }

@@ -276,6 +276,12 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		return err
 	}
 	rl.b, rl.metrics = b, metrics
+	waitPostgres, err := startPostgres(ctx, cfg, postgresDeps{engine: engine, creds: creds, queue: ap.queue, ca: ca,
+		audit: auditLog, known: known, metrics: metrics.Registry(), log: log})
+	if err != nil {
+		return err
+	}
+	defer waitPostgres() // every connection closed and its lease revoked, before Vault closes
 	if dnsLn != nil {
 		defer b.StartResolver(dnsLn, cfg.Transparent).Close() // after the drain, before the audit log closes
 	}

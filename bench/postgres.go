@@ -1,0 +1,297 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capbroker/capbroker/credentials/vaulttest"
+)
+
+// postgresPairs is -only postgres-pairs: pgbench's default workload (TPC-B-like, simple
+// protocol) at -conns clients through the Postgres front door over the same pgbench run
+// directly against the same server, in pairs of adjacent runs of -slice each (at least 2s),
+// with statement decisions off (connection-level brokering) and on. Both sides use TLS to the
+// server; through the broker the agent's side is TLS too. It needs root (the server runs as
+// user postgres), Debian's server and pgbench, and a Vault binary ($VAULT_BIN, or vault on
+// PATH, or the repository's shared/tools/vault-bin).
+func postgresPairs(ctx context.Context, bin, dir string, o options) error {
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
+	if os.Geteuid() != 0 || len(bins) == 0 {
+		return errors.New("-only postgres-pairs needs root and Debian's postgresql server")
+	}
+	if _, err := exec.LookPath("pgbench"); err != nil {
+		return errors.New("-only postgres-pairs needs pgbench (postgresql-client)")
+	}
+	vaultBin, err := vaulttest.Binary()
+	if err != nil {
+		return err
+	}
+	pgBin := filepath.Dir(bins[len(bins)-1])
+	// Not under dir: the server runs as user postgres, which must reach its files.
+	dir, err = os.MkdirTemp("", "cbpg-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	_ = os.Chmod(dir, 0o755)
+	superPass, benchPass, token := rand.Text(), rand.Text(), rand.Text()
+	pgPort, vaultPort := freePort(), freePort()
+	sock := filepath.Join(dir, "sock")
+	certFile, keyFile := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
+	if err := selfSigned(certFile, keyFile); err != nil {
+		return err
+	}
+	_ = os.Mkdir(sock, 0o700)
+	if err := os.WriteFile(filepath.Join(dir, "pwfile"), []byte(superPass+"\n"), 0o600); err != nil {
+		return err
+	}
+	if out, err := exec.Command("chown", "-R", "postgres:postgres", dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("chown: %v %s", err, out)
+	}
+	asPostgres := func(args ...string) *exec.Cmd {
+		return exec.Command("setpriv", append([]string{"--reuid", "postgres", "--regid", "postgres", "--clear-groups"}, args...)...)
+	}
+	data := filepath.Join(dir, "data")
+	if out, err := asPostgres(filepath.Join(pgBin, "initdb"), "-D", data, "-U", "postgres", "--auth-local=trust",
+		"--auth-host=scram-sha-256", "--pwfile", filepath.Join(dir, "pwfile"), "--no-sync").CombinedOutput(); err != nil {
+		return fmt.Errorf("initdb: %v %s", err, out)
+	}
+	hba := "local all postgres trust\nhostnossl all postgres 127.0.0.1/32 scram-sha-256\nhostssl all all 127.0.0.1/32 scram-sha-256\n"
+	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		return err
+	}
+	_ = exec.Command("chown", "postgres:postgres", filepath.Join(data, "pg_hba.conf")).Run()
+	pg, err := startProcess(asPostgres(filepath.Join(pgBin, "postgres"), "-D", data, "-c", "listen_addresses=127.0.0.1",
+		"-c", "port="+pgPort, "-c", "unix_socket_directories="+sock, "-c", "ssl=on", "-c", "ssl_cert_file="+certFile,
+		"-c", "ssl_key_file="+keyFile, "-c", "max_connections=100", "-c", "fsync=off", "-c", "synchronous_commit=off"), nil)
+	if err != nil {
+		return err
+	}
+	defer pg.stop()
+	if err := pg.waitListening("127.0.0.1:"+pgPort, 30*time.Second); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	super := func(db, sql string) error {
+		out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", sock, "-p", pgPort, "-U", "postgres", "-d", db, "-c", sql).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("psql %s: %v %s", sql, err, out)
+		}
+		return nil
+	}
+	if err := super("postgres", "CREATE DATABASE bench"); err != nil {
+		return err
+	}
+	if out, err := exec.Command("pgbench", "-i", "-q", "-s", "4", "-h", sock, "-p", pgPort, "-U", "postgres", "bench").CombinedOutput(); err != nil {
+		return fmt.Errorf("pgbench -i: %v %s", err, out)
+	}
+	if err := super("bench", "CREATE ROLE bench LOGIN PASSWORD '"+benchPass+"'; GRANT ALL ON ALL TABLES IN SCHEMA public TO bench"); err != nil {
+		return err
+	}
+
+	vaultAddr := "http://127.0.0.1:" + vaultPort
+	vault, err := startProcess(exec.Command(vaultBin, "server", "-dev", "-dev-root-token-id="+token, "-dev-listen-address=127.0.0.1:"+vaultPort, "-dev-no-store-token"), nil)
+	if err != nil {
+		return err
+	}
+	defer vault.stop()
+	if err := vault.waitListening("127.0.0.1:"+vaultPort, 30*time.Second); err != nil {
+		return fmt.Errorf("vault: %w", err)
+	}
+	vcli := func(args ...string) error {
+		var out []byte
+		var err error
+		for range 50 { // the dev server listens a moment before it is unsealed
+			cmd := exec.Command(vaultBin, args...)
+			cmd.Env = append(os.Environ(), "VAULT_ADDR="+vaultAddr, "VAULT_TOKEN="+token)
+			if out, err = cmd.CombinedOutput(); err == nil {
+				return nil
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return fmt.Errorf("vault %v: %v %s", args, err, out)
+	}
+	for _, args := range [][]string{
+		{"secrets", "enable", "database"},
+		{"write", "database/config/bench", "plugin_name=postgresql-database-plugin", "allowed_roles=bench",
+			"connection_url=postgresql://{{username}}:{{password}}@127.0.0.1:" + pgPort + "/bench?sslmode=disable",
+			"username=postgres", "password=" + superPass},
+		{"write", "database/roles/bench", "db_name=bench", "default_ttl=1h", "max_ttl=2h",
+			`creation_statements=CREATE ROLE "{{name}}" WITH LOGIN PASSWORD '{{password}}' VALID UNTIL '{{expiration}}'; GRANT ALL ON ALL TABLES IN SCHEMA public TO "{{name}}";`},
+	} {
+		if err := vcli(args...); err != nil {
+			return err
+		}
+	}
+	shipped, err := os.ReadFile("policies/postgres.rego")
+	if err != nil {
+		return fmt.Errorf("run from the repository root: %w", err)
+	}
+	startPG := func(name string, statements bool) (string, func(), error) {
+		bdir := filepath.Join(dir, name)
+		pol := filepath.Join(bdir, "policies")
+		if err := os.MkdirAll(pol, 0o755); err != nil {
+			return "", nil, err
+		}
+		if out, err := exec.Command(bin, "ca", "init", "--out", filepath.Join(bdir, "ca")).CombinedOutput(); err != nil {
+			return "", nil, fmt.Errorf("ca init: %v %s", err, out)
+		}
+		files := map[string]string{
+			"broker.rego":   "package broker\n\nimport data.postgres\n\ndecision := postgres.decision if input.phase == \"postgres\"\n",
+			"postgres.rego": string(shipped),
+			"data.yaml":     "settings:\n  postgres:\n    databases:\n      bench: {role: bench, access: write}\n",
+		}
+		for n, c := range files {
+			if err := os.WriteFile(filepath.Join(pol, n), []byte(c), 0o644); err != nil {
+				return "", nil, err
+			}
+		}
+		listen := "127.0.0.1:" + freePort()
+		cfg := fmt.Sprintf(`proxy: {listen: "127.0.0.1:0"}
+admin: {listen: "127.0.0.1:0"}
+ca: {cert_file: %q, key_file: %q}
+policy: {dir: %q}
+audit: {file: %q}
+agents:
+  - {id: bench-agent, token_env: BENCH_AGENT_TOKEN}
+vault: {address: %q, auth: {method: token, token_env: BENCH_VAULT_TOKEN}}
+postgres:
+  listen: %q
+  statements: %v
+  max_connections_per_agent: 64
+  upstreams:
+    - {name: bench, address: "127.0.0.1:%s", ca_file: %q, vault: {default_role: bench}}
+`, filepath.Join(bdir, "ca", "ca.crt"), filepath.Join(bdir, "ca", "ca.key"), pol, filepath.Join(bdir, "audit.log"),
+			vaultAddr, listen, statements, pgPort, certFile)
+		cfgFile := filepath.Join(bdir, "broker.yaml")
+		if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+			return "", nil, err
+		}
+		cmd := exec.Command(bin, "run", "--config", cfgFile, "--log-level", "warn")
+		cmd.Env = append(os.Environ(), "BENCH_AGENT_TOKEN="+token, "BENCH_VAULT_TOKEN="+token)
+		p, err := startProcess(cmd, nil)
+		if err != nil {
+			return "", nil, err
+		}
+		if err := p.waitListening(listen, 30*time.Second); err != nil {
+			p.stop()
+			return "", nil, err
+		}
+		host, port, _ := net.SplitHostPort(listen)
+		return fmt.Sprintf("host=%s port=%s user=bench-agent password=%s dbname=bench sslmode=require", host, port, token), p.stop, nil
+	}
+	direct := fmt.Sprintf("host=127.0.0.1 port=%s user=bench password=%s dbname=bench sslmode=require", pgPort, benchPass)
+	conns := o.conns
+	if conns <= 0 || conns == 32 { // -conns' default is the HTTP bench's; pgbench's target is at 8
+		conns = 8
+	}
+	slice := max(o.slice, 2*time.Second)
+	pairs := max(o.pairs/4, 3)
+	for _, statements := range []bool{false, true} {
+		name := "connection"
+		if statements {
+			name = "statements"
+		}
+		dsn, stop, err := startPG(name, statements)
+		if err != nil {
+			return fmt.Errorf("broker (%s): %w", name, err)
+		}
+		if _, err := pgbench(ctx, dsn, conns, time.Second); err != nil { // warm up, and check
+			stop()
+			return fmt.Errorf("pgbench through the broker (%s): %w", name, err)
+		}
+		var ratios, viaTPS, directTPS []float64
+		for i := range pairs {
+			order := []string{dsn, direct}
+			if i%2 == 1 {
+				order = []string{direct, dsn}
+			}
+			got := map[string]float64{}
+			for _, d := range order {
+				tps, err := pgbench(ctx, d, conns, slice)
+				if err != nil {
+					stop()
+					return err
+				}
+				got[d] = tps
+			}
+			ratios = append(ratios, got[dsn]/got[direct])
+			viaTPS, directTPS = append(viaTPS, got[dsn]), append(directTPS, got[direct])
+		}
+		stop()
+		fmt.Printf("postgres %s-level/direct at %d clients: median %.3f (pairs %s; tps via broker %s, direct %s)\n",
+			name, conns, median(ratios), fmts(ratios, "%.3f"), fmts(viaTPS, "%.0f"), fmts(directTPS, "%.0f"))
+	}
+	return nil
+}
+
+var tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+
+// pgbench runs pgbench's default workload at conns clients for d and returns its tps.
+func pgbench(ctx context.Context, dsn string, conns int, d time.Duration) (float64, error) {
+	cmd := exec.CommandContext(ctx, "pgbench", "-n", "-c", strconv.Itoa(conns), "-j", "2", "-T", strconv.Itoa(int(d.Seconds())), dsn)
+	out, err := cmd.CombinedOutput()
+	m := tpsRe.FindSubmatch(out)
+	if err != nil || m == nil {
+		return 0, fmt.Errorf("pgbench: %v %s", err, out)
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+func fmts(v []float64, f string) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = fmt.Sprintf(f, x)
+	}
+	return strings.Join(parts, " ")
+}
+
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "0"
+	}
+	defer l.Close()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+// selfSigned writes a self-signed certificate for 127.0.0.1 and its key: the server's own,
+// trusted as itself.
+func selfSigned(certFile, keyFile string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return err
+	}
+	kd, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kd}), 0o600)
+}
