@@ -2,12 +2,14 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/wire"
 )
 
@@ -44,7 +46,7 @@ type admission struct {
 // memory: they never wait on the store.
 type fleetCaps interface {
 	Request(agent string) error
-	Claim(agent string) bool
+	Claim(agent string) error
 	Release(agent string)
 }
 
@@ -139,8 +141,13 @@ func (c *admittedConn) claim(agent string) error {
 		return errOtherAgent
 	case a.agents[agent] >= a.perAgent:
 		return errTooMany
-	case a.fleet != nil && !a.fleet.Claim(agent):
-		return errTooMany
+	}
+	if a.fleet != nil {
+		if err := a.fleet.Claim(agent); errors.Is(err, budget.ErrCapsUnusable) {
+			return err // the store is down: not the agent's connections' fault
+		} else if err != nil {
+			return errTooMany
+		}
 	}
 	a.unpend(c)
 	a.agents[agent]++

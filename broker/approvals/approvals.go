@@ -1,7 +1,8 @@
 // Package approvals holds the requests a policy decision asks a person about ("ask"), until
 // someone approves or denies them, their timeout passes, or their agent goes away; and keeps
 // the grants approvals make: "agent" grants in a state file, "always" grants as policy data
-// (approved.json in the policy directory, data.approved).
+// (approved.json in the policy directory, data.approved); with a shared store (Redis, a
+// fleet), both kinds in the store, which every broker reads.
 //
 // Nothing here is on the path of a request the policy allows or denies outright: the broker
 // calls Match and Hold only for a decision that asks.
@@ -159,7 +160,8 @@ type Options struct {
 	// Shared, when set, shows the requests held here to every broker of a fleet and brings
 	// their consoles' decisions back (RedisShared).
 	Shared Shared
-	// PolicyDir is where approved.json is written; "" (a policy bundle) offers no "always".
+	// PolicyDir is where approved.json is written; "" (a policy bundle) offers no "always"
+	// unless Grants is set: a shared store keeps the "always" grants too.
 	PolicyDir string
 	Audit     *audit.Logger
 	Metrics   *Metrics
@@ -183,7 +185,7 @@ type Queue struct {
 	pending  map[string]*held
 	perAgent map[string]int
 	closed   bool
-	grants   []Grant // "agent" grants; "always" ones live in approved.json
+	grants   []Grant // "agent" grants, and "always" ones of a shared store; else approved.json
 	saveMu   sync.Mutex
 	// recent are the last RecentMax held requests that ended, oldest first (Recent).
 	recent []Decided
@@ -239,8 +241,9 @@ func New(o Options) (*Queue, error) {
 // Metrics returns the queue's metrics.
 func (q *Queue) Metrics() *Metrics { return q.o.Metrics }
 
-// AlwaysAvailable reports whether "always" approvals can be written (a policy directory).
-func (q *Queue) AlwaysAvailable() bool { return q.o.PolicyDir != "" }
+// AlwaysAvailable reports whether "always" approvals can be kept: in a shared grants store, or
+// in a policy directory.
+func (q *Queue) AlwaysAvailable() bool { return q.o.Grants != nil || q.o.PolicyDir != "" }
 
 func newID(prefix string) string {
 	var b [9]byte
@@ -394,7 +397,7 @@ func (q *Queue) holds(id string) bool {
 }
 
 // Approve lets a held request go on. With scope "agent" or "always" it also makes a grant,
-// which it returns. An "always" grant is written to the policy data first: if that fails, the
+// which it returns. An "always" grant is kept first (storeAlways): if that fails, the
 // request stays held and the error is returned. A request another broker of the fleet holds
 // is approved there (Options.Shared).
 func (q *Queue) Approve(id string, a Approval) (*Grant, error) {
@@ -425,7 +428,7 @@ func (q *Queue) approveLocal(id string, a Approval) (*Grant, error) {
 		return nil, err
 	}
 	if g != nil && g.Kind == ScopeAlways {
-		// The person decided "always": the policy data says so from now on, even if the
+		// The person decided "always": the grant says so from now on, even if the
 		// request itself goes away in the meantime.
 		if err := q.storeAlways(*g); err != nil {
 			return nil, err

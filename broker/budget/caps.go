@@ -66,6 +66,7 @@ type CapsOptions struct {
 // Errors of Caps.
 var (
 	ErrRateCapped   = errors.New("the agent's requests per second across the fleet are at fleet.agent_requests_per_second")
+	ErrConnsCapped  = errors.New("the agent's open connections across the fleet are at fleet.agent_connections")
 	ErrCapsUnusable = errors.New("the fleet's shared store is unreachable and its caps fail closed")
 )
 
@@ -110,22 +111,23 @@ func (c *Caps) Request(agent string) error {
 	return nil
 }
 
-// Claim counts one more open connection of agent, or reports false when the agent has its
-// cap open across the fleet (or the store is unreachable and the caps fail closed).
-func (c *Caps) Claim(agent string) bool {
+// Claim counts one more open connection of agent, or refuses it: ErrConnsCapped when the
+// agent has its cap open across the fleet, ErrCapsUnusable when the store is unreachable and
+// the caps fail closed.
+func (c *Caps) Claim(agent string) error {
 	if c.conns <= 0 {
-		return true
+		return nil
 	}
 	if c.unusable() {
-		return false
+		return ErrCapsUnusable
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.open[agent]+c.otherConns[agent] >= c.conns {
-		return false
+		return ErrConnsCapped
 	}
 	c.open[agent]++
-	return true
+	return nil
 }
 
 // Release gives back a connection Claim counted.

@@ -386,7 +386,7 @@
     const labels = {
       once: 'This request only',
       agent: 'This agent, for a while',
-      always: 'Always (writes a policy data change)',
+      always: 'Always, until revoked',
     };
     for (const s of ['once', 'agent', 'always']) {
       if (!scopes.includes(s)) continue;
