@@ -337,8 +337,15 @@ const rejectLinger = 500 * time.Millisecond
 
 var (
 	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
-	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, recordSize) }}
 )
+
+// recordSize is the writer's size: the most plaintext one TLS record carries. A chunk of a
+// streamed body is written with its framing into it and flushed, so that the framing leaves in
+// the record of the data it frames (with a 4 KiB writer, a 16 KiB chunk left as three records:
+// 4 KiB with its size line, the rest, and its closing CRLF), and what the writer hands the
+// TLS connection between flushes is whole records. A parked connection holds no writer.
+const recordSize = 16 << 10
 
 func getBuffers(r io.Reader, w io.Writer) (*bufio.Reader, *bufio.Writer) {
 	br, bw := readers.Get().(*bufio.Reader), writers.Get().(*bufio.Writer)

@@ -314,6 +314,15 @@ func (w *response) writeBody(p []byte) error {
 	if w.chunked {
 		bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
 		bw.WriteString("\r\n")
+		// Through the buffer in pieces it holds: bufio writes a larger one straight through,
+		// and the TLS connection would send its tail in a record of its own, before the CRLF.
+		for len(p) > bw.Size() && w.err == nil {
+			_, w.err = bw.Write(p[:bw.Size()])
+			p = p[bw.Size():]
+		}
+		if w.err != nil {
+			return w.err
+		}
 	}
 	_, w.err = bw.Write(p)
 	if w.chunked && w.err == nil {
