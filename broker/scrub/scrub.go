@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 )
 
 // Replacer replaces fixed byte strings in streams and strings.
@@ -26,7 +27,10 @@ import (
 type Replacer struct {
 	pairs  []pair    // in argument order, without empty and repeated patterns
 	maxLen int       // length of the longest pattern
+	minLen int       // length of the shortest pattern
 	starts [256]bool // the first bytes of the patterns
+	// multi searches for all the patterns at once, when there are at least multiFrom.
+	multi *multi
 	// follow, when set (Following), gives the patterns in force now: r has none of its own.
 	follow func() *Replacer
 }
@@ -64,7 +68,10 @@ var none = &Replacer{}
 // pair wins. Like strings.NewReplacer, New panics if given an odd number of
 // arguments: that is a programming error, and silently dropping a pattern
 // could leave a secret unredacted.
-func New(oldnew ...string) *Replacer {
+func New(oldnew ...string) *Replacer { return build(multiFrom, oldnew) }
+
+// build is New, searching for the patterns at once when there are at least from of them.
+func build(from int, oldnew []string) *Replacer {
 	if len(oldnew)%2 == 1 {
 		panic("scrub.New: odd argument count")
 	}
@@ -90,8 +97,23 @@ func New(oldnew ...string) *Replacer {
 		r.maxLen = max(r.maxLen, len(old))
 		r.starts[old[0]] = true
 	}
+	if len(r.pairs) == 0 {
+		return none
+	}
+	r.minLen = len(r.pairs[0].old)
+	for _, p := range r.pairs {
+		r.minLen = min(r.minLen, len(p.old))
+	}
+	if len(r.pairs) >= from {
+		r.multi = newMulti(r.pairs)
+	}
 	return r
 }
+
+// multiFrom is the fewest patterns searched for at once (multi) rather than one by one: a
+// single pattern is found fastest by bytes.Index. A variable for tests, which search for
+// every set of patterns both ways.
+var multiFrom = 2
 
 // Empty reports whether r has no patterns, so that it never changes anything.
 func (r *Replacer) Empty() bool { return len(r.pairs) == 0 && r.follow == nil }
@@ -123,6 +145,13 @@ func (r *Replacer) Masking() *Replacer {
 // contains no pattern.
 func (r *Replacer) String(s string) string {
 	r = r.now()
+	if r.multi != nil {
+		// The bytes are only read.
+		if i, _ := r.multi.find(r.pairs, unsafe.Slice(unsafe.StringData(s), len(s)), 0); i >= 0 {
+			return string(r.replaceAll([]byte(s)))
+		}
+		return s
+	}
 	for _, p := range r.pairs {
 		if strings.Contains(s, p.pattern) {
 			return string(r.replaceAll([]byte(s)))
@@ -134,6 +163,12 @@ func (r *Replacer) String(s string) string {
 // Bytes returns b with all patterns replaced: b itself when it contains none.
 func (r *Replacer) Bytes(b []byte) []byte {
 	r = r.now()
+	if r.multi != nil {
+		if i, _ := r.multi.find(r.pairs, b, 0); i >= 0 {
+			return r.replaceAll(b)
+		}
+		return b
+	}
 	for _, p := range r.pairs {
 		if bytes.Contains(b, p.old) {
 			return r.replaceAll(b)
@@ -182,6 +217,9 @@ func (r *Replacer) Header(h http.Header) {
 
 // inName reports whether name holds a pattern, compared without regard to letter case.
 func (r *Replacer) inName(name string) bool {
+	if len(name) < r.minLen {
+		return false
+	}
 	for _, p := range r.pairs {
 		if len(p.pattern) <= len(name) && containsFold(name, p.pattern) {
 			return true
@@ -230,6 +268,21 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) 
 		next[i] = unknown
 	}
 	pos, hold := 0, r.holdFrom(src, 0, eof)
+	if r.multi != nil {
+		for {
+			start, k := r.multi.find(r.pairs, src, pos)
+			if start < 0 || start >= hold {
+				break
+			}
+			dst = append(dst, src[pos:start]...)
+			dst = append(dst, r.pairs[k].new...)
+			pos = start + len(r.pairs[k].old)
+			if pos > hold {
+				hold = r.holdFrom(src, pos, eof)
+			}
+		}
+		return append(dst, src[pos:hold]...), hold
+	}
 	for {
 		// Find the leftmost match at or after pos, preferring the longest.
 		// next caches each pattern's first occurrence at or after pos.
@@ -325,6 +378,9 @@ var commonness = func() (rank [256]byte) {
 func (r *Replacer) holdFrom(src []byte, from int, eof bool) int {
 	if eof {
 		return len(src)
+	}
+	if r.multi != nil {
+		return r.multi.heldFrom(r.pairs, src, from, r.maxLen)
 	}
 	for i := max(from, len(src)-r.maxLen+1); i < len(src); i++ {
 		if !r.starts[src[i]] {
