@@ -55,9 +55,12 @@ func (c *recordConn) take() []int {
 }
 
 // TestChunkInOneRecord: a streamed (chunked) body's chunk leaves in the TLS record of its
-// framing, and what is written between flushes goes in whole records: a chunk whose framing
-// and data fit a record is one record, a larger one full records and its tail.
+// framing, and what is written goes in whole records: a chunk whose framing and data fit a
+// record is one record; a larger one full records, its few bytes over held for the next
+// chunk or the end.
 func TestChunkInOneRecord(t *testing.T) {
+	defer func(d time.Duration) { tailDelay = d }(tailDelay)
+	tailDelay = time.Hour // a held tail leaves with the next write, never on its own here
 	pki := testpki.New(t, "http1 records")
 	agentRaw, raw := tcppair.New(t)
 	rc := &recordConn{Conn: raw}
@@ -110,29 +113,35 @@ func TestChunkInOneRecord(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		done <- b
 	}()
-	if got := <-steps; len(got) != 1 {
-		t.Errorf("the head and the first chunk: records %v, want one", got)
+	// Each step's records, and the records of the response's end.
+	want := [][]int{
+		nil,                       // the head and "start": one record, of a length of the header's
+		{recordSize},              // a chunk that fits
+		{recordSize},              // again
+		{100 + len("64\r\n\r\n")}, // a small one: flushed at once
+		{recordSize},              // a record's worth: whole records, the tail held for the next
+		{recordSize, recordSize},
 	}
-	for i, n := range sizes {
+	for i, w := range want {
 		got := <-steps
-		want := []int{n + len("3ff8\r\n\r\n")}
-		switch {
-		case n > fits:
-			// whole records, and the tail flushed
-			want = nil
-			for rest := n + len("8000\r\n\r\n"); rest > 0; rest -= recordSize {
-				want = append(want, min(rest, recordSize))
+		if i == 0 {
+			if len(got) != 1 {
+				t.Errorf("the head and the first chunk: records %v, want one", got)
 			}
-		case n < 0x1000:
-			want = []int{n + len("64\r\n\r\n")}
+			continue
 		}
-		if !slicesEqual(got, want) {
-			t.Errorf("chunk %d of %d bytes: records %v, want %v", i, n, got, want)
+		if !slicesEqual(got, w) {
+			t.Errorf("step %d (%d bytes): records %v, want %v", i, sizes[i-1], got, w)
 		}
 	}
 	body := <-done
 	if want := 5 + 2*fits + 100 + 3*recordSize; len(body) != want {
 		t.Fatalf("body of %d bytes, want %d", len(body), want)
+	}
+	// The tails held (the framing of the last two chunks, a record's worth of data each)
+	// left with the chunked end.
+	if got, want := rc.take(), []int{len("4000\r\n\r\n") + len("8000\r\n\r\n") + len("0\r\n\r\n")}; !slicesEqual(got, want) {
+		t.Errorf("the end: records %v, want %v", got, want)
 	}
 }
 
@@ -146,4 +155,38 @@ func slicesEqual(a, b []int) bool {
 		}
 	}
 	return true
+}
+
+// TestHeldTailSent: a tail held back by a flush reaches the agent on its own when no write
+// follows (the upstream paused after a large chunk): the handler waits, after writing and
+// flushing a record's worth, until the agent has read all of it.
+func TestHeldTailSent(t *testing.T) {
+	read := make(chan struct{})
+	s := &Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(bytes.Repeat([]byte{'y'}, 2*recordSize))
+		w.(http.Flusher).Flush()
+		select {
+		case <-read:
+		case <-time.After(10 * time.Second):
+			t.Error("the agent did not get the chunk's last bytes: its tail was held")
+		}
+		w.Write([]byte("end"))
+	})}
+	sv := serve(t, s)
+	if _, err := io.WriteString(sv.agent, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(sv.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 2*recordSize)
+	if _, err := io.ReadFull(resp.Body, first); err != nil {
+		t.Fatal(err)
+	}
+	close(read)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != "end" {
+		t.Fatalf("after the chunk: %q, %v", rest, err)
+	}
 }
