@@ -193,6 +193,12 @@ func (s *summary) print(out io.Writer) {
 		}
 	}
 	s.Transparent.print(out)
+	if len(s.Bulk) > 0 || s.Secrets != nil || s.PerCommand != nil {
+		fmt.Fprintln(out, "\nbulk transfers, many keys, a connection per request (issue 40):")
+		s.printBulk(out)
+		s.Secrets.print(out)
+		s.PerCommand.print(out)
+	}
 	s.printTargets(out)
 	fmt.Fprintf(out, "took %.0f s\n", s.Seconds)
 }
