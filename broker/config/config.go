@@ -28,6 +28,7 @@ type Config struct {
 	LLM         LLM          `yaml:"llm"`
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
+	TLS         AgentTLS     `yaml:"tls"`
 }
 
 type Proxy struct {

@@ -88,6 +88,7 @@ func (c *Config) Validate() []error {
 	c.validateLLM(&e)
 	c.validateProtocols(&e)
 	c.validateTransparent(&e)
+	c.validateAgentTLS(&e)
 	return e
 }
 
