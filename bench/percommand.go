@@ -40,7 +40,7 @@ var stepNames = [3]string{"CONNECT", "TLS handshake", "request"}
 // measurePerCommand runs batches of conns connections each, rounds times per step and curve,
 // and keeps each figure's median.
 func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broker, rounds int) *perCommand {
-	const conns = 150
+	const conns = 400
 	r := &perCommand{Conns: conns, Steps: map[string]perCommandSteps{}}
 	target := net.JoinHostPort(hostIntercept, strconv.Itoa(up.port))
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+bare.token))

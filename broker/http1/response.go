@@ -364,17 +364,18 @@ func (w *response) flush(gen uint64) error {
 // tailDelay bounds how long flush holds back a record's tail. A variable for tests.
 var tailDelay = time.Millisecond
 
-// maxTail is the most flush holds back.
-const maxTail = 64
+// maxTail is the most flush holds back. Each 16 KiB chunk adds its 8 bytes of framing to what
+// is carried: 1 KiB is a flush, and a short record, in 128 chunks.
+const maxTail = 1 << 10
 
 // holdTail reports whether flush may leave what is buffered for the next write: a chunked
-// body written a record or more at a time (a download streamed as it arrives, 16 KiB per
+// body written about a record or more at a time (a download streamed as it arrives, 16 KiB per
 // upstream record) fills whole records, and its size line and CRLF leave a few bytes over
 // each time; flushed at once they would be a TLS record, and a write, of their own per chunk.
 // They go with the next chunk, or after tailDelay when none came, or at the response's end.
 // A small write (a server-sent event) is flushed at once.
 func (w *response) holdTail(gen uint64) bool {
-	if !w.chunked || w.unflushed < recordSize || w.c.bw.Buffered() > maxTail || w.err != nil {
+	if !w.chunked || w.unflushed < recordSize/2 || w.c.bw.Buffered() > maxTail || w.err != nil {
 		return false
 	}
 	w.unflushed = 0
