@@ -27,6 +27,7 @@ func TestAtOnceAndOneByOne(t *testing.T) {
 			t.Run("Masking", TestMasking)
 			t.Run("Following", TestFollowing)
 			t.Run("ManyPatterns", testManyPatterns)
+			t.Run("LargeReads", TestReaderLargeReads)
 		})
 	}
 }
@@ -123,4 +124,58 @@ func FuzzAtOnce(f *testing.F) {
 			t.Fatalf("Reader at once %q, one by one %q", got, want)
 		}
 	})
+}
+
+// TestReaderLargeReads: a Reader read with buffers as large as its input buffer or larger
+// (the broker's 32 KiB) scrubs straight into them, and keeps to its output buffer what does not
+// fit (replacements much longer than what they replace): either way the stream is what String
+// gives, and nothing of one read is found in the next.
+func TestReaderLargeReads(t *testing.T) {
+	for seed := range uint64(40) {
+		rng := rand.New(rand.NewPCG(seed, 9))
+		repl := "[REDACTED]"
+		if seed%2 == 0 {
+			repl = strings.Repeat("#", 1+rng.IntN(200)) // longer than any pattern
+		}
+		var pairs, secrets []string
+		for range 1 + rng.IntN(30) {
+			s := randString(rng, "abcdef", 2+rng.IntN(20))
+			pairs, secrets = append(pairs, s, repl), append(secrets, s)
+		}
+		var b strings.Builder
+		for b.Len() < 50_000+rng.IntN(150_000) {
+			if rng.IntN(4) == 0 {
+				b.WriteString(secrets[rng.IntN(len(secrets))])
+			} else {
+				b.WriteString(randString(rng, "abcdefxyz \n", 1+rng.IntN(60)))
+			}
+		}
+		in := b.String()
+		r := scrub.New(pairs...)
+		want := r.String(in)
+		var src io.Reader = strings.NewReader(in) // reads as large as asked
+		if seed%3 == 0 {
+			src = &randomChunks{rng: rng, data: in, check: func() {}}
+		}
+		rd := r.Reader(io.NopCloser(src))
+		var out []byte
+		for {
+			p := make([]byte, 4<<10+rng.IntN(60<<10))
+			n, err := rd.Read(p)
+			out = append(out, p[:n]...)
+			for i := range p {
+				p[i] = '!' // a caller reusing its buffer
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		rd.Close()
+		if string(out) != want {
+			t.Fatalf("seed %d: the Reader's %d bytes differ from String's %d", seed, len(out), len(want))
+		}
+	}
 }

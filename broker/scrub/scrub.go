@@ -437,7 +437,18 @@ func (z *reader) Read(p []byte) (int, error) {
 		if empty == maxEmptyReads {
 			return 0, io.ErrNoProgress
 		}
-		if z.fill() == 0 {
+		var direct []byte
+		if z.in != nil && len(p) >= len(z.in) {
+			// p holds what a read of the input buffer gives, as a rule: the replaced text
+			// goes there rather than through z.out, one copy of every byte fewer. Longer
+			// (replacements longer than what they replace), it is left in z.out.
+			direct = p[:0:len(p)]
+		}
+		read, inP := z.fill(direct)
+		if len(inP) > 0 {
+			return len(inP), z.err
+		}
+		if read == 0 {
 			empty++
 		}
 	}
@@ -449,9 +460,10 @@ func (z *reader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// fill performs one src.Read and replaces what can be decided into z.out.
-// It returns the number of bytes read from src.
-func (z *reader) fill() int {
+// fill performs one src.Read and replaces what can be decided into z.out, or into direct
+// (a caller's empty buffer) when it is not nil and what was decided fits it: that is then
+// returned, and z.out left empty. It returns the number of bytes read from src.
+func (z *reader) fill(direct []byte) (int, []byte) {
 	switch {
 	case z.in == nil:
 		n := firstReadSize + z.r.maxLen
@@ -481,12 +493,26 @@ func (z *reader) fill() int {
 	}
 	z.full = z.held+n == len(z.in)
 	data := z.in[:z.held+n]
-	var done int
-	z.out, done = z.r.replace(z.out[:0], data, err != nil, z.next)
+	dst := z.out[:0]
+	if direct != nil {
+		dst = direct
+	}
+	out, done := z.r.replace(dst, data, err != nil, z.next)
+	var inDirect []byte
+	switch {
+	case direct == nil:
+		z.out = out
+	case len(out) > 0 && &out[0] == &direct[:1][0]:
+		inDirect, z.out = out, z.out[:0]
+	case len(out) > 0: // longer than direct: in a new array of its own
+		z.out = out
+	default:
+		z.out = z.out[:0]
+	}
 	z.off = 0
 	z.held = copy(z.in, data[done:])
 	z.err = err
-	return n
+	return n, inDirect
 }
 
 // Close closes src, and gives the reader's buffers back for another response to use.
