@@ -40,7 +40,7 @@ func main() {
 	flag.IntVar(&o.bulkPairs, "bulk-pairs", 3, "pairs of 256 MiB transfers each way for the bulk targets (-only bulk: intercept/relay and full/intercept alone)")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; curves: only the curves of -curves; charts: only draw the charts; bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs; secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs; per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges")
+	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; curves: only the curves of -curves; charts: only draw the charts; bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs; secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs; per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.BoolVar(&keepAlive, "keepalive", true, "clients keep their connections between requests; false: a connection (a CONNECT and a TLS handshake through a proxy) per request, as one curl command makes")
 	flag.StringVar(&o.agent, "agent", "h1", "what the bench's clients offer in ALPN, to the brokers and the upstream alike: h1 (http/1.1 alone, as the LLM SDKs) or h2 (h2 first, then http/1.1, as curl and browsers)")
@@ -215,6 +215,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.only == "proxy-pairs" {
 		return proxyPairs(ctx, bin, dir, up, p, fullPath, paths[1], o)
+	}
+	if o.only == "otel-pairs" {
+		return otelPairs(ctx, bin, dir, up, p, fullPath, o)
 	}
 	if o.only != "" {
 		only := slices.Concat(paths, pathsH2)

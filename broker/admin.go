@@ -21,8 +21,9 @@ type PolicyRevision interface {
 
 // AdminHandler serves /healthz (the process is up), /readyz and /metrics (Prometheus).
 //
-// /readyz answers 503 only while no policy is loaded: then every request is refused, and
-// the pod is better out of its Service. Anything less is reported with 200 and status
+// /readyz answers 503 only while no policy is loaded, or while the CA cannot sign (the
+// "ca" member says why): then every request, or every one the policy intercepts, is refused,
+// and the pod is better out of its Service. Anything less is reported with 200 and status
 // "degraded": credentials that cannot be read (requests granted them get 503
 // credential_unavailable, every other request is served), a policy on disk that failed
 // to reload (the last good one keeps deciding), and a config file whose last reload was
@@ -43,6 +44,13 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 			body["policy_revision"] = rev
 		} else {
 			status, body["policy"] = http.StatusServiceUnavailable, "no policy loaded yet"
+		}
+		if caReady, caDegraded := m.caReadiness(body); !caReady {
+			// The CA cannot sign (ca.vault_pki past its intermediate's life without Vault):
+			// nothing the policy intercepts can be served.
+			status = http.StatusServiceUnavailable
+		} else if caDegraded {
+			degraded = true // a renewal failed; the current intermediate still signs
 		}
 		if msg := m.PolicyReloadError(); msg != "" {
 			degraded, body["policy_reload_error"] = true, msg
@@ -97,6 +105,11 @@ func AdminHandler(m *Metrics, ready Readiness, policy PolicyRevision) http.Handl
 		if pc := m.proxyCheck.Load(); pc != nil {
 			if down := pc.check(r.Context()); len(down) > 0 {
 				degraded, body["upstream_proxies"] = true, down
+			}
+		}
+		if tp := m.telemetryProblem.Load(); tp != nil {
+			if msg := (*tp)(); msg != "" {
+				degraded, body["telemetry"] = true, msg
 			}
 		}
 		_, strict := r.URL.Query()["strict"]

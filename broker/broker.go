@@ -15,6 +15,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
@@ -83,6 +84,8 @@ type Deps struct {
 	// responses are scrubbed of them across reloads, and minters ask it for room before
 	// minting (inject.Known). Nil: a registry with the default bounds.
 	Known *inject.Known
+	// Tracer makes the spans of each request (broker/tracing.go); nil: none.
+	Tracer trace.Tracer
 }
 
 // Limits of the agent-facing side.
@@ -115,6 +118,7 @@ type Broker struct {
 	budgets   *budget.Budgets
 	recorder  usage.Recorder
 	sessions  *rpc.Sessions // which agent each MCP session was issued to (broker/mcp.go)
+	tracer    trace.Tracer  // nil: requests are not traced
 	// names maps the addresses the sandbox's resolver answered to their names (transparent
 	// mode): shared by the resolver and the transparent listener.
 	names *transparent.Names
@@ -161,6 +165,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		approvals: deps.Approvals,
 		budgets:   deps.Budgets,
 		recorder:  deps.Recorder,
+		tracer:    deps.Tracer,
 		sessions:  rpc.NewSessions(mcpSessionsMax),
 		names:     transparent.NewNames(cfg.Transparent.DNS.Prefixes()),
 		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
@@ -170,6 +175,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 	b.mitmTLS.CurvePreferences = cfg.TLS.Curves()
 	m.configure(cfg)
 	m.watch(b.certs.Len, b.audit.Lost, b.openTunnels, func() Secrets { return b.gen.Load().secrets })
+	m.watchCA(deps.CA)
 	m.proxyCheck.Store(&proxyChecker{b.checkProxies})
 	b.proxy = b.newProxy()
 	return b, nil

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/capbroker/capbroker/broker/budget"
+	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
@@ -121,6 +122,10 @@ func classify(err error) agentError {
 			"This is a problem on the broker's side. Retrying later may work."}
 	case errors.Is(err, credentials.ErrUnavailable):
 		return agentError{http.StatusServiceUnavailable, "credential_unavailable", "a credential this request needs is unavailable; the request was not sent",
+			"This is a problem on the broker's side. Retrying later may work."}
+	case errors.Is(err, certs.ErrUnavailable):
+		return agentError{http.StatusServiceUnavailable, codeCAUnavailable,
+			"the broker cannot issue certificates for intercepted connections now (its CA could not be renewed); the connection was not opened",
 			"This is a problem on the broker's side. Retrying later may work."}
 	case errors.Is(err, errInternal):
 		return agentError{http.StatusBadGateway, "internal_error", "the broker failed while handling this request; it was not sent",

@@ -29,8 +29,9 @@ type exchange struct {
 	ev    audit.Event
 	agent identity.Agent
 	once  sync.Once
-	// bytesIn and bytesOut are updated by the body wrappers, possibly from another goroutine.
-	bytesIn, bytesOut atomic.Int64
+	// bytesIn and bytesOut are updated by the body wrappers, possibly from another goroutine;
+	// redacted by the response's scrubber (audit "redacted").
+	bytesIn, bytesOut, redacted atomic.Int64
 	// running: the exchange holds one of its agent's running-request slots (admission).
 	running bool
 	// scrub is the response scrubber of the request's host, once it is known: the audit
@@ -57,6 +58,8 @@ type exchange struct {
 	mcp bool
 	// small is the request's body when readSmallBody read it, else nil.
 	small []byte
+	// tr is the exchange's trace (tracing.go), nil when it is not traced.
+	tr *exchangeTrace
 }
 
 func (b *Broker) begin(phase string, r *http.Request) *exchange {
@@ -72,6 +75,7 @@ func (b *Broker) begin(phase string, r *http.Request) *exchange {
 		PolicyMode: x.g.mode,
 		SourceIP:   sourceIP(r),
 	}
+	b.startTrace(x, r)
 	return x
 }
 
@@ -84,9 +88,10 @@ func (x *exchange) identify(a identity.Agent) {
 func (x *exchange) finish() {
 	x.once.Do(func() {
 		x.ev.BytesIn, x.ev.BytesOut = x.bytesIn.Load(), x.bytesOut.Load()
+		x.ev.Redacted = int(x.redacted.Load())
 		if v := x.route.Via(); v != "" {
 			x.ev.Via = v
-			x.ev.TLSInspected = v != upstream.Direct && x.g.tlsInspected && x.ev.Phase != policy.PhaseConnect
+			x.ev.TLSInspected = x.route.Inspected()
 			x.b.metrics.proxyUsed(v, x.code == "upstream_proxy_refused" || x.code == "upstream_error")
 		}
 		x.nameRPC()
@@ -105,6 +110,7 @@ func (x *exchange) finish() {
 		x.b.metrics.requests.WithLabelValues(x.ev.Phase, decision).Inc()
 		x.b.metrics.latency.WithLabelValues(x.ev.Phase).Observe(time.Since(x.ev.Start).Seconds())
 		x.b.metrics.finished(x.ev.Agent, x.ev.Host, outcome(decision, x.code), x.ev.Credentials)
+		x.endTrace()
 		x.b.audit.Write(&x.ev)
 		if x.running {
 			x.b.admission.requestDone(x.agent.ID)

@@ -67,6 +67,10 @@ type Metrics struct {
 	proxyRequests *prometheus.CounterVec
 	// proxyCheck, once a broker is made, reports its upstream proxies that cannot be connected to.
 	proxyCheck atomic.Pointer[proxyChecker]
+	// ca, once a broker is made, is its CA, whose state /readyz reports (ca.go).
+	ca atomic.Pointer[CAState]
+	// telemetryProblem, when telemetry is exported, says why the collector refuses it.
+	telemetryProblem atomic.Pointer[func() string]
 }
 
 type proxyChecker struct {
@@ -116,8 +120,9 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		}, []string{"class"}),
 		proxyRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "capbroker_upstream_proxy_requests_total",
-			Help: `Requests and tunnels by the upstream proxy they went through (upstream.proxy; "direct" for none) and result (ok, failed: unreachable, refused or upstream error).`,
-		}, []string{"proxy", "result"}),
+			Help: `Requests and tunnels by who made them (client: agent; broker for the broker's own connections to Vault, token endpoints, the webhook, bundles, Redis, counted per connection), ` +
+				`the upstream proxy they went through (upstream.proxy; "direct" for none) and result (ok, failed: unreachable, refused or upstream error).`,
+		}, []string{"client", "proxy", "result"}),
 		reloadFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "capbroker_policy_reload_failures_total",
 			Help: "Policy reloads (directory watch or bundle) that failed; the last good policy kept deciding.",
@@ -352,14 +357,20 @@ func upstreamErrorClass(err error) string {
 // broker's tunnel set when metrics are gathered).
 func (m *Metrics) tunnelOpened() { m.opaque.Add(1) }
 
-// proxyUsed counts an exchange that went through the upstream proxy via (configured names
-// and "direct" only: the label set is bounded by the config).
-func (m *Metrics) proxyUsed(via string, failed bool) {
+// proxyUsed counts an agent's exchange that went through the upstream proxy via (configured
+// names and "direct" only: the label set is bounded by the config).
+func (m *Metrics) proxyUsed(via string, failed bool) { m.proxyUse("agent", via, failed) }
+
+// ServiceProxyUsed counts one connection of the broker's own clients (upstream.Dialer's
+// DialService) through via, a configured proxy or "direct".
+func (m *Metrics) ServiceProxyUsed(via string, failed bool) { m.proxyUse("broker", via, failed) }
+
+func (m *Metrics) proxyUse(client, via string, failed bool) {
 	result := "ok"
 	if failed {
 		result = "failed"
 	}
-	m.proxyRequests.WithLabelValues(via, result).Inc()
+	m.proxyRequests.WithLabelValues(client, via, result).Inc()
 }
 func (m *Metrics) tunnelClosed() { m.opaque.Add(-1) }
 

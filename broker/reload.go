@@ -46,10 +46,6 @@ type generation struct {
 	dialer    *upstream.Dialer
 	// transparentPorts are the destination ports redirected connections may go to.
 	transparentPorts []int
-	// tlsInspected: origins reached through a proxy are trusted with
-	// upstream.proxy.tls_inspection_ca (audit events say so).
-	tlsInspected bool
-
 	// llm recognises the LLM APIs metered (llm.openai_compatible).
 	llm *llm.Endpoints
 	// graphql are the GraphQL endpoints (protocols.graphql), whose requests the policy sees
@@ -124,7 +120,6 @@ func newGeneration(cfg *config.Config, secrets Secrets, known *inject.Known, sel
 	if err != nil {
 		return nil, err
 	}
-	g.tlsInspected = proxyOpts != nil && proxyOpts.InspectionCAFile != ""
 	// With upstream proxies the client is made anew: its proxies' passwords are read from
 	// this generation's secrets.
 	if prev != nil && prev.upstream.equal(key) && proxyOpts == nil && prev.dialer != nil && !prev.dialer.Chains() {

@@ -60,7 +60,9 @@ func (b *Broker) exchange(r *http.Request, tun *tunnel) (resp *http.Response) {
 
 // forward identifies, decides, injects, sends and wraps the response for scrubbing and audit.
 func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Response, error) {
+	endIdentity := x.step("identity")
 	t, err := b.requestTarget(x, r, tun)
+	endIdentity()
 	if err != nil {
 		return nil, err
 	}
@@ -100,8 +102,10 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		out.GetBody = func() (io.ReadCloser, error) { return memBody(small), nil }
 	}
 	x.prepareMetered(out, metered)
+	endCredentials := x.step("credentials")
 	toks, err := x.g.inject(r.Context(), out, granted, d.Scopes)
 	if err != nil {
+		endCredentials()
 		return nil, err
 	}
 	x.scrub = x.g.responseScrubber(t.host)
@@ -116,19 +120,23 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		rng = narrowRange(out, x.scrub)
 	}
 	x.g.forwardTrailers(r, out)
-	if err := x.g.sign(r.Context(), out, granted); err != nil {
+	err = x.g.sign(r.Context(), out, granted)
+	endCredentials()
+	if err != nil {
 		return nil, err
 	}
 
+	x.traceOutbound(out, d.ForwardTraceparent)
 	resp, err := x.send(out, t, granted, toks)
 	if err != nil {
 		return nil, err
 	}
+	x.traceScrub()
 	b.noteMCPSession(x, in, resp)
 	if err := checkSwitch(out, resp); err != nil {
 		return nil, err
 	}
-	return x.respond(resp, x.scrub, rng)
+	return x.respond(resp, x.scrub.Counting(&x.redacted), rng)
 }
 
 // decide asks the policy about the request (and a person, when the policy asks), applies the
@@ -143,7 +151,9 @@ func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, bo
 	if x.g.auditInput.Logs() {
 		in.LoadProtocols() // recorded whatever the policy reads (docs/learn.md)
 	}
+	endPolicy := x.step("policy")
 	d, err := b.policy.Decide(r.Context(), in)
+	endPolicy()
 	if body.err == nil {
 		body.err = bodyRefusal(err)
 	}
@@ -151,7 +161,9 @@ func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, bo
 		return nil, d, nil, body.err
 	}
 	if err == nil && d.Ask != nil {
+		endApproval := x.step("approval")
 		d, err = b.ask(x, r, in, d, small, body)
+		endApproval()
 	}
 	granted, err := b.authorize(x, in, d, err)
 	if err == nil {

@@ -163,6 +163,10 @@ func (b *Broker) serveRedirected(ctx context.Context, c net.Conn) {
 	}
 	t := newTarget(scheme, host, port)
 	if d.Intercept || x.ev.WouldDeny {
+		if err := b.checkCA(); err != nil && scheme == "https" {
+			b.refuseRedirected(x, conn, hello.Proto, host, port, err, false)
+			return
+		}
 		x.ev.Status = http.StatusOK
 		x.finish()
 		tun := &tunnel{agent: agent, target: t, gen: x.g, source: src.Addr(), mode: audit.ModeTransparent}

@@ -115,13 +115,16 @@ func loadPAC(p *config.UpstreamProxy, caFile string, d *upstream.Dialer) error {
 // the approvals webhook, policy bundles, Redis): its DialService follows upstream.proxy and
 // no_proxy exactly as the request path's Dialer does, built by the same code from the same
 // configuration, with the proxies' passwords read from secrets (called at each connection;
-// nil until the credentials exist is an error at that connection). timeout <= 0 means 10s.
-func ServiceDialer(p *config.UpstreamProxy, secrets func() Secrets, timeout time.Duration) (*upstream.Dialer, error) {
+// nil until the credentials exist is an error at that connection). observe, when not nil, is
+// told of every connection attempt through a proxy, and of every direct one while proxies are
+// configured (upstream.ProxyOptions.Observe). timeout <= 0 means 10s.
+func ServiceDialer(p *config.UpstreamProxy, secrets func() Secrets, timeout time.Duration, observe func(via string, failed bool)) (*upstream.Dialer, error) {
 	d := upstream.NewDialer(nil, timeout)
 	opts, err := proxyOptions(p, lateSecrets(secrets))
 	if err != nil || opts == nil {
 		return d, err
 	}
+	opts.Observe = observe
 	return d, d.ConfigureProxies(*opts)
 }
 

@@ -97,6 +97,7 @@ type brokerOpts struct {
 	listen string // proxy.listen; "" is 127.0.0.1:0
 	admin  string // extra admin keys, e.g. "token_env: ADMIN_TOKEN"
 	netns  string // run the broker in this network namespace (ip netns exec); "" is the test's own
+	ca     string // the ca section's keys instead of a file CA made by `ca init` (then caFile is "")
 }
 
 // canaryConfig is the config of a broker in front of loopback upstreams (trusted through
@@ -129,7 +130,10 @@ func startBroker(t *testing.T, o brokerOpts) *brokerProc {
 	dir := t.TempDir()
 	b := &brokerProc{dir: dir, caFile: filepath.Join(dir, "ca", "ca.crt"),
 		policyDir: filepath.Join(dir, "policies"), logs: newLogTail(), auditLog: newLogTail(), done: make(chan error, 1)}
-	if out, err := exec.Command(brokerBin, "ca", "init", "--out", filepath.Join(dir, "ca")).CombinedOutput(); err != nil {
+	caSection := fmt.Sprintf("{cert_file: %q, key_file: %q}", b.caFile, filepath.Join(dir, "ca", "ca.key"))
+	if o.ca != "" {
+		b.caFile, caSection = "", "{"+o.ca+"}"
+	} else if out, err := exec.Command(brokerBin, "ca", "init", "--out", filepath.Join(dir, "ca")).CombinedOutput(); err != nil {
 		t.Fatalf("ca init: %v\n%s", err, out)
 	}
 	if err := os.MkdirAll(b.policyDir, 0o755); err != nil {
@@ -150,9 +154,9 @@ func startBroker(t *testing.T, o brokerOpts) *brokerProc {
 	}
 	cfg := fmt.Sprintf(`proxy: {listen: %q%s}
 admin: {listen: "127.0.0.1:0"%s}
-ca: {cert_file: %q, key_file: %q}
+ca: %s
 policy: {dir: %q, mode: %s}
-`, o.listen, o.proxy, o.admin, b.caFile, filepath.Join(dir, "ca", "ca.key"), b.policyDir, o.mode) + o.config
+`, o.listen, o.proxy, o.admin, caSection, b.policyDir, o.mode) + o.config
 	cfgFile := filepath.Join(dir, "broker.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

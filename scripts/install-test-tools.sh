@@ -55,3 +55,7 @@ if ! cmp -s "$node_dir/package-lock.json" "$stamp"; then
   npm ci --prefix "$node_dir" --no-audit --no-fund --ignore-scripts --loglevel=error
   cp "$node_dir/package-lock.json" "$stamp"
 fi
+# The OpenTelemetry Collector of integration/otel_test.go is built from its Go modules
+# (integration/testdata/otelcol, a module of its own) by the tests, once, into the user cache;
+# downloading its modules here means a first test run needs only the build (about a minute).
+(cd integration/testdata/otelcol && GOFLAGS=-mod=mod GOWORK=off go mod download)

@@ -1,7 +1,6 @@
 package audit
 
 import (
-	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -65,55 +64,24 @@ type ApprovalEvent struct {
 
 // WriteApproval records an approval action.
 func (l *Logger) WriteApproval(a *ApprovalEvent) {
-	ev := l.zl.Info().
-		Str("action", a.Action).
-		Str("id", a.ID).
-		Str("by", a.By).
-		Str("scope", a.Scope).
-		Str("agent", a.Agent).
-		Str("host", a.Host).
-		Str("method", a.Method).
-		Str("path_prefix", a.PathPrefix).
-		Str("comment", a.Comment)
-	if a.RequestID != "" {
-		ev = ev.Str("request_id", a.RequestID)
-	}
-	if a.Scheme != "" {
-		ev = ev.Str("scheme", a.Scheme)
-	}
-	if a.Port != 0 {
-		ev = ev.Int("port", a.Port)
-	}
-	if !a.Expires.IsZero() {
-		ev = ev.Time("expires", a.Expires.UTC())
-	}
-	ev.Str("msg", "approval").Send()
+	m := Meta{Time: l.now(), Instance: l.instance}
+	l.emit(nil, func(enc Encoder, dst []byte) []byte { return enc.Approval(dst, a, m) })
 }
 
-// Tap is given every line the Logger writes (a decision or an approval event, one JSON
-// object with its newline) before it is queued. It must not keep line, nor block.
+// Tap is given every event the Logger writes (a decision or an approval event) as the broker's
+// own JSON line, with its newline, whatever audit.format the log is written in, before it is
+// queued. It must not keep line, nor block.
 type Tap func(line []byte)
 
 // SetTap sets the function every event line is given (nil for none). With none, writing an
-// event costs one atomic load more.
+// event costs one atomic load more; with one and an encoder other than JSON, the JSON line is
+// encoded as well.
 func (l *Logger) SetTap(t Tap) {
 	if t == nil {
 		l.tap.Store(nil)
 		return
 	}
 	l.tap.Store(&t)
-}
-
-type tapWriter struct {
-	w   *batchWriter
-	tap *atomic.Pointer[Tap]
-}
-
-func (t tapWriter) Write(p []byte) (int, error) {
-	if f := t.tap.Load(); f != nil {
-		(*f)(p)
-	}
-	return t.w.Write(p)
 }
 
 // CredentialHeader reports whether a header name looks like one that carries a credential

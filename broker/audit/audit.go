@@ -5,10 +5,9 @@ package audit
 
 import (
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/rs/zerolog"
 )
 
 // Decisions.
@@ -76,6 +75,12 @@ type Event struct {
 	// whose origin certificate was trusted through upstream.proxy.tls_inspection_ca.
 	Via          string
 	TLSInspected bool
+	// Redacted is how many times the response's scrubber replaced a secret the broker knows
+	// with [REDACTED] (the upstream echoed one), or 0.
+	Redacted int
+	// TraceID is the request's trace (CONTRACT §8b "trace_id"), when it was traced; SpanID its
+	// span, not written in the line, for the exported log record (broker/telemetry).
+	TraceID, SpanID string
 }
 
 // The ways a connection reaches the broker: the audit event's mode, the policy's
@@ -122,21 +127,36 @@ type LLMCall struct {
 	Estimated           bool // a stream cut at a hard budget: tokens let through, output estimated
 }
 
-// Logger writes events. Safe for concurrent use.
+// Logger writes events, each encoded once by its Encoder (audit.format). Safe for concurrent
+// use.
 type Logger struct {
-	zl  zerolog.Logger
-	out *batchWriter
-	now func() time.Time
-	tap atomic.Pointer[Tap]
+	enc      Encoder
+	instance string
+	out      *batchWriter
+	now      func() time.Time
+	tap      atomic.Pointer[Tap]
+	export   atomic.Pointer[Export]
+	bufs     sync.Pool // *[]byte: a line being encoded
+}
+
+// Options are a Logger's settings beside its writer.
+type Options struct {
+	// Encoder writes each event's lines (nil: JSON, the broker's own line).
+	Encoder Encoder
+	// Instance names the broker replica in every event ("instance"); "" leaves it out.
+	Instance string
 }
 
 // New writes events to w, one JSON object per line. The lines are written by a goroutine of
 // the Logger's, in batches under load (see batchWriter); Close writes what is pending.
-func New(w io.Writer) *Logger {
-	out := newBatchWriter(w)
-	l := &Logger{out: out, now: time.Now}
-	l.zl = zerolog.New(tapWriter{out, &l.tap}).With().Timestamp().Logger()
-	return l
+func New(w io.Writer) *Logger { return NewWith(w, Options{}) }
+
+// NewWith writes events to w as o says.
+func NewWith(w io.Writer, o Options) *Logger {
+	if o.Encoder == nil {
+		o.Encoder = JSON
+	}
+	return &Logger{enc: o.Encoder, instance: o.Instance, out: newBatchWriter(w), now: time.Now}
 }
 
 // Close writes every event not yet written. Events written after Close are written at once.
@@ -147,86 +167,36 @@ func (l *Logger) Lost() int64 { return l.out.lost.Load() }
 
 // Write records one decision.
 func (l *Logger) Write(e *Event) {
-	ev := l.zl.Info().
-		Str("request_id", e.RequestID).
-		Str("agent", e.Agent).
-		Str("source_ip", e.SourceIP).
-		Str("phase", e.Phase).
-		Str("method", e.Method).
-		Str("scheme", e.Scheme).
-		Str("host", e.Host).
-		Int("port", e.Port).
-		Str("path", e.Path).
-		Str("decision", e.Decision).
-		Str("reason", e.Reason).
-		Strs("credentials", nonNil(e.Credentials)).
-		Int("status", e.Status).
-		Int64("bytes_in", e.BytesIn).
-		Int64("bytes_out", e.BytesOut).
-		Float64("duration_ms", float64(l.now().Sub(e.Start).Microseconds())/1000).
-		Str("policy_revision", e.PolicyRevision).
-		Str("decision_id", e.DecisionID).
-		Str("mode", e.Mode).
-		Str("policy_mode", e.PolicyMode)
-	if e.WouldDeny {
-		ev = ev.Bool("would_deny", true)
+	m := Meta{Time: l.now(), Instance: l.instance}
+	m.Duration = m.Time.Sub(e.Start)
+	l.emit(e, func(enc Encoder, dst []byte) []byte { return enc.Decision(dst, e, m) })
+}
+
+// emit encodes an event with the Logger's encoder, gives the tap its native line, queues the
+// encoded lines and gives them to the export with e (nil for an approval event).
+func (l *Logger) emit(e *Event, encode func(Encoder, []byte) []byte) {
+	bp, _ := l.bufs.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
 	}
-	if e.Error != "" {
-		ev = ev.Str("error", e.Error)
-	}
-	if a := e.AWS; a != nil {
-		ev = ev.Dict("aws", zerolog.Dict().Str("service", a.Service).Str("operation", a.Operation))
-	}
-	if g := e.GraphQL; g != nil {
-		ev = ev.Dict("graphql", zerolog.Dict().Str("type", g.Type).Str("name", g.Name))
-	}
-	if m := e.MCP; m != nil {
-		d := zerolog.Dict().Str("method", m.Method).Str("tool", m.Tool)
-		if len(m.Batch) > 1 {
-			a := zerolog.Arr()
-			for _, c := range m.Batch {
-				a = a.Dict(zerolog.Dict().Str("method", c.Method).Str("tool", c.Tool))
-			}
-			d = d.Array("batch", a)
-		}
-		ev = ev.Dict("mcp", d)
-	}
-	if j := e.JSONRPC; j != nil {
-		d := zerolog.Dict().Str("method", j.Method)
-		if len(j.Batch) > 1 {
-			a := zerolog.Arr()
-			for _, m := range j.Batch {
-				a = a.Dict(zerolog.Dict().Str("method", m))
-			}
-			d = d.Array("batch", a)
-		}
-		ev = ev.Dict("jsonrpc", d)
-	}
-	if l := e.LLM; l != nil {
-		d := zerolog.Dict().Str("provider", l.Provider).Str("model", l.Model).
-			Int64("tokens_in", l.TokensIn).Int64("tokens_out", l.TokensOut).Int64("tokens_cached", l.TokensCached).Float64("cost", l.Cost).
-			Bool("usage_reported", l.Reported)
-		if l.Estimated {
-			d = d.Bool("usage_estimated", true)
-		}
-		ev = ev.Dict("llm", d)
-	}
-	if e.Approval != nil {
-		ev = ev.Object("approval", e.Approval)
-	}
-	if e.Budget != "" {
-		ev = ev.Str("budget", e.Budget)
-	}
-	if e.Via != "" {
-		ev = ev.Str("via", e.Via)
-		if e.TLSInspected {
-			ev = ev.Bool("tls_inspected", true)
+	line := encode(l.enc, (*bp)[:0])
+	if f := l.tap.Load(); f != nil {
+		if l.enc == JSON {
+			(*f)(line)
+		} else { // the tap reads the broker's own line, whatever the log holds
+			both := encode(JSON, line) // appended: one buffer for both
+			(*f)(both[len(line):])
+			line = both[:len(line)]
 		}
 	}
-	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
-		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))
+	_, _ = l.out.Write(line) // the batch writer copies it; it counts a failed write
+	if f := l.export.Load(); f != nil {
+		(*f)(e, line)
 	}
-	ev.Str("msg", "decision").Send()
+	if cap(line) <= 64<<10 {
+		*bp = line[:0]
+		l.bufs.Put(bp)
+	}
 }
 
 func nonNil(s []string) []string {

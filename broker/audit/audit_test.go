@@ -77,3 +77,33 @@ func TestRPCBatchNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestExportTraced: with an export set, each event is given to it with the line written, and the
+// line carries trace_id when the event has one (never span_id).
+func TestExportTraced(t *testing.T) {
+	var buf bytes.Buffer
+	l := New(&buf)
+	var got []string
+	var events []*Event
+	l.SetExport(func(e *Event, line []byte) { events = append(events, e); got = append(got, string(line)) })
+	e := &Event{RequestID: "r1", Start: time.Now(), TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", SpanID: "00f067aa0ba902b7"}
+	l.Write(e)
+	l.WriteApproval(&ApprovalEvent{Action: ActionApprove, ID: "h1"})
+	l.SetExport(nil)
+	l.Write(&Event{RequestID: "r2", Start: time.Now()})
+	l.Close()
+	lines := strings.SplitAfter(buf.String(), "\n")
+	if len(got) != 2 || got[0] != lines[0] || got[1] != lines[1] || events[0] != e || events[1] != nil {
+		t.Fatalf("exported %q, written %q", got, lines)
+	}
+	var ev map[string]any
+	_ = json.Unmarshal([]byte(lines[0]), &ev)
+	if ev["trace_id"] != e.TraceID || ev["span_id"] != nil {
+		t.Fatalf("line %s", lines[0])
+	}
+	var untraced map[string]any
+	_ = json.Unmarshal([]byte(lines[2]), &untraced)
+	if _, ok := untraced["trace_id"]; ok || untraced["request_id"] != "r2" {
+		t.Fatalf("untraced event has trace_id: %s", lines[2])
+	}
+}

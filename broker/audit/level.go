@@ -123,3 +123,12 @@ func credentialHeader(name string) bool {
 }
 
 var credentialWords = []string{"auth", "token", "key", "secret", "password", "passwd", "session", "signature", "cookie", "credential"}
+
+// LoggedInput is the policy input as much as the event's InputLevel writes of it, or nil: what
+// every encoding of the event carries.
+func (e *Event) LoggedInput() map[string]any {
+	if !e.InputLevel.Logs() || e.Input == nil {
+		return nil
+	}
+	return e.InputLevel.reduce(e.Input)
+}

@@ -30,7 +30,7 @@ const (
 // the same host generate one certificate.
 type Cache struct {
 	ca     *CA
-	lru    *lru.Cache[string, *tls.Certificate]
+	lru    *lru.Cache[string, leaf]
 	group  singleflight.Group
 	now    func() time.Time // time.Now; replaced in tests
 	issued atomic.Int64     // leaves generated, for tests
@@ -42,8 +42,24 @@ func NewCache(ca *CA, size int) *Cache {
 	if size <= 0 {
 		size = defaultCacheSize
 	}
-	l, _ := lru.New[string, *tls.Certificate](size) // fails only for size <= 0
+	l, _ := lru.New[string, leaf](size) // fails only for size <= 0
 	return &Cache{ca: ca, lru: l, now: time.Now}
+}
+
+// leaf is a cached certificate, with its chain: that of the issuer that signed it, which may
+// since have been replaced (vault_pki), so the leaf keeps being served with the chain that
+// verifies it.
+type leaf struct {
+	cert *tls.Certificate
+	// refresh is when it is issued again: renewBefore (or a quarter of its life, when that
+	// is shorter) before it expires, and never after its issuer stops signing.
+	refresh time.Time
+}
+
+// Ready returns nil when leaves can be issued now, else why not (matching ErrUnavailable).
+func (c *Cache) Ready() error {
+	_, err := c.ca.signer(c.now())
+	return err
 }
 
 // Len returns the number of cached leaves.
@@ -52,12 +68,14 @@ func (c *Cache) Len() int { return c.lru.Len() }
 // Get returns a leaf certificate for host, a DNS name or an IP literal (IPv6 without
 // brackets). DNS names are lower-cased. The certificate has an ECDSA P-256 key, host as its
 // only subject alternative name, ServerAuth usage, and is valid from an hour ago for 7 days
-// or until the CA expires, whichever is sooner. Its chain is [leaf, CA] and its Leaf field
-// is set. A cached leaf is reused until it is less than an hour from expiry.
+// or until the CA expires, whichever is sooner. Its chain is the leaf, its issuer and the
+// CAs between that and the root, and its Leaf field is set. A cached leaf is reused until it
+// is less than an hour (or a quarter of its life) from expiry, or its issuer stops signing.
+// While the CA cannot sign, the error matches ErrUnavailable.
 func (c *Cache) Get(host string) (*tls.Certificate, error) {
 	// Keys are normalized hosts, so a host found as it is needs no checks.
-	if cert, ok := c.lru.Get(host); ok && c.fresh(cert) {
-		return cert, nil
+	if l, ok := c.lru.Get(host); ok && c.fresh(l) {
+		return l.cert, nil
 	}
 	name, ip, err := normalize(host)
 	if err != nil {
@@ -66,15 +84,15 @@ func (c *Cache) Get(host string) (*tls.Certificate, error) {
 	v, err, _ := c.group.Do(name, func() (any, error) {
 		// Look again: name may differ from host, and a call that finished since the
 		// lookup above may have added it.
-		if cert, ok := c.lru.Get(name); ok && c.fresh(cert) {
-			return cert, nil
+		if l, ok := c.lru.Get(name); ok && c.fresh(l) {
+			return l.cert, nil
 		}
-		cert, err := c.issue(name, ip)
+		l, err := c.issue(name, ip)
 		if err != nil {
 			return nil, err
 		}
-		c.lru.Add(name, cert)
-		return cert, nil
+		c.lru.Add(name, l)
+		return l.cert, nil
 	})
 	if err != nil {
 		return nil, err
@@ -82,25 +100,26 @@ func (c *Cache) Get(host string) (*tls.Certificate, error) {
 	return v.(*tls.Certificate), nil
 }
 
-// fresh reports whether cert is at least renewBefore away from expiry.
-func (c *Cache) fresh(cert *tls.Certificate) bool {
-	return !cert.Leaf.NotAfter.Before(c.now().Add(renewBefore))
+// fresh reports whether l is still to be served.
+func (c *Cache) fresh(l leaf) bool {
+	return c.now().Before(l.refresh)
 }
 
 // issue generates a leaf for name, which is ip's text form if ip is valid.
-func (c *Cache) issue(name string, ip netip.Addr) (*tls.Certificate, error) {
+func (c *Cache) issue(name string, ip netip.Addr) (leaf, error) {
 	now := c.now()
-	ca := c.ca.cert
-	if !now.Before(ca.NotAfter) {
-		return nil, fmt.Errorf("certs: CA expired at %s", ca.NotAfter)
+	is, err := c.ca.signer(now)
+	if err != nil {
+		return leaf{}, fmt.Errorf("certs: issue for %s: %w", name, err)
 	}
+	ca := is.cert
 	notAfter := now.Add(leafLifetime)
 	if ca.NotAfter.Before(notAfter) {
 		notAfter = ca.NotAfter
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, err
+		return leaf{}, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          randomSerial(),
@@ -119,16 +138,21 @@ func (c *Cache) issue(name string, ip netip.Addr) (*tls.Certificate, error) {
 	} else {
 		tmpl.DNSNames = []string{name}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), c.ca.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), is.key)
 	if err != nil {
-		return nil, fmt.Errorf("certs: issue for %s: %w", name, err)
+		return leaf{}, fmt.Errorf("certs: issue for %s: %w", name, err)
 	}
-	leaf, err := x509.ParseCertificate(der)
+	parsed, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("certs: issue for %s: %w", name, err)
+		return leaf{}, fmt.Errorf("certs: issue for %s: %w", name, err)
 	}
 	c.issued.Add(1)
-	return &tls.Certificate{Certificate: [][]byte{der, ca.Raw}, PrivateKey: key, Leaf: leaf}, nil
+	refresh := notAfter.Add(-min(renewBefore, notAfter.Sub(now)/4))
+	if is.until.Before(refresh) {
+		refresh = is.until
+	}
+	chain := append([][]byte{der}, is.chain...)
+	return leaf{cert: &tls.Certificate{Certificate: chain, PrivateKey: key, Leaf: parsed}, refresh: refresh}, nil
 }
 
 // normalize checks that host is an IP literal without zone or a DNS name made of labels of

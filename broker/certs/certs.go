@@ -1,5 +1,7 @@
-// Package certs is the broker's certificate authority: creating and loading it, and issuing
-// the leaf certificates presented to agents inside intercepted tunnels.
+// Package certs is the broker's certificate authority: creating and loading it (a file CA), or
+// having Vault's PKI engine sign a short-lived intermediate whose key stays in memory
+// (vaultpki.go), and issuing the leaf certificates presented to agents inside intercepted
+// tunnels.
 package certs
 
 import (
@@ -19,17 +21,67 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 )
 
-// CA is the broker's signing certificate and key.
+// CA is what signs the broker's leaves: a file CA (LoadCA), fixed for the life of the
+// process, or a Vault-signed intermediate that is replaced as it ages (StartVaultPKI). It is
+// safe for concurrent use.
 type CA struct {
-	cert *x509.Certificate
-	key  crypto.Signer
+	cur atomic.Pointer[issuer] // nil until a vault_pki CA has its first intermediate
+	pki *vaultPKI              // nil for a file CA
 }
 
-// Certificate returns the CA certificate.
-func (ca *CA) Certificate() *x509.Certificate { return ca.cert }
+// issuer is one signing certificate and key, and the chain sent with each leaf it signs.
+type issuer struct {
+	cert  *x509.Certificate
+	key   crypto.Signer
+	chain [][]byte // cert.Raw, then the CAs above it that are not self-signed roots
+	// until is when it stops signing, and when the leaves it signed are no longer served:
+	// its NotAfter for a file CA, a little before for an intermediate (vaultpki.go).
+	until time.Time
+}
+
+// ErrUnavailable is returned, wrapped, while the CA cannot sign: a vault_pki CA without a
+// current intermediate (never signed yet, or expiring and not renewed), or an expired file CA.
+// Nothing is intercepted then.
+var ErrUnavailable = errors.New("the broker's CA cannot sign certificates")
+
+// Certificate returns the current signing certificate, nil while there is none.
+func (ca *CA) Certificate() *x509.Certificate {
+	if is := ca.cur.Load(); is != nil {
+		return is.cert
+	}
+	return nil
+}
+
+// signer returns the issuer that signs at now, or an error matching ErrUnavailable.
+func (ca *CA) signer(now time.Time) (*issuer, error) {
+	is := ca.cur.Load()
+	switch {
+	case is == nil && ca.pki != nil:
+		return nil, fmt.Errorf("%w: no intermediate from Vault's PKI engine yet: %s", ErrUnavailable, ca.pki.lastError())
+	case is == nil:
+		return nil, ErrUnavailable
+	case !now.Before(is.until) && ca.pki != nil:
+		return nil, fmt.Errorf("%w: the intermediate from Vault's PKI engine expires at %s and could not be renewed: %s",
+			ErrUnavailable, is.cert.NotAfter.UTC().Format(time.RFC3339), ca.pki.lastError())
+	case !now.Before(is.until):
+		return nil, fmt.Errorf("%w: the CA certificate expired at %s", ErrUnavailable, is.cert.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return is, nil
+}
+
+// Ready returns nil when the CA can sign now, else why not (matching ErrUnavailable).
+func (ca *CA) Ready() error {
+	now := time.Now
+	if ca.pki != nil {
+		now = ca.pki.now // a test's clock
+	}
+	_, err := ca.signer(now())
+	return err
+}
 
 // GenerateCA creates a self-signed ECDSA P-256 CA named "capbroker CA <random suffix>",
 // valid for 10 years, that may sign leaf certificates only (path length 0). It returns the
@@ -164,7 +216,9 @@ func LoadCA(certFile, keyFile string) (*CA, error) {
 	if !ok {
 		return nil, fmt.Errorf("certs: CA key %s cannot sign", keyFile)
 	}
-	return &CA{cert: cert, key: key}, nil
+	ca := &CA{}
+	ca.cur.Store(&issuer{cert: cert, key: key, chain: [][]byte{cert.Raw}, until: cert.NotAfter})
+	return ca, nil
 }
 
 // readPrivate reads a regular file that group and others cannot access. The mode is checked

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"io/fs"
 	"net"
 	"os"
@@ -228,10 +229,10 @@ func TestCacheLeaf(t *testing.T) {
 				t.Fatal(err)
 			}
 			leaf := cert.Leaf
-			if len(cert.Certificate) != 2 || !bytes.Equal(cert.Certificate[0], leaf.Raw) || !bytes.Equal(cert.Certificate[1], ca.cert.Raw) {
+			if len(cert.Certificate) != 2 || !bytes.Equal(cert.Certificate[0], leaf.Raw) || !bytes.Equal(cert.Certificate[1], ca.Certificate().Raw) {
 				t.Fatal("chain is not [leaf, CA] or Leaf is not the first certificate")
 			}
-			opts := x509.VerifyOptions{DNSName: tc.verifyAs, Roots: pool(ca.cert), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+			opts := x509.VerifyOptions{DNSName: tc.verifyAs, Roots: pool(ca.Certificate()), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 			if _, err := leaf.Verify(opts); err != nil {
 				t.Errorf("leaf does not verify as %s: %v", tc.verifyAs, err)
 			}
@@ -276,7 +277,7 @@ func TestCacheTLSHandshake(t *testing.T) {
 	server := tls.Server(serverConn, &tls.Config{
 		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) { return c.Get(hello.ServerName) },
 	})
-	client := tls.Client(clientConn, &tls.Config{ServerName: "api.example.com", RootCAs: pool(ca.cert)})
+	client := tls.Client(clientConn, &tls.Config{ServerName: "api.example.com", RootCAs: pool(ca.Certificate())})
 	done := make(chan error, 1)
 	go func() { done <- server.Handshake() }()
 	if err := client.Handshake(); err != nil {
@@ -367,14 +368,17 @@ func TestCacheRenewal(t *testing.T) {
 func TestCacheCAExpiry(t *testing.T) {
 	ca := testCA(t)
 	c := NewCache(ca, 10)
-	now := ca.cert.NotAfter.Add(-3 * 24 * time.Hour)
+	now := ca.Certificate().NotAfter.Add(-3 * 24 * time.Hour)
 	c.now = func() time.Time { return now }
-	if leaf := mustGet(t, c, "example.com").Leaf; !leaf.NotAfter.Equal(ca.cert.NotAfter) {
-		t.Errorf("leaf NotAfter %v outlives the CA's %v", leaf.NotAfter, ca.cert.NotAfter)
+	if leaf := mustGet(t, c, "example.com").Leaf; !leaf.NotAfter.Equal(ca.Certificate().NotAfter) {
+		t.Errorf("leaf NotAfter %v outlives the CA's %v", leaf.NotAfter, ca.Certificate().NotAfter)
 	}
-	now = ca.cert.NotAfter
-	if _, err := c.Get("other.example.com"); err == nil || !strings.Contains(err.Error(), "CA expired") {
+	now = ca.Certificate().NotAfter
+	if _, err := c.Get("other.example.com"); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "CA certificate expired") {
 		t.Errorf("Get after CA expiry = %v, want CA expired error", err)
+	}
+	if _, err := c.Get("example.com"); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("cached leaf served after CA expiry: err = %v", err)
 	}
 }
 

@@ -28,6 +28,7 @@ type Config struct {
 	LLM         LLM          `yaml:"llm"`
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
+	Telemetry   *Telemetry   `yaml:"telemetry"`
 	TLS         AgentTLS     `yaml:"tls"`
 }
 
@@ -92,8 +93,9 @@ const (
 )
 
 type CA struct {
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
+	CertFile string      `yaml:"cert_file"`
+	KeyFile  string      `yaml:"key_file"`
+	VaultPKI *CAVaultPKI `yaml:"vault_pki"` // ca.go
 }
 
 type Upstream struct {
@@ -142,6 +144,9 @@ type Audit struct {
 	File string `yaml:"file"`
 	// IncludeInput is how much of the policy input events carry (audit.Level).
 	IncludeInput audit.Level `yaml:"include_input"`
+	// Format and Instance: audit_format.go.
+	Format   string `yaml:"format"`
+	Instance string `yaml:"instance"`
 }
 
 // Agent is one identity that may use the proxy: by proxy password, or by source address.
@@ -305,6 +310,8 @@ func (c *Config) SetDefaults() {
 		c.Approvals.MaxPendingPerAgent = DefaultMaxPendingPerAgent
 	}
 	c.Transparent.defaults()
+	c.CA.defaults()
+	c.Telemetry.setDefaults()
 	if c.Policy.Mode == "" {
 		c.Policy.Mode = ModeEnforce
 	}

@@ -43,12 +43,7 @@ func (c *Config) Validate() []error {
 	if c.Proxy.MaxRequestsPerAgent < 0 {
 		e.add("proxy.max_requests_per_agent", "must be positive")
 	}
-	if c.CA.CertFile == "" {
-		e.add("ca.cert_file", "required")
-	}
-	if c.CA.KeyFile == "" {
-		e.add("ca.key_file", "required")
-	}
+	c.validateCA(&e)
 	for i, s := range c.Upstream.AllowPrivate {
 		if _, err := ParsePrefix(s); err != nil {
 			e.add(fmt.Sprintf("upstream.allow_private[%d]", i), "%v", err)
@@ -75,6 +70,7 @@ func (c *Config) Validate() []error {
 	if !c.Audit.IncludeInput.Valid() {
 		e.add("audit.include_input", "must be false, true, metadata, headers or full, not %q", c.Audit.IncludeInput)
 	}
+	c.Audit.validateFormat(&e)
 	c.validateAgents(&e)
 	usesVault := c.validateCredentials(&e)
 	if usesVault && c.Vault == nil {
@@ -88,6 +84,9 @@ func (c *Config) Validate() []error {
 	c.validateLLM(&e)
 	c.validateProtocols(&e)
 	c.validateTransparent(&e)
+	if c.validateTelemetry(&e) && c.Vault == nil {
+		e.add("vault", "required: a telemetry header's secret has a vault source")
+	}
 	c.validateAgentTLS(&e)
 	return e
 }

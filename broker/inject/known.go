@@ -295,6 +295,14 @@ func (k *Known) Scrubber(host string) *scrub.Replacer {
 	return r
 }
 
+// Everything returns the Replacer of every form of every value the registry knows, whatever
+// host it was sent to: what text the broker exports about its own work (telemetry) is
+// scrubbed of.
+func (k *Known) Everything() *scrub.Replacer { return k.Scrubber(everyHost) }
+
+// everyHost is the key Everything's Replacer is built and kept under: no host is named so.
+const everyHost = "\x00every host"
+
 // Following returns the Replacer that follows Scrubber(host) (scrub.Following): a response
 // still being read when a value is first sent is scrubbed of it from then on. One is kept per
 // host (up to maxScrubHosts), so that a response costs no allocation for it.
@@ -328,7 +336,7 @@ func (k *Known) build(c *scrubCache, host string) *scrub.Replacer {
 	k.mu.RLock()
 	var mine []*knownEntry
 	for _, e := range k.entries {
-		if e.b.rule.Placeholder != "" || e.b.Matches(host) {
+		if e.b.rule.Placeholder != "" || host == everyHost || e.b.Matches(host) {
 			mine = append(mine, e)
 		}
 	}

@@ -23,6 +23,10 @@ type Decision struct {
 	// UpstreamProxy names the upstream proxy the request leaves through ("direct": none);
 	// "" leaves it to upstream.proxy (CONTRACT §8b).
 	UpstreamProxy string
+	// ForwardTraceparent ("forward_traceparent": true) lets the request's W3C traceparent
+	// (and tracestate) header go upstream; without it the broker removes them, as a header
+	// can carry what the agent should not pass on (docs/observability.md).
+	ForwardTraceparent bool
 	// Revision identifies the policy that decided.
 	Revision string
 	// Ask, when set, holds the request for a person to approve (CONTRACT §8): Allow is false,
@@ -112,6 +116,13 @@ func parseDecision(v any, revision string) Decision {
 			return Decision{Reason: ReasonMalformed + ": upstream_proxy is not a proxy's name", Revision: revision}
 		}
 		d.UpstreamProxy = s
+	}
+	if f, ok := obj["forward_traceparent"]; ok {
+		b, ok := f.(bool)
+		if !ok {
+			return Decision{Reason: ReasonMalformed + ": forward_traceparent is not a boolean", Revision: revision}
+		}
+		d.ForwardTraceparent = b
 	}
 	if i, ok := obj["intercept"]; ok {
 		b, ok := i.(bool)

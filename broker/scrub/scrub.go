@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -33,6 +34,27 @@ type Replacer struct {
 	multi *multi
 	// follow, when set (Following), gives the patterns in force now: r has none of its own.
 	follow func() *Replacer
+	// count, when set (Counting), is added the number of replacements r makes.
+	count *atomic.Int64
+}
+
+// Counting returns a Replacer for the same patterns that adds to n each replacement it makes
+// (and each header field it removes): how many times a response carried a secret. The empty
+// Replacer is returned as it is: it replaces nothing.
+func (r *Replacer) Counting(n *atomic.Int64) *Replacer {
+	if r.Empty() {
+		return r
+	}
+	c := *r
+	c.count = n
+	return &c
+}
+
+// counted adds m replacements to r's count, if it keeps one.
+func (r *Replacer) counted(m int) {
+	if r.count != nil && m > 0 {
+		r.count.Add(int64(m))
+	}
 }
 
 // Following returns a Replacer whose patterns are, at each use, those of the Replacer current
@@ -125,6 +147,7 @@ func (r *Replacer) MaxLen() int { return r.now().maxLen }
 // pattern becomes "[REDACTED]" padded with "*" to its length, or "*"s when it is shorter. It is
 // for bytes whose offsets must not move (a byte range cut from a representation).
 func (r *Replacer) Masking() *Replacer {
+	count := r.count
 	r = r.now() // a fixed set: offsets are decided once
 	if r.Empty() {
 		return none
@@ -138,40 +161,55 @@ func (r *Replacer) Masking() *Replacer {
 		}
 		oldnew = append(oldnew, p.pattern, mask)
 	}
-	return New(oldnew...)
+	m := New(oldnew...)
+	m.count = count
+	return m
 }
 
 // String returns s with all patterns replaced. It does not allocate when s
 // contains no pattern.
 func (r *Replacer) String(s string) string {
-	r = r.now()
+	out, n := r.now().string(s)
+	r.counted(n)
+	return out
+}
+
+// string is String of a Replacer that follows none, with the number of replacements.
+func (r *Replacer) string(s string) (string, int) {
 	if r.multi != nil {
 		// The bytes are only read.
 		if i, _ := r.multi.find(r.pairs, unsafe.Slice(unsafe.StringData(s), len(s)), 0); i >= 0 {
-			return string(r.replaceAll([]byte(s)))
+			b, n := r.replaceAll([]byte(s))
+			return string(b), n
 		}
-		return s
+		return s, 0
 	}
 	for _, p := range r.pairs {
 		if strings.Contains(s, p.pattern) {
-			return string(r.replaceAll([]byte(s)))
+			b, n := r.replaceAll([]byte(s))
+			return string(b), n
 		}
 	}
-	return s
+	return s, 0
 }
 
 // Bytes returns b with all patterns replaced: b itself when it contains none.
 func (r *Replacer) Bytes(b []byte) []byte {
+	outer := r
 	r = r.now()
 	if r.multi != nil {
 		if i, _ := r.multi.find(r.pairs, b, 0); i >= 0 {
-			return r.replaceAll(b)
+			out, n := r.replaceAll(b)
+			outer.counted(n)
+			return out
 		}
 		return b
 	}
 	for _, p := range r.pairs {
 		if bytes.Contains(b, p.old) {
-			return r.replaceAll(b)
+			out, n := r.replaceAll(b)
+			outer.counted(n)
+			return out
 		}
 	}
 	return b
@@ -182,16 +220,20 @@ func (r *Replacer) Bytes(b []byte) []byte {
 // pattern, may begin one: pass it again, ahead of the input that follows. With final, all of
 // in is decided. It is what Reader does, for a caller that frames its own output.
 func (r *Replacer) Stream(dst, in []byte, final bool) ([]byte, int) {
+	outer := r
 	if r = r.now(); r.Empty() {
 		return append(dst, in...), len(in)
 	}
-	return r.replace(dst, in, final, make([]int, len(r.pairs)))
+	out, done, n := r.replace(dst, in, final, make([]int, len(r.pairs)))
+	outer.counted(n)
+	return out, done
 }
 
-// replaceAll returns a new slice holding b with all patterns replaced.
-func (r *Replacer) replaceAll(b []byte) []byte {
-	out, _ := r.replace(make([]byte, 0, len(b)), b, true, make([]int, len(r.pairs)))
-	return out
+// replaceAll returns a new slice holding b with all patterns replaced, and the number of
+// replacements.
+func (r *Replacer) replaceAll(b []byte) ([]byte, int) {
+	out, _, n := r.replace(make([]byte, 0, len(b)), b, true, make([]int, len(r.pairs)))
+	return out, n
 }
 
 // Header replaces patterns inside every value of h, in place, and removes every field whose
@@ -201,16 +243,20 @@ func (r *Replacer) replaceAll(b []byte) []byte {
 // it parsed (canonical form, or lower case from HTTP/2), so "x-sk-live-ab12" arrives as
 // "X-Sk-Live-Ab12", which reveals the secret as well. No real field is named after a secret.
 func (r *Replacer) Header(h http.Header) {
+	outer := r
 	if r = r.now(); r.Empty() {
 		return
 	}
 	for k, vs := range h {
 		if r.inName(k) {
 			delete(h, k)
+			outer.counted(1)
 			continue
 		}
 		for i, v := range vs {
-			vs[i] = r.String(v)
+			var n int
+			vs[i], n = r.string(v)
+			outer.counted(n)
 		}
 	}
 }
@@ -253,16 +299,16 @@ func (r *Replacer) Reader(src io.ReadCloser) io.ReadCloser {
 	if r.Empty() {
 		return src
 	}
-	return &reader{r: r.now(), follow: r.follow, src: src}
+	return &reader{r: r.now(), follow: r.follow, count: r.count, src: src}
 }
 
 // replace appends to dst the replaced form of the longest prefix of src
-// that can be decided now, and returns the extended dst and the length of
-// that prefix. Unless eof, the remainder is the longest suffix of src that
+// that can be decided now, and returns the extended dst, the length of
+// that prefix and the number of replacements made. Unless eof, the remainder is the longest suffix of src that
 // begins after the last replaced match and is a proper prefix of a pattern;
 // it must be passed again, followed by more input. If eof, all of src is
 // consumed. next is scratch space with one entry per pattern.
-func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) {
+func (r *Replacer) replace(dst, src []byte, eof bool, next []int) (_ []byte, done, replaced int) {
 	const unknown, absent = -2, -1
 	for i := range next {
 		next[i] = unknown
@@ -276,12 +322,13 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) 
 			}
 			dst = append(dst, src[pos:start]...)
 			dst = append(dst, r.pairs[k].new...)
+			replaced++
 			pos = start + len(r.pairs[k].old)
 			if pos > hold {
 				hold = r.holdFrom(src, pos, eof)
 			}
 		}
-		return append(dst, src[pos:hold]...), hold
+		return append(dst, src[pos:hold]...), hold, replaced
 	}
 	for {
 		// Find the leftmost match at or after pos, preferring the longest.
@@ -313,6 +360,7 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) 
 		}
 		dst = append(dst, src[pos:start]...)
 		dst = append(dst, r.pairs[k].new...)
+		replaced++
 		pos = start + len(r.pairs[k].old)
 		if pos > hold {
 			// The match covered the held bytes; what remains may not
@@ -320,7 +368,7 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) ([]byte, int) 
 			hold = r.holdFrom(src, pos, eof)
 		}
 	}
-	return append(dst, src[pos:hold]...), hold
+	return append(dst, src[pos:hold]...), hold, replaced
 }
 
 // index is bytes.Index(s, p.old). A response is searched for every form of every secret
@@ -411,6 +459,7 @@ const maxEmptyReads = 100
 type reader struct {
 	r      *Replacer
 	follow func() *Replacer // Replacer.follow: r is renewed from it before each read
+	count  *atomic.Int64    // Replacer.count
 	src    io.ReadCloser
 	in     []byte // in[:held] are held-back input bytes; the rest is read space
 	held   int
@@ -497,7 +546,10 @@ func (z *reader) fill(direct []byte) (int, []byte) {
 	if direct != nil {
 		dst = direct
 	}
-	out, done := z.r.replace(dst, data, err != nil, z.next)
+	out, done, replaced := z.r.replace(dst, data, err != nil, z.next)
+	if replaced > 0 && z.count != nil {
+		z.count.Add(int64(replaced))
+	}
 	var inDirect []byte
 	switch {
 	case direct == nil:

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -55,6 +57,7 @@ type Client struct {
 	dial             func(ctx context.Context, network, addr string) (net.Conn, error)
 	forward          func(ctx context.Context, network, addr string) (net.Conn, error) // plain HTTP; nil: dial
 	inspectTLS       *tls.Config                                                       // through a proxy, with tls_inspection_ca; nil: tls
+	inspectRoots     []*x509.Certificate                                               // tls_inspection_ca's certificates
 	tls              *tls.Config
 	handshakeTimeout time.Duration
 	headerTimeout    time.Duration
@@ -134,7 +137,7 @@ func (c *Client) RoundTrip(req *http.Request, pool Pool) (*http.Response, error)
 		if pc == nil { // the handshake negotiated h2: HTTP/2 takes it from here
 			return c.roundTripH2(req, pool, addr)
 		}
-		RouteOf(req.Context()).setVia(pc.via)
+		RouteOf(req.Context()).setWay(pc.via, pc.inspected)
 		resp, err := pc.roundTrip(req)
 		if err == nil && pc.fwd != nil && isProxyRefusal(resp) {
 			// The proxy's own answer to an absolute-form request, not the origin's.
@@ -388,6 +391,7 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 	}
 	via := viaOf(raw)
 	nc := raw
+	inspected := false
 	var probe *probeConn
 	if scheme == "https" {
 		alpn := []string{"h2", "http/1.1"}
@@ -399,20 +403,21 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 		if !h1 { // it may negotiate h2 (see corkConn)
 			under = newCorkConn(probe)
 		}
-		tc, err := c.handshakeVia(ctx, under, addr, alpn, via)
+		tc, insp, err := c.handshakeVia(ctx, under, addr, alpn, via)
 		if err != nil {
 			return nil, err
 		}
+		inspected = insp
 		if tc.ConnectionState().NegotiatedProtocol == "h2" {
 			c.h2hosts.Store(addr, struct{}{})
-			if old, loaded := c.handoff.Swap(handoffKey(key.origin.route, addr), handedOff{tc, time.Now(), via}); loaded {
+			if old, loaded := c.handoff.Swap(handoffKey(key.origin.route, addr), handedOff{tc, time.Now(), via, inspected}); loaded {
 				_ = old.(handedOff).Close()
 			}
 			return nil, nil
 		}
 		nc = tc
 	}
-	pc := &conn{c: c, key: key, Conn: nc, probe: probe, via: via}
+	pc := &conn{c: c, key: key, Conn: nc, probe: probe, via: via, inspected: inspected}
 	if p, ok := raw.(*proxiedConn); ok {
 		pc.fwd = p.fwd
 	}
@@ -428,12 +433,32 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 }
 
 // handshakeVia is handshake, for a connection that went through via: one through a proxy
-// also trusts the TLS-inspection CA, when the operator configured one.
-func (c *Client) handshakeVia(ctx context.Context, raw net.Conn, addr string, alpn []string, via string) (*tls.Conn, error) {
+// also trusts the TLS-inspection CA, when the operator configured one. inspected reports
+// whether the origin's certificate verified only through that CA (every chain verified ends
+// at one of its certificates): the proxy re-signed it. Configured is not enough.
+func (c *Client) handshakeVia(ctx context.Context, raw net.Conn, addr string, alpn []string, via string) (tc *tls.Conn, inspected bool, err error) {
 	if via == Direct || c.inspectTLS == nil {
-		return c.handshake(ctx, raw, addr, alpn)
+		tc, err = c.handshake(ctx, raw, addr, alpn)
+		return tc, false, err
 	}
-	return c.handshakeWith(ctx, c.inspectTLS, raw, addr, alpn)
+	if tc, err = c.handshakeWith(ctx, c.inspectTLS, raw, addr, alpn); err != nil {
+		return nil, false, err
+	}
+	return tc, c.inspectedChains(tc.ConnectionState().VerifiedChains), nil
+}
+
+// inspectedChains reports whether every verified chain ends at a TLS-inspection CA.
+func (c *Client) inspectedChains(chains [][]*x509.Certificate) bool {
+	if len(chains) == 0 {
+		return false
+	}
+	for _, chain := range chains {
+		root := chain[len(chain)-1]
+		if !slices.ContainsFunc(c.inspectRoots, root.Equal) {
+			return false
+		}
+	}
+	return true
 }
 
 // handshake runs the TLS handshake on raw, verifying the server for addr's host.
@@ -479,6 +504,8 @@ type conn struct {
 	closeFn func()   // pc.close, bound once: an exchange's watch on its context allocates nothing for it
 	via     string   // the upstream proxy it goes through, Direct when none
 	fwd     *forward // set: requests go to the proxy in absolute form
+	// inspected: the origin's certificate verified only through the TLS-inspection CA.
+	inspected bool
 }
 
 func (pc *conn) close() { _ = pc.Conn.Close() }

@@ -950,7 +950,7 @@ func TestClientStaleHandoff(t *testing.T) {
 		t.Fatal("the prepared h2 connection is not waiting for the Transport")
 	}
 	stale := v.(handedOff)
-	c.handoff.Store(handoffKey("", addr), handedOff{stale.Conn, stale.at.Add(-maxHandoffAge), stale.via})
+	c.handoff.Store(handoffKey("", addr), handedOff{stale.Conn, stale.at.Add(-maxHandoffAge), stale.via, stale.inspected})
 	mustGet(t, c, srv.URL+"/", "HTTP/2.0")
 	ct.wantOpened(t, 2)
 	within(t, ct.closed, "the stale connection to be closed")

@@ -118,7 +118,11 @@ func (d *Dialer) DialService(ctx context.Context, network, addr string) (net.Con
 	}
 	for _, ip := range ips {
 		if p.noProxy.Match(host, port, ip) {
-			return d.service.DialContext(ctx, network, addr)
+			conn, err := d.service.DialContext(ctx, network, addr)
+			if p.observe != nil {
+				p.observe(Direct, err != nil)
+			}
+			return conn, err
 		}
 	}
 	return d.dialProxied(ctx, p.list, addr, netip.AddrPortFrom(ips[0], uint16(port)), false)

@@ -22,7 +22,7 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 		h := v.(handedOff)
 		if time.Since(h.at) < maxHandoffAge {
 			corkOf(ctx, h.Conn)
-			viaSlotOf(ctx, h.via)
+			viaSlotOf(ctx, h.via, h.inspected)
 			return h.Conn, nil
 		}
 		_ = h.Close() // left over from a Prepare no request followed; the server may have closed it
@@ -31,7 +31,7 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	tc, err := c.handshakeVia(ctx, newCorkConn(raw), addr, []string{"h2", "http/1.1"}, viaOf(raw))
+	tc, inspected, err := c.handshakeVia(ctx, newCorkConn(raw), addr, []string{"h2", "http/1.1"}, viaOf(raw))
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +41,7 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 		return nil, errNotH2
 	}
 	corkOf(ctx, tc)
-	viaSlotOf(ctx, viaOf(raw))
+	viaSlotOf(ctx, viaOf(raw), inspected)
 	return tc, nil
 }
 
@@ -49,12 +49,19 @@ func (c *Client) dialH2(ctx context.Context, _, addr string) (net.Conn, error) {
 // proxy never serves a request routed through another.
 func handoffKey(route, addr string) string { return route + "\x00" + addr }
 
-// viaSlot is where dialH2 leaves the proxy its connection went through, for dialH2Conn.
+// viaSlot is where dialH2 leaves the proxy its connection went through, and whether its
+// origin was trusted through the TLS-inspection CA, for dialH2Conn.
 type viaSlot struct{}
 
-func viaSlotOf(ctx context.Context, via string) {
-	if slot, _ := ctx.Value(viaSlot{}).(*string); slot != nil {
-		*slot = via
+// way is what a viaSlot holds.
+type way struct {
+	via       string
+	inspected bool
+}
+
+func viaSlotOf(ctx context.Context, via string, inspected bool) {
+	if slot, _ := ctx.Value(viaSlot{}).(*way); slot != nil {
+		*slot = way{via, inspected}
 	}
 }
 
@@ -73,8 +80,9 @@ func corkOf(ctx context.Context, c net.Conn) {
 // handedOff is an h2 connection waiting for an HTTP/2 dial, since when.
 type handedOff struct {
 	net.Conn
-	at  time.Time
-	via string
+	at        time.Time
+	via       string
+	inspected bool
 }
 
 // maxHandoffAge is how long a handed-off connection is kept for an HTTP/2 dial. The request
@@ -94,6 +102,8 @@ type h2Conn struct {
 	idle    bool      // no request in flight: counted in Client.nidle
 	removed bool      // out of the pool (closed, or about to be): not to be reserved
 	via     string    // the upstream proxy it goes through
+	// inspected: its origin's certificate verified only through the TLS-inspection CA.
+	inspected bool
 }
 
 // roundTripH2 sends req over HTTP/2, on a connection of pool. It returns errNotH2, with req
@@ -106,7 +116,7 @@ func (c *Client) roundTripH2(req *http.Request, pool Pool, addr string) (*http.R
 		}
 		return nil, err
 	}
-	RouteOf(req.Context()).setVia(e.via)
+	RouteOf(req.Context()).setWay(e.via, e.inspected)
 	if e.cork != nil && bodyFollows(req) {
 		// Its HEADERS frame is flushed on its own, its DATA at once after: both in one write.
 		e.cork.holdNext()
@@ -175,14 +185,14 @@ func (c *Client) reserveH2(ctx context.Context, key connKey, addr string) (*h2Co
 // it to p.
 func (c *Client) dialH2Conn(ctx context.Context, key connKey, p *h2Conns, addr string) (*h2Conn, error) {
 	var cork *corkConn
-	via := ""
-	cc, err := c.h2.NewClientConn(context.WithValue(context.WithValue(ctx, corkSlot{}, &cork), viaSlot{}, &via), "https", addr)
+	var w way
+	cc, err := c.h2.NewClientConn(context.WithValue(context.WithValue(ctx, corkSlot{}, &cork), viaSlot{}, &w), "https", addr)
 	c.mu.Lock()
 	close(p.dialing)
 	p.dialing = nil
 	var e *h2Conn
 	if err == nil {
-		e = &h2Conn{cc: cc, cork: cork, via: via}
+		e = &h2Conn{cc: cc, cork: cork, via: w.via, inspected: w.inspected}
 		p.conns = append(p.conns, e)
 	} else if len(p.conns) == 0 && c.h2conns[key] == p {
 		delete(c.h2conns, key)

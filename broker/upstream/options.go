@@ -51,6 +51,7 @@ func New(opts Options) (*Client, *Dialer, error) {
 	}
 	d := NewDialer(opts.AllowPrivate, opts.DialTimeout, opts.Deny...)
 	var inspect *tls.Config
+	var inspectRoots []*x509.Certificate
 	if opts.Proxy != nil {
 		if err := d.ConfigureProxies(*opts.Proxy); err != nil {
 			return nil, nil, err
@@ -60,14 +61,20 @@ func New(opts Options) (*Client, *Dialer, error) {
 			if err != nil {
 				return nil, nil, err
 			}
-			if err := addPEM(iroots, f); err != nil {
+			certs, err := readPEM(f)
+			if err != nil {
 				return nil, nil, err
 			}
+			for _, cert := range certs {
+				iroots.AddCert(cert)
+			}
 			inspect = &tls.Config{RootCAs: iroots, MinVersion: tls.VersionTLS12}
+			inspectRoots = certs
 		}
 	}
 	c := &Client{
 		inspectTLS:       inspect,
+		inspectRoots:     inspectRoots,
 		dial:             d.DialContext,
 		tls:              &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 		handshakeTimeout: orDefault(opts.TLSHandshakeTimeout, 10*time.Second),
@@ -125,11 +132,20 @@ func rootPool(caFile string) (*x509.CertPool, error) {
 
 // addPEM adds every certificate in caFile to pool; none is an error.
 func addPEM(pool *x509.CertPool, caFile string) error {
+	certs, err := readPEM(caFile)
+	for _, cert := range certs {
+		pool.AddCert(cert)
+	}
+	return err
+}
+
+// readPEM returns every certificate in caFile; none is an error.
+func readPEM(caFile string) ([]*x509.Certificate, error) {
 	data, err := os.ReadFile(caFile)
 	if err != nil {
-		return fmt.Errorf("upstream CA file %q: %w", caFile, err)
+		return nil, fmt.Errorf("upstream CA file %q: %w", caFile, err)
 	}
-	n := 0
+	var certs []*x509.Certificate
 	for {
 		var block *pem.Block
 		block, data = pem.Decode(data)
@@ -141,15 +157,14 @@ func addPEM(pool *x509.CertPool, caFile string) error {
 		}
 		cert, err := x509.ParseCertificate(block.Bytes)
 		if err != nil {
-			return fmt.Errorf("upstream CA file %q: certificate %d: %w", caFile, n+1, err)
+			return nil, fmt.Errorf("upstream CA file %q: certificate %d: %w", caFile, len(certs)+1, err)
 		}
-		pool.AddCert(cert)
-		n++
+		certs = append(certs, cert)
 	}
-	if n == 0 {
-		return fmt.Errorf("upstream CA file %q: no PEM certificate found", caFile)
+	if len(certs) == 0 {
+		return nil, fmt.Errorf("upstream CA file %q: no PEM certificate found", caFile)
 	}
-	return nil
+	return certs, nil
 }
 
 // orDefault treats negative values like zero: a negative timeout is never what was meant.

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/capbroker/capbroker/broker/upstream/egress"
@@ -80,7 +81,8 @@ type ProxyOptions struct {
 	// origins reached through a proxy, never for others.
 	InspectionCAFile string
 	// Observe, when set, is called after every attempt to use a proxy, with its name and
-	// whether it failed (unreachable or refused).
+	// whether it failed (unreachable or refused), and after every direct connection
+	// DialService makes for no_proxy, with Direct.
 	Observe func(proxy string, failed bool)
 }
 
@@ -101,8 +103,9 @@ type proxies struct {
 // (the configuration's choice: the proxies in order, or direct for no_proxy), Direct, or a
 // proxy's name. The dial records the proxy it used in Via.
 type Route struct {
-	Name string
-	via  atomic.Pointer[string]
+	Name      string
+	via       atomic.Pointer[string]
+	inspected atomic.Bool
 }
 
 // Via is the proxy the request's connection went through ("direct" when none); "" before any.
@@ -116,9 +119,19 @@ func (r *Route) Via() string {
 	return ""
 }
 
-func (r *Route) setVia(name string) {
+// Inspected reports whether the origin's certificate on the request's connection verified
+// only through the TLS-inspection CA (ProxyOptions.InspectionCAFile): a proxy on the way
+// re-signed it.
+func (r *Route) Inspected() bool { return r != nil && r.inspected.Load() }
+
+func (r *Route) setVia(name string) { r.setWay(name, false) }
+
+// setWay records the connection a request went over: its proxy, and whether its origin
+// was trusted through the TLS-inspection CA.
+func (r *Route) setWay(via string, inspected bool) {
 	if r != nil {
-		r.via.Store(&name)
+		r.via.Store(&via)
+		r.inspected.Store(inspected)
 	}
 }
 
@@ -161,12 +174,33 @@ func (c *proxiedConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
+// SyscallConn is the TCP connection to the proxy, for the pool's liveness peek (conn.alive):
+// the proxy relays the origin's bytes and its close over it, so a peek there sees what it
+// would on a direct connection. Through an https:// proxy it is the TCP connection under the
+// proxy's TLS: a close, or bytes after a response, still show; records the proxy's tls.Conn
+// has already read do not (nor, on a direct connection, do those under the origin's TLS,
+// which conn.unread looks at instead).
+func (c *proxiedConn) SyscallConn() (syscall.RawConn, error) {
+	under := c.Conn
+	if tc, ok := under.(*tls.Conn); ok {
+		under = tc.NetConn()
+	}
+	sc, ok := under.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("upstream proxy connection: no socket")
+	}
+	return sc.SyscallConn()
+}
+
 // forward is what an absolute-form request through a proxy needs: the authority the proxy is
 // asked for, and the proxy's Authorization.
 type forward struct {
 	target string
 	auth   string
 }
+
+// Via returns the upstream proxy a connection the Dialer made goes through, Direct when none.
+func Via(c net.Conn) string { return viaOf(c) }
 
 // viaOf returns the proxy conn goes through, Direct when none.
 func viaOf(c net.Conn) string {

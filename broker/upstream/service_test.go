@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ type connectProxy struct {
 	ln      net.Listener
 	mu      sync.Mutex
 	targets []string
+	closed  chan struct{} // one value each time the proxy has closed a tunnel's client side
 }
 
 func newConnectProxy(t *testing.T) *connectProxy {
@@ -24,7 +26,7 @@ func newConnectProxy(t *testing.T) *connectProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &connectProxy{ln: ln}
+	p := &connectProxy{ln: ln, closed: make(chan struct{}, 16)}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -39,7 +41,13 @@ func newConnectProxy(t *testing.T) *connectProxy {
 }
 
 func (p *connectProxy) serve(c net.Conn) {
-	defer c.Close()
+	defer func() {
+		c.Close()
+		select {
+		case p.closed <- struct{}{}:
+		default:
+		}
+	}()
 	br := bufio.NewReader(c)
 	req, err := http.ReadRequest(br)
 	if err != nil || req.Method != http.MethodConnect {
@@ -113,9 +121,11 @@ func TestDialServiceFollowsProxyConfigOnly(t *testing.T) {
 
 	proxy := newConnectProxy(t)
 	u, _ := url.Parse("http://" + proxy.ln.Addr().String())
+	var seen []string // what Observe was told, "via failed"
+	observe := func(via string, failed bool) { seen = append(seen, fmt.Sprint(via, " ", failed)) }
 	newDialer := func(noProxy ...string) *Dialer {
 		d := NewDialer(nil, 0)
-		if err := d.ConfigureProxies(ProxyOptions{Proxies: []ProxyServer{{Name: "corp", URL: u}}, NoProxy: noProxy}); err != nil {
+		if err := d.ConfigureProxies(ProxyOptions{Proxies: []ProxyServer{{Name: "corp", URL: u}}, NoProxy: noProxy, Observe: observe}); err != nil {
 			t.Fatal(err)
 		}
 		return d
@@ -132,6 +142,9 @@ func TestDialServiceFollowsProxyConfigOnly(t *testing.T) {
 	if route.Via() != "" {
 		t.Fatalf("the request's via was set to %q by a service dial", route.Via())
 	}
+	if Via(c) != "corp" {
+		t.Fatalf("Via = %q, want corp", Via(c))
+	}
 
 	c, err = newDialer("127.0.0.0/8").DialService(ctx, "tcp", svc.Addr().String())
 	if err != nil {
@@ -140,6 +153,22 @@ func TestDialServiceFollowsProxyConfigOnly(t *testing.T) {
 	readOK(t, c)
 	if got := proxy.asked(); len(got) != 1 {
 		t.Fatalf("no_proxy service went through the proxy: %v", got)
+	}
+	if Via(c) != Direct {
+		t.Fatalf("Via = %q, want direct", Via(c))
+	}
+	// Each connection is observed, through the proxy or direct; a proxy that cannot be
+	// connected to is a failure.
+	dead := NewDialer(nil, 0)
+	du, _ := url.Parse("http://127.0.0.1:1")
+	if err := dead.ConfigureProxies(ProxyOptions{Proxies: []ProxyServer{{Name: "down", URL: du}}, Observe: observe}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dead.DialService(ctx, "tcp", svc.Addr().String()); !errors.Is(err, ErrProxyUnreachable) {
+		t.Fatalf("through a dead proxy: %v", err)
+	}
+	if want := []string{"corp false", "direct false", "down true"}; fmt.Sprint(seen) != fmt.Sprint(want) {
+		t.Fatalf("observed %q, want %q", seen, want)
 	}
 
 	if _, err := newDialer().DialService(ctx, "udp", svc.Addr().String()); err == nil {

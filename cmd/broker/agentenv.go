@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/capbroker/capbroker/broker/config"
 )
@@ -20,18 +23,23 @@ import (
 // replaces or re-signs whatever the agent sends, so the placeholders are worth nothing
 // outside it.
 func cmdAgentEnv(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("agent-env", "agent-env --agent ID [--config FILE] [--proxy HOST:PORT] [--ca-file PATH] [--format sh|env]", stderr)
-	var configPath, agentID, proxyAddr, caFile, format string
+	fs := newFlags("agent-env", "agent-env --agent ID [--config FILE] [--proxy HOST:PORT] [--ca-file PATH] [--write-ca FILE] [--format sh|env]\n       agent-env --print-ca [--config FILE]", stderr)
+	var configPath, agentID, proxyAddr, caFile, writeCA, format string
+	var printCA bool
 	fs.StringVar(&configPath, "config", "", "config file (default: the embedded dev config)")
 	fs.StringVar(&agentID, "agent", "", "the agent's id (required)")
 	fs.StringVar(&proxyAddr, "proxy", "", "host:port the agent reaches the broker at (default: proxy.listen)")
-	fs.StringVar(&caFile, "ca-file", "", "path of the broker's CA certificate as the agent sees it (default: ca.cert_file)")
+	fs.StringVar(&caFile, "ca-file", "", "path of the broker's CA certificate as the agent sees it (default: ca.cert_file, ca.vault_pki.root_file or --write-ca)")
+	fs.StringVar(&writeCA, "write-ca", "", "write the certificate agents trust (ca.vault_pki: the PKI's root, read from Vault) to this file")
+	fs.BoolVar(&printCA, "print-ca", false, "print the certificate agents trust (PEM) and nothing else")
 	fs.StringVar(&format, "format", "sh", "sh: export lines; env: NAME=value lines (docker --env-file, Kubernetes)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := requireFlag(fs, "agent", agentID); err != nil {
-		return err
+	if !printCA {
+		if err := requireFlag(fs, "agent", agentID); err != nil {
+			return err
+		}
 	}
 	if format != "sh" && format != "env" {
 		fmt.Fprintf(stderr, "--format must be sh or env, not %q\n", format)
@@ -45,12 +53,38 @@ func cmdAgentEnv(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if printCA || writeCA != "" {
+		pemCA, err := agentCA(cfg)
+		if err != nil {
+			return fmt.Errorf("agent-env: %w", err)
+		}
+		if printCA {
+			_, err = stdout.Write(pemCA)
+			return err
+		}
+		if err := os.WriteFile(writeCA, pemCA, 0o644); err != nil {
+			return fmt.Errorf("agent-env: --write-ca: %w", err)
+		}
+		if caFile == "" {
+			caFile = writeCA
+		}
+	}
 	i := slices.IndexFunc(cfg.Agents, func(a config.Agent) bool { return a.ID == agentID })
 	if i < 0 {
 		return fmt.Errorf("agent-env: no agent %q in the config", agentID)
 	}
 	if proxyAddr == "" {
 		proxyAddr = cfg.Proxy.Listen
+	}
+	if p := cfg.CA.VaultPKI; p != nil && caFile == "" {
+		if p.RootFile == "" {
+			return errors.New("agent-env: with ca.vault_pki agents trust the PKI's root: pass --write-ca FILE (read from Vault), --ca-file PATH, or set ca.vault_pki.root_file")
+		}
+		abs, err := filepath.Abs(p.RootFile)
+		if err != nil {
+			return err
+		}
+		caFile = abs
 	}
 	if caFile == "" {
 		abs, err := filepath.Abs(cfg.CA.CertFile)
@@ -66,6 +100,17 @@ func cmdAgentEnv(args []string, stdout, stderr io.Writer) error {
 	env := agentEnv(cfg, cfg.Agents[i], agentToken(cfg.Agents[i]), proxyAddr, admin, caFile)
 	writeEnv(stdout, env, format)
 	return nil
+}
+
+// agentCA is the PEM certificate agents trust: ca.cert_file, or with ca.vault_pki the root of
+// the PKI (vaultRoot).
+func agentCA(cfg *config.Config) ([]byte, error) {
+	if cfg.CA.VaultPKI == nil {
+		return os.ReadFile(cfg.CA.CertFile)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return vaultRoot(ctx, cfg)
 }
 
 // agentToken is the agent's proxy password where the broker can read it (token_env,

@@ -10,7 +10,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/policy"
@@ -35,7 +34,7 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 		return configError(*path, err)
 	}
 	var problems []error
-	if _, err := certs.LoadCA(cfg.CA.CertFile, cfg.CA.KeyFile); err != nil {
+	if _, err := loadFileCA(cfg); err != nil {
 		problems = append(problems, fmt.Errorf("ca: %w", err))
 	}
 	if _, err := identity.New(cfg.Agents); err != nil {
@@ -51,6 +50,9 @@ func cmdCheckConfig(args []string, stdout, stderr io.Writer) error {
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		problems = append(problems, creds.check(ctx)...)
+		if err := checkVaultCA(ctx, cfg, creds); err != nil {
+			problems = append(problems, err)
+		}
 		_ = creds.close(ctx)
 		cancel()
 	}

@@ -27,8 +27,9 @@ Usage:
   broker policy eval --policies DIR --input FILE      print the decision for one policy input
   broker policy replay --policies DIR --log FILE      re-decide audit events; exit 1 if any changed
   broker policy learn --from FILE --out DIR          draft a policy from a monitor-mode audit log
-  broker agent-env --agent ID [--config FILE] [--proxy HOST:PORT] [--format sh|env]
+  broker agent-env --agent ID [--config FILE] [--proxy HOST:PORT] [--write-ca FILE] [--format sh|env]
                                                       print an agent shell's proxy, CA and SDK variables
+                                                      (--print-ca: the certificate agents trust, alone)
   broker healthcheck [--admin ADDR] [--path /readyz] exit 0 when the broker's admin endpoint answers 200
   broker approvals list|approve ID|deny ID|grants|revoke ID [--admin URL] [--token-env VAR]
                                                       decide on requests held for approval

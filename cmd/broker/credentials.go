@@ -124,12 +124,34 @@ func buildCredentialsWith(cfg *config.Config, log zerolog.Logger, known *inject.
 			set.checks[name] = func(ctx context.Context) error { _, err := src.Fetch(ctx); return err }
 		}
 	}
+	// The telemetry headers' secrets too (telemetry.headers[i].secret).
+	if t := cfg.Telemetry; t != nil {
+		for i, h := range t.Headers {
+			if h.Secret == nil {
+				continue
+			}
+			name := config.TelemetryCredentialName(i)
+			set.paths[name] = name + ".secret"
+			var src credentials.Source
+			switch sec := h.Secret; {
+			case sec.Env != "":
+				src = credentials.Env{Name: sec.Env}
+			case sec.File != "":
+				src = credentials.File{Path: sec.File}
+			default:
+				ref := credentials.VaultRef{Mount: sec.Vault.Mount, Path: sec.Vault.Path, Field: sec.Vault.Field, KVVersion: sec.Vault.KVVersion, Lease: sec.Vault.Lease}
+				src = set.vault.Source(name, ref)
+			}
+			sources[name] = src
+			set.checks[name] = func(ctx context.Context) error { _, err := src.Fetch(ctx); return err }
+		}
+	}
 	if old != nil && unchanged != nil {
 		set.store = credentials.NewStoreFrom(old, sources, unchanged, opts)
 	} else {
 		set.store = credentials.NewStore(sources, opts)
 	}
-	ownStore.Store(set.store) // the proxies' passwords of the broker's own connections
+	own.store.Store(set.store) // the proxies' passwords of the broker's own connections
 
 	if err := set.derive(cfg, log); err != nil {
 		return nil, err

@@ -24,6 +24,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/tester"
 
 	"github.com/capbroker/capbroker/broker"
+	"github.com/capbroker/capbroker/broker/audit/ocsf"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
@@ -449,6 +450,9 @@ func cmdPolicyReplay(args []string, stdout, stderr io.Writer) error {
 	r := bufio.NewReader(in)
 	for {
 		line, err := r.ReadBytes('\n')
+		if native, ok := ocsf.Native(line); ok { // a log written with audit.format: ocsf
+			line = native
+		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			var ev auditLine
 			dec := json.NewDecoder(bytes.NewReader(line))

@@ -19,6 +19,7 @@ import (
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/credentials"
+	"github.com/capbroker/capbroker/internal/svcdial"
 )
 
 // reloadSettle is how long a change to the config file must be quiet before it is reloaded,
@@ -123,8 +124,17 @@ func (r *reloader) reload(ctx context.Context, trigger string, force bool) {
 		return
 	}
 	r.keepRestartOnly(log, cfg)
+	// The broker's own clients follow the new upstream.proxy from here (the credentials read
+	// now included), or the running one again if the config is refused.
+	prevDialer, prevStore := own.use(cfg), own.store.Load()
+	proxyChanged := !reflect.DeepEqual(r.cur.Upstream.Proxy, cfg.Upstream.Proxy)
+	if proxyChanged {
+		// Kept-alive connections of the own clients went the old way: their next requests dial.
+		svcdial.CloseIdle()
+	}
 	creds, stats, err := r.buildCredentials(ctx, cfg, log)
 	if err != nil {
+		own.restore(prevDialer, prevStore)
 		r.refused(log, err)
 		return
 	}
@@ -133,8 +143,12 @@ func (r *reloader) reload(ctx context.Context, trigger string, force bool) {
 		if creds.vault != r.creds.vault {
 			_ = creds.close(ctx) // the Vault client this config would have added
 		}
+		own.restore(prevDialer, prevStore)
 		r.refused(log, err)
 		return
+	}
+	if proxyChanged {
+		log.Info().Msg("upstream.proxy changed: the broker's own connections follow it from now")
 	}
 	r.ready.p.Store(creds)
 	if cfg.Vault != nil && creds.vault != nil {
@@ -192,6 +206,8 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	keep("policy.dir", old.Policy.Dir, cfg.Policy.Dir, func() { cfg.Policy.Dir = old.Policy.Dir })
 	keep("policy.bundle", old.Policy.Bundle, cfg.Policy.Bundle, func() { cfg.Policy.Bundle = old.Policy.Bundle })
 	keep("audit.file", old.Audit.File, cfg.Audit.File, func() { cfg.Audit.File = old.Audit.File })
+	keep("audit.format", old.Audit.Format, cfg.Audit.Format, func() { cfg.Audit.Format = old.Audit.Format })
+	keep("audit.instance", old.Audit.Instance, cfg.Audit.Instance, func() { cfg.Audit.Instance = old.Audit.Instance })
 	keep("transparent", old.Transparent, cfg.Transparent, func() { cfg.Transparent = old.Transparent })
 	if old.Vault != nil && cfg.Vault != nil {
 		o, n := *old.Vault, *cfg.Vault

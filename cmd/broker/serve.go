@@ -21,7 +21,6 @@ import (
 	"github.com/capbroker/capbroker/broker"
 	"github.com/capbroker/capbroker/broker/approvals"
 	"github.com/capbroker/capbroker/broker/audit"
-	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
@@ -111,7 +110,10 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	log := zerolog.New(o.stderr).Level(level).With().Timestamp().Logger()
 
-	ca, err := certs.LoadCA(cfg.CA.CertFile, cfg.CA.KeyFile)
+	// The broker's own clients connect as cfg's upstream.proxy says (and a reload's, later).
+	own.use(cfg)
+	own.log.Store(&log)
+	ca, err := loadFileCA(cfg) // nil with ca.vault_pki: started below, once Vault is
 	if err != nil {
 		return err
 	}
@@ -141,6 +143,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if err := creds.start(ctx, log); err != nil {
 		return err
 	}
+	if ca == nil {
+		if ca, err = startVaultCA(ctx, cfg, creds, log); err != nil {
+			return err
+		}
+	}
 	reloading := false // rl.run is running
 	rl := &reloader{path: o.configPath, flags: o.flags, log: log, cur: cfg, creds: creds, ready: new(readyStore), done: make(chan struct{})}
 	rl.ready.p.Store(creds)
@@ -167,7 +174,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if f, ok := auditW.(*audit.File); ok {
 		rl.auditFile = f // SIGHUP reopens it, after log rotation
 	}
-	auditLog := audit.New(auditW)
+	auditLog := audit.NewWith(auditW, auditOptions(cfg.Audit))
 	defer auditLog.Close() // before the file closes: the last events are written
 
 	// The listeners close when serve returns, whichever way (the servers close them too
@@ -201,6 +208,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	}
 	metrics := broker.NewMetrics(nil)
 	metrics.SetBuild(version, buildCommit())
+	own.metrics.Store(metrics)
 	approvalsPolicyDir := ""
 	if watch {
 		approvalsPolicyDir = cfg.Policy.Dir
@@ -227,6 +235,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		defer transparentLn.Close()
 		self = append(self, selfAddrs(transparentLn.Addr())...)
 	}
+	tel, err := startTelemetry(ctx, cfg, known, metrics, auditLog, log)
+	if err != nil {
+		return err
+	}
+	defer tel.close()
 	b, err := broker.New(cfg, broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
@@ -235,6 +248,7 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Budgets:   budgets,
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
 		Known:     known,
+		Tracer:    tel.Tracer(),
 	})
 	if err != nil {
 		return err

@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
+	"weak"
 )
 
 // Func dials one of the broker's own services.
@@ -35,7 +37,7 @@ func Transport(dial Func, tlsConf *tls.Config, timeout time.Duration) *http.Tran
 			return nil, fmt.Errorf("dial %s: %w", addr, ErrNoDialer)
 		}
 	}
-	return &http.Transport{
+	t := &http.Transport{
 		Proxy:                 nil, // the broker's own proxy environment is ignored
 		DialContext:           dial,
 		TLSClientConfig:       tlsConf,
@@ -45,4 +47,32 @@ func Transport(dial Func, tlsConf *tls.Config, timeout time.Duration) *http.Tran
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       90 * time.Second,
 	}
+	built.mu.Lock()
+	built.list = append(built.list, weak.Make(t))
+	built.mu.Unlock()
+	return t
+}
+
+// built holds every transport Transport made, weakly: a client dropped (a reload's) is
+// not kept alive by it.
+var built struct {
+	mu   sync.Mutex
+	list []weak.Pointer[http.Transport]
+}
+
+// CloseIdle closes the idle connections of every transport Transport built that is still in
+// use: after a reload that changed how the broker's own connections leave (upstream.proxy),
+// their next requests dial anew rather than reuse a connection that went the old way.
+func CloseIdle() {
+	built.mu.Lock()
+	defer built.mu.Unlock()
+	live := built.list[:0]
+	for _, w := range built.list {
+		if t := w.Value(); t != nil {
+			t.CloseIdleConnections()
+			live = append(live, w)
+		}
+	}
+	clear(built.list[len(live):])
+	built.list = live
 }

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/capbroker/capbroker/broker/audit/ocsf"
 	"github.com/go-json-experiment/json"
 )
 
@@ -114,13 +115,17 @@ type Options struct {
 	SkipDenied bool
 }
 
-// Read learns from an audit log, one JSON event a line; lines that are not decision events are
-// skipped. It fails with ErrNoInput when no decision event carries its input.
+// Read learns from an audit log, one JSON event a line (the broker's own, or OCSF: ocsf.Native);
+// lines that are not decision events are skipped. It fails with ErrNoInput when no decision
+// event carries its input.
 func Read(r io.Reader, o Options) (*Draft, error) {
 	d := &Draft{Agents: map[string]*Agent{}}
 	br := bufio.NewReader(r)
 	for n := 1; ; n++ {
 		line, err := br.ReadBytes('\n')
+		if native, ok := ocsf.Native(line); ok { // a log written with audit.format: ocsf
+			line = native
+		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			// JSON v2: member names match exactly, a name given twice is an error; any other
 			// member of the event is ignored. Not strictjson.Check: the line is the broker's

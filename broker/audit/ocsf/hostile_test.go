@@ -1,0 +1,52 @@
+package ocsf
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/capbroker/capbroker/broker/audit"
+)
+
+// TestHostileText: what an agent, a sandbox's DNS query or an upstream controls (a path, a
+// name with bytes that are not UTF-8, quotes and newlines, a float that is not a number)
+// never costs the event or splits its line: each decision is still its class, on lines of
+// their own, valid against the schema.
+func TestHostileText(t *testing.T) {
+	s := loadSchema(t)
+	enc := New(Options{})
+	for name, e := range map[string]audit.Event{
+		"dns name not UTF-8": {RequestID: "h1", Agent: "a", SourceIP: "10.0.0.5", Phase: "dns", Method: "A", Host: "x\xff\xfe.example\n{\"class_uid\":1}",
+			Decision: audit.Deny, Reason: "refused"},
+		"path with a line of its own": {RequestID: "h2", Agent: "a", SourceIP: "10.0.0.5", Phase: "request", Method: "GET", Scheme: "https",
+			Host: "api.example.com", Port: 443, Path: "/x\n{\"class_uid\":2004}\"\\\xc3", Decision: audit.Deny, Reason: "no \xff"},
+		"cost not a number": {RequestID: "h3", Agent: "a", SourceIP: "10.0.0.5", Phase: "request", Method: "POST", Scheme: "https",
+			Host: "api.openai.com", Port: 443, Path: "/v1/chat/completions", Decision: audit.Allow, Status: 200,
+			LLM: &audit.LLMCall{Provider: "openai", Model: "m\xff", Cost: math.NaN(), Reported: true}},
+		"input not UTF-8": {RequestID: "h4", Agent: "a", SourceIP: "10.0.0.5", Phase: "request", Method: "GET", Scheme: "https",
+			Host: "api.example.com", Port: 443, Path: "/", Decision: audit.Allow, InputLevel: audit.InputFull,
+			Input: map[string]any{"request": map[string]any{"body": "\xff\xfe", "inf": math.Inf(1)}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out := enc.Decision(nil, &e, meta)
+			if n := bytes.Count(out, []byte("\n")); n != len(findingsOf(&e))+1 {
+				t.Fatalf("%d lines: %s", n, out)
+			}
+			raw, evs := lines(t, out)
+			for i := range raw {
+				for _, p := range s.Validate(raw[i]) {
+					t.Errorf("line %d: %s", i, p)
+				}
+				want(t, evs[i], "metadata.correlation_uid", e.RequestID)
+			}
+			if c, _, _ := classOf(&e); evs[0]["class_uid"] != float64(c) {
+				t.Errorf("class %v, want %d", evs[0]["class_uid"], c)
+			}
+			if !json.Valid(out[:bytes.IndexByte(out, '\n')]) || strings.Contains(string(out), "encoding failed") {
+				t.Errorf("event lost: %s", out)
+			}
+		})
+	}
+}
