@@ -162,9 +162,11 @@ func (c *Conn) serveOne() outcome {
 	if !c.goIdle() {
 		return closing
 	}
+	c.releaseWriter()
 	if o := c.waitRequest(); o != next {
 		return o
 	}
+	c.takeWriter()
 	c.src.setDeadline(time.Now().Add(c.s.ReadHeaderTimeout))
 	c.src.limit = int64(c.s.MaxHeaderBytes) + 4096 // net/http's allowance beyond the limit
 	req, err := http.ReadRequest(c.br)
@@ -359,10 +361,28 @@ func (c *Conn) putBuffers() {
 		return
 	}
 	c.br.Reset(nil)
-	c.bw.Reset(nil)
 	readers.Put(c.br)
+	c.br = nil
+	c.releaseWriter()
+}
+
+// releaseWriter gives the writer back while the connection waits for a request: it is a
+// record's size, and a connection kept alive between requests needs none (takeWriter).
+func (c *Conn) releaseWriter() {
+	if c.bw == nil {
+		return
+	}
+	c.bw.Reset(nil)
 	writers.Put(c.bw)
-	c.br, c.bw = nil, nil
+	c.bw = nil
+}
+
+// takeWriter gives the connection a writer for the request that has begun.
+func (c *Conn) takeWriter() {
+	if c.bw == nil {
+		c.bw = writers.Get().(*bufio.Writer)
+		c.bw.Reset(c.raw)
+	}
 }
 
 // source is what the connection's reader reads: the connection, with a byte put back by a
