@@ -37,9 +37,10 @@ func main() {
 	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
 	flag.IntVar(&o.idle, "idle", 200, "idle intercepted connections held for the memory figure")
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
+	flag.IntVar(&o.bulkPairs, "bulk-pairs", 3, "pairs of 256 MiB transfers each way for the bulk targets (-only bulk: intercept/relay and full/intercept alone)")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; postgres-pairs: pgbench's default workload through the Postgres front door over direct, paired, with statement decisions off and on (-conns clients, 8 by default; -slice of at least 2s; root, Debian's postgresql and a Vault binary); curves: only the curves of -curves; charts: only draw the charts")
+	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; postgres-pairs: pgbench's default workload through the Postgres front door over direct, paired, with statement decisions off and on (-conns clients, 8 by default; -slice of at least 2s; root, Debian's postgresql and a Vault binary); curves: only the curves of -curves; charts: only draw the charts; bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs; secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs; per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.IntVar(&o.sshMiB, "ssh-mib", 300, "-only ssh-clone: the size of the repository cloned, in MiB")
 	flag.BoolVar(&keepAlive, "keepalive", true, "clients keep their connections between requests; false: a connection (a CONNECT and a TLS handshake through a proxy) per request, as one curl command makes")
@@ -90,6 +91,7 @@ type options struct {
 	peers             []string
 	out               string
 	only              string
+	bulkPairs         int
 	conns             int
 	pairs             int
 	slice             time.Duration
@@ -101,6 +103,10 @@ type options struct {
 
 func run(ctx context.Context, o options) error {
 	start := time.Now()
+	if o.only == "secrets" { // in this process: no broker to start
+		measureSecrets(max(o.pairs, 1)).print(os.Stdout)
+		return nil
+	}
 	dir, err := os.MkdirTemp("", "brokerbench-")
 	if err != nil {
 		return err
@@ -201,6 +207,14 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.only == "sse" {
 		measureSSE(ctx, up, paths, s.SSE)
+		return nil
+	}
+	if o.only == "bulk" {
+		return bulkOnly(ctx, up, p, intercept, fullPath, o)
+	}
+	if o.only == "per-command" {
+		r := measurePerCommand(ctx, p, up, bare, full, max(o.pairs, 1))
+		r.print(os.Stdout)
 		return nil
 	}
 	if o.only == "floor" {
@@ -317,18 +331,23 @@ func run(ctx context.Context, o options) error {
 
 	if o.big {
 		fmt.Fprintln(os.Stderr, "256 MiB download and upload...")
-		for _, pa := range paths {
+		for _, pa := range []*path{direct, paths[1]} {
 			pa.client = pa.withConns(p, 1)
-			t := transfer{}
-			t.DownloadMBps = pa.download(ctx, up.url(pa.host(), "/v1/models/download"))
-			uploadHost := pa.host()
-			if pa.name == "full" {
-				uploadHost = hostGit // the shipped llm policy refuses bodies it cannot parse
+			s.Transfer[pa.name] = transfer{
+				DownloadMBps: pa.download(ctx, up.url(pa.host(), "/v1/models/download")),
+				UploadMBps:   pa.upload(ctx, up.url(pa.host(), "/bench/repo.git/git-upload-pack")),
 			}
-			t.UploadMBps = pa.upload(ctx, up.url(uploadHost, "/bench/repo.git/git-upload-pack"))
-			s.Transfer[pa.name] = t
 		}
+		s.Bulk = map[string]bulkPairs{}
+		if i := slices.IndexFunc(all, func(pa *path) bool { return pa.name == "relay" }); i >= 0 {
+			s.Bulk["intercept/relay"] = s.measureBulk(ctx, p, up, intercept, all[i], max(o.bulkPairs, 1))
+		}
+		s.Bulk["full/intercept"] = s.measureBulk(ctx, p, up, fullPath, intercept, max(o.bulkPairs, 1))
 	}
+	fmt.Fprintln(os.Stderr, "scrubbing with 100 keys over 1, paired...")
+	s.Secrets = measureSecrets(max(o.pairs/2, 5))
+	fmt.Fprintln(os.Stderr, "a connection per request...")
+	s.PerCommand = measurePerCommand(ctx, p, up, bare, full, max(o.pairs/4, 3))
 	s.Seconds = time.Since(start).Seconds()
 	s.ratios()
 	s.print(os.Stdout)

@@ -44,6 +44,12 @@ type summary struct {
 	IdleConnBytes   int64                `json:"idle_intercepted_conn_bytes"`
 	SSE             map[string]sseResult `json:"sse_delay"`
 	Transfer        map[string]transfer  `json:"transfer_256mib"`
+	// Bulk are the 256 MiB transfers' paired ratios, by "num/den" (bulk.go).
+	Bulk map[string]bulkPairs `json:"bulk_paired,omitempty"`
+	// Secrets is scrubbing with many keys over one key, paired (secrets.go).
+	Secrets secretsResult `json:"scrub_secrets_paired,omitempty"`
+	// PerCommand is a connection per request, split into its parts (percommand.go).
+	PerCommand *perCommand `json:"connection_per_request,omitempty"`
 	// H2Upstream is each path to the HTTP/1.1 and the h2 upstream in adjacent slices (h2.go).
 	H2Upstream *h2Result `json:"h2_upstream,omitempty"`
 	// Peers are the other proxies measured on the same upstream, or why they were skipped;
@@ -187,6 +193,12 @@ func (s *summary) print(out io.Writer) {
 		}
 	}
 	s.Transparent.print(out)
+	if len(s.Bulk) > 0 || s.Secrets != nil || s.PerCommand != nil {
+		fmt.Fprintln(out, "\nbulk transfers, many keys, a connection per request (issue 40):")
+		s.printBulk(out)
+		s.Secrets.print(out)
+		s.PerCommand.print(out)
+	}
 	s.printTargets(out)
 	fmt.Fprintf(out, "took %.0f s\n", s.Seconds)
 }

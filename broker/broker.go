@@ -190,6 +190,7 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 	}
 	b.gen.Store(g)
 	b.mitmTLS = b.newMitmTLS()
+	b.mitmTLS.CurvePreferences = cfg.TLS.Curves()
 	m.configure(cfg)
 	m.watch(b.certs.Len, b.audit.Lost, b.openTunnels, func() Secrets { return b.gen.Load().secrets })
 	m.watchCA(deps.CA)

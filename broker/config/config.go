@@ -32,6 +32,7 @@ type Config struct {
 	Postgres    Postgres     `yaml:"postgres"`
 	Telemetry   *Telemetry   `yaml:"telemetry"`
 	Fleet       *Fleet       `yaml:"fleet"`
+	TLS         AgentTLS     `yaml:"tls"`
 }
 
 type Proxy struct {

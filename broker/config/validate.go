@@ -92,6 +92,7 @@ func (c *Config) Validate() []error {
 	if c.validateTelemetry(&e) && c.Vault == nil {
 		e.add("vault", "required: a telemetry header's secret has a vault source")
 	}
+	c.validateAgentTLS(&e)
 	return e
 }
 

@@ -197,6 +197,7 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	}
 	keep("proxy.listen", old.Proxy.Listen, cfg.Proxy.Listen, func() { cfg.Proxy.Listen = old.Proxy.Listen })
 	keep("transparent.listen", old.Transparent.Listen, cfg.Transparent.Listen, func() { cfg.Transparent.Listen = old.Transparent.Listen })
+	keep("tls.agent_curves", old.TLS.AgentCurves, cfg.TLS.AgentCurves, func() { cfg.TLS.AgentCurves = old.TLS.AgentCurves })
 	keep("admin.listen", old.Admin.Listen, cfg.Admin.Listen, func() { cfg.Admin.Listen = old.Admin.Listen })
 	keep("admin", old.Admin, cfg.Admin, func() { cfg.Admin = old.Admin })
 	keep("approvals", old.Approvals, cfg.Approvals, func() { cfg.Approvals = old.Approvals })

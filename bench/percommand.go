@@ -1,0 +1,151 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// A connection per request, as `curl` in a loop or `git` makes them: dial the broker, CONNECT,
+// the agent-leg TLS handshake (resumed: the client keeps a session cache, as caching clients
+// do), one small request, close. Measured on the bare broker in batches that stop after each
+// step (the CONNECT's answer; the handshake; the request's response), so that the broker's
+// CPU time per connection of each step is the difference of two batches', and for two key
+// exchanges the client offers: the default (X25519MLKEM768 first, which the broker picks)
+// and X25519 alone (what an operator's tls.agent_curves [X25519] makes every handshake).
+
+type perCommand struct {
+	Conns int `json:"conns_per_batch"`
+	// Steps are by key exchange ("X25519MLKEM768", "X25519"): the broker's CPU time per
+	// connection up to each step's end, and the client's median wall time of each step.
+	Steps map[string]perCommandSteps `json:"steps"`
+}
+
+type perCommandSteps struct {
+	CPUUS  [3]float64 `json:"broker_cpu_us"` // up to the CONNECT's answer, the handshake, the response
+	WallUS [3]float64 `json:"wall_us"`       // of each step alone: CONNECT, handshake, request
+}
+
+var stepNames = [3]string{"CONNECT", "TLS handshake", "request"}
+
+// measurePerCommand runs batches of conns connections each, rounds times per step and curve,
+// and keeps each figure's median.
+func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broker, rounds int) *perCommand {
+	const conns = 400
+	r := &perCommand{Conns: conns, Steps: map[string]perCommandSteps{}}
+	target := net.JoinHostPort(hostIntercept, strconv.Itoa(up.port))
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+bare.token))
+	for _, curve := range []struct {
+		name string
+		ids  []tls.CurveID
+	}{{"X25519MLKEM768", nil}, {"X25519", []tls.CurveID{tls.X25519}}} {
+		cache := tls.NewLRUClientSessionCache(64)
+		var st perCommandSteps
+		var cpu [3][]float64
+		var wall [3][]time.Duration
+		for range rounds {
+			for step := range 3 {
+				c0 := bare.cpu()
+				for range conns {
+					d, err := oneCommand(ctx, bare.proxyAddr, target, auth, &tls.Config{
+						RootCAs: bare.caPool, ServerName: hostIntercept, ClientSessionCache: cache,
+						CurvePreferences: curve.ids, NextProtos: []string{"http/1.1"},
+					}, step)
+					if err != nil {
+						fmt.Fprintf(stderr, "  connection per request (%s): %v\n", stepNames[step], err)
+						return r
+					}
+					for i := range step + 1 {
+						wall[i] = append(wall[i], d[i])
+					}
+				}
+				cpu[step] = append(cpu[step], float64((bare.cpu()-c0).Microseconds())/conns)
+			}
+		}
+		for i := range 3 {
+			st.CPUUS[i] = median(cpu[i])
+			slices.Sort(wall[i])
+			st.WallUS[i] = float64(wall[i][len(wall[i])/2].Microseconds())
+		}
+		r.Steps[curve.name] = st
+		fmt.Fprintf(stderr, "  connection per request, %s: broker CPU %.0f / %.0f / %.0f µs up to the CONNECT's answer / the handshake / the response\n", curve.name, st.CPUUS[0], st.CPUUS[1], st.CPUUS[2])
+	}
+	return r
+}
+
+// oneCommand makes one connection through the broker to target, up to step (0: CONNECT, 1:
+// the handshake, 2: a request), and returns each step's wall time.
+func oneCommand(ctx context.Context, proxy, target, auth string, cfg *tls.Config, step int) ([3]time.Duration, error) {
+	var d [3]time.Duration
+	t := time.Now()
+	var dialer net.Dialer
+	nc, err := dialer.DialContext(ctx, "tcp", proxy)
+	if err != nil {
+		return d, err
+	}
+	defer nc.Close()
+	if _, err := fmt.Fprintf(nc, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\n\r\n", target, target, auth); err != nil {
+		return d, err
+	}
+	br := bufio.NewReader(nc)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		return d, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return d, fmt.Errorf("CONNECT: %s", resp.Status)
+	}
+	d[0] = time.Since(t)
+	if step == 0 {
+		return d, nil
+	}
+	t = time.Now()
+	tc := tls.Client(nc, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return d, err
+	}
+	d[1] = time.Since(t)
+	if step == 1 {
+		return d, nil
+	}
+	t = time.Now()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+target+chatPath, bytes.NewReader(requestBody))
+	req.Header.Set("Content-Type", "application/json")
+	if err := req.Write(tc); err != nil {
+		return d, err
+	}
+	resp, err = http.ReadResponse(bufio.NewReader(tc), req)
+	if err != nil {
+		return d, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return d, fmt.Errorf("request: %s", resp.Status)
+	}
+	d[2] = time.Since(t)
+	return d, nil
+}
+
+func (r *perCommand) print(out io.Writer) {
+	if r == nil {
+		return
+	}
+	for _, name := range []string{"X25519MLKEM768", "X25519"} {
+		st, ok := r.Steps[name]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(out, "  connection per request, key exchange %s: broker CPU per connection %.0f µs (CONNECT %.0f, TLS handshake %.0f, request %.0f); client wall time CONNECT %.0f, handshake %.0f, request %.0f µs\n",
+			name, st.CPUUS[2], st.CPUUS[0], st.CPUUS[1]-st.CPUUS[0], st.CPUUS[2]-st.CPUUS[1], st.WallUS[0], st.WallUS[1], st.WallUS[2])
+	}
+}
