@@ -115,6 +115,10 @@ func (b *Broker) serveRedirected(ctx context.Context, c net.Conn) {
 		reset(ac)
 		return
 	}
+	if door := b.sshFor(port); door != nil {
+		b.serveSSHRedirected(ctx, door, ac, flow, agent)
+		return
+	}
 	_ = c.SetReadDeadline(time.Now().Add(peekTimeout))
 	hello, peeked, err := transparent.Peek(c, transparent.MaxPeek)
 	if err != nil {
