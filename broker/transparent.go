@@ -115,8 +115,9 @@ func (b *Broker) serveRedirected(ctx context.Context, c net.Conn) {
 		reset(ac)
 		return
 	}
-	if door := b.sshFor(port); door != nil {
-		b.serveSSHRedirected(ctx, door, ac, flow, agent)
+	if door := b.sshFor(flow.Host, port); door != nil { // git over SSH (broker/transparent_ssh.go)
+		defer ac.release()
+		door.ServeRedirected(ctx, ac, agent, flow.Host, port)
 		return
 	}
 	_ = c.SetReadDeadline(time.Now().Add(peekTimeout))

@@ -62,8 +62,8 @@ func (e *events) next(t *testing.T) *audit.Event {
 // with the broker's host key and no sign-in of its own, decided and audited as transparent.
 func TestServeRedirected(t *testing.T) {
 	s, agent, hostKey, pol, ev := redirectDoor(t)
-	if !s.Serves(22) || s.Serves(443) {
-		t.Fatal("Serves: want port 22 only")
+	if !s.Serves("git.test", 22) || !s.Serves("GIT.test.", 22) || s.Serves("git.test", 443) || s.Serves("evil.test", 22) {
+		t.Fatal("Serves: want git.test:22 only")
 	}
 	agentSide, brokerSide := tcpPair(t)
 	done := make(chan struct{})

@@ -265,15 +265,11 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	}
 }
 
-// Serves reports whether port is the port of a git host the front door serves: in
-// transparent mode, a redirected connection to it is SSH.
-func (s *Server) Serves(port int) bool {
-	for _, t := range s.targets {
-		if t.cfg.Port == port {
-			return true
-		}
-	}
-	return false
+// Serves reports whether host:port is a git host the front door serves: in transparent
+// mode, a redirected connection to it is SSH.
+func (s *Server) Serves(host string, port int) bool {
+	_, ok := s.targets[fmt.Sprintf("%s:%d", strings.ToLower(strings.TrimSuffix(host, ".")), port)]
+	return ok
 }
 
 // ServeRedirected serves a connection the sandbox's rules redirected (transparent mode) to

@@ -173,14 +173,15 @@ ssh:
 	})
 
 	t.Run("an address no name was answered for is refused", func(t *testing.T) {
-		// SSH names no host: an address the resolver did not give out has no name, and is
-		// not served (not trusted as whatever git host the agent says it is).
+		// SSH names no host: an address the resolver did not give out has no name, so it is
+		// never served as a git host (as whatever git host the agent would say it is); it is
+		// peeked as TLS or HTTP, which SSH is not.
 		out, err := sn.agent(t, env, "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "git@192.0.2.7", "git-upload-pack 'org/repo.git'")
 		if err == nil || strings.Contains(out, "version") {
 			t.Fatalf("ssh to an address: %v\n%s", err, out)
 		}
 		b.waitAuditWhere(t, 1, "the refused flow's audit event", func(e auditEvent) bool {
-			return e["host"] == "192.0.2.7" && e["decision"] == "deny" && strings.Contains(fmt.Sprint(e["reason"]), "SSH names no host")
+			return e["host"] == "192.0.2.7" && e["decision"] == "deny" && strings.HasPrefix(fmt.Sprint(e["reason"]), "not TLS or HTTP")
 		})
 	})
 
