@@ -133,6 +133,8 @@ type Broker struct {
 	// names maps the addresses the sandbox's resolver answered to their names (transparent
 	// mode): shared by the resolver and the transparent listener.
 	names *transparent.Names
+	// sshDoor is the git-over-SSH front door redirected SSH connections go to (SetSSHDoor).
+	sshDoor atomic.Pointer[sshDoorRef]
 	// origDst and lookup are transparent.OriginalDst and the system resolver, unless a test
 	// replaces them (see broker/transparent.go).
 	origDst func(net.Conn) (netip.AddrPort, error)

@@ -201,10 +201,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// conn is one agent connection (the jump host's) and who it is.
+// conn is one agent connection (the jump host's, or a redirected one) and who it is.
 type conn struct {
 	agent  identity.Agent
 	source string
+	mode   string // audit.ModeExplicit, or audit.ModeTransparent for a redirected connection
 }
 
 // serveConn runs the outer connection: the agent signs in and asks for git hosts by name
@@ -219,7 +220,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	}
 	_ = nc.SetDeadline(time.Time{})
 	defer sc.Close()
-	c := &conn{agent: sc.Permissions.ExtraData[agentKey{}].(identity.Agent), source: sourceAddr(nc.RemoteAddr()).String()}
+	c := &conn{agent: sc.Permissions.ExtraData[agentKey{}].(identity.Agent), source: sourceAddr(nc.RemoteAddr()).String(), mode: audit.ModeExplicit}
 	go s.refuseRequests(c, reqs)
 	for nch := range chans {
 		if nch.ChannelType() != "direct-tcpip" {
@@ -259,22 +260,59 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		go ssh.DiscardRequests(creqs)
 		go func() {
 			defer release()
-			s.serveInner(ctx, c, t, ch)
+			s.serveInner(ctx, c, t, channelConn{ch})
 		}()
 	}
 }
 
-// serveInner answers the agent's SSH connection to the git host t, carried in a channel of
-// its jump-host connection: the agent already signed in there, so this one takes no
-// credential of its own.
-func (s *Server) serveInner(ctx context.Context, c *conn, t *target, ch ssh.Channel) {
-	defer ch.Close()
-	cfg := &ssh.ServerConfig{NoClientAuth: true, ServerVersion: "SSH-2.0-capbroker"}
-	cfg.AddHostKey(s.deps.HostKey)
-	sc, chans, reqs, err := ssh.NewServerConn(channelConn{ch}, cfg)
-	if err != nil {
+// Serves reports whether host:port is a git host the front door serves: in transparent
+// mode, a redirected connection to it is SSH.
+func (s *Server) Serves(host string, port int) bool {
+	_, ok := s.targets[fmt.Sprintf("%s:%d", strings.ToLower(strings.TrimSuffix(host, ".")), port)]
+	return ok
+}
+
+// ServeRedirected serves a connection the sandbox's rules redirected (transparent mode) to
+// host:port, the name its address was given by the sandbox's resolver: the agent, already
+// identified by its source address, speaks to the git host directly, and the broker
+// answers as that host, as it answers a ProxyJump's inner connection. It closes nc.
+func (s *Server) ServeRedirected(ctx context.Context, nc net.Conn, agent identity.Agent, host string, port int) {
+	defer nc.Close()
+	c := &conn{agent: agent, source: sourceAddr(nc.RemoteAddr()).String(), mode: audit.ModeTransparent}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	t, ok := s.targets[fmt.Sprintf("%s:%d", host, port)]
+	if !ok {
+		ev := s.event(c, host, port)
+		ev.Decision, ev.Reason = audit.Deny, fmt.Sprintf("%s port %d is not a git host the broker serves over SSH", host, port)
+		s.finish(ev, "none")
 		return
 	}
+	release, ok := s.admit(agent.ID)
+	if !ok {
+		ev := s.event(c, host, port)
+		ev.Decision, ev.Reason, ev.Status = audit.Deny, fmt.Sprintf("agent %s has %d connections to git hosts open, the most ssh.max_sessions_per_agent allows", agent.ID, s.cfg.MaxSessionsPerAgent), 429
+		s.finish(ev, "none")
+		return
+	}
+	defer release()
+	s.serveInner(ctx, c, t, nc)
+}
+
+// serveInner answers the agent's SSH connection to the git host t: carried in a channel of
+// its jump-host connection, or redirected to the broker in transparent mode. The agent was
+// identified already (its jump-host sign-in, its source address), so this connection takes
+// no credential of its own.
+func (s *Server) serveInner(ctx context.Context, c *conn, t *target, nc net.Conn) {
+	defer nc.Close()
+	cfg := &ssh.ServerConfig{NoClientAuth: true, ServerVersion: "SSH-2.0-capbroker"}
+	cfg.AddHostKey(s.deps.HostKey)
+	_ = nc.SetDeadline(time.Now().Add(handshakeTimeout))
+	sc, chans, reqs, err := ssh.NewServerConn(nc, cfg)
+	if err != nil {
+		s.deps.Log.Debug().Err(err).Str("source_ip", c.source).Msg("ssh handshake failed")
+		return
+	}
+	_ = nc.SetDeadline(time.Time{})
 	defer sc.Close()
 	go s.refuseRequests(c, reqs)
 	// One git command at a time per connection, as git runs them: the per-agent cap counts
@@ -331,7 +369,7 @@ func (s *Server) refuseChannel(c *conn, nch ssh.NewChannel, host string, port in
 func (s *Server) event(c *conn, host string, port int) *audit.Event {
 	return &audit.Event{
 		RequestID: newID(), Agent: c.agent.ID, SourceIP: c.source, Phase: policy.PhaseSSH, Scheme: "ssh",
-		Host: host, Port: port, Start: time.Now(), Mode: audit.ModeExplicit, PolicyMode: s.policyMode,
+		Host: host, Port: port, Start: time.Now(), Mode: c.mode, PolicyMode: s.policyMode,
 	}
 }
 

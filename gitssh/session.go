@@ -254,7 +254,7 @@ func (s *Server) decide(ctx context.Context, ev *audit.Event, c *conn, t *target
 		refList[i] = map[string]any{"name": r.Name, "old": r.Old, "new": r.New}
 	}
 	in := &policy.Input{
-		Phase: policy.PhaseSSH, AgentID: c.agent.ID, Labels: c.agent.Labels, SourceIP: c.source, Mode: audit.ModeExplicit,
+		Phase: policy.PhaseSSH, AgentID: c.agent.ID, Labels: c.agent.Labels, SourceIP: c.source, Mode: c.mode,
 		Scheme: "ssh", Host: t.cfg.Host, Port: t.cfg.Port,
 		SSH: map[string]any{
 			"host": t.cfg.Host, "port": t.cfg.Port, "user": user,

@@ -45,6 +45,7 @@ func serveSSH(ctx context.Context, ln net.Listener, cfg *config.Config, b *broke
 	if err != nil {
 		return err
 	}
+	b.SetSSHDoor(door) // transparent mode: a redirected connection to a git host's SSH port
 	log.Info().Str("ssh", ln.Addr().String()).Msg("listening for git over ssh")
 	go func() {
 		if err := door.Serve(ctx, ln); err != nil {

@@ -85,6 +85,13 @@ func (c *Encoder) activity(ev *event, e *audit.Event, m audit.Meta) {
 			ev.SrcEndpoint = &endpoint{Name: "unknown"}
 		}
 		ev.DstEndpoint = hostEndpoint(e.Host, e.Port)
+		if e.SSH != nil { // a git session: no HTTP under it
+			ev.API = sshAPI(e)
+			if e.SSH.Repository != "" {
+				ev.Resources = []resource{{Name: e.SSH.Repository, Type: "git_repository"}}
+			}
+			break
+		}
 		ev.HTTPRequest = httpRequestOf(e)
 		if e.Status > 0 {
 			ev.HTTPResponse = &httpResponse{Code: e.Status}
@@ -132,8 +139,17 @@ func classOf(e *audit.Event) (class, activity int, name string) {
 			return classHTTPActivity, id, httpActivityNames[id]
 		}
 		return classHTTPActivity, 99, e.Method
+	case e.SSH != nil: // a git command over SSH: a fetch reads the repository, a push updates it
+		switch e.SSH.Service {
+		case "fetch", "archive":
+			return classAPIActivity, 2, "Read"
+		case "push":
+			return classAPIActivity, 3, "Update"
+		}
+		return classAPIActivity, 99, "Other" // a shell, a subsystem, a command git never runs
 	}
-	// connect, a refused flow, and the phases of other protocols
+	// connect, a refused flow, an SSH connection refused before any command, and the phases
+	// of other protocols
 	if e.Decision == audit.Allow {
 		return classNetworkActivity, 1, "Open"
 	}
@@ -149,14 +165,19 @@ var httpActivityNames = map[int]string{
 }
 
 func message(e *audit.Event) string {
-	target := e.Host
+	target, method := e.Host, e.Method
 	if e.Port != 0 {
 		target += ":" + itoa(e.Port)
 	}
-	if e.Phase == "request" {
+	switch {
+	case e.Phase == "request":
 		target = e.Scheme + "://" + target + e.Path
+	case e.SSH != nil:
+		target, method = "ssh://"+target+"/"+e.SSH.Repository, sshOperation(e.SSH)
+	case method == "":
+		method = e.Phase
 	}
-	s := e.Decision + " " + e.Method + " " + target
+	s := e.Decision + " " + method + " " + target
 	if e.Agent != "" {
 		s = e.Agent + ": " + s
 	}
@@ -204,6 +225,21 @@ func apiOf(e *audit.Event) *api {
 		a.Service.Name = e.LLM.Provider
 	}
 	return a
+}
+
+// sshAPI is a git command over SSH as an API call: the service (fetch, push, archive) is
+// the operation, the git host the service.
+func sshAPI(e *audit.Event) *api {
+	return &api{Operation: sshOperation(e.SSH), Service: &service{Name: e.Host}, Request: &request{UID: e.RequestID}}
+}
+
+// sshOperation is the git service of a session, or "none" for one that ran no git command
+// (the metrics' label).
+func sshOperation(x *audit.SSHSession) string {
+	if x.Service == "" {
+		return "none"
+	}
+	return x.Service
 }
 
 // Kinds of finding.
@@ -284,6 +320,9 @@ func evidenceOf(e *audit.Event) evidence {
 		ev.DstEndpoint = hostEndpoint(e.Host, e.Port)
 		ev.HTTPRequest = httpRequestOf(e)
 	default:
+		if e.SSH != nil {
+			ev.API = sshAPI(e)
+		}
 		ev.DstEndpoint = hostEndpoint(e.Host, e.Port)
 	}
 	if ev.Actor == nil && ev.SrcEndpoint == nil && ev.DstEndpoint == nil && ev.Query == nil {
@@ -314,6 +353,9 @@ type native struct {
 	MCP            *mcpCall       `json:"mcp,omitempty"`
 	JSONRPC        *jsonrpcCall   `json:"jsonrpc,omitempty"`
 	LLM            *llmCall       `json:"llm,omitempty"`
+	SSH            *sshSession    `json:"ssh,omitempty"`
+	BytesIn        int64          `json:"bytes_in,omitzero"`
+	BytesOut       int64          `json:"bytes_out,omitzero"`
 	Approval       *approval      `json:"approval,omitempty"`
 	InputLevel     string         `json:"input_level,omitempty"`
 	Input          map[string]any `json:"input,omitempty"`
@@ -349,6 +391,22 @@ type llmCall struct {
 	Cost           float64 `json:"cost"`
 	UsageReported  bool    `json:"usage_reported"`
 	UsageEstimated bool    `json:"usage_estimated,omitzero"`
+}
+
+// sshSession is the JSON line's "ssh" object (CONTRACT §8b).
+type sshSession struct {
+	Host       string   `json:"host"`
+	Port       int      `json:"port"`
+	User       string   `json:"user"`
+	Service    string   `json:"service"`
+	Repository string   `json:"repository"`
+	Refs       []sshRef `json:"refs"`
+}
+
+type sshRef struct {
+	Name string `json:"name"`
+	Old  string `json:"old"`
+	New  string `json:"new"`
 }
 
 type approval struct {
@@ -391,6 +449,15 @@ func unmappedOf(e *audit.Event, m audit.Meta) *native {
 	if l := e.LLM; l != nil {
 		u.LLM = &llmCall{Provider: l.Provider, Model: l.Model, TokensIn: l.TokensIn, TokensOut: l.TokensOut,
 			TokensCached: l.TokensCached, Cost: l.Cost, UsageReported: l.Reported, UsageEstimated: l.Estimated}
+	}
+	if x := e.SSH; x != nil {
+		u.SSH = &sshSession{Host: x.Host, Port: x.Port, User: x.User, Service: x.Service, Repository: x.Repository,
+			Refs: make([]sshRef, len(x.Refs))}
+		for i, r := range x.Refs {
+			u.SSH.Refs[i] = sshRef(r)
+		}
+		// API Activity has no traffic attribute: the bytes each way stay here
+		u.BytesIn, u.BytesOut = e.BytesIn, e.BytesOut
 	}
 	if a := e.Approval; a != nil {
 		u.Approval = &approval{ID: a.ID, Outcome: a.Outcome, By: a.By, Scope: a.Scope, Comment: a.Comment, Grant: a.Grant}

@@ -28,6 +28,10 @@ func TestHostileText(t *testing.T) {
 		"input not UTF-8": {RequestID: "h4", Agent: "a", SourceIP: "10.0.0.5", Phase: "request", Method: "GET", Scheme: "https",
 			Host: "api.example.com", Port: 443, Path: "/", Decision: audit.Allow, InputLevel: audit.InputFull,
 			Input: map[string]any{"request": map[string]any{"body": "\xff\xfe", "inf": math.Inf(1)}}},
+		"ssh ref and repository": {RequestID: "h5", Agent: "a", SourceIP: "10.0.0.5", Phase: "ssh", Scheme: "ssh", Host: "git.test",
+			Port: 22, Decision: audit.Deny, Reason: "no",
+			SSH: &audit.SSHSession{Host: "git.test", Port: 22, User: "git\n", Service: "push", Repository: "o/r\n{\"class_uid\":2004}\xff",
+				Refs: []audit.SSHRef{{Name: "refs/heads/\xc3\n\"", Old: "0", New: "1"}}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			out := enc.Decision(nil, &e, meta)

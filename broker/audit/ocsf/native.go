@@ -93,7 +93,7 @@ func Native(line []byte) (native []byte, ok bool) {
 		}
 	case ev.Query != nil:
 		out.Method, out.Host = ev.Query.Type, ev.Query.Hostname
-	case ev.ClassUID == classNetworkActivity:
+	case ev.ClassUID == classNetworkActivity && u.Phase != "ssh": // an SSH connection has no method
 		out.Method = "CONNECT"
 	}
 	b, err := stdjson.Marshal(out)

@@ -203,6 +203,67 @@ var cases = map[string]struct {
 			want(t, evs[0], "unmapped.error", "dial tcp: connection refused")
 		},
 	},
+	"ssh push allowed": {
+		ev: audit.Event{RequestID: "r15", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "ssh", Scheme: "ssh", Host: "github.com",
+			Port: 22, Decision: audit.Allow, BytesIn: 4096, BytesOut: 512, Start: t0, Mode: "transparent", TraceID: "t1",
+			SSH: &audit.SSHSession{Host: "github.com", Port: 22, User: "git", Service: "push", Repository: "org/repo.git",
+				Refs: []audit.SSHRef{{Name: "refs/heads/agent/x", Old: "0000", New: "abcd"}}}},
+		classes: []int{classAPIActivity},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_id", 3.0)
+			want(t, evs[0], "activity_name", "Update")
+			want(t, evs[0], "api.operation", "push")
+			want(t, evs[0], "api.service.name", "github.com")
+			want(t, evs[0], "resources.0.name", "org/repo.git")
+			want(t, evs[0], "resources.0.type", "git_repository")
+			want(t, evs[0], "dst_endpoint.hostname", "github.com")
+			want(t, evs[0], "dst_endpoint.port", 22.0)
+			want(t, evs[0], "http_request", nil)
+			want(t, evs[0], "duration", 1500.0)
+			want(t, evs[0], "trace.uid", "t1")
+			want(t, evs[0], "unmapped.ssh.refs.0.name", "refs/heads/agent/x")
+			want(t, evs[0], "unmapped.ssh.refs.0.new", "abcd")
+			want(t, evs[0], "unmapped.ssh.user", "git")
+			want(t, evs[0], "unmapped.bytes_in", 4096.0)
+			want(t, evs[0], "unmapped.bytes_out", 512.0)
+			want(t, evs[0], "message", "coder-1: allow push ssh://github.com:22/org/repo.git")
+		},
+	},
+	"ssh fetch denied": {
+		ev: audit.Event{RequestID: "r16", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "ssh", Scheme: "ssh", Host: "github.com",
+			Port: 22, Decision: audit.Deny, Reason: "not your repository", Start: t0, DecisionID: "d16",
+			SSH: &audit.SSHSession{Host: "github.com", Port: 22, User: "git", Service: "fetch", Repository: "other/secret.git"}},
+		classes: []int{classAPIActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_name", "Read")
+			want(t, evs[0], "api.operation", "fetch")
+			want(t, evs[0], "unmapped.ssh.refs", []any{})
+			want(t, evs[0], "unmapped.bytes_in", nil)
+			want(t, evs[1], "evidences.0.api.operation", "fetch")
+			want(t, evs[1], "evidences.0.dst_endpoint.hostname", "github.com")
+		},
+	},
+	"ssh shell refused": {
+		ev: audit.Event{RequestID: "r17", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "ssh", Scheme: "ssh", Host: "github.com",
+			Port: 22, Decision: audit.Deny, Reason: "an interactive shell is not allowed", Start: t0,
+			SSH: &audit.SSHSession{Host: "github.com", Port: 22, User: "git"}},
+		classes: []int{classAPIActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_id", 99.0)
+			want(t, evs[0], "api.operation", "none")
+			want(t, evs[0], "resources", nil)
+		},
+	},
+	"ssh channel refused": { // no git command: the connection, as a refused flow
+		ev: audit.Event{RequestID: "r18", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "ssh", Scheme: "ssh", Host: "evil.example",
+			Port: 22, Decision: audit.Deny, Reason: "not a git host the broker serves", Start: t0},
+		classes: []int{classNetworkActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_id", 5.0)
+			want(t, evs[0], "message", "coder-1: deny ssh evil.example:22")
+			want(t, evs[0], "unmapped.phase", "ssh")
+		},
+	},
 	"aws graphql approval input": {
 		ev: audit.Event{RequestID: "r13", Agent: "a", SourceIP: "10.0.0.5", Phase: "request", Method: "PATCH", Scheme: "https",
 			Host: "s3.amazonaws.com", Port: 443, Path: "/b/k", Decision: audit.Allow, Status: 200, Start: t0,

@@ -456,6 +456,26 @@ func (u *native) write(w *w) {
 		w.boolOmit("usage_estimated", l.UsageEstimated)
 		w.close()
 	}
+	if x := u.SSH; x != nil {
+		w.open("ssh")
+		w.str("host", x.Host)
+		w.int("port", int64(x.Port))
+		w.str("user", x.User)
+		w.str("service", x.Service)
+		w.str("repository", x.Repository)
+		w.openArray("refs")
+		for _, r := range x.Refs {
+			w.open("")
+			w.str("name", r.Name)
+			w.str("old", r.Old)
+			w.str("new", r.New)
+			w.close()
+		}
+		w.closeArray()
+		w.close()
+	}
+	w.intOmit("bytes_in", u.BytesIn)
+	w.intOmit("bytes_out", u.BytesOut)
 	if a := u.Approval; a != nil {
 		w.open("approval")
 		w.str("id", a.ID)
