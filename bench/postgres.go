@@ -142,7 +142,7 @@ func postgresPairs(ctx context.Context, bin, dir string, o options) error {
 	if err != nil {
 		return fmt.Errorf("run from the repository root: %w", err)
 	}
-	startPG := func(name string, statements bool) (string, func(), error) {
+	startPG := func(name string, statements bool) (string, *process, error) {
 		bdir := filepath.Join(dir, name)
 		pol := filepath.Join(bdir, "policies")
 		if err := os.MkdirAll(pol, 0o755); err != nil {
@@ -193,7 +193,7 @@ postgres:
 			return "", nil, err
 		}
 		host, port, _ := net.SplitHostPort(listen)
-		return fmt.Sprintf("host=%s port=%s user=bench-agent password=%s dbname=bench sslmode=require", host, port, token), p.stop, nil
+		return fmt.Sprintf("host=%s port=%s user=bench-agent password=%s dbname=bench sslmode=require", host, port, token), p, nil
 	}
 	direct := fmt.Sprintf("host=127.0.0.1 port=%s user=bench password=%s dbname=bench sslmode=require", pgPort, benchPass)
 	conns := o.conns
@@ -207,15 +207,18 @@ postgres:
 		if statements {
 			name = "statements"
 		}
-		dsn, stop, err := startPG(name, statements)
+		dsn, broker, err := startPG(name, statements)
 		if err != nil {
 			return fmt.Errorf("broker (%s): %w", name, err)
 		}
-		if _, err := pgbench(ctx, dsn, conns, time.Second); err != nil { // warm up, and check
+		stop := broker.stop
+		if _, _, err := pgbench(ctx, dsn, conns, time.Second); err != nil { // warm up, and check
 			stop()
 			return fmt.Errorf("pgbench through the broker (%s): %w", name, err)
 		}
-		var ratios, viaTPS, directTPS []float64
+		// The broker's CPU per transaction: less noisy than tps on a shared machine, where
+		// the ratio moves with whatever else runs.
+		var ratios, viaTPS, directTPS, cpuPerTx []float64
 		for i := range pairs {
 			order := []string{dsn, direct}
 			if i%2 == 1 {
@@ -223,34 +226,48 @@ postgres:
 			}
 			got := map[string]float64{}
 			for _, d := range order {
-				tps, err := pgbench(ctx, d, conns, slice)
+				cpu0 := broker.cpu()
+				tps, txs, err := pgbench(ctx, d, conns, slice)
 				if err != nil {
 					stop()
 					return err
 				}
 				got[d] = tps
+				if d == dsn && txs > 0 {
+					cpuPerTx = append(cpuPerTx, float64((broker.cpu()-cpu0).Microseconds())/float64(txs))
+				}
 			}
 			ratios = append(ratios, got[dsn]/got[direct])
 			viaTPS, directTPS = append(viaTPS, got[dsn]), append(directTPS, got[direct])
 		}
 		stop()
-		fmt.Printf("postgres %s-level/direct at %d clients: median %.3f (pairs %s; tps via broker %s, direct %s)\n",
-			name, conns, median(ratios), fmts(ratios, "%.3f"), fmts(viaTPS, "%.0f"), fmts(directTPS, "%.0f"))
+		fmt.Printf("postgres %s-level/direct at %d clients: median %.3f (pairs %s; tps via broker %s, direct %s); broker CPU per transaction: median %.0f µs (%s)\n",
+			name, conns, median(ratios), fmts(ratios, "%.3f"), fmts(viaTPS, "%.0f"), fmts(directTPS, "%.0f"),
+			median(cpuPerTx), fmts(cpuPerTx, "%.0f"))
 	}
 	return nil
 }
 
-var tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+var (
+	tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+	txsRe = regexp.MustCompile(`number of transactions actually processed: ([0-9]+)`)
+)
 
-// pgbench runs pgbench's default workload at conns clients for d and returns its tps.
-func pgbench(ctx context.Context, dsn string, conns int, d time.Duration) (float64, error) {
+// pgbench runs pgbench's default workload at conns clients for d and returns its tps and
+// the number of transactions it ran.
+func pgbench(ctx context.Context, dsn string, conns int, d time.Duration) (float64, int, error) {
 	cmd := exec.CommandContext(ctx, "pgbench", "-n", "-c", strconv.Itoa(conns), "-j", "2", "-T", strconv.Itoa(int(d.Seconds())), dsn)
 	out, err := cmd.CombinedOutput()
-	m := tpsRe.FindSubmatch(out)
-	if err != nil || m == nil {
-		return 0, fmt.Errorf("pgbench: %v %s", err, out)
+	m, n := tpsRe.FindSubmatch(out), txsRe.FindSubmatch(out)
+	if err != nil || m == nil || n == nil {
+		return 0, 0, fmt.Errorf("pgbench: %v %s", err, out)
 	}
-	return strconv.ParseFloat(string(m[1]), 64)
+	tps, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		return 0, 0, err
+	}
+	txs, err := strconv.Atoi(string(n[1]))
+	return tps, txs, err
 }
 
 func fmts(v []float64, f string) string {
