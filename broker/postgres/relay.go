@@ -243,19 +243,20 @@ func (ss *session) fromAgent(ctx context.Context, upc io.Writer) error {
 			if _, err := io.ReadFull(ar, body); err != nil {
 				return err
 			}
-			out := body
+			var out []byte // nil: the message as it came
 			if ss.s.cfg.Statements {
-				if out, err = ss.statement(ctx, typ, hdr[:], body); err != nil {
-					return err
-				}
+				out, err = ss.statement(ctx, typ, body)
 			} else {
-				// Connection-level: counted, and passed on as it came.
-				if err := ss.count(typ, body); err != nil {
-					return err
-				}
+				err = ss.count(typ, body) // connection-level: only counted
+			}
+			if err != nil {
+				return err
+			}
+			if out == nil {
 				if _, err := uw.Write(hdr[:]); err != nil {
 					return err
 				}
+				out = body
 			}
 			if _, err := uw.Write(out); err != nil {
 				return err
@@ -280,14 +281,13 @@ func (ss *session) fromAgent(ctx context.Context, upc io.Writer) error {
 	}
 }
 
-// statement reads one Query, Parse or FunctionCall and returns what to send upstream: the
-// message as it came, or its refusal placeholder.
-func (ss *session) statement(ctx context.Context, typ byte, hdr, body []byte) ([]byte, error) {
+// statement reads one Query, Parse or FunctionCall and decides it: nil to send the message
+// on as it came, or its refusal placeholder.
+func (ss *session) statement(ctx context.Context, typ byte, body []byte) ([]byte, error) {
 	sql, parse, sts, perr, err := ss.read(typ, body)
 	if err != nil {
 		return nil, err
 	}
-	orig := func() []byte { return append(append([]byte(nil), hdr...), body...) }
 	if perr != nil {
 		st := Statement{Kind: "other", Command: "UNREADABLE", Text: sql}
 		return ss.refuse(typ, &parse, &st, refusal{code: codePrivilege,
@@ -318,7 +318,7 @@ func (ss *session) statement(ctx context.Context, typ byte, hdr, body []byte) ([
 				message: "capbroker: statement refused by policy: " + d.Reason}, d.Reason, "", &d)
 		}
 	}
-	return orig(), nil
+	return nil, nil
 }
 
 // read reads the SQL of a Query, Parse or FunctionCall into statements (perr: it cannot be
