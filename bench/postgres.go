@@ -26,8 +26,10 @@ import (
 // postgresPairs is -only postgres-pairs: pgbench's default workload (TPC-B-like, simple
 // protocol) at -conns clients through the Postgres front door over the same pgbench run
 // directly against the same server, in pairs of adjacent runs of -slice each (at least 2s),
-// with statement decisions off (connection-level brokering) and on. Both sides use TLS to the
-// server; through the broker the agent's side is TLS too. It needs root (the server runs as
+// with statement decisions off (connection-level brokering) and on, after the floor: a
+// TLS-terminating byte relay that reads nothing of the protocol (pgRelay). Both sides use TLS
+// to the server; through the broker or the relay the agent's side is TLS too. Each line
+// gives the CPU per transaction of the broker (or relay) too. It needs root (the server runs as
 // user postgres), Debian's server and pgbench, and a Vault binary ($VAULT_BIN, or vault on
 // PATH, or the repository's shared/tools/vault-bin).
 func postgresPairs(ctx context.Context, bin, dir string, o options) error {
@@ -142,7 +144,7 @@ func postgresPairs(ctx context.Context, bin, dir string, o options) error {
 	if err != nil {
 		return fmt.Errorf("run from the repository root: %w", err)
 	}
-	startPG := func(name string, statements bool) (string, func(), error) {
+	startPG := func(name string, statements bool) (string, *process, error) {
 		bdir := filepath.Join(dir, name)
 		pol := filepath.Join(bdir, "policies")
 		if err := os.MkdirAll(pol, 0o755); err != nil {
@@ -193,7 +195,7 @@ postgres:
 			return "", nil, err
 		}
 		host, port, _ := net.SplitHostPort(listen)
-		return fmt.Sprintf("host=%s port=%s user=bench-agent password=%s dbname=bench sslmode=require", host, port, token), p.stop, nil
+		return fmt.Sprintf("host=%s port=%s user=bench-agent password=%s dbname=bench sslmode=require", host, port, token), p, nil
 	}
 	direct := fmt.Sprintf("host=127.0.0.1 port=%s user=bench password=%s dbname=bench sslmode=require", pgPort, benchPass)
 	conns := o.conns
@@ -202,20 +204,38 @@ postgres:
 	}
 	slice := max(o.slice, 2*time.Second)
 	pairs := max(o.pairs/4, 3)
-	for _, statements := range []bool{false, true} {
-		name := "connection"
-		if statements {
-			name = "statements"
+	// The floor: what a TLS-terminating relay that reads nothing costs on the same machine.
+	relay, err := startPGRelay("127.0.0.1:"+pgPort, certFile, keyFile)
+	if err != nil {
+		return err
+	}
+	defer relay.stop()
+	variants := []struct {
+		name       string
+		statements bool
+	}{{"byte relay", false}, {"connection-level", false}, {"statements-level", true}}
+	for _, v := range variants {
+		var dsn string
+		var cpu func() time.Duration
+		stop := func() {}
+		if v.name == "byte relay" {
+			host, port, _ := net.SplitHostPort(relay.addr())
+			dsn = fmt.Sprintf("host=%s port=%s user=bench password=%s dbname=bench sslmode=require channel_binding=disable", host, port, benchPass)
+			cpu = relay.cpu
+		} else {
+			d, broker, err := startPG(v.name, v.statements)
+			if err != nil {
+				return fmt.Errorf("broker (%s): %w", v.name, err)
+			}
+			dsn, cpu, stop = d, broker.cpu, broker.stop
 		}
-		dsn, stop, err := startPG(name, statements)
-		if err != nil {
-			return fmt.Errorf("broker (%s): %w", name, err)
-		}
-		if _, err := pgbench(ctx, dsn, conns, time.Second); err != nil { // warm up, and check
+		if _, _, err := pgbench(ctx, dsn, conns, time.Second); err != nil { // warm up, and check
 			stop()
-			return fmt.Errorf("pgbench through the broker (%s): %w", name, err)
+			return fmt.Errorf("pgbench through the %s: %w", v.name, err)
 		}
-		var ratios, viaTPS, directTPS []float64
+		// The CPU per transaction of the broker (or the relay): less noisy than tps on a
+		// shared machine, where the ratio moves with whatever else runs.
+		var ratios, viaTPS, directTPS, cpuPerTx []float64
 		for i := range pairs {
 			order := []string{dsn, direct}
 			if i%2 == 1 {
@@ -223,34 +243,48 @@ postgres:
 			}
 			got := map[string]float64{}
 			for _, d := range order {
-				tps, err := pgbench(ctx, d, conns, slice)
+				cpu0 := cpu()
+				tps, txs, err := pgbench(ctx, d, conns, slice)
 				if err != nil {
 					stop()
 					return err
 				}
 				got[d] = tps
+				if d == dsn && txs > 0 {
+					cpuPerTx = append(cpuPerTx, float64((cpu()-cpu0).Microseconds())/float64(txs))
+				}
 			}
 			ratios = append(ratios, got[dsn]/got[direct])
 			viaTPS, directTPS = append(viaTPS, got[dsn]), append(directTPS, got[direct])
 		}
 		stop()
-		fmt.Printf("postgres %s-level/direct at %d clients: median %.3f (pairs %s; tps via broker %s, direct %s)\n",
-			name, conns, median(ratios), fmts(ratios, "%.3f"), fmts(viaTPS, "%.0f"), fmts(directTPS, "%.0f"))
+		fmt.Printf("postgres %s/direct at %d clients: median %.3f (pairs %s; tps via it %s, direct %s); its CPU per transaction: median %.0f µs (%s)\n",
+			v.name, conns, median(ratios), fmts(ratios, "%.3f"), fmts(viaTPS, "%.0f"), fmts(directTPS, "%.0f"),
+			median(cpuPerTx), fmts(cpuPerTx, "%.0f"))
 	}
 	return nil
 }
 
-var tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+var (
+	tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+	txsRe = regexp.MustCompile(`number of transactions actually processed: ([0-9]+)`)
+)
 
-// pgbench runs pgbench's default workload at conns clients for d and returns its tps.
-func pgbench(ctx context.Context, dsn string, conns int, d time.Duration) (float64, error) {
+// pgbench runs pgbench's default workload at conns clients for d and returns its tps and
+// the number of transactions it ran.
+func pgbench(ctx context.Context, dsn string, conns int, d time.Duration) (float64, int, error) {
 	cmd := exec.CommandContext(ctx, "pgbench", "-n", "-c", strconv.Itoa(conns), "-j", "2", "-T", strconv.Itoa(int(d.Seconds())), dsn)
 	out, err := cmd.CombinedOutput()
-	m := tpsRe.FindSubmatch(out)
-	if err != nil || m == nil {
-		return 0, fmt.Errorf("pgbench: %v %s", err, out)
+	m, n := tpsRe.FindSubmatch(out), txsRe.FindSubmatch(out)
+	if err != nil || m == nil || n == nil {
+		return 0, 0, fmt.Errorf("pgbench: %v %s", err, out)
 	}
-	return strconv.ParseFloat(string(m[1]), 64)
+	tps, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		return 0, 0, err
+	}
+	txs, err := strconv.Atoi(string(n[1]))
+	return tps, txs, err
 }
 
 func fmts(v []float64, f string) string {

@@ -146,7 +146,7 @@ func (ss *session) fromUpstream(upc io.Reader) error {
 			if _, err := aw.Write(hdr[:]); err != nil {
 				return err
 			}
-			if _, err := io.CopyN(aw, ur, int64(n)); err != nil {
+			if err := copyN(aw, ur, n); err != nil {
 				return err
 			}
 			ss.bytesOut.Add(int64(n + 5))
@@ -157,6 +157,25 @@ func (ss *session) fromUpstream(upc io.Reader) error {
 			}
 		}
 	}
+}
+
+// copyN copies n bytes from r's buffer to w's, refilling r as needed: io.CopyN's allocation
+// per message, without it.
+func copyN(w *bufio.Writer, r *bufio.Reader, n int) error {
+	for n > 0 {
+		if r.Buffered() == 0 {
+			if _, err := r.Peek(1); err != nil {
+				return err
+			}
+		}
+		b, _ := r.Peek(min(n, r.Buffered()))
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		_, _ = r.Discard(len(b))
+		n -= len(b)
+	}
+	return nil
 }
 
 func grow(b []byte, n int) []byte {
@@ -224,9 +243,20 @@ func (ss *session) fromAgent(ctx context.Context, upc io.Writer) error {
 			if _, err := io.ReadFull(ar, body); err != nil {
 				return err
 			}
-			out, err := ss.statement(ctx, typ, hdr[:], body)
+			var out []byte // nil: the message as it came
+			if ss.s.cfg.Statements {
+				out, err = ss.statement(ctx, typ, body)
+			} else {
+				err = ss.count(typ, body) // connection-level: only counted
+			}
 			if err != nil {
 				return err
+			}
+			if out == nil {
+				if _, err := uw.Write(hdr[:]); err != nil {
+					return err
+				}
+				out = body
 			}
 			if _, err := uw.Write(out); err != nil {
 				return err
@@ -239,7 +269,7 @@ func (ss *session) fromAgent(ctx context.Context, upc io.Writer) error {
 			if _, err := uw.Write(hdr[:]); err != nil {
 				return err
 			}
-			if _, err := io.CopyN(uw, ar, int64(n)); err != nil {
+			if err := copyN(uw, ar, n); err != nil {
 				return err
 			}
 		}
@@ -251,43 +281,12 @@ func (ss *session) fromAgent(ctx context.Context, upc io.Writer) error {
 	}
 }
 
-// statement reads one Query, Parse or FunctionCall and returns what to send upstream: the
-// message as it came, or its refusal placeholder.
-func (ss *session) statement(ctx context.Context, typ byte, hdr, body []byte) ([]byte, error) {
-	var sql string
-	var parse pgproto3.Parse
-	switch typ {
-	case 'Q':
-		i := bytes.IndexByte(body, 0)
-		if i < 0 {
-			return nil, errors.New("malformed Query message")
-		}
-		sql = string(body[:i])
-	case 'P':
-		if err := parse.Decode(body); err != nil {
-			return nil, err
-		}
-		sql = parse.Query
-	}
-	var sts []Statement
-	var perr error
-	if typ == 'F' {
-		// A call by function OID: nothing names what it runs.
-		perr = errors.New("a FunctionCall message names its function by OID only")
-	} else {
-		sts, perr = split(sql, ss.backslashes.Load())
-	}
-	ss.mu.Lock()
-	if perr != nil {
-		ss.counts["other"]++
-	}
-	for _, st := range sts {
-		ss.counts[st.Kind]++
-	}
-	ss.mu.Unlock()
-	orig := func() []byte { return append(append([]byte(nil), hdr...), body...) }
-	if !ss.s.cfg.Statements {
-		return orig(), nil
+// statement reads one Query, Parse or FunctionCall and decides it: nil to send the message
+// on as it came, or its refusal placeholder.
+func (ss *session) statement(ctx context.Context, typ byte, body []byte) ([]byte, error) {
+	sql, parse, sts, perr, err := ss.read(typ, body)
+	if err != nil {
+		return nil, err
 	}
 	if perr != nil {
 		st := Statement{Kind: "other", Command: "UNREADABLE", Text: sql}
@@ -319,7 +318,53 @@ func (ss *session) statement(ctx context.Context, typ byte, hdr, body []byte) ([
 				message: "capbroker: statement refused by policy: " + d.Reason}, d.Reason, "", &d)
 		}
 	}
-	return orig(), nil
+	return nil, nil
+}
+
+// read reads the SQL of a Query, Parse or FunctionCall into statements (perr: it cannot be
+// read) and counts them by kind; err is a malformed message.
+func (ss *session) read(typ byte, body []byte) (sql string, parse pgproto3.Parse, sts []Statement, perr, err error) {
+	switch typ {
+	case 'Q':
+		i := bytes.IndexByte(body, 0)
+		if i < 0 {
+			return "", parse, nil, nil, errors.New("malformed Query message")
+		}
+		sql = string(body[:i])
+	case 'P':
+		if err := parse.Decode(body); err != nil {
+			return "", parse, nil, nil, err
+		}
+		sql = parse.Query
+	}
+	if typ == 'F' {
+		// A call by function OID: nothing names what it runs.
+		perr = errors.New("a FunctionCall message names its function by OID only")
+	} else {
+		sts, perr = split(sql, ss.backslashes.Load())
+	}
+	ss.mu.Lock()
+	if perr != nil {
+		ss.counts["other"]++
+	}
+	for _, st := range sts {
+		ss.counts[st.Kind]++
+	}
+	ss.mu.Unlock()
+	return sql, parse, sts, perr, nil
+}
+
+// count counts a Query, Parse or FunctionCall by kind when statement rules are off: by its
+// leading keyword when that settles it, else as read does.
+func (ss *session) count(typ byte, body []byte) error {
+	if kind := leadingKind(typ, body); kind != "" {
+		ss.mu.Lock()
+		ss.counts[kind]++
+		ss.mu.Unlock()
+		return nil
+	}
+	_, _, _, _, err := ss.read(typ, body)
+	return err
 }
 
 // refuse audits the refusal and returns the placeholder that stands for the message upstream.
