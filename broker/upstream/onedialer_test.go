@@ -29,7 +29,7 @@ var ownDialers = map[string]string{
 func TestOneDialer(t *testing.T) {
 	root := filepath.Join("..", "..")
 	var found []string
-	for _, top := range []string{"broker", "cmd", "credentials", "gitssh", "internal"} {
+	for _, top := range []string{"broker", "cmd", "credentials", "internal"} {
 		err := filepath.WalkDir(filepath.Join(root, top), func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err

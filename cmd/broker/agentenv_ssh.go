@@ -11,7 +11,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/capbroker/capbroker/broker/config"
-	"github.com/capbroker/capbroker/gitssh"
+	"github.com/capbroker/capbroker/broker/gitssh"
 )
 
 // sshAgentFiles is what an agent's ssh needs to reach git hosts through the broker's SSH

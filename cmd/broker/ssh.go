@@ -11,7 +11,7 @@ import (
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy"
-	"github.com/capbroker/capbroker/gitssh"
+	"github.com/capbroker/capbroker/broker/gitssh"
 )
 
 // listenSSH opens ssh.listen, or returns nil when the SSH front door is off.
