@@ -611,7 +611,7 @@ except psycopg2.OperationalError as e:
 		}
 		metrics := inNS(t, sn.brokerNS, nil, "curl", "-sS", "http://"+b.adminAddr+"/metrics")
 		for _, want := range []string{
-			`broker_postgres_connections_total{outcome="credential_unavailable",role="readonly",upstream="app"} 1`,
+			`capbroker_postgres_connections_total{outcome="credential_unavailable",role="readonly",upstream="app"} 1`,
 		} {
 			if !strings.Contains(metrics, want) {
 				t.Errorf("/metrics has no %s", want)
