@@ -10,8 +10,8 @@ import (
 	"github.com/capbroker/capbroker/broker"
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/config"
-	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/gitssh"
+	"github.com/capbroker/capbroker/broker/policy"
 )
 
 // listenSSH opens ssh.listen, or returns nil when the SSH front door is off.
