@@ -4,8 +4,6 @@ package integration
 
 import (
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -197,23 +195,6 @@ func relayIntoBroker(t *testing.T, sn *sandboxNet, target string) string {
 	t.Helper()
 	ln := sn.listenInBroker(t, "127.0.0.1:0")
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				u, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer u.Close()
-				go func() { _, _ = io.Copy(u, c); _ = u.(*net.TCPConn).CloseWrite() }()
-				_, _ = io.Copy(c, u)
-			}()
-		}
-	}()
+	relayFrom(ln, target)
 	return ln.Addr().String()
 }
