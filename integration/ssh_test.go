@@ -262,8 +262,10 @@ func sshPolicies(t *testing.T, gitHosts, pushRepos string) (broker string, files
 	return broker, files
 }
 
-func TestSSHGitThroughBroker(t *testing.T) {
-	requireSSHTools(t)
+// startSSHVault starts a Vault whose SSH engine signs user certificates for "git" (role
+// "git", minutes long), and returns it with the CA's public key for the git host to trust.
+func startSSHVault(t *testing.T) (*vaulttest.Server, string) {
+	t.Helper()
 	vault := vaulttest.Start(t)
 	vc := vault.Client()
 	must(t, vc.Sys().Mount("ssh", &vaultapi.MountInput{Type: "ssh"}))
@@ -275,6 +277,13 @@ func TestSSHGitThroughBroker(t *testing.T) {
 		"ttl": "2m", "max_ttl": "10m",
 	})
 	must(t, err)
+	return vault, caPub
+}
+
+func TestSSHGitThroughBroker(t *testing.T) {
+	requireSSHTools(t)
+	vault, caPub := startSSHVault(t)
+	vc := vault.Client()
 
 	host := startGitHost(t, caPub)
 	late := startGitHost(t, caPub, "FAKETIME=+1h", "LD_PRELOAD="+fakeTimeLib(t))

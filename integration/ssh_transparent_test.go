@@ -10,10 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	vaultapi "github.com/hashicorp/vault/api"
 	"golang.org/x/crypto/ssh"
-
-	"github.com/capbroker/capbroker/credentials/vaulttest"
 )
 
 // Git over SSH in transparent mode: the sandbox topology of transparent_test.go (the agent's
@@ -27,17 +24,7 @@ func TestSSHTransparent(t *testing.T) {
 	requireSSHTools(t)
 	sn := newSandboxNet(t)
 	requireNft(t)
-	vault := vaulttest.Start(t)
-	vc := vault.Client()
-	must(t, vc.Sys().Mount("ssh", &vaultapi.MountInput{Type: "ssh"}))
-	ca, err := vc.Logical().Write("ssh/config/ca", map[string]any{"generate_signing_key": true, "key_type": "ed25519"})
-	must(t, err)
-	caPub, _ := ca.Data["public_key"].(string)
-	_, err = vc.Logical().Write("ssh/roles/git", map[string]any{
-		"key_type": "ca", "allow_user_certificates": true, "allowed_users": "git", "default_user": "git",
-		"ttl": "2m", "max_ttl": "10m",
-	})
-	must(t, err)
+	vault, caPub := startSSHVault(t)
 
 	host := startGitHost(t, caPub)
 	seed := t.TempDir()
