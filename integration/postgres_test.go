@@ -58,46 +58,7 @@ func requirePostgresTools(t *testing.T) string {
 // pgNet is the two namespaces, named for this test file.
 func pgNet(t *testing.T) *sandboxNet {
 	t.Helper()
-	requireNetns(t)
-	id := randHex(4)
-	s := &sandboxNet{brokerNS: "cbpg-" + id + "-b", agentNS: "cbpg-" + id + "-a"}
-	resolvDir := filepath.Join("/etc/netns", s.agentNS)
-	t.Cleanup(func() {
-		for _, ns := range []string{s.agentNS, s.brokerNS} {
-			_ = exec.Command("ip", "netns", "del", ns).Run()
-		}
-		_ = os.RemoveAll(resolvDir)
-		_ = os.Remove("/etc/netns")
-	})
-	s.vethB, s.vethA = "cbpg"+id+"b", "cbpg"+id+"a"
-	ipCmd(t, "netns", "add", s.brokerNS)
-	ipCmd(t, "netns", "add", s.agentNS)
-	ipCmd(t, "link", "add", s.vethB, "type", "veth", "peer", "name", s.vethA)
-	ipCmd(t, "link", "set", s.vethB, "netns", s.brokerNS)
-	ipCmd(t, "link", "set", s.vethA, "netns", s.agentNS)
-	ipCmd(t, "-n", s.brokerNS, "addr", "add", brokerSideIP+"/30", "dev", s.vethB)
-	ipCmd(t, "-n", s.agentNS, "addr", "add", agentSideIP+"/30", "dev", s.vethA)
-	for ns, dev := range map[string]string{s.brokerNS: s.vethB, s.agentNS: s.vethA} {
-		ipCmd(t, "-n", ns, "link", "set", "lo", "up")
-		ipCmd(t, "-n", ns, "link", "set", dev, "up")
-	}
-	if err := os.MkdirAll(resolvDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(resolvDir, "resolv.conf"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "cbpg-agent-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	_ = os.Chmod(dir, 0o755)
-	if err := os.Chown(dir, 65534, 65534); err != nil {
-		t.Fatal(err)
-	}
-	s.agentDir = dir
-	return s
+	return newSandboxNetNamed(t, "cbpg")
 }
 
 // pgServer is a Postgres server in the broker's namespace.
