@@ -145,7 +145,10 @@ func postgresPairs(ctx context.Context, bin, dir string, o options) error {
 		return fmt.Errorf("run from the repository root: %w", err)
 	}
 	startPG := func(name string, statements bool) (string, *process, error) {
-		bdir := filepath.Join(dir, name)
+		bdir, err := os.MkdirTemp(dir, name+"-") // a broker of each kind in each layout
+		if err != nil {
+			return "", nil, err
+		}
 		pol := filepath.Join(bdir, "policies")
 		if err := os.MkdirAll(pol, 0o755); err != nil {
 			return "", nil, err
@@ -210,17 +213,31 @@ postgres:
 		return err
 	}
 	defer relay.stop()
-	variants := []struct {
-		name       string
-		statements bool
-	}{{"byte relay", false}, {"connection-level", false}, {"statements-level", true}}
+	variants := []pgVariant{{"byte relay", false}, {"connection-level", false}, {"statements-level", true}}
+	host, port, _ := net.SplitHostPort(relay.addr())
+	relayDSN := fmt.Sprintf("host=%s port=%s user=bench password=%s dbname=bench sslmode=require channel_binding=disable", host, port, benchPass)
+	for _, layout := range pgLayouts() {
+		if err := layout.place(pg.cmd.Process.Pid); err != nil {
+			return err
+		}
+		fmt.Printf("postgres, %s:\n", layout.name)
+		if err := pgVariants(ctx, variants, startPG, relay, relayDSN, direct, conns, pairs, slice); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pgVariants runs pgbench through each variant and directly, in pairs, and prints the
+// ratios and the CPU per transaction of the broker or relay.
+func pgVariants(ctx context.Context, variants []pgVariant, startPG func(string, bool) (string, *process, error),
+	relay *pgRelay, relayDSN, direct string, conns, pairs int, slice time.Duration) error {
 	for _, v := range variants {
 		var dsn string
 		var cpu func() time.Duration
 		stop := func() {}
 		if v.name == "byte relay" {
-			host, port, _ := net.SplitHostPort(relay.addr())
-			dsn = fmt.Sprintf("host=%s port=%s user=bench password=%s dbname=bench sslmode=require channel_binding=disable", host, port, benchPass)
+			dsn = relayDSN
 			cpu = relay.cpu
 		} else {
 			d, broker, err := startPG(v.name, v.statements)
@@ -229,7 +246,10 @@ postgres:
 			}
 			dsn, cpu, stop = d, broker.cpu, broker.stop
 		}
-		if _, _, err := pgbench(ctx, dsn, conns, time.Second); err != nil { // warm up, and check
+		// Warm up, and check: a count of transactions, not a time, which a loaded machine
+		// may fill with connection set-up alone.
+		if out, err := exec.CommandContext(ctx, "pgbench", "-n", "-c", strconv.Itoa(conns), "-j", "2", "-t", "5", dsn).CombinedOutput(); err != nil {
+			err = fmt.Errorf("%v %s", err, out)
 			stop()
 			return fmt.Errorf("pgbench through the %s: %w", v.name, err)
 		}
