@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,6 +100,40 @@ func TestScrubSpans(t *testing.T) {
 	}
 	if contains(rec.Ended()[0].Attributes()[0].Value.AsString(), "[REDACTED]") {
 		t.Fatal("the recorded span itself was changed")
+	}
+}
+
+// TestScrubSpansOnlyWhatHoldsASecret: a batch's clean spans are exported as they are, those of
+// strings without an allocation (a string slice is read as a copy: the SDK has no other way);
+// a span whose secret is only in an event's attribute or a link's is scrubbed
+// too.
+func TestScrubSpansOnlyWhatHoldsASecret(t *testing.T) {
+	r := scrub.New(canary, "[REDACTED]")
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tr := tp.Tracer("t")
+	_, clean := tr.Start(context.Background(), "clean")
+	clean.SetAttributes(attribute.String("capbroker.agent", "a"), attribute.Int("server.port", 443))
+	clean.End()
+	_, event := tr.Start(context.Background(), "event")
+	event.AddEvent("e", oteltrace.WithAttributes(attribute.String("k", "v "+canary)))
+	event.End()
+	_, link := tr.Start(context.Background(), "link", oteltrace.WithLinks(oteltrace.Link{Attributes: []attribute.KeyValue{attribute.String("k", canary)}}))
+	link.End()
+	spans := rec.Ended()
+	out := scrubSpans(r, slices.Clone(spans))
+	if out[0] != spans[0] {
+		t.Error("a span without a secret was wrapped")
+	}
+	if got := out[1].Events()[0].Attributes[0].Value.AsString(); got != "v [REDACTED]" {
+		t.Errorf("event attribute %q", got)
+	}
+	if got := out[2].Links()[0].Attributes[0].Value.AsString(); got != "[REDACTED]" {
+		t.Errorf("link attribute %q", got)
+	}
+	batch := spans[:1]
+	if n := testing.AllocsPerRun(100, func() { scrubSpans(r, batch) }); n != 0 {
+		t.Errorf("scrubbing a clean span made %v allocations", n)
 	}
 }
 
