@@ -221,33 +221,45 @@ func TestAuditRecord(t *testing.T) {
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
-// TestSampler: the broker, not the agent's traceparent, decides what is traced; a step follows
-// its root.
+// TestSampler: the broker, not the agent's traceparent, decides what is traced, before any
+// span is made; a step follows its root.
 func TestSampler(t *testing.T) {
-	zero, one := 0.0, 1.0
+	zero, tiny, one := 0.0, 1e-9, 1.0
 	for name, c := range map[string]struct {
 		ratio  *float64
 		flags  oteltrace.TraceFlags
 		traced bool
 	}{
-		"default, agent says not sampled": {nil, 0, true},
-		"ratio 1, agent says not sampled": {&one, 0, true},
-		"ratio 0, agent says sampled":     {&zero, oteltrace.FlagsSampled, false},
+		"default, agent says not sampled":      {nil, 0, true},
+		"ratio 1, agent says not sampled":      {&one, 0, true},
+		"ratio 0, agent says sampled":          {&zero, oteltrace.FlagsSampled, false},
+		"ratio near 0, agent says sampled":     {&tiny, oteltrace.FlagsSampled, false},
+		"ratio near 0, agent says not sampled": {&tiny, 0, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rec := tracetest.NewSpanRecorder()
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(newSampler(c.ratio)), sdktrace.WithSpanProcessor(rec))
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithSpanProcessor(rec))
+			tr := sampled(tp.Tracer("t"), c.ratio)
 			tid, _ := oteltrace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
 			sid, _ := oteltrace.SpanIDFromHex("00f067aa0ba902b7")
 			parent := oteltrace.ContextWithRemoteSpanContext(context.Background(),
 				oteltrace.NewSpanContext(oteltrace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: c.flags, Remote: true}))
-			ctx, root := tp.Tracer("t").Start(parent, "root")
-			_, step := tp.Tracer("t").Start(ctx, "step")
+			ctx, root := tr.Start(parent, "root")
+			if root.IsRecording() != c.traced {
+				t.Fatalf("root recording %v", root.IsRecording())
+			}
+			_, step := tr.Start(ctx, "step")
 			step.End()
 			root.End()
 			if n := len(rec.Ended()); (c.traced && n != 2) || (!c.traced && n != 0) {
 				t.Fatalf("%d spans recorded", len(rec.Ended()))
 			}
 		})
+	}
+	// Not drawn, a request costs no allocation.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler))
+	tr := sampled(tp.Tracer("t"), &zero)
+	if n := testing.AllocsPerRun(100, func() { tr.Start(context.Background(), "root") }); n != 0 {
+		t.Errorf("a request not drawn made %v allocations", n)
 	}
 }
