@@ -102,7 +102,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		out.GetBody = func() (io.ReadCloser, error) { return memBody(small), nil }
 	}
 	x.prepareMetered(out, metered)
-	credentialsSpan := x.step("credentials")
+	credentialsSpan := x.credentialsStep(granted)
 	toks, err := x.g.inject(r.Context(), out, granted, d.Scopes)
 	if err != nil {
 		endStep(credentialsSpan)

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/inject"
 )
 
 // The trace of a request (telemetry.traces, docs/observability.md): a root span per exchange
@@ -74,6 +75,15 @@ func (x *exchange) step(name string) trace.Span {
 	}
 	_, s := x.b.tracer.Start(x.tr.ctx, name)
 	return s
+}
+
+// credentialsStep starts the credentials span when the decision granted any: a request
+// without credentials has no such step.
+func (x *exchange) credentialsStep(granted []*inject.Binding) trace.Span {
+	if len(granted) == 0 {
+		return nil
+	}
+	return x.step("credentials")
 }
 
 // endStep ends a step's span, if there is one.
