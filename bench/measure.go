@@ -199,6 +199,8 @@ type paired struct {
 	// itself, apart from the client and the upstream that share the machine.
 	CPURatios []float64 `json:"cpu_ratios,omitempty"`
 	CPUMedian float64   `json:"cpu_median,omitempty"`
+	// CPUUS are num's and den's broker CPU microseconds per request in each pair.
+	CPUUS [][2]float64 `json:"cpu_us,omitempty"`
 }
 
 // pairedRatio measures num's throughput over den's at conns connections in pairs of
@@ -216,6 +218,7 @@ func pairedRatio(ctx context.Context, num, den *path, conns, pairs int, d time.D
 		}
 		if n.cpuPerReq > 0 && m.cpuPerReq > 0 {
 			r.CPURatios = append(r.CPURatios, n.cpuPerReq/m.cpuPerReq)
+			r.CPUUS = append(r.CPUUS, [2]float64{round3(n.cpuPerReq), round3(m.cpuPerReq)})
 		}
 	}
 	r.Median, r.CPUMedian = median(r.Ratios), median(r.CPURatios)

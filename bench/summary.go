@@ -215,7 +215,11 @@ func (f paired) print(out io.Writer, name string) {
 	fmt.Fprintf(out, "%s at c=%d in %d pairs of adjacent %d ms slices: median %.3fx (%.2f to %.2f); CPU stolen by the hypervisor meanwhile: %.1f%%\n",
 		name, f.Conns, len(f.Ratios), f.SliceMS, f.Median, slices.Min(f.Ratios), slices.Max(f.Ratios), 100*steal/float64(max(len(f.Steal), 1)))
 	if len(f.CPURatios) > 0 {
-		fmt.Fprintf(out, "  broker CPU per request in the same pairs: median %.3fx (%.2f to %.2f)\n",
-			f.CPUMedian, slices.Min(f.CPURatios), slices.Max(f.CPURatios))
+		var num, den []float64
+		for _, c := range f.CPUUS {
+			num, den = append(num, c[0]), append(den, c[1])
+		}
+		fmt.Fprintf(out, "  broker CPU per request in the same pairs: median %.3fx (%.2f to %.2f); %.0f µs over %.0f µs\n",
+			f.CPUMedian, slices.Min(f.CPURatios), slices.Max(f.CPURatios), median(num), median(den))
 	}
 }

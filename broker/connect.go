@@ -123,9 +123,9 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 // phase, a person when it asks, and the decision applied (authorize).
 func (b *Broker) connectDecision(x *exchange, r *http.Request, agent identity.Agent, host string, port int) (policy.Decision, error) {
 	in := connectInput(x.g, agent, x.ev.SourceIP, x.ev.Mode, host, port)
-	endPolicy := x.step("policy")
+	policySpan := x.step("policy")
 	d, err := b.policy.Decide(r.Context(), in)
-	endPolicy()
+	endStep(policySpan)
 	if err == nil && d.Ask != nil {
 		d, err = b.ask(x, r, in, d, nil, &policyBody{}) // before any TLS
 	}

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/inject"
 )
 
 // The trace of a request (telemetry.traces, docs/observability.md): a root span per exchange
@@ -28,10 +29,29 @@ type exchangeTrace struct {
 	root     trace.Span
 	upstream trace.Span // open until the exchange finishes
 	scrub    trace.Span // open until the exchange finishes
+	attrs    [16]attribute.KeyValue
 }
 
 // traceContext reads only traceparent: the broker never looks at tracestate.
 var traceContext = propagation.TraceContext{}
+
+// The span options every trace takes, made once (each call of trace.WithSpanKind allocates).
+var (
+	serverKind = trace.WithSpanKind(trace.SpanKindServer)
+	clientKind = trace.WithSpanKind(trace.SpanKindClient)
+)
+
+// traceparent is a carrier of the agent's traceparent alone: tracestate is never read.
+type traceparent struct{ v string }
+
+func (c *traceparent) Get(key string) string {
+	if key == "traceparent" {
+		return c.v
+	}
+	return ""
+}
+func (*traceparent) Set(string, string) {}
+func (*traceparent) Keys() []string     { return []string{"traceparent"} }
 
 // startTrace starts the exchange's root span.
 func (b *Broker) startTrace(x *exchange, r *http.Request) {
@@ -40,22 +60,37 @@ func (b *Broker) startTrace(x *exchange, r *http.Request) {
 	}
 	parent := context.Background()
 	if tp := r.Header.Values("Traceparent"); len(tp) == 1 { // two are no trace context (W3C)
-		parent = traceContext.Extract(parent, propagation.MapCarrier{"traceparent": tp[0]})
+		parent = traceContext.Extract(parent, &traceparent{tp[0]})
 	}
-	ctx, root := b.tracer.Start(parent, "capbroker."+x.ev.Phase,
-		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.ev.Start))
+	ctx, root := b.tracer.Start(parent, "capbroker."+x.ev.Phase, serverKind, trace.WithTimestamp(x.ev.Start))
 	if root.IsRecording() { // not sampled (telemetry.trace_ratio): no trace, as without a tracer
 		x.tr = &exchangeTrace{ctx: ctx, root: root}
 	}
 }
 
-// step starts a step's span; the function returned ends it.
-func (x *exchange) step(name string) func() {
+// step starts a step's span (nil when the exchange is not traced); endStep ends it.
+func (x *exchange) step(name string) trace.Span {
 	if x.tr == nil {
-		return func() {}
+		return nil
 	}
 	_, s := x.b.tracer.Start(x.tr.ctx, name)
-	return func() { s.End() }
+	return s
+}
+
+// credentialsStep starts the credentials span when the decision granted any: a request
+// without credentials has no such step.
+func (x *exchange) credentialsStep(granted []*inject.Binding) trace.Span {
+	if len(granted) == 0 {
+		return nil
+	}
+	return x.step("credentials")
+}
+
+// endStep ends a step's span, if there is one.
+func endStep(s trace.Span) {
+	if s != nil {
+		s.End()
+	}
 }
 
 // traceOutbound removes the agent's trace headers from the outbound request unless the
@@ -71,7 +106,7 @@ func (x *exchange) traceOutbound(out *http.Request, forward bool) {
 		return
 	}
 	var ctx context.Context
-	ctx, x.tr.upstream = x.b.tracer.Start(x.tr.ctx, "upstream", trace.WithSpanKind(trace.SpanKindClient))
+	ctx, x.tr.upstream = x.b.tracer.Start(x.tr.ctx, "upstream", clientKind)
 	if forward {
 		delete(out.Header, "Traceparent")
 		traceContext.Inject(ctx, propagation.HeaderCarrier(out.Header))
@@ -86,7 +121,8 @@ func (x *exchange) traceScrub() {
 }
 
 // endTrace sets the decision on the root span, ends the spans still open, and records the
-// trace in the audit event.
+// trace in the audit event. The request's attributes are on the root alone, set once, those
+// without a value left out; the upstream span adds only what is its own (GenAI).
 func (x *exchange) endTrace() {
 	if x.tr == nil {
 		return
@@ -96,8 +132,6 @@ func (x *exchange) endTrace() {
 		s.End()
 	}
 	if s := x.tr.upstream; s != nil {
-		s.SetAttributes(attribute.String("server.address", ev.Host), attribute.Int("server.port", ev.Port),
-			attribute.Int("http.response.status_code", ev.Status))
 		if l := ev.LLM; l != nil {
 			// OpenTelemetry's GenAI semantic conventions, for the call to the model.
 			s.SetName("chat " + l.Model)
@@ -114,25 +148,36 @@ func (x *exchange) endTrace() {
 		s.End()
 	}
 	r := x.tr.root
-	r.SetAttributes(
-		attribute.String("capbroker.request_id", ev.RequestID),
-		attribute.String("capbroker.agent", ev.Agent),
-		attribute.String("capbroker.phase", ev.Phase),
-		attribute.String("capbroker.decision", ev.Decision),
-		attribute.String("capbroker.reason", ev.Reason),
-		attribute.StringSlice("capbroker.credentials", ev.Credentials),
-		attribute.String("capbroker.policy_revision", ev.PolicyRevision),
-		attribute.String("capbroker.decision_id", ev.DecisionID),
-		attribute.String("capbroker.mode", ev.Mode),
-		attribute.String("http.request.method", ev.Method),
-		attribute.String("server.address", ev.Host),
-		attribute.Int("server.port", ev.Port),
-		attribute.String("url.path", ev.Path),
-		attribute.Int("http.response.status_code", ev.Status),
-	)
-	if ev.WouldDeny {
-		r.SetAttributes(attribute.Bool("capbroker.would_deny", true))
+	a := x.tr.attrs[:0]
+	str := func(k attribute.Key, v string) {
+		if v != "" {
+			a = append(a, k.String(v))
+		}
 	}
+	str("capbroker.request_id", ev.RequestID)
+	str("capbroker.agent", ev.Agent)
+	str("capbroker.phase", ev.Phase)
+	str("capbroker.decision", ev.Decision)
+	str("capbroker.reason", ev.Reason)
+	if len(ev.Credentials) > 0 {
+		a = append(a, attribute.StringSlice("capbroker.credentials", ev.Credentials))
+	}
+	str("capbroker.policy_revision", ev.PolicyRevision)
+	str("capbroker.decision_id", ev.DecisionID)
+	str("capbroker.mode", ev.Mode)
+	if ev.WouldDeny {
+		a = append(a, attribute.Bool("capbroker.would_deny", true))
+	}
+	str("http.request.method", ev.Method)
+	str("server.address", ev.Host)
+	if ev.Port != 0 {
+		a = append(a, attribute.Int("server.port", ev.Port))
+	}
+	str("url.path", ev.Path)
+	if ev.Status != 0 {
+		a = append(a, attribute.Int("http.response.status_code", ev.Status))
+	}
+	r.SetAttributes(a...)
 	if ev.Decision == audit.Deny || ev.Status >= 500 {
 		desc := x.code
 		if desc == "" {

@@ -10,8 +10,8 @@ import (
 )
 
 // Every string exported passes through the scrubber of every secret the broker knows
-// (inject.Known.Everything), on the export goroutine: a span's name, attributes, events and
-// status, a log record's body and attributes, a metric point's attributes. The request path
+// (inject.Known.Everything), on the export goroutine: a span's name, attributes, events, links
+// and status, a log record's body and attributes, a metric point's attributes. The request path
 // pays nothing for it.
 
 func scrubValue(r *scrub.Replacer, v attribute.Value) (attribute.Value, bool) {
@@ -79,21 +79,77 @@ func (s scrubbedSpan) Events() []sdktrace.Event {
 	return out
 }
 
+func (s scrubbedSpan) Links() []sdktrace.Link {
+	ls := s.ReadOnlySpan.Links()
+	if len(ls) == 0 {
+		return ls
+	}
+	out := make([]sdktrace.Link, len(ls))
+	for i, l := range ls {
+		l.Attributes = scrubAttrs(s.r, l.Attributes)
+		out[i] = l
+	}
+	return out
+}
+
 func (s scrubbedSpan) Status() sdktrace.Status {
 	st := s.ReadOnlySpan.Status()
 	st.Description = s.r.String(st.Description)
 	return st
 }
 
+// scrubSpans scrubs the spans of a batch in place (the batch is the queue's own slice): a span
+// with a secret in any of its strings is replaced by its scrubbed view; one without is passed
+// as it is, after one look at each string, without an allocation.
 func scrubSpans(r *scrub.Replacer, spans []sdktrace.ReadOnlySpan) []sdktrace.ReadOnlySpan {
 	if r.Empty() {
 		return spans
 	}
-	out := make([]sdktrace.ReadOnlySpan, len(spans))
 	for i, s := range spans {
-		out[i] = scrubbedSpan{s, r}
+		if holdsSecret(r, s) {
+			spans[i] = scrubbedSpan{s, r}
+		}
 	}
-	return out
+	return spans
+}
+
+// holdsSecret reports whether any string of s would be scrubbed.
+func holdsSecret(r *scrub.Replacer, s sdktrace.ReadOnlySpan) bool {
+	if r.String(s.Name()) != s.Name() || r.String(s.Status().Description) != s.Status().Description {
+		return true
+	}
+	if attrsHoldSecret(r, s.Attributes()) {
+		return true
+	}
+	for _, e := range s.Events() {
+		if r.String(e.Name) != e.Name || attrsHoldSecret(r, e.Attributes) {
+			return true
+		}
+	}
+	for _, l := range s.Links() {
+		if attrsHoldSecret(r, l.Attributes) {
+			return true
+		}
+	}
+	return false
+}
+
+func attrsHoldSecret(r *scrub.Replacer, kvs []attribute.KeyValue) bool {
+	for _, kv := range kvs {
+		switch kv.Value.Type() {
+		case attribute.STRING:
+			if v := kv.Value.AsString(); r.String(v) != v {
+				return true
+			}
+		case attribute.STRINGSLICE:
+			for _, v := range kv.Value.AsStringSlice() {
+				if r.String(v) != v {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // scrubRecords scrubs the records in place (they are the queue's own copies).
@@ -101,13 +157,15 @@ func scrubRecords(r *scrub.Replacer, recs []sdklog.Record) {
 	if r.Empty() {
 		return
 	}
+	var kvs []attribute.KeyValue // reused from record to record
+	walk := func(kv attribute.KeyValue) bool { kvs = append(kvs, kv); return true }
 	for i := range recs {
 		rec := &recs[i]
 		if v, changed := scrubValue(r, rec.Body()); changed {
 			rec.SetBody(v)
 		}
-		var kvs []attribute.KeyValue
-		rec.WalkAttributes(func(kv attribute.KeyValue) bool { kvs = append(kvs, kv); return true })
+		kvs = kvs[:0]
+		rec.WalkAttributes(walk)
 		if out := scrubAttrs(r, kvs); len(kvs) > 0 && &out[0] != &kvs[0] {
 			rec.SetAttributes(out...)
 		}

@@ -176,9 +176,9 @@ func (t *Telemetry) start(ctx context.Context, cfg *config.Telemetry, res *resou
 			}
 			return err
 		}, t.drop(config.SignalTraces))
-		t.tp = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSampler(newSampler(cfg.TraceRatio)),
+		t.tp = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSampler(sampler),
 			sdktrace.WithSpanProcessor(spanQueue{q}))
-		t.tracer = t.tp.Tracer("github.com/capbroker/capbroker/broker")
+		t.tracer = sampled(t.tp.Tracer("github.com/capbroker/capbroker/broker"), cfg.TraceRatio)
 	}
 	if cfg.Enabled(config.SignalMetrics) {
 		var exp sdkmetric.Exporter
@@ -321,26 +321,35 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// newSampler samples a request's root span at random with probability ratio (nil: always),
-// whatever the agent's traceparent says: an agent must not be able to keep its requests out
-// of the traces, nor pick which are traced (its sampled flag is not obeyed, and its trace id,
-// which it chooses, is not what the choice is made on). A step's span follows its root.
-func newSampler(ratio *float64) sdktrace.Sampler {
-	root := sdktrace.AlwaysSample()
-	if ratio != nil && *ratio < 1 {
-		root = randomSampler{*ratio}
+// The broker, not the agent, decides which requests are traced: an agent must not be able to
+// keep its requests out of the traces, nor pick which are traced (its traceparent's sampled
+// flag is not obeyed, and its trace id, which it chooses, is not what the choice is made on).
+// With trace_ratio below 1 the draw is made before any span work (sampledTracer): a request
+// not drawn costs one random number, no ids, context or span. What reaches the SDK is traced
+// (sampler): a root whatever its remote parent says, a step as its root.
+var sampler = sdktrace.ParentBased(sdktrace.AlwaysSample(),
+	sdktrace.WithRemoteParentSampled(sdktrace.AlwaysSample()), sdktrace.WithRemoteParentNotSampled(sdktrace.AlwaysSample()))
+
+// sampled is tr, tracing a root at random with probability ratio (nil or 1: always).
+func sampled(tr trace.Tracer, ratio *float64) trace.Tracer {
+	if ratio == nil || *ratio >= 1 {
+		return tr
 	}
-	return sdktrace.ParentBased(root, sdktrace.WithRemoteParentSampled(root), sdktrace.WithRemoteParentNotSampled(root))
+	return sampledTracer{tr, *ratio}
 }
 
-type randomSampler struct{ p float64 }
-
-func (s randomSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
-	d := sdktrace.Drop
-	if rand.Float64() < s.p {
-		d = sdktrace.RecordAndSample
-	}
-	return sdktrace.SamplingResult{Decision: d, Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
+// sampledTracer draws whether a root span is made; a span under a recording one always is.
+type sampledTracer struct {
+	trace.Tracer
+	p float64
 }
 
-func (s randomSampler) Description() string { return fmt.Sprintf("capbroker.random{%g}", s.p) }
+func (t sampledTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if parent := trace.SpanFromContext(ctx); !parent.IsRecording() && rand.Float64() >= t.p {
+		return ctx, noSpan // not recording: the broker makes no trace of the request
+	}
+	return t.Tracer.Start(ctx, name, opts...)
+}
+
+// noSpan is the span of a request not traced: one that records nothing.
+var noSpan = trace.SpanFromContext(context.Background())

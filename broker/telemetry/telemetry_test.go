@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -102,6 +103,40 @@ func TestScrubSpans(t *testing.T) {
 	}
 }
 
+// TestScrubSpansOnlyWhatHoldsASecret: a batch's clean spans are exported as they are, those of
+// strings without an allocation (a string slice is read as a copy: the SDK has no other way);
+// a span whose secret is only in an event's attribute or a link's is scrubbed
+// too.
+func TestScrubSpansOnlyWhatHoldsASecret(t *testing.T) {
+	r := scrub.New(canary, "[REDACTED]")
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tr := tp.Tracer("t")
+	_, clean := tr.Start(context.Background(), "clean")
+	clean.SetAttributes(attribute.String("capbroker.agent", "a"), attribute.Int("server.port", 443))
+	clean.End()
+	_, event := tr.Start(context.Background(), "event")
+	event.AddEvent("e", oteltrace.WithAttributes(attribute.String("k", "v "+canary)))
+	event.End()
+	_, link := tr.Start(context.Background(), "link", oteltrace.WithLinks(oteltrace.Link{Attributes: []attribute.KeyValue{attribute.String("k", canary)}}))
+	link.End()
+	spans := rec.Ended()
+	out := scrubSpans(r, slices.Clone(spans))
+	if out[0] != spans[0] {
+		t.Error("a span without a secret was wrapped")
+	}
+	if got := out[1].Events()[0].Attributes[0].Value.AsString(); got != "v [REDACTED]" {
+		t.Errorf("event attribute %q", got)
+	}
+	if got := out[2].Links()[0].Attributes[0].Value.AsString(); got != "[REDACTED]" {
+		t.Errorf("link attribute %q", got)
+	}
+	batch := spans[:1]
+	if n := testing.AllocsPerRun(100, func() { scrubSpans(r, batch) }); n != 0 {
+		t.Errorf("scrubbing a clean span made %v allocations", n)
+	}
+}
+
 // TestScrubRecordsAndMetrics: a log record's body and attributes, and a metric point's
 // attributes, are scrubbed.
 func TestScrubRecordsAndMetrics(t *testing.T) {
@@ -186,33 +221,45 @@ func TestAuditRecord(t *testing.T) {
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
-// TestSampler: the broker, not the agent's traceparent, decides what is traced; a step follows
-// its root.
+// TestSampler: the broker, not the agent's traceparent, decides what is traced, before any
+// span is made; a step follows its root.
 func TestSampler(t *testing.T) {
-	zero, one := 0.0, 1.0
+	zero, tiny, one := 0.0, 1e-9, 1.0
 	for name, c := range map[string]struct {
 		ratio  *float64
 		flags  oteltrace.TraceFlags
 		traced bool
 	}{
-		"default, agent says not sampled": {nil, 0, true},
-		"ratio 1, agent says not sampled": {&one, 0, true},
-		"ratio 0, agent says sampled":     {&zero, oteltrace.FlagsSampled, false},
+		"default, agent says not sampled":      {nil, 0, true},
+		"ratio 1, agent says not sampled":      {&one, 0, true},
+		"ratio 0, agent says sampled":          {&zero, oteltrace.FlagsSampled, false},
+		"ratio near 0, agent says sampled":     {&tiny, oteltrace.FlagsSampled, false},
+		"ratio near 0, agent says not sampled": {&tiny, 0, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rec := tracetest.NewSpanRecorder()
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(newSampler(c.ratio)), sdktrace.WithSpanProcessor(rec))
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithSpanProcessor(rec))
+			tr := sampled(tp.Tracer("t"), c.ratio)
 			tid, _ := oteltrace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
 			sid, _ := oteltrace.SpanIDFromHex("00f067aa0ba902b7")
 			parent := oteltrace.ContextWithRemoteSpanContext(context.Background(),
 				oteltrace.NewSpanContext(oteltrace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: c.flags, Remote: true}))
-			ctx, root := tp.Tracer("t").Start(parent, "root")
-			_, step := tp.Tracer("t").Start(ctx, "step")
+			ctx, root := tr.Start(parent, "root")
+			if root.IsRecording() != c.traced {
+				t.Fatalf("root recording %v", root.IsRecording())
+			}
+			_, step := tr.Start(ctx, "step")
 			step.End()
 			root.End()
 			if n := len(rec.Ended()); (c.traced && n != 2) || (!c.traced && n != 0) {
 				t.Fatalf("%d spans recorded", len(rec.Ended()))
 			}
 		})
+	}
+	// Not drawn, a request costs no allocation.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler))
+	tr := sampled(tp.Tracer("t"), &zero)
+	if n := testing.AllocsPerRun(100, func() { tr.Start(context.Background(), "root") }); n != 0 {
+		t.Errorf("a request not drawn made %v allocations", n)
 	}
 }
