@@ -2,8 +2,10 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/xml"
@@ -21,6 +23,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // The HTTP/2 conformance test runs h2spec (github.com/summerwind/h2spec, built from its Go
@@ -154,48 +160,69 @@ func newH2specNS(t *testing.T) string {
 	return ns
 }
 
-// h2specBroker is a broker in front of a TLS upstream that answers every request with a 200
-// after reading its body, as h2spec expects of the server it tests.
+// h2specBroker is a broker in front of a TLS upstream, with the agents h2specAgent and
+// h2Bystander.
 type h2specBroker struct {
 	broker *brokerProc
-	up     string // the upstream's host:port, the CONNECT target
-	token  string
+	caPEM  []byte
+	up     string            // the upstream's host:port, the CONNECT target
+	tokens map[string]string // by agent
 }
 
-func startH2specBroker(t *testing.T) *h2specBroker {
+// h2Bystander is an agent that is not the one under test: it must be served throughout.
+const h2Bystander = "h2-bystander"
+
+// h2specBody is what the upstream answers by default: a body of some length, as h2spec's
+// flow-control cases need one of at least 5 bytes.
+var h2specBody = strings.Repeat("h2spec upstream response\n", 40)
+
+// startH2specBroker starts the broker and its upstream, which serves h, or by default
+// answers every request with a 200 and h2specBody after reading its body, as h2spec expects
+// of the server it tests.
+func startH2specBroker(t *testing.T, h http.Handler) *h2specBroker {
 	t.Helper()
+	if h == nil {
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = io.WriteString(w, h2specBody)
+		})
+	}
 	pki := newUpstreamPKI(t)
-	// A body of some length: h2spec's flow-control cases need one of at least 5 bytes.
-	body := strings.Repeat("h2spec upstream response\n", 40)
-	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/plain")
-		_, _ = io.WriteString(w, body)
-	}))
+	up := httptest.NewUnstartedServer(h)
 	up.TLS = &tls.Config{Certificates: []tls.Certificate{pki.Leaf}}
 	// The broker opens an upstream connection while an agent's handshake runs, and drops it
 	// when the tunnel ends first, as many of h2spec's do: not worth a line each.
 	up.Config.ErrorLog = log.New(io.Discard, "", 0)
 	up.StartTLS()
 	t.Cleanup(up.Close)
-	token := randHex(16)
-	b := startBroker(t, brokerOpts{
+	h2 := &h2specBroker{up: up.Listener.Addr().String(), tokens: map[string]string{}}
+	env := []string{"CANARY_SECRET=sk-canary-" + randHex(12)}
+	for _, agent := range []string{h2specAgent, h2Bystander} {
+		h2.tokens[agent] = randHex(16)
+		env = append(env, tokenEnv(agent)+"="+h2.tokens[agent])
+	}
+	h2.broker = startBroker(t, brokerOpts{
 		policy: h2specPolicy,
 		mode:   "enforce",
-		config: canaryConfig(pki.File, []string{h2specAgent}, ""),
-		env:    []string{tokenEnv(h2specAgent) + "=" + token, "CANARY_SECRET=sk-canary-" + randHex(12)},
+		config: canaryConfig(pki.File, []string{h2specAgent, h2Bystander}, ""),
+		env:    env,
 	})
-	return &h2specBroker{broker: b, up: up.Listener.Addr().String(), token: token}
+	var err error
+	if h2.caPEM, err = os.ReadFile(h2.broker.caFile); err != nil {
+		t.Fatal(err)
+	}
+	return h2
 }
 
 // connect opens a tunnel to the upstream as the agent: CONNECT, the proxy credentials, the
 // 200. What the broker sent after the 200, if anything, is left in the returned reader.
-func (h *h2specBroker) connect() (net.Conn, *bufio.Reader, error) {
+func (h *h2specBroker) connect(agent string) (net.Conn, *bufio.Reader, error) {
 	c, err := net.Dial("tcp", h.broker.proxyAddr)
 	if err != nil {
 		return nil, nil, err
 	}
-	auth := base64.StdEncoding.EncodeToString([]byte(h2specAgent + ":" + h.token))
+	auth := base64.StdEncoding.EncodeToString([]byte(agent + ":" + h.tokens[agent]))
 	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", h.up, h.up, auth); err != nil {
 		c.Close()
 		return nil, nil, err
@@ -234,7 +261,7 @@ func (h *h2specBroker) shim(t *testing.T, l net.Listener) {
 			go func() {
 				defer wg.Done()
 				defer agent.Close()
-				tun, br, err := h.connect()
+				tun, br, err := h.connect(h2specAgent)
 				if err != nil {
 					t.Logf("shim: %v", err)
 					return
@@ -322,7 +349,7 @@ func readH2specReport(t *testing.T, file string) []h2specCase {
 func TestH2Spec(t *testing.T) {
 	bin := h2specBinary(t)
 	requireRootNetns(t)
-	h := startH2specBroker(t)
+	h := startH2specBroker(t, nil)
 	ns := newH2specNS(t)
 	var l net.Listener
 	inNetns(t, ns, func() (err error) {
@@ -382,4 +409,268 @@ func slicesContainsID(cases []h2specCase, id string) bool {
 
 func indent(s string) string {
 	return "    " + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n    ")
+}
+
+// h2Tunnel opens a tunnel as agent and does a TLS handshake in it that negotiates h2,
+// trusting the broker's CA, as an HTTP/2 client of the agent's would.
+func (h *h2specBroker) h2Tunnel(t *testing.T, agent string) *tls.Conn {
+	t.Helper()
+	raw, br, err := h.connect(agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if br.Buffered() > 0 {
+		t.Fatalf("the broker sent %d bytes after its 200, before the agent's ClientHello", br.Buffered())
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(h.caPEM)
+	host, _, _ := net.SplitHostPort(h.up)
+	c := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: host, NextProtos: []string{"h2"}})
+	if err := c.Handshake(); err != nil {
+		raw.Close()
+		t.Fatal(err)
+	}
+	if p := c.ConnectionState().NegotiatedProtocol; p != "h2" {
+		c.Close()
+		t.Fatalf("ALPN negotiated %q, want h2", p)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// servesBystander checks that another agent, on a tunnel of its own, gets its GET answered
+// over HTTP/2 (net/http's client).
+func (h *h2specBroker) servesBystander(t *testing.T) {
+	t.Helper()
+	cc, err := (&http2.Transport{}).NewClientConn(h.h2Tunnel(t, h2Bystander))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://"+h.up+"/bystander", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cc.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("the bystander's request: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || string(body) != h2specBody {
+		t.Fatalf("the bystander's request: %s, %d bytes, %v", resp.Status, len(body), err)
+	}
+}
+
+// rawH2 is an HTTP/2 client connection written frame by frame, as a hostile agent would.
+type rawH2 struct {
+	conn *tls.Conn
+	bw   *bufio.Writer
+	fr   *http2.Framer
+	hbuf bytes.Buffer
+	enc  *hpack.Encoder
+
+	// Set by the frame reader (read); read after done is closed.
+	done       chan struct{}
+	settings   chan uint32 // the server's SETTINGS_MAX_CONCURRENT_STREAMS, once
+	pingAck    chan struct{}
+	goAway     *http2.GoAwayFrame
+	readErr    error
+	responses  int // HEADERS frames the server sent
+	resets     int // RST_STREAM frames the server sent
+	frameCount int
+}
+
+// startRawH2 sends the client preface and an empty SETTINGS frame on c and reads the
+// server's frames from then on.
+func startRawH2(t *testing.T, c *tls.Conn) *rawH2 {
+	t.Helper()
+	r := &rawH2{conn: c, bw: bufio.NewWriterSize(c, 64<<10), done: make(chan struct{}),
+		settings: make(chan uint32, 1), pingAck: make(chan struct{}, 1)}
+	r.fr = http2.NewFramer(r.bw, c)
+	r.enc = hpack.NewEncoder(&r.hbuf)
+	if _, err := io.WriteString(r.bw, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.bw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	go r.read()
+	return r
+}
+
+func (r *rawH2) read() {
+	defer close(r.done)
+	sentSettings := false
+	for {
+		f, err := r.fr.ReadFrame()
+		if err != nil {
+			r.readErr = err
+			return
+		}
+		r.frameCount++
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() && !sentSettings {
+				sentSettings = true
+				v, ok := f.Value(http2.SettingMaxConcurrentStreams)
+				if !ok {
+					v = 1<<32 - 1 // no limit announced
+				}
+				r.settings <- v
+			}
+		case *http2.PingFrame:
+			if f.IsAck() {
+				r.pingAck <- struct{}{}
+			}
+		case *http2.HeadersFrame:
+			r.responses++
+		case *http2.RSTStreamFrame:
+			r.resets++
+		case *http2.GoAwayFrame:
+			r.goAway = f
+		}
+	}
+}
+
+// headerBlock encodes a GET of path to the upstream.
+func (r *rawH2) headerBlock(h *h2specBroker, path string, extra ...hpack.HeaderField) []byte {
+	r.hbuf.Reset()
+	for _, f := range append([]hpack.HeaderField{
+		{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "https"},
+		{Name: ":authority", Value: h.up}, {Name: ":path", Value: path},
+	}, extra...) {
+		_ = r.enc.WriteField(f)
+	}
+	return bytes.Clone(r.hbuf.Bytes())
+}
+
+// TestH2HostileAgent: an agent that abuses HTTP/2 framing in ways h2spec does not try
+// cannot take the broker down, nor keep it from serving another agent.
+func TestH2HostileAgent(t *testing.T) {
+	var (
+		release        = make(chan struct{})
+		mu             sync.Mutex
+		inFlight, peak int
+		held           int
+	)
+	t.Cleanup(func() { close(release) })
+	h := startH2specBroker(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/hold" {
+			_, _ = io.WriteString(w, h2specBody)
+			return
+		}
+		// /hold is a slow upstream: each request is held until the broker gives up on it.
+		mu.Lock()
+		inFlight++
+		held++
+		peak = max(peak, inFlight)
+		mu.Unlock()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	}))
+
+	// Rapid reset (CVE-2023-44487): streams opened and cancelled at once, many times over
+	// the concurrency limit. The broker may run at most the streams it announced at once,
+	// however quickly they are reset.
+	t.Run("rapid reset", func(t *testing.T) {
+		const streams = 5000
+		r := startRawH2(t, h.h2Tunnel(t, h2specAgent))
+		var limit uint32
+		select {
+		case limit = <-r.settings:
+		case <-r.done:
+			t.Fatalf("no SETTINGS from the broker: %v", r.readErr)
+		}
+		var werr error
+		for i := range streams {
+			id := uint32(2*i + 1)
+			if werr = r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.headerBlock(h, "/hold"),
+				EndStream: true, EndHeaders: true}); werr != nil {
+				break
+			}
+			if werr = r.fr.WriteRSTStream(id, http2.ErrCodeCancel); werr != nil {
+				break
+			}
+			if i%100 == 99 {
+				if werr = r.bw.Flush(); werr != nil {
+					break
+				}
+			}
+		}
+		if werr == nil {
+			werr = r.fr.WritePing(false, [8]byte{'h', '2', 's', 'p', 'e', 'c'})
+		}
+		if werr == nil {
+			werr = r.bw.Flush()
+		}
+		// The server has read everything before the PING once it answers it; or it ended
+		// the connection.
+		select {
+		case <-r.pingAck:
+		case <-r.done:
+		case <-time.After(waitTimeout):
+			t.Fatal("the broker neither answered the PING after the flood nor ended the connection")
+		}
+		r.conn.Close()
+		<-r.done
+		mu.Lock()
+		gotPeak, gotHeld := peak, held
+		mu.Unlock()
+		t.Logf("%d streams opened and reset (write error: %v); the broker answered %d, reset %d, GOAWAY %v; upstream saw %d requests, at most %d at once (limit %d)",
+			streams, werr, r.responses, r.resets, r.goAway, gotHeld, gotPeak, limit)
+		if uint32(gotPeak) > limit {
+			t.Errorf("the upstream had %d of the agent's requests in flight at once; the broker announced at most %d streams", gotPeak, limit)
+		}
+		h.servesBystander(t)
+	})
+
+	// CONTINUATION flood (CVE-2024-27316, CVE-2023-45288): a header block that never ends,
+	// each CONTINUATION frame adding another header field. The broker must end the
+	// connection once the block is past its header size limit, not buffer (or decode) it
+	// for as long as the agent sends.
+	t.Run("continuation flood", func(t *testing.T) {
+		const budget = 64 << 20 // bytes of CONTINUATION the agent is prepared to send
+		r := startRawH2(t, h.h2Tunnel(t, h2specAgent))
+		field := hpack.HeaderField{Name: "x-flood", Value: strings.Repeat("f", 4000)}
+		werr := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: r.headerBlock(h, "/flood", field)})
+		sent := 0
+		for werr == nil && sent < budget {
+			// A literal, never indexed: each frame adds 4,000 bytes to the header list.
+			r.hbuf.Reset()
+			_ = r.enc.WriteField(hpack.HeaderField{Name: field.Name, Value: field.Value, Sensitive: true})
+			frag := bytes.Clone(r.hbuf.Bytes())
+			if werr = r.fr.WriteContinuation(1, false, frag); werr == nil {
+				sent += len(frag)
+				if sent%(256<<10) < len(frag) {
+					werr = r.bw.Flush()
+				}
+			}
+		}
+		if werr == nil {
+			werr = r.bw.Flush()
+		}
+		select {
+		case <-r.done:
+		case <-time.After(waitTimeout):
+			t.Fatalf("the broker took %d bytes of one header block and kept the connection open", sent)
+		}
+		t.Logf("sent %d bytes of CONTINUATION before the broker ended the connection (write error: %v; GOAWAY %v; read: %v)",
+			sent, werr, r.goAway, r.readErr)
+		if sent >= budget {
+			t.Errorf("the broker took all %d bytes of one header block before ending the connection", sent)
+		}
+		if r.responses > 0 {
+			t.Errorf("the broker answered a request whose header block never ended")
+		}
+		h.servesBystander(t)
+	})
 }
