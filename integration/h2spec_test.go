@@ -697,4 +697,32 @@ func TestH2HostileAgent(t *testing.T) {
 		}
 		h.servesBystander(t)
 	})
+
+	// PING flood without reading (CVE-2019-9512; SETTINGS likewise, CVE-2019-9515): each
+	// PING needs an answer, which cannot be written while the agent reads nothing. The broker
+	// must bound the answers it queues and end the connection, not hold them all.
+	t.Run("ping flood", func(t *testing.T) {
+		const budget = 2_000_000 // PINGs the agent is prepared to send (34 MB)
+		c := h.h2Tunnel(t, h2specAgent)
+		bw := bufio.NewWriterSize(c, 64<<10)
+		fr := http2.NewFramer(bw, c)
+		_, werr := io.WriteString(bw, http2.ClientPreface)
+		if werr == nil {
+			werr = fr.WriteSettings()
+		}
+		sent := 0
+		for ; werr == nil && sent < budget; sent++ {
+			if werr = fr.WritePing(false, [8]byte{byte(sent), byte(sent >> 8), byte(sent >> 16)}); werr == nil && sent%1000 == 999 {
+				werr = bw.Flush()
+			}
+		}
+		if werr == nil {
+			werr = bw.Flush()
+		}
+		t.Logf("sent %d PINGs, reading none, before the write failed: %v", sent, werr)
+		if werr == nil {
+			t.Errorf("the broker took %d PINGs from an agent that read none of the answers, and kept the connection open", sent)
+		}
+		h.servesBystander(t)
+	})
 }
