@@ -68,10 +68,6 @@ decision := {"allow": true, "credentials": ["canary"]} if {
 // list when it replaces net/http's. A case listed here that passes fails the test too, so
 // the list never outlives what it describes.
 var h2specKnownFailures = map[string]string{
-	// h2spec sends a 20 KB HEADERS frame and expects FRAME_SIZE_ERROR, taking the server's
-	// SETTINGS_MAX_FRAME_SIZE to be the default 16,384; net/http advertises 1 MiB
-	// (http.HTTP2Config.MaxReadFrameSize), so the frame is within the limit it announced.
-	"http2/4.2/3": "net/http advertises SETTINGS_MAX_FRAME_SIZE 1 MiB; h2spec assumes 16 KiB",
 	// RFC 9113 section 6.5.3: the values of one SETTINGS frame are processed in order, a
 	// parameter may repeat. net/http's framer rejects a repeated parameter as a connection
 	// error (PROTOCOL_ERROR).
@@ -486,6 +482,26 @@ func (h *h2specBroker) servesBystander(t *testing.T) {
 	}
 }
 
+// brokerRSS is the broker process's resident memory, in bytes.
+func brokerRSS(t *testing.T, b *brokerProc) int {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", b.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kib, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			if err != nil {
+				t.Fatalf("VmRSS: %q", v)
+			}
+			return kib << 10
+		}
+	}
+	t.Fatal("no VmRSS in the broker's /proc status")
+	return 0
+}
+
 // rawH2 is an HTTP/2 client connection written frame by frame, as a hostile agent would.
 type rawH2 struct {
 	conn *tls.Conn
@@ -498,7 +514,8 @@ type rawH2 struct {
 	done       chan struct{}
 	settings   chan uint32 // the server's SETTINGS_MAX_CONCURRENT_STREAMS, once
 	pingAck    chan struct{}
-	goAway     string // the server's GOAWAY, if it sent one: its error code and last stream
+	goAway     string        // the server's GOAWAY, if it sent one: its error code and last stream
+	goneAway   chan struct{} // closed when the server sends GOAWAY
 	readErr    error
 	responses  int // HEADERS frames the server sent
 	resets     int // RST_STREAM frames the server sent
@@ -510,7 +527,7 @@ type rawH2 struct {
 func startRawH2(t *testing.T, c *tls.Conn) *rawH2 {
 	t.Helper()
 	r := &rawH2{conn: c, bw: bufio.NewWriterSize(c, 64<<10), done: make(chan struct{}),
-		settings: make(chan uint32, 1), pingAck: make(chan struct{}, 1)}
+		settings: make(chan uint32, 1), pingAck: make(chan struct{}, 1), goneAway: make(chan struct{})}
 	r.fr = http2.NewFramer(r.bw, c)
 	r.enc = hpack.NewEncoder(&r.hbuf)
 	if _, err := io.WriteString(r.bw, http2.ClientPreface); err != nil {
@@ -555,6 +572,9 @@ func (r *rawH2) read() {
 		case *http2.RSTStreamFrame:
 			r.resets++
 		case *http2.GoAwayFrame:
+			if r.goAway == "" {
+				close(r.goneAway)
+			}
 			r.goAway = fmt.Sprintf("%v (last stream %d)", f.ErrCode, f.LastStreamID)
 		}
 	}
@@ -722,6 +742,45 @@ func TestH2HostileAgent(t *testing.T) {
 		t.Logf("sent %d PINGs, reading none, before the write failed: %v", sent, werr)
 		if werr == nil {
 			t.Errorf("the broker took %d PINGs from an agent that read none of the answers, and kept the connection open", sent)
+		}
+		h.servesBystander(t)
+	})
+
+	// Large frames: a server's frame buffer grows to the largest frame it reads and keeps
+	// that size while the connection lasts. Frames of 1 MiB on many connections of one agent
+	// must not hold a MiB of the broker's memory each: the broker refuses frames over the
+	// protocol's default 16 KiB.
+	t.Run("large frames", func(t *testing.T) {
+		const conns, size = 128, 1<<20 - 1
+		before := brokerRSS(t, h.broker)
+		var accepted int
+		frame := make([]byte, 9+size)
+		frame[0], frame[1], frame[2], frame[3] = size>>16, size>>8&0xff, size&0xff, 0xfa // a frame of an unknown type, which a server must ignore
+		for range conns {
+			r := startRawH2(t, h.h2Tunnel(t, h2specAgent))
+			_, werr := r.bw.Write(frame)
+			if werr == nil {
+				werr = r.fr.WritePing(false, [8]byte{'b', 'i', 'g'})
+			}
+			if werr == nil {
+				werr = r.bw.Flush()
+			}
+			// Once the PING is answered the server has read the whole frame; or it is ending
+			// the connection.
+			select {
+			case <-r.pingAck:
+				accepted++
+			case <-r.goneAway:
+			case <-r.done:
+			case <-time.After(waitTimeout):
+				t.Fatalf("the broker neither answered the PING after a 1 MiB frame nor ended the connection (write: %v)", werr)
+			}
+		}
+		after := brokerRSS(t, h.broker)
+		t.Logf("%d connections each sent a frame of 1 MiB: %d were kept; the broker's RSS went from %d to %d MiB",
+			conns, accepted, before>>20, after>>20)
+		if grown := after - before; grown > conns<<20/4 {
+			t.Errorf("the broker's memory grew by %d MiB for %d connections that each sent one 1 MiB frame", grown>>20, conns)
 		}
 		h.servesBystander(t)
 	})
