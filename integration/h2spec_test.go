@@ -530,6 +530,8 @@ func startRawH2(t *testing.T, c *tls.Conn) *rawH2 {
 		settings: make(chan uint32, 1), pingAck: make(chan struct{}, 1), goneAway: make(chan struct{})}
 	r.fr = http2.NewFramer(r.bw, c)
 	r.enc = hpack.NewEncoder(&r.hbuf)
+	// A server that stops reading fails the test rather than hangs it.
+	_ = c.SetWriteDeadline(time.Now().Add(waitTimeout))
 	if _, err := io.WriteString(r.bw, http2.ClientPreface); err != nil {
 		t.Fatal(err)
 	}
@@ -634,6 +636,9 @@ func TestH2HostileAgent(t *testing.T) {
 		case <-r.done:
 			t.Fatalf("no SETTINGS from the broker: %v", r.readErr)
 		}
+		if limit == 1<<32-1 {
+			t.Errorf("the broker announced no SETTINGS_MAX_CONCURRENT_STREAMS: an agent's streams on one connection are unbounded")
+		}
 		var werr error
 		for i := range streams {
 			id := uint32(2*i + 1)
@@ -720,9 +725,13 @@ func TestH2HostileAgent(t *testing.T) {
 
 	// PING flood without reading (CVE-2019-9512; SETTINGS likewise, CVE-2019-9515): each
 	// PING needs an answer, which cannot be written while the agent reads nothing. The broker
-	// must bound the answers it queues and end the connection, not hold them all.
+	// must not queue the answers without bound: it ends the connection, or it stops reading
+	// until it can write (then the agent's writes stall: a write that has not gone through
+	// in stallAfter counts as stalled; on a slow machine a slow read may pass for a stall,
+	// never the reverse).
 	t.Run("ping flood", func(t *testing.T) {
 		const budget = 2_000_000 // PINGs the agent is prepared to send (34 MB)
+		const stallAfter = 3 * time.Second
 		c := h.h2Tunnel(t, h2specAgent)
 		bw := bufio.NewWriterSize(c, 64<<10)
 		fr := http2.NewFramer(bw, c)
@@ -730,19 +739,24 @@ func TestH2HostileAgent(t *testing.T) {
 		if werr == nil {
 			werr = fr.WriteSettings()
 		}
+		flush := func() error {
+			_ = c.SetWriteDeadline(time.Now().Add(stallAfter))
+			return bw.Flush()
+		}
 		sent := 0
 		for ; werr == nil && sent < budget; sent++ {
 			if werr = fr.WritePing(false, [8]byte{byte(sent), byte(sent >> 8), byte(sent >> 16)}); werr == nil && sent%1000 == 999 {
-				werr = bw.Flush()
+				werr = flush()
 			}
 		}
 		if werr == nil {
-			werr = bw.Flush()
+			werr = flush()
 		}
-		t.Logf("sent %d PINGs, reading none, before the write failed: %v", sent, werr)
+		t.Logf("sent %d PINGs, reading none, before the write failed or stalled: %v", sent, werr)
 		if werr == nil {
 			t.Errorf("the broker took %d PINGs from an agent that read none of the answers, and kept the connection open", sent)
 		}
+		c.Close()
 		h.servesBystander(t)
 	})
 
