@@ -250,9 +250,29 @@ func (h *h2specBroker) connect(agent string) (net.Conn, *bufio.Reader, error) {
 // tunnel that cannot be opened closes the accepted connection, which h2spec reports.
 func (h *h2specBroker) shim(t *testing.T, l net.Listener) {
 	t.Helper()
-	var wg sync.WaitGroup
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		open = map[net.Conn]bool{}
+	)
+	track := func(c net.Conn, on bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if on {
+			open[c] = true
+		} else {
+			delete(open, c)
+		}
+	}
+	// When the test ends, whatever is still open is closed: a server that keeps a
+	// connection h2spec has left ends no test.
 	t.Cleanup(func() {
 		l.Close()
+		mu.Lock()
+		for c := range open {
+			c.Close()
+		}
+		mu.Unlock()
 		wg.Wait()
 	})
 	wg.Add(1)
@@ -263,15 +283,19 @@ func (h *h2specBroker) shim(t *testing.T, l net.Listener) {
 			if err != nil {
 				return
 			}
+			track(agent, true)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				defer track(agent, false)
 				defer agent.Close()
 				tun, br, err := h.connect(h2specAgent)
 				if err != nil {
 					t.Logf("shim: %v", err)
 					return
 				}
+				track(tun, true)
+				defer track(tun, false)
 				defer tun.Close()
 				spliceTunnel(agent, tun, br)
 			}()
