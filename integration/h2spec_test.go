@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -374,9 +375,9 @@ func readH2specReport(t *testing.T, file string) []h2specCase {
 }
 
 // TestH2Spec runs h2spec's whole suite (generic, http2 and hpack sections, strict cases
-// included: -S) against the
-// agent-facing HTTP/2 server, through CONNECT, and fails listing every case that failed by
-// its ID, but for the documented known failures (h2specKnownFailures).
+// included: -S) against the agent-facing HTTP/2 server, through CONNECT, and fails listing
+// every case that failed by its ID, but for the documented known failures
+// (h2specKnownFailures).
 func TestH2Spec(t *testing.T) {
 	bin := h2specBinary(t)
 	requireRootNetns(t)
@@ -413,7 +414,7 @@ func TestH2Spec(t *testing.T) {
 		}
 	}
 	for id := range h2specKnownFailures {
-		if !slicesContainsID(cases, id) {
+		if !slices.ContainsFunc(cases, func(c h2specCase) bool { return c.id == id }) {
 			stale = append(stale, id)
 		}
 	}
@@ -428,7 +429,7 @@ func TestH2Spec(t *testing.T) {
 	// injected, answered by the upstream (many of them are cancelled by h2spec's ending the
 	// connection before the answer).
 	if n := h.served.Load(); n < 30 {
-		t.Errorf("the upstream answered %d of h2spec's requests, want most of them", n)
+		t.Errorf("the upstream answered %d of h2spec's requests, want at least 30 (of over a hundred)", n)
 	}
 	if n := h.uncredentialed.Load(); n > 0 {
 		t.Errorf("%d of h2spec's requests reached the upstream without the injected credential", n)
@@ -440,15 +441,6 @@ func TestH2Spec(t *testing.T) {
 	}
 	t.Logf("h2spec: %d cases, %d known failures of net/http's server; the upstream answered %d requests; its output:\n%s",
 		len(cases), len(h2specKnownFailures), h.served.Load(), out)
-}
-
-func slicesContainsID(cases []h2specCase, id string) bool {
-	for _, c := range cases {
-		if c.id == id {
-			return true
-		}
-	}
-	return false
 }
 
 func indent(s string) string {
