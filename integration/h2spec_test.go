@@ -527,15 +527,14 @@ type rawH2 struct {
 	enc  *hpack.Encoder
 
 	// Set by the frame reader (read); read after done is closed.
-	done       chan struct{}
-	settings   chan uint32 // the server's SETTINGS_MAX_CONCURRENT_STREAMS, once
-	pingAck    chan struct{}
-	goAway     string        // the server's GOAWAY, if it sent one: its error code and last stream
-	goneAway   chan struct{} // closed when the server sends GOAWAY
-	readErr    error
-	responses  int // HEADERS frames the server sent
-	resets     int // RST_STREAM frames the server sent
-	frameCount int
+	done      chan struct{}
+	settings  chan uint32 // the server's SETTINGS_MAX_CONCURRENT_STREAMS, once
+	pingAck   chan struct{}
+	goAway    string        // the server's GOAWAY, if it sent one: its error code and last stream
+	goneAway  chan struct{} // closed when the server sends GOAWAY
+	readErr   error
+	responses int // HEADERS frames the server sent
+	resets    int // RST_STREAM frames the server sent
 }
 
 // startRawH2 sends the client preface and an empty SETTINGS frame on c and reads the
@@ -570,7 +569,6 @@ func (r *rawH2) read() {
 			r.readErr = err
 			return
 		}
-		r.frameCount++
 		switch f := f.(type) {
 		case *http2.SettingsFrame:
 			if !f.IsAck() && !sentSettings {
