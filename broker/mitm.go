@@ -171,6 +171,10 @@ var discardLog = log.New(io.Discard, "", 0)
 // them share the tunnel's one connection slot (proxy.max_connections_per_agent).
 const maxConcurrentStreams = 100
 
+// maxReadFrameSize is the largest HTTP/2 frame an agent may send (SETTINGS_MAX_FRAME_SIZE):
+// the protocol's initial value.
+const maxReadFrameSize = 16 << 10
+
 // configureH2 makes srv serve HTTP/2 on a TLS connection that negotiated h2, with the same
 // header size limit (MaxHeaderBytes is the advertised SETTINGS_MAX_HEADER_LIST_SIZE) and idle
 // timeout as HTTP/1.1 tunnels. Unencrypted HTTP/2 (h2c) is not enabled, and extended CONNECT
@@ -183,6 +187,11 @@ func configureH2(srv *http.Server) {
 	srv.Protocols = &p
 	srv.HTTP2 = &http.HTTP2Config{
 		MaxConcurrentStreams: maxConcurrentStreams,
+		// Frames from the agent are at most the protocol's default 16 KiB, not net/http's
+		// 1 MiB: the server's read buffer grows to the largest frame announced and keeps that
+		// size for the connection's life, so each of an agent's connections could hold 1 MiB
+		// of the broker's memory.
+		MaxReadFrameSize: maxReadFrameSize,
 		// A connection on which the agent sends nothing for this long is probed with a
 		// PING and closed when that goes unanswered, like a dead HTTP/1.1 connection is
 		// closed by its idle timeout.
