@@ -74,3 +74,6 @@ fi
 # (integration/testdata/otelcol, a module of its own) by the tests, once, into the user cache;
 # downloading its modules here means a first test run needs only the build (about a minute).
 (cd integration/testdata/otelcol && GOFLAGS=-mod=mod GOWORK=off go mod download)
+# h2spec (integration/h2spec_test.go, the agent-facing HTTP/2 server's conformance) is built
+# the same way from its Go module (integration/testdata/h2spec).
+(cd integration/testdata/h2spec && GOFLAGS=-mod=mod GOWORK=off go mod download)
