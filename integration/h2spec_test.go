@@ -66,22 +66,7 @@ decision := {"allow": true, "credentials": ["canary"]} if {
 // the broker's own doing. A server of the project's own must pass every case: empty this
 // list when it replaces net/http's. A case listed here that passes fails the test too, so
 // the list never outlives what it describes.
-var h2specKnownFailures = map[string]string{
-	// h2spec sends a 20 KB HEADERS frame and expects FRAME_SIZE_ERROR, taking the server's
-	// SETTINGS_MAX_FRAME_SIZE to be the default 16,384; net/http advertises 1 MiB
-	// (http.HTTP2Config.MaxReadFrameSize), so the frame is within the limit it announced.
-	"http2/4.2/3": "net/http advertises SETTINGS_MAX_FRAME_SIZE 1 MiB; h2spec assumes 16 KiB",
-	// RFC 9113 section 6.5.3: the values of one SETTINGS frame are processed in order, a
-	// parameter may repeat. net/http's framer rejects a repeated parameter as a connection
-	// error (PROTOCOL_ERROR).
-	"http2/6.5.3/1": "net/http rejects a SETTINGS frame that repeats a parameter",
-	// RFC 9113 section 8.2.2: a request with a connection-specific header field (here
-	// "connection", and "te" other than "trailers") is malformed, a stream error of type
-	// PROTOCOL_ERROR. net/http answers it with a 400 response instead; either way the
-	// request goes no further (the handler is never called).
-	"http2/8.1.2.2/1": "net/http answers a connection-specific header field with a 400, not RST_STREAM",
-	"http2/8.1.2.2/2": `net/http answers "te" other than "trailers" with a 400, not RST_STREAM`,
-}
+var h2specKnownFailures = map[string]string{}
 
 var (
 	h2specOnce sync.Once

@@ -371,7 +371,7 @@ func (c *Conn) processSettings(f *http2.SettingsFrame) error {
 	if f.IsAck() {
 		return nil
 	}
-	if f.NumSettings() > 100 || f.HasDuplicates() {
+	if f.NumSettings() > 100 { // a parameter may repeat: the last value holds (RFC 9113, 6.5.3)
 		return connError(http2.ErrCodeProtocol)
 	}
 	err := f.ForeachSetting(func(s http2.Setting) error {

@@ -82,12 +82,12 @@ func (c *Conn) processHeaders(f *http2.MetaHeadersFrame) error {
 	if err != nil {
 		return err
 	}
+	if !validRequestHeaders(req.Header) {
+		return streamError{id, http2.ErrCodeProtocol} // malformed (RFC 9113, 8.2.2)
+	}
 	handler := c.s.Handler
-	switch {
-	case f.Truncated:
+	if f.Truncated {
 		handler = http.HandlerFunc(headerTooLarge)
-	case !validRequestHeaders(req.Header):
-		handler = http.HandlerFunc(badRequest)
 	}
 	c.mu.Lock()
 	c.streams[id] = st
@@ -294,10 +294,6 @@ func (c *Conn) remoteAddr() string {
 
 func headerTooLarge(w http.ResponseWriter, _ *http.Request) {
 	http.Error(w, "431 Request Header Fields Too Large", http.StatusRequestHeaderFieldsTooLarge)
-}
-
-func badRequest(w http.ResponseWriter, _ *http.Request) {
-	http.Error(w, "400 Bad Request: a connection-specific header field in an HTTP/2 request", http.StatusBadRequest)
 }
 
 // runHandler runs the handler for a stream's request, then ends its response: whole, or

@@ -380,8 +380,11 @@ func (w *responseWriter) sendData(p []byte, end bool) error {
 }
 
 // reserve waits until st may send some of n bytes and takes them from the windows: as many
-// as both allow, at most a frame. A stream or connection that ends meanwhile fails it.
+// as both allow, at most a frame. Before it waits, what was written is flushed: the agent
+// opens the windows only for what it has received. A stream or connection that ends
+// meanwhile fails it.
 func (c *Conn) reserve(st *stream, n int) (int, error) {
+	flushed := false
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
@@ -400,7 +403,15 @@ func (c *Conn) reserve(st *stream, n int) (int, error) {
 			c.sendWindow -= k
 			return int(k), nil
 		}
+		if !flushed {
+			c.mu.Unlock()
+			c.flushIfDirty()
+			c.mu.Lock()
+			flushed = true
+			continue
+		}
 		c.flow.Wait()
+		flushed = false
 	}
 }
 
