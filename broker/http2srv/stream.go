@@ -95,8 +95,52 @@ func (c *Conn) processHeaders(f *http2.MetaHeadersFrame) error {
 		st.remoteDone = true
 	}
 	c.mu.Unlock()
-	go c.runHandler(st, handler, req)
+	dispatch(task{c, st, handler, req})
 	return nil
+}
+
+// task is a request to run a handler for.
+type task struct {
+	c   *Conn
+	st  *stream
+	h   http.Handler
+	req *http.Request
+}
+
+// idleWorkers hands a task to a worker goroutine that waits for one: unbuffered, a send
+// succeeds only when one does.
+var idleWorkers = make(chan task)
+
+// workerIdle is how long a worker waits for its next task before it ends.
+const workerIdle = 2 * time.Second
+
+// dispatch runs t on a waiting worker, or a new one. A worker's stack has grown to what the
+// handler needs (the broker's pipeline is deep): a goroutine started for each request grows
+// its stack, copying it, several times over, about a tenth of an h2 request's CPU time.
+func dispatch(t task) {
+	select {
+	case idleWorkers <- t:
+	default:
+		go worker(t)
+	}
+}
+
+func worker(t task) {
+	var timer *time.Timer
+	for {
+		t.c.runHandler(t.st, t.h, t.req)
+		t = task{}
+		if timer == nil {
+			timer = time.NewTimer(workerIdle)
+		} else {
+			timer.Reset(workerIdle)
+		}
+		select {
+		case t = <-idleWorkers:
+		case <-timer.C:
+			return
+		}
+	}
 }
 
 // processTrailers reads a HEADERS frame that ends a request's body; c.mu is held.
