@@ -102,7 +102,9 @@ type Conn struct {
 	recvUnsent int64  // bytes read by handlers and not yet returned to the connection's window
 	// pendingUpdates are WINDOW_UPDATEs to send, the next time the reader would wait.
 	pendingUpdates []windowUpdate
-	goingAway      bool // GOAWAY sent or received: no new stream
+	running        int    // handlers running
+	queued         []task // streams waiting for a handler (running at its limit)
+	goingAway      bool   // GOAWAY sent or received: no new stream
 	closed         bool
 	shutdown       bool // Shutdown was called
 	idleSince      time.Time

@@ -357,3 +357,36 @@ func TestIdleTimeoutEnds(t *testing.T) {
 	}
 	<-conn.done
 }
+
+func TestRapidResetBounded(t *testing.T) {
+	var mu sync.Mutex
+	running, peak := 0, 0
+	s := testServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		running++
+		peak = max(peak, running)
+		mu.Unlock()
+		<-r.Context().Done()
+		time.Sleep(time.Millisecond) // a handler slow to notice: the next ones must wait
+		mu.Lock()
+		running--
+		mu.Unlock()
+	}))
+	r, conn := dialRaw(t, s)
+	for i := range 200 {
+		id := uint32(2*i + 1)
+		r.headers(id, true, get...)
+		r.write(func() { r.fr.WriteRSTStream(id, http2.ErrCodeCancel) })
+	}
+	// Either every stream was served in turn, or the flood ended the connection.
+	ga := r.next(func(f http2.Frame) bool { _, ok := f.(*http2.GoAwayFrame); return ok }).(*http2.GoAwayFrame)
+	if ga.ErrCode != http2.ErrCodeEnhanceYourCalm {
+		t.Fatalf("got %v", ga)
+	}
+	<-conn.done
+	mu.Lock()
+	defer mu.Unlock()
+	if peak > int(s.MaxConcurrentStreams) {
+		t.Fatalf("%d handlers ran at once; the limit is %d", peak, s.MaxConcurrentStreams)
+	}
+}

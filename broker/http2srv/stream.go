@@ -94,9 +94,43 @@ func (c *Conn) processHeaders(f *http2.MetaHeadersFrame) error {
 	if f.StreamEnded() {
 		st.remoteDone = true
 	}
+	t := task{c, st, handler, req}
+	if c.running >= int(c.s.MaxConcurrentStreams) {
+		// The handlers of streams the agent reset still run: no more than the streams
+		// announced run at once, however fast streams are opened and reset (CVE-2023-44487).
+		// The rest wait, up to a bound beyond which the agent is flooding.
+		if len(c.queued) >= 4*int(c.s.MaxConcurrentStreams) {
+			c.mu.Unlock()
+			return connError(http2.ErrCodeEnhanceYourCalm)
+		}
+		c.queued = append(c.queued, t)
+		c.mu.Unlock()
+		return nil
+	}
+	c.running++
 	c.mu.Unlock()
-	dispatch(task{c, st, handler, req})
+	dispatch(t)
 	return nil
+}
+
+// handlerDone counts a handler as ended and returns the next queued stream to run, if one is
+// still open.
+func (c *Conn) handlerDone() (task, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.running--
+	for len(c.queued) > 0 {
+		t := c.queued[0]
+		c.queued[0] = task{}
+		c.queued = c.queued[1:]
+		if t.st.localDone { // reset while it waited
+			c.removeStream(t.st)
+			continue
+		}
+		c.running++
+		return t, true
+	}
+	return task{}, false
 }
 
 // task is a request to run a handler for.
@@ -129,6 +163,10 @@ func worker(t task) {
 	var timer *time.Timer
 	for {
 		t.c.runHandler(t.st, t.h, t.req)
+		if next, ok := t.c.handlerDone(); ok {
+			t = next
+			continue
+		}
 		t = task{}
 		if timer == nil {
 			timer = time.NewTimer(workerIdle)
