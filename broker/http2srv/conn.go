@@ -38,6 +38,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -88,6 +89,8 @@ type Conn struct {
 	werr    error // the first write's error: nothing is written after it
 	dirty   bool  // bw holds frames not flushed
 	started bool  // the server's SETTINGS were written: a GOAWAY may follow
+	// flushers counts the response flushes waiting for wmu (see responseWriter.flush).
+	flushers atomic.Int32
 
 	// mu guards the streams and the flow-control windows; flow is signalled when a send
 	// window grows, or a stream or the connection ends.

@@ -415,11 +415,16 @@ func (c *Conn) reserve(st *stream, n int) (int, error) {
 	}
 }
 
-// flush sends what the connection's writer holds; w.mu is held.
+// flush sends what the connection's writer holds; w.mu is held. Responses that end at once
+// (many streams on one connection) leave in one write: a flush that finds another waiting for
+// the lock to flush leaves it to that one, which sends both.
 func (w *responseWriter) flush() error {
 	c := w.st.c
+	c.flushers.Add(1)
 	c.wmu.Lock()
-	c.flushLocked()
+	if c.flushers.Add(-1) == 0 {
+		c.flushLocked()
+	}
 	err := c.werr
 	c.wmu.Unlock()
 	return err
