@@ -166,7 +166,8 @@ var clientPreface = []byte(http2.ClientPreface)
 // Serve reads and acts on the agent's frames until the connection ends.
 func (c *Conn) Serve() {
 	defer c.close()
-	_ = c.raw.SetReadDeadline(time.Now().Add(c.s.ReadHeaderTimeout))
+	applied := time.Now().Add(c.s.ReadHeaderTimeout) // the read deadline the connection has
+	_ = c.raw.SetReadDeadline(applied)
 	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(c.br, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
 		return
@@ -189,7 +190,6 @@ func (c *Conn) Serve() {
 	c.mu.Lock()
 	c.idleSince = time.Now()
 	c.mu.Unlock()
-	var applied time.Time
 	first := true
 	for {
 		if c.br.Buffered() == 0 {

@@ -40,7 +40,10 @@ type responseWriter struct {
 // maxBuffered is the most body held before it is sent: a frame's worth.
 const maxBuffered = maxFrame
 
-var errAfterDone = errors.New("http2: response used after its handler returned")
+var (
+	errAfterDone = errors.New("http2: response used after its handler returned")
+	errFinished  = errors.New("http2: write after the response was finished")
+)
 
 func (w *responseWriter) Header() http.Header {
 	w.mu.Lock()
@@ -97,7 +100,7 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 		return 0, errAfterDone
 	}
 	if w.finished {
-		return 0, http.ErrHandlerTimeout // Finish was called: the response has ended
+		return 0, errFinished
 	}
 	if w.err != nil {
 		return 0, w.err
