@@ -105,6 +105,8 @@ type Conn struct {
 	recvUnsent int64  // bytes read by handlers and not yet returned to the connection's window
 	// pendingUpdates are WINDOW_UPDATEs to send, the next time the reader would wait.
 	pendingUpdates []windowUpdate
+	resetIDs       [16]uint32 // the streams the server reset last (see wasReset)
+	resetNext      uint32
 	running        int    // handlers running
 	queued         []task // streams waiting for a handler (running at its limit)
 	goingAway      bool   // GOAWAY sent or received: no new stream
@@ -369,6 +371,16 @@ func (c *Conn) process(f http2.Frame) error {
 	return nil // unknown frames, and PRIORITY_UPDATE, are ignored
 }
 
+// wasReset reports whether id is among the streams the server reset last; c.mu is held.
+func (c *Conn) wasReset(id uint32) bool {
+	for _, r := range c.resetIDs {
+		if r == id {
+			return true
+		}
+	}
+	return false
+}
+
 // isIdle reports whether id names a stream the agent has not opened yet; c.mu is held.
 func (c *Conn) isIdle(id uint32) bool { return id > c.lastID }
 
@@ -531,6 +543,8 @@ func (c *Conn) resetStream(id uint32, code http2.ErrCode) {
 		c.lastID = id // a stream refused as it opened is closed, not idle
 	}
 	st := c.streams[id]
+	c.resetIDs[c.resetNext%uint32(len(c.resetIDs))] = id
+	c.resetNext++
 	c.mu.Unlock()
 	c.wmu.Lock()
 	c.writeErr(c.fr.WriteRSTStream(id, code))

@@ -390,3 +390,27 @@ func TestRapidResetBounded(t *testing.T) {
 		t.Fatalf("%d handlers ran at once; the limit is %d", peak, s.MaxConcurrentStreams)
 	}
 }
+
+func TestTrailersAfterEarlyResponse(t *testing.T) {
+	r, _ := dialRaw(t, testServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusForbidden) // answered without reading the body
+	})))
+	r.headers(1, false, ":method", "POST", ":scheme", "https", ":authority", "x.test", ":path", "/", "trailer", "x-t")
+	rst := r.next(func(f http2.Frame) bool { _, ok := f.(*http2.RSTStreamFrame); return ok }).(*http2.RSTStreamFrame)
+	if rst.StreamID != 1 || rst.ErrCode != http2.ErrCodeNo {
+		t.Fatalf("got %v", rst)
+	}
+	// The agent's trailers, sent before it saw the reset, leave the connection serving.
+	r.headers(1, true, "x-t", "v")
+	r.write(func() { r.fr.WritePing(false, [8]byte{7}) })
+	f := r.next(func(f http2.Frame) bool {
+		switch f.(type) {
+		case *http2.PingFrame, *http2.GoAwayFrame:
+			return true
+		}
+		return false
+	})
+	if p, ok := f.(*http2.PingFrame); !ok || !p.IsAck() {
+		t.Fatalf("got %v, want the PING's answer", f)
+	}
+}

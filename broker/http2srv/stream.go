@@ -60,7 +60,13 @@ func (c *Conn) processHeaders(f *http2.MetaHeadersFrame) error {
 		return c.processTrailers(st, f)
 	}
 	if id <= c.lastID {
+		reset := c.wasReset(id)
 		c.mu.Unlock()
+		if reset {
+			// Trailers the agent sent before it saw our RST_STREAM: ignored (RFC 9113,
+			// 5.1; the block was decoded, so the hpack state stays in step).
+			return nil
+		}
 		return connError(http2.ErrCodeStreamClosed)
 	}
 	c.lastID = id
