@@ -214,8 +214,8 @@ func (b *Broker) serveTunnel(w http.ResponseWriter, r *http.Request, tun *tunnel
 		h[k] = vs
 	}
 	if resp.Close && r.ProtoMajor == 1 {
-		// Not on HTTP/2: there "Connection: close" makes net/http shut down the whole
-		// connection, every other stream of the tunnel with it.
+		// Not on HTTP/2: a connection-specific field has no place there (RFC 9113, 8.2.2;
+		// broker/http2srv leaves it out), and the connection carries other streams.
 		h.Set("Connection", "close")
 	}
 	for k := range resp.Trailer {
