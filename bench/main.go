@@ -40,7 +40,7 @@ func main() {
 	flag.IntVar(&o.bulkPairs, "bulk-pairs", 3, "pairs of 256 MiB transfers each way for the bulk targets (-only bulk: intercept/relay and full/intercept alone)")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector, then to a minimal OTLP sink, over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; postgres-pairs: pgbench's default workload through the Postgres front door over direct, paired, with statement decisions off and on (-conns clients, 8 by default; -slice of at least 2s; root, Debian's postgresql and a Vault binary); curves: only the curves of -curves; charts: only draw the charts; bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs; secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs; per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges")
+	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector, then to a minimal OTLP sink, over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; postgres-pairs: pgbench's default workload through the Postgres front door over direct, paired, with statement decisions off and on (-conns clients, 8 by default; -slice of at least 2s; root, Debian's postgresql and a Vault binary); curves: only the curves of -curves; charts: only draw the charts; bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs; secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs; per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges; agent-h2-pairs: the bare intercepted path and the full pipeline with an HTTP/1.1 client (-conns connections) against an h2 client (one connection, -conns streams), paired, with the broker's CPU per request")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.IntVar(&o.sshMiB, "ssh-mib", 300, "-only ssh-clone: the size of the repository cloned, in MiB")
 	flag.BoolVar(&keepAlive, "keepalive", true, "clients keep their connections between requests; false: a connection (a CONNECT and a TLS handshake through a proxy) per request, as one curl command makes")
@@ -225,6 +225,9 @@ func run(ctx context.Context, o options) error {
 		r.print(os.Stdout)
 		return nil
 	}
+	if o.only == "agent-h2-pairs" {
+		return agentH2Pairs(ctx, p, intercept, fullPath, o)
+	}
 	if o.only == "floor" {
 		return floorPairs(ctx, up, p, intercept, fullPath, o)
 	}
@@ -328,6 +331,12 @@ func run(ctx context.Context, o options) error {
 	}
 	// The rest of the targets' pairs: the broker over the relay and the peers, added p50.
 	s.measureTargets(ctx, p, all, procs, max(o.pairs, 1), o.slice, o.rate)
+	if !agentH2 { // with -agent h2 every client speaks h2 already
+		settleBefore(procs, "agent h2")
+		if s.AgentH2, err = measureAgentH2(ctx, p, []*path{intercept, fullPath}, 32, max(o.pairs/2, 3), o.slice); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(os.Stderr, "transparent beside explicit intercepted, paired...")
 	// A few pairs only (about 20 s): -only transparent measures -pairs of them.
 	if s.Transparent, err = measureTransparent(ctx, bin, dir, up, p, direct, 4, 3, o.slice, o.rate); err != nil {
@@ -360,6 +369,7 @@ func run(ctx context.Context, o options) error {
 	s.ratios()
 	s.print(os.Stdout)
 	s.H2Upstream.print(os.Stdout)
+	s.AgentH2.print(os.Stdout)
 	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
 		return err
 	}

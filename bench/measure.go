@@ -30,6 +30,8 @@ type path struct {
 	url    string
 	via    *via     // nil for direct
 	proc   *process // the proxy whose CPU time is charged to the requests; nil for direct
+	// h2 makes the path's client offer h2 first whatever -agent says (agenth2.go).
+	h2 bool
 }
 
 // via is a proxy between the client and the upstream.
@@ -79,6 +81,9 @@ func (pa *path) withConns(p *pki, conns int) *http.Client {
 	c := directClient(p, conns)
 	if pa.via != nil {
 		c = pa.via.client(conns)
+	}
+	if pa.h2 {
+		c.Transport.(*http.Transport).ForceAttemptHTTP2 = true
 	}
 	c.Transport.(*http.Transport).DialContext = pa.countingDial() // for loopStats
 	return c

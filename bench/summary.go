@@ -52,6 +52,8 @@ type summary struct {
 	PerCommand *perCommand `json:"connection_per_request,omitempty"`
 	// H2Upstream is each path to the HTTP/1.1 and the h2 upstream in adjacent slices (h2.go).
 	H2Upstream *h2Result `json:"h2_upstream,omitempty"`
+	// AgentH2 is each broker path with an HTTP/1.1 and an h2 client, paired (agenth2.go).
+	AgentH2 *agentH2Result `json:"agent_h2,omitempty"`
 	// Peers are the other proxies measured on the same upstream, or why they were skipped;
 	// their figures are in the maps above under their names.
 	Peers map[string]peerResult `json:"peers"`

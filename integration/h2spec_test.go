@@ -63,23 +63,12 @@ decision := {"allow": true, "credentials": ["canary"]} if {
 }
 `
 
-// h2specKnownFailures are the h2spec cases net/http's HTTP/2 server (the agent-facing server
-// of intercepted tunnels while it serves them) fails, by h2spec's ID, each with why. None is
-// the broker's own doing. A server of the project's own must pass every case: empty this
-// list when it replaces net/http's. A case listed here that passes fails the test too, so
-// the list never outlives what it describes.
-var h2specKnownFailures = map[string]string{
-	// RFC 9113 section 6.5.3: the values of one SETTINGS frame are processed in order, a
-	// parameter may repeat. net/http's framer rejects a repeated parameter as a connection
-	// error (PROTOCOL_ERROR).
-	"http2/6.5.3/1": "net/http rejects a SETTINGS frame that repeats a parameter",
-	// RFC 9113 section 8.2.2: a request with a connection-specific header field (here
-	// "connection", and "te" other than "trailers") is malformed, a stream error of type
-	// PROTOCOL_ERROR. net/http answers it with a 400 response instead; either way the
-	// request goes no further (the handler is never called).
-	"http2/8.1.2.2/1": "net/http answers a connection-specific header field with a 400, not RST_STREAM",
-	"http2/8.1.2.2/2": `net/http answers "te" other than "trailers" with a 400, not RST_STREAM`,
-}
+// h2specKnownFailures are h2spec cases the agent-facing HTTP/2 server may fail, by h2spec's
+// ID, each with why: none. The broker's own server (broker/http2srv) passes every case; those
+// net/http's server failed (a SETTINGS frame repeating a parameter, and connection-specific
+// header fields answered with a 400 rather than RST_STREAM) are gone with it. A case listed
+// here that passes fails the test too, so the list never outlives what it describes.
+var h2specKnownFailures = map[string]string{}
 
 var (
 	h2specOnce sync.Once
