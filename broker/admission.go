@@ -207,6 +207,9 @@ func (c *admittedConn) Close() error {
 type admittedKey struct{}
 
 func withAdmitted(ctx context.Context, c net.Conn) context.Context {
+	if rc, ok := c.(*replayedConn); ok { // handed on by the front (front.go)
+		c = rc.admittedConn
+	}
 	if ac, ok := c.(*admittedConn); ok {
 		return context.WithValue(ctx, admittedKey{}, ac)
 	}
