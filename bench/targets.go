@@ -181,6 +181,7 @@ func (s *summary) checkTargets() {
 		t.Value, t.Min, t.Max, t.Pairs = r.Median, slices.Min(r.Ratios), slices.Max(r.Ratios), len(r.Ratios)
 		add(t, true, "")
 	}
+	s.Targets = append(s.Targets, s.perCommandTarget())
 	atMost := func(name string, v, limit float64, unit string) {
 		add(target{Name: name, Value: v, Limit: limit, Unit: unit}, false, "")
 	}
