@@ -262,6 +262,7 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	go func() { errc <- srv.Serve(f) }()
 	select {
 	case err := <-errc:
+		_ = f.Close()
 		return err
 	case <-ctx.Done():
 	}
