@@ -130,40 +130,51 @@ func (f *front) serve(c net.Conn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Now().Add(readHeaderTimeout))
-	buf, end, err := readFirstHead(c)
-	if err != nil && (len(buf) == 0 || !errors.Is(err, io.EOF)) {
-		// As net/http's server: the agent left or sent nothing in time (no answer), or the
-		// framing guard refused what it sent (and answered).
-		_ = c.Close()
-		return
-	}
+	bp := heads.Get().(*[]byte)
+	buf, end, err := readFirstHead(c, (*bp)[:0])
 	var r *http.Request
 	if end > 0 {
 		r = connectRequest(buf[:end])
 	}
-	if r == nil {
-		f.hand(&replayedConn{admittedConn: ac, pending: buf})
-		return
+	// What is read again (all of it by net/http's server; what follows the head by a
+	// tunnel) is kept apart from the buffer, which goes back to the pool (it is one only
+	// while nothing larger was needed).
+	from := 0
+	if r != nil {
+		from = end
 	}
-	_ = c.SetReadDeadline(time.Time{})
-	if !f.enter() {
+	rest := append([]byte(nil), buf[from:]...)
+	if cap(buf) == cap(*bp) {
+		heads.Put(bp)
+	}
+	switch {
+	case err != nil && (len(rest) == 0 || !errors.Is(err, io.EOF)):
+		// As net/http's server: the agent left or sent nothing in time (no answer), or the
+		// framing guard refused what it sent (and answered).
+		_ = c.Close()
+	case r == nil:
+		f.hand(&replayedConn{admittedConn: ac, pending: rest})
+	case !f.enter():
 		_ = c.Close() // a drain began: as net/http's server, which no longer serves it
-		return
+	default:
+		_ = c.SetReadDeadline(time.Time{})
+		f.b.serveConnect(ac, r, rest, f.active.Done)
 	}
-	f.b.serveConnect(ac, r, buf[end:], f.active.Done)
 }
 
+// heads are the front's buffers for first request heads: a CONNECT's fits one.
+var heads = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
 // readFirstHead reads from c until the end of the first request's head, which the framing
-// guard has made end with CRLF CRLF, and returns what it read and where the head ends; or, as
-// soon as what it read is not a CONNECT, or on an error, with end -1.
-func readFirstHead(c net.Conn) (buf []byte, end int, err error) {
-	buf = make([]byte, 0, 1024)
+// guard has made end with CRLF CRLF, into buf, and returns what it read and where the head
+// ends; or, as soon as what it read is not a CONNECT, or on an error, with end -1.
+func readFirstHead(c net.Conn, buf []byte) (_ []byte, end int, err error) {
 	for {
 		if len(buf) == cap(buf) {
 			if len(buf) >= maxFirstHead {
 				return buf, -1, nil // net/http's server answers 431
 			}
-			buf = slices.Grow(buf, min(cap(buf), maxFirstHead-len(buf)))
+			buf = slices.Grow(buf, min(max(cap(buf), 1024), maxFirstHead-len(buf)))
 		}
 		from := max(len(buf)-3, 0)
 		n, rerr := c.Read(buf[len(buf):cap(buf)])
@@ -225,8 +236,8 @@ var headReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 10
 // the decision is made.
 func (b *Broker) serveConnect(c *admittedConn, r *http.Request, rest []byte, decided func()) {
 	r.RemoteAddr = c.RemoteAddr().String()
-	w := &heldWatch{conn: c}
-	r = r.WithContext(context.WithValue(withAdmitted(context.Background(), c), heldWatchKey{}, w))
+	ctx := &connectContext{Context: context.Background(), conn: c, watch: heldWatch{conn: c}}
+	r = r.WithContext(ctx)
 	x := b.begin(policy.PhaseConnect, r)
 	open, err := b.connect(x, r)
 	decided()
@@ -239,11 +250,29 @@ func (b *Broker) serveConnect(c *admittedConn, r *http.Request, rest []byte, dec
 		_ = c.Close()
 		return
 	}
-	if rest = append(rest, w.read...); len(rest) > 0 {
+	if rest = append(rest, ctx.watch.read...); len(rest) > 0 {
 		open(&replayedConn{admittedConn: c, pending: rest})
 		return
 	}
 	open(c)
+}
+
+// connectContext is the context of a CONNECT the front read: the admitted connection it came
+// on (claimConn) and its watch (watchHeld), in one value.
+type connectContext struct {
+	context.Context
+	conn  *admittedConn
+	watch heldWatch
+}
+
+func (c *connectContext) Value(key any) any {
+	switch key.(type) {
+	case admittedKey:
+		return c.conn
+	case heldWatchKey:
+		return &c.watch
+	}
+	return c.Context.Value(key)
 }
 
 // replayedConn is an admitted connection whose first bytes were read already: they are read

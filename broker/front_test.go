@@ -57,7 +57,7 @@ func TestReadFirstHead(t *testing.T) {
 				}
 			}()
 			_ = a.SetReadDeadline(time.Now().Add(5 * time.Second))
-			buf, end, err := readFirstHead(a)
+			buf, end, err := readFirstHead(a, nil)
 			b.Close()
 			if err != nil || end != tc.end || string(buf) != tc.read {
 				t.Fatalf("read %q, end %d, %v; want %q, end %d", buf, end, err, tc.read, tc.end)
