@@ -23,10 +23,11 @@ import (
 // what an agent's connection almost always begins with, is decided (connect) and its tunnel
 // served on that goroutine: net/http's server and goproxy would spend on it a connection
 // object, a context chain, a background read started and aborted for the hijack, and a
-// hijack (about a fifth of what a connection per command cost the broker). Everything else, a
-// plain-HTTP proxy request or a request net/http's server would answer with an error (a head
-// too large, a bad Host, an Expect), goes on to net/http's server with goproxy, as before,
-// every byte read here read again there: it answers it exactly as it would have.
+// hijack (BenchmarkConnect: 0.89x the CPU per CONNECT, 64 allocations against 85).
+// Everything else, a plain-HTTP proxy request or a request net/http's server would answer
+// with an error (a head too large, a bad Host, an Expect), goes on to net/http's server with
+// goproxy, as before, every byte read here read again there: it answers it exactly as it
+// would have.
 type front struct {
 	net.Listener // the admitting listener
 	b            *Broker
@@ -209,6 +210,9 @@ func connectRequest(head []byte) *http.Request {
 	if err != nil || r.Method != http.MethodConnect || r.ProtoMajor != 1 || r.Header.Get("Expect") != "" {
 		return nil
 	}
+	// Whatever the head says of a body, what follows it is the tunnel's (the framing guard
+	// passes it through): the request has none, and keeps nothing of the head's reader.
+	r.Body, r.ContentLength, r.TransferEncoding = http.NoBody, 0, nil
 	// http.ReadRequest has taken the Host field out of the header (the request's host is
 	// the CONNECT's authority): net/http's server refuses a malformed one all the same.
 	for _, line := range bytes.Split(head, []byte("\r\n")) {

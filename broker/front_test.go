@@ -2,6 +2,7 @@ package broker
 
 import (
 	"net"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -22,12 +23,17 @@ func TestConnectRequest(t *testing.T) {
 		"HTTP/2.0":                          {"CONNECT a.example:443 HTTP/2.0\r\n\r\n", false},
 		"no version":                        {"CONNECT a.example:443\r\n\r\n", false},
 		"invalid header value":              {"CONNECT a.example:443 HTTP/1.1\r\nX-A: a\x01b\r\n\r\n", false},
+		"a body announced":                  {"CONNECT a.example:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\n", true},
 		"lower-case method":                 {"connect a.example:443 HTTP/1.1\r\n\r\n", false},
 		"origin-form, as net/http reads it": {"CONNECT /x HTTP/1.1\r\nHost: a.example\r\n\r\n", true},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if r := connectRequest([]byte(tc.head)); (r != nil) != tc.serve {
+			r := connectRequest([]byte(tc.head))
+			if (r != nil) != tc.serve {
 				t.Fatalf("served %v, want %v", r != nil, tc.serve)
+			}
+			if r != nil && (r.Body != http.NoBody || r.ContentLength != 0) {
+				t.Fatalf("a CONNECT's body: %v, %d bytes", r.Body, r.ContentLength)
 			}
 		})
 	}
