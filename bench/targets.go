@@ -195,6 +195,7 @@ func (s *summary) checkTargets() {
 		t.Value, t.Min, t.Max, t.Pairs = pr.CPUH2OverH1.Median, pr.CPUH2OverH1.Min, pr.CPUH2OverH1.Max, pr.Pairs
 		add(t, false, "")
 	}
+	s.Targets = append(s.Targets, s.perCommandTarget())
 	atMost := func(name string, v, limit float64, unit string) {
 		add(target{Name: name, Value: v, Limit: limit, Unit: unit}, false, "")
 	}

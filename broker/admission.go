@@ -207,6 +207,9 @@ func (c *admittedConn) Close() error {
 type admittedKey struct{}
 
 func withAdmitted(ctx context.Context, c net.Conn) context.Context {
+	if rc, ok := c.(*replayedConn); ok { // handed on by the front (front.go)
+		c = rc.admittedConn
+	}
 	if ac, ok := c.(*admittedConn); ok {
 		return context.WithValue(ctx, admittedKey{}, ac)
 	}
@@ -237,7 +240,9 @@ func (l admittingListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		src := netip.Addr{}
-		if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			src = ta.AddrPort().Addr().Unmap()
+		} else if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
 			src = ap.Addr().Unmap()
 		}
 		if ac := l.a.admit(wire.Guard(c, framingRejection), src); ac != nil {

@@ -256,9 +256,13 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	if len(b.gen.Load().transparentPorts) > 0 {
 		ln = b.acceptHandoffs(ln) // transparent mode: a connection redirected to ln is handed back
 	}
-	go func() { errc <- srv.Serve(admittingListener{Listener: ln, a: b.admission}) }()
+	// The front reads each connection's first request: a CONNECT is served there, anything
+	// else by srv.
+	f := b.newFront(admittingListener{Listener: ln, a: b.admission})
+	go func() { errc <- srv.Serve(f) }()
 	select {
 	case err := <-errc:
+		_ = f.Close()
 		return err
 	case <-ctx.Done():
 	}
@@ -281,6 +285,7 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	_ = srv.Shutdown(drainCtx) // stops accepting; waits for non-hijacked connections
+	f.wait(drainCtx)           // and for the CONNECTs the front is deciding
 	b.draining.Store(true)
 	done := make(chan struct{})
 	go func() {

@@ -127,9 +127,10 @@ func FuzzAtOnce(f *testing.F) {
 }
 
 // TestReaderLargeReads: a Reader read with buffers as large as its input buffer or larger
-// (the broker's 32 KiB) scrubs straight into them, and keeps to its output buffer what does not
-// fit (replacements much longer than what they replace): either way the stream is what String
-// gives, and nothing of one read is found in the next.
+// (the broker's 32 KiB) reads src straight into them and returns from there what holds nothing
+// to replace; a read that holds a pattern is replaced through its output buffer (replacements
+// much longer than what they replace among them): either way the stream is what String gives,
+// and nothing of one read is found in the next, though the caller overwrites its buffer.
 func TestReaderLargeReads(t *testing.T) {
 	for seed := range uint64(40) {
 		rng := rand.New(rand.NewPCG(seed, 9))

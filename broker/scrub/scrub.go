@@ -371,6 +371,22 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) (_ []byte, don
 	return append(dst, src[pos:hold]...), hold, replaced
 }
 
+// clean reports whether replace would leave src as it is: no pattern begins before the held
+// bytes (hold, as replace holds them back).
+func (r *Replacer) clean(src []byte, eof bool) (hold int, ok bool) {
+	hold = r.holdFrom(src, 0, eof)
+	if r.multi != nil {
+		start, _ := r.multi.find(r.pairs, src, 0)
+		return hold, start < 0 || start >= hold
+	}
+	for i := range r.pairs {
+		if j := index(src[:min(hold+len(r.pairs[i].old)-1, len(src))], &r.pairs[i]); j >= 0 && j < hold {
+			return hold, false
+		}
+	}
+	return hold, true
+}
+
 // index is bytes.Index(s, p.old). A response is searched for every form of every secret
 // of its host, and bytes.Index, which looks for a pattern's first byte and checks what
 // follows, slows down on text full of that byte. Searching for the pattern's rarest byte
@@ -488,10 +504,10 @@ func (z *reader) Read(p []byte) (int, error) {
 		}
 		var direct []byte
 		if z.in != nil && len(p) >= len(z.in) {
-			// p holds what a read of the input buffer gives, as a rule: the replaced text
-			// goes there rather than through z.out, one copy of every byte fewer. Longer
-			// (replacements longer than what they replace), it is left in z.out.
-			direct = p[:0:len(p)]
+			// p holds what a read of the input buffer gives, as a rule: src is read into
+			// it, and what holds nothing to replace is returned from there as it was read,
+			// rather than copied into the input buffer and out again.
+			direct = p
 		}
 		read, inP := z.fill(direct)
 		if len(inP) > 0 {
@@ -509,9 +525,10 @@ func (z *reader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// fill performs one src.Read and replaces what can be decided into z.out, or into direct
-// (a caller's empty buffer) when it is not nil and what was decided fits it: that is then
-// returned, and z.out left empty. It returns the number of bytes read from src.
+// fill performs one src.Read and replaces what can be decided into z.out. With direct (a
+// caller's buffer at least as large as z.in) src is read into direct, after the held bytes:
+// when what can be decided holds no pattern, direct's prefix that holds it is returned, and
+// z.out left empty. It returns the number of bytes read from src.
 func (z *reader) fill(direct []byte) (int, []byte) {
 	switch {
 	case z.in == nil:
@@ -524,14 +541,19 @@ func (z *reader) fill(direct []byte) (int, []byte) {
 		}
 		z.next = z.nexts[:0]
 		z.next = slices.Grow(z.next, len(z.r.pairs))[:len(z.r.pairs)]
-	case z.full && len(z.in) < readSize+z.r.maxLen, len(z.in)-z.held < firstReadSize:
+	case direct == nil && (z.full && len(z.in) < readSize+z.r.maxLen || len(z.in)-z.held < firstReadSize):
 		// The second case: held bytes of a Following Replacer's longer patterns.
 		in := make([]byte, max(readSize+z.r.maxLen, z.held+readSize))
 		copy(in, z.in[:z.held])
 		z.in, z.out = in, make([]byte, 0, len(in))
 		z.release()
 	}
-	n, err := z.src.Read(z.in[z.held:])
+	in := z.in
+	if direct != nil {
+		in = direct
+		copy(in, z.in[:z.held])
+	}
+	n, err := z.src.Read(in[z.held:])
 	if z.follow != nil {
 		// The patterns in force once the bytes were read: a secret the upstream wrote was
 		// known before it could have been sent to it.
@@ -540,31 +562,23 @@ func (z *reader) fill(direct []byte) (int, []byte) {
 			z.next = slices.Grow(z.next[:0], len(r.pairs))[:len(r.pairs)]
 		}
 	}
-	z.full = z.held+n == len(z.in)
-	data := z.in[:z.held+n]
-	dst := z.out[:0]
+	z.full = direct == nil && z.held+n == len(z.in)
+	data := in[:z.held+n]
+	z.off, z.err = 0, err
 	if direct != nil {
-		dst = direct
+		if hold, clean := z.r.clean(data, err != nil); clean {
+			z.out = z.out[:0]
+			z.held = copy(z.in, data[hold:])
+			return n, data[:hold]
+		}
 	}
-	out, done, replaced := z.r.replace(dst, data, err != nil, z.next)
+	out, done, replaced := z.r.replace(z.out[:0], data, err != nil, z.next)
 	if replaced > 0 && z.count != nil {
 		z.count.Add(int64(replaced))
 	}
-	var inDirect []byte
-	switch {
-	case direct == nil:
-		z.out = out
-	case len(out) > 0 && &out[0] == &direct[:1][0]:
-		inDirect, z.out = out, z.out[:0]
-	case len(out) > 0: // longer than direct: in a new array of its own
-		z.out = out
-	default:
-		z.out = z.out[:0]
-	}
-	z.off = 0
+	z.out = out
 	z.held = copy(z.in, data[done:])
-	z.err = err
-	return n, inDirect
+	return n, nil
 }
 
 // Close closes src, and gives the reader's buffers back for another response to use.
