@@ -706,11 +706,22 @@ func (in *Input) findNamed(path ast.Ref, names []refName) (found, error) {
 			return findInJSON(body, rest)
 		}
 	}
+	if k := key(1); k != "" && !inputMembers[k] {
+		// A member no HTTP-side input has (input.postgres, which the Postgres front door's
+		// own input holds): absent, without building the whole input to find that out.
+		return found{}, errNoValue
+	}
 	v, err := in.astValue() // any other path: build the whole input
 	if err != nil {
 		return found{}, err
 	}
 	return findIn(v, path[1:])
+}
+
+// inputMembers are the members astValue can give the input (TestInputMembers).
+var inputMembers = map[string]bool{
+	"phase": true, "agent": true, "source": true, "request": true, "credentials": true,
+	"aws": true, "ssh": true, "usage": true, "graphql": true, "mcp": true, "jsonrpc": true,
 }
 
 // findInValidText is find for a path into a body still held as JSON text, which textValid
