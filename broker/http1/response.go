@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // shortBody is how much of a body whose length the handler did not set is held back to learn
@@ -198,7 +200,7 @@ func (w *response) sendHead(done bool, first []byte) {
 	}
 	if _, ok := h["Date"]; !ok {
 		bw.WriteString("Date: ")
-		bw.WriteString(httpDate())
+		bw.WriteString(wire.Date())
 		bw.WriteString("\r\n")
 	}
 	switch {
@@ -217,24 +219,6 @@ func (w *response) sendHead(done bool, first []byte) {
 		shortBufs.Put(&short)
 	}
 }
-
-// httpDate is the current time as a Date field has it, formatted once a second.
-func httpDate() string {
-	now := time.Now()
-	if d := lastDate.Load(); d != nil && d.sec == now.Unix() {
-		return d.text
-	}
-	d := &date{sec: now.Unix(), text: now.UTC().Format(http.TimeFormat)}
-	lastDate.Store(d)
-	return d.text
-}
-
-type date struct {
-	sec  int64
-	text string
-}
-
-var lastDate atomic.Pointer[date]
 
 // wantsClose reports whether the handler said the connection ends with this response.
 func (w *response) wantsClose() bool {

@@ -14,6 +14,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/capbroker/capbroker/internal/tcppair"
 )
 
 // serveTCP serves h on a loopback listener with a Server like the broker's; the client
@@ -201,22 +203,9 @@ func (r *rawConn) write(f func()) { r.w <- f }
 
 func dialRaw(t *testing.T, s *Server) (*rawConn, *Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := tcppair.New(t)
 	conn := s.NewConn(b, func() {})
 	go conn.Serve()
-	t.Cleanup(func() { a.Close() })
 	r := &rawConn{t: t, nc: a, fr: http2.NewFramer(a, a), w: make(chan func(), 64)}
 	r.enc = hpack.NewEncoder(&r.hbuf)
 	r.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)

@@ -3,13 +3,14 @@ package http2srv
 import (
 	"bytes"
 	"io"
-	"net"
 	"net/http"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/capbroker/capbroker/internal/tcppair"
 )
 
 // FuzzConn feeds frames, as an agent would send them after the connection preface, to a
@@ -35,7 +36,7 @@ func FuzzConn(f *testing.F) {
 			ReadHeaderTimeout: time.Second, IdleTimeout: time.Second, PingTimeout: time.Second,
 			MaxHeaderBytes: 8 << 10, MaxConcurrentStreams: 8,
 		}
-		a, b := tcpPair(t)
+		a, b := tcppair.New(t)
 		ended := make(chan struct{})
 		conn := s.NewConn(b, func() { close(ended) })
 		served := make(chan struct{})
@@ -60,7 +61,7 @@ func FuzzConn(f *testing.F) {
 			}
 		}()
 		_, _ = a.Write(append([]byte(http2.ClientPreface), data...))
-		_ = a.(*net.TCPConn).CloseWrite() // the agent is done sending
+		_ = a.CloseWrite() // the agent is done sending
 		select {
 		case <-served:
 		case <-time.After(10 * time.Second):
@@ -72,26 +73,6 @@ func FuzzConn(f *testing.F) {
 			t.Fatalf("the server wrote a malformed frame: %v", err)
 		}
 	})
-}
-
-// tcpPair is two ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (net.Conn, net.Conn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
 }
 
 func errorAs[T error](err error, target *T) bool {

@@ -6,12 +6,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // responseWriter is the http.ResponseWriter of a stream's handler (also http.Flusher, its
@@ -295,7 +295,7 @@ func (w *responseWriter) sendHeaders(status int, end bool, first []byte) {
 			_ = enc.WriteField(hpack.HeaderField{Name: "content-type", Value: http.DetectContentType(first)})
 		}
 		if _, ok := w.header["Date"]; !ok {
-			_ = enc.WriteField(hpack.HeaderField{Name: "date", Value: httpDate()})
+			_ = enc.WriteField(hpack.HeaderField{Name: "date", Value: wire.Date()})
 		}
 		if _, ok := w.header["Content-Length"]; !ok && w.finished && !w.noBody && declared == nil && !w.hasPrefixed() {
 			_ = enc.WriteField(hpack.HeaderField{Name: "content-length", Value: strconv.Itoa(len(first))})
@@ -465,21 +465,3 @@ func statusText(code int) string {
 	}
 	return strconv.Itoa(code)
 }
-
-// httpDate is the current time as a Date field has it, formatted once a second.
-func httpDate() string {
-	now := time.Now()
-	if d := lastDate.Load(); d != nil && d.sec == now.Unix() {
-		return d.text
-	}
-	d := &date{sec: now.Unix(), text: now.UTC().Format(http.TimeFormat)}
-	lastDate.Store(d)
-	return d.text
-}
-
-type date struct {
-	sec  int64
-	text string
-}
-
-var lastDate atomic.Pointer[date]
