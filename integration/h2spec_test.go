@@ -3,11 +3,9 @@ package integration
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/xml"
 	"fmt"
 	"io"
@@ -70,52 +68,12 @@ decision := {"allow": true, "credentials": ["canary"]} if {
 // here that passes fails the test too, so the list never outlives what it describes.
 var h2specKnownFailures = map[string]string{}
 
-var (
-	h2specOnce sync.Once
-	h2specBin  string
-	h2specErr  error
-)
+var h2specBuild toolBuild
 
-// h2specBinary builds h2spec once, cached by the hash of its module files under the user
-// cache directory.
+// h2specBinary builds h2spec (testdata/h2spec pins its module) once, cached.
 func h2specBinary(t *testing.T) string {
 	t.Helper()
-	h2specOnce.Do(func() {
-		src := filepath.Join("testdata", "h2spec")
-		h := sha256.New()
-		for _, f := range []string{"go.mod", "go.sum"} {
-			b, err := os.ReadFile(filepath.Join(src, f))
-			if err != nil {
-				h2specErr = err
-				return
-			}
-			h.Write(b)
-		}
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			cache = os.TempDir()
-		}
-		h2specBin = filepath.Join(cache, "capbroker-h2spec", hex.EncodeToString(h.Sum(nil))[:16], "h2spec")
-		if _, err := os.Stat(h2specBin); err == nil {
-			return
-		}
-		tmp := h2specBin + ".tmp"
-		build := exec.Command("go", "build", "-o", tmp, "github.com/summerwind/h2spec/cmd/h2spec")
-		build.Dir = src
-		build.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
-		if out, err := build.CombinedOutput(); err != nil {
-			h2specErr = fmt.Errorf("building h2spec: %v\n%s", err, out)
-			return
-		}
-		h2specErr = os.Rename(tmp, h2specBin)
-	})
-	if h2specErr != nil {
-		if os.Getenv("CAPBROKER_REQUIRE_VAULT") == "1" {
-			t.Fatal(h2specErr)
-		}
-		t.Skip(h2specErr)
-	}
-	return h2specBin
+	return h2specBuild.binary(t, "h2spec", "h2spec", "github.com/summerwind/h2spec/cmd/h2spec", "h2spec", "go.mod", "go.sum")
 }
 
 // requireRootNetns skips where a network namespace cannot be made (not root, or no

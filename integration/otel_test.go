@@ -3,10 +3,8 @@ package integration
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -37,52 +35,12 @@ const (
 	otelCanary = "canaryOtelSecret0123456789"
 )
 
-var (
-	otelcolOnce sync.Once
-	otelcolBin  string
-	otelcolErr  error
-)
+var otelcolBuild toolBuild
 
-// otelcolBinary builds the test collector once, cached by the hash of its module files under
-// the user cache directory (a cold build takes about a minute).
+// otelcolBinary builds the test collector (testdata/otelcol) once, cached.
 func otelcolBinary(t *testing.T) string {
 	t.Helper()
-	otelcolOnce.Do(func() {
-		src := filepath.Join("testdata", "otelcol")
-		h := sha256.New()
-		for _, f := range []string{"go.mod", "go.sum", "main.go"} {
-			b, err := os.ReadFile(filepath.Join(src, f))
-			if err != nil {
-				otelcolErr = err
-				return
-			}
-			h.Write(b)
-		}
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			cache = os.TempDir()
-		}
-		otelcolBin = filepath.Join(cache, "capbroker-otelcol", hex.EncodeToString(h.Sum(nil))[:16], "otelcol")
-		if _, err := os.Stat(otelcolBin); err == nil {
-			return
-		}
-		tmp := otelcolBin + ".tmp"
-		build := exec.Command("go", "build", "-o", tmp, ".")
-		build.Dir = src
-		build.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
-		if out, err := build.CombinedOutput(); err != nil {
-			otelcolErr = fmt.Errorf("building the test collector: %v\n%s", err, out)
-			return
-		}
-		otelcolErr = os.Rename(tmp, otelcolBin)
-	})
-	if otelcolErr != nil {
-		if os.Getenv("CAPBROKER_REQUIRE_VAULT") == "1" {
-			t.Fatal(otelcolErr)
-		}
-		t.Skip(otelcolErr)
-	}
-	return otelcolBin
+	return otelcolBuild.binary(t, "the test collector", "otelcol", ".", "otelcol", "go.mod", "go.sum", "main.go")
 }
 
 // collector is a running test collector: OTLP on grpcAddr, grpcTLSAddr and httpAddr, a file
