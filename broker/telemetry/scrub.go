@@ -136,17 +136,8 @@ func holdsSecret(r *scrub.Replacer, s sdktrace.ReadOnlySpan) bool {
 
 func attrsHoldSecret(r *scrub.Replacer, kvs []attribute.KeyValue) bool {
 	for _, kv := range kvs {
-		switch kv.Value.Type() {
-		case attribute.STRING:
-			if v := kv.Value.AsString(); r.String(v) != v {
-				return true
-			}
-		case attribute.STRINGSLICE:
-			for _, v := range kv.Value.AsStringSlice() {
-				if r.String(v) != v {
-					return true
-				}
-			}
+		if _, changed := scrubValue(r, kv.Value); changed {
+			return true
 		}
 	}
 	return false
