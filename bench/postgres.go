@@ -238,6 +238,13 @@ postgres:
 	return nil
 }
 
+// pgVariant is one way pgbench reaches the server besides directly: the byte relay, or a
+// broker with statement decisions off or on.
+type pgVariant struct {
+	name       string
+	statements bool
+}
+
 // pgVariants runs pgbench through each variant and directly, in pairs, and prints the
 // ratios and the CPU per transaction of the broker or relay.
 func pgVariants(ctx context.Context, variants []pgVariant, startPG func(string, bool) (string, *process, error),

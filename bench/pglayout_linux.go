@@ -4,19 +4,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 )
-
-// pgVariant is one way pgbench reaches the server besides directly: the byte relay, or a
-// broker with statement decisions off or on.
-type pgVariant struct {
-	name       string
-	statements bool
-}
 
 // pgLayout is where the Postgres bench's processes run. In "one machine" everything shares
 // every CPU, and whatever the broker or relay spends comes out of the server's time: on two
@@ -34,7 +26,7 @@ type pgLayout struct {
 // pgLayouts are the layouts this machine can run: "database on its own CPU" needs two CPUs.
 func pgLayouts() []pgLayout {
 	var all unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &all); err != nil || all.Count() < 2 || runtime.GOOS != "linux" {
+	if err := unix.SchedGetaffinity(0, &all); err != nil || all.Count() < 2 {
 		return []pgLayout{{name: "one machine (every process on every CPU)", server: all, everything: all}}
 	}
 	var first, rest unix.CPUSet
