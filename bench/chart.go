@@ -97,6 +97,11 @@ func drawCharts(results, curves, out string) ([]string, error) {
 			return drawn, err
 		}
 		drawn = append(drawn, name)
+		name = filepath.Join(out, "targets.svg")
+		if err := targetsChart(&s, name); err != nil {
+			return drawn, err
+		}
+		drawn = append(drawn, name)
 	}
 	return drawn, nil
 }

@@ -37,13 +37,16 @@ func main() {
 	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
 	flag.IntVar(&o.idle, "idle", 200, "idle intercepted connections held for the memory figure")
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
+	flag.IntVar(&o.bulkPairs, "bulk-pairs", 3, "pairs of 256 MiB transfers each way for the bulk targets (-only bulk: intercept/relay and full/intercept alone)")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; curves: only the curves of -curves; charts: only draw the charts")
+	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector, then to a minimal OTLP sink, over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; postgres-pairs: pgbench's default workload through the Postgres front door over direct, paired, with statement decisions off and on (-conns clients, 8 by default; -slice of at least 2s; root, Debian's postgresql and a Vault binary); curves: only the curves of -curves; charts: only draw the charts; bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs; secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs; per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges; agent-h2-pairs: the bare intercepted path and the full pipeline with an HTTP/1.1 client (-conns connections) against an h2 client (one connection, -conns streams), paired, with the broker's CPU per request")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
+	flag.IntVar(&o.sshMiB, "ssh-mib", 300, "-only ssh-clone: the size of the repository cloned, in MiB")
 	flag.BoolVar(&keepAlive, "keepalive", true, "clients keep their connections between requests; false: a connection (a CONNECT and a TLS handshake through a proxy) per request, as one curl command makes")
 	flag.StringVar(&o.agent, "agent", "h1", "what the bench's clients offer in ALPN, to the brokers and the upstream alike: h1 (http/1.1 alone, as the LLM SDKs) or h2 (h2 first, then http/1.1, as curl and browsers)")
 	flag.StringVar(&o.upstream, "upstream", "both", "upstreams: h1 (HTTP/1.1 only), h2 (also one offering h2; -only pairs measures only the h1/h2 pairs) or both; -only takes direct-h2, intercept-h2, full-h2 unless h1")
+	otlpSink := flag.String("otlp-sink", "", "run as the minimal OTLP sink of -only otel-pairs (gRPC; decodes, counts and discards) on this address, and nothing else")
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
 	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
 	relayUpstreamCA := flag.String("relay-upstream-ca", "", "with -relay: the upstream's CA certificate")
@@ -51,6 +54,13 @@ func main() {
 	curvesQuick := flag.Bool("curves-quick", false, "fewer and shorter points on each curve")
 	charts := flag.Bool("charts", true, "draw the charts under "+chartsDir+"/ from "+curvesDir+"/ and -out (-only charts: only that)")
 	flag.Parse()
+	if *otlpSink != "" {
+		if err := serveOTLPSink(*otlpSink); err != nil {
+			fmt.Fprintln(os.Stderr, "otlp-sink:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *relay != "" {
 		if err := serveRelay(*relay, *relayCA, *relayUpstreamCA); err != nil {
 			fmt.Fprintln(os.Stderr, "relay:", err)
@@ -89,16 +99,22 @@ type options struct {
 	peers             []string
 	out               string
 	only              string
+	bulkPairs         int
 	conns             int
 	pairs             int
 	slice             time.Duration
 	latencySlice      time.Duration
 	upstream          string // h1, h2 or both
+	sshMiB            int    // -only ssh-clone: the repository's size
 	agent             string // h1 or h2 (agentH2)
 }
 
 func run(ctx context.Context, o options) error {
 	start := time.Now()
+	if o.only == "secrets" { // in this process: no broker to start
+		measureSecrets(max(o.pairs, 1)).print(os.Stdout)
+		return nil
+	}
 	dir, err := os.MkdirTemp("", "brokerbench-")
 	if err != nil {
 		return err
@@ -107,6 +123,14 @@ func run(ctx context.Context, o options) error {
 	bin, err := buildBroker(dir)
 	if err != nil {
 		return err
+	}
+	if o.only == "ssh-clone" {
+		r, err := sshClone(ctx, bin, dir, o.sshMiB, max(o.pairs/4, 3))
+		r.print(os.Stdout)
+		return err
+	}
+	if o.only == "postgres-pairs" {
+		return postgresPairs(ctx, bin, dir, o)
 	}
 	p, err := newPKI("brokerbench upstream CA", filepath.Join(dir, "upstream-ca.pem"), o.newHosts)
 	if err != nil {
@@ -192,6 +216,17 @@ func run(ctx context.Context, o options) error {
 	if o.only == "sse" {
 		measureSSE(ctx, up, paths, s.SSE)
 		return nil
+	}
+	if o.only == "bulk" {
+		return bulkOnly(ctx, up, p, intercept, fullPath, o)
+	}
+	if o.only == "per-command" {
+		r := measurePerCommand(ctx, p, up, bare, full, max(o.pairs, 1))
+		r.print(os.Stdout)
+		return nil
+	}
+	if o.only == "agent-h2-pairs" {
+		return agentH2Pairs(ctx, p, intercept, fullPath, o)
 	}
 	if o.only == "floor" {
 		return floorPairs(ctx, up, p, intercept, fullPath, o)
@@ -296,6 +331,12 @@ func run(ctx context.Context, o options) error {
 	}
 	// The rest of the targets' pairs: the broker over the relay and the peers, added p50.
 	s.measureTargets(ctx, p, all, procs, max(o.pairs, 1), o.slice, o.rate)
+	if !agentH2 { // with -agent h2 every client speaks h2 already
+		settleBefore(procs, "agent h2")
+		if s.AgentH2, err = measureAgentH2(ctx, p, []*path{intercept, fullPath}, 32, max(o.pairs/2, 3), o.slice); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(os.Stderr, "transparent beside explicit intercepted, paired...")
 	// A few pairs only (about 20 s): -only transparent measures -pairs of them.
 	if s.Transparent, err = measureTransparent(ctx, bin, dir, up, p, direct, 4, 3, o.slice, o.rate); err != nil {
@@ -307,22 +348,28 @@ func run(ctx context.Context, o options) error {
 
 	if o.big {
 		fmt.Fprintln(os.Stderr, "256 MiB download and upload...")
-		for _, pa := range paths {
+		for _, pa := range []*path{direct, paths[1]} {
 			pa.client = pa.withConns(p, 1)
-			t := transfer{}
-			t.DownloadMBps = pa.download(ctx, up.url(pa.host(), "/v1/models/download"))
-			uploadHost := pa.host()
-			if pa.name == "full" {
-				uploadHost = hostGit // the shipped llm policy refuses bodies it cannot parse
+			s.Transfer[pa.name] = transfer{
+				DownloadMBps: pa.download(ctx, up.url(pa.host(), "/v1/models/download")),
+				UploadMBps:   pa.upload(ctx, up.url(pa.host(), "/bench/repo.git/git-upload-pack")),
 			}
-			t.UploadMBps = pa.upload(ctx, up.url(uploadHost, "/bench/repo.git/git-upload-pack"))
-			s.Transfer[pa.name] = t
 		}
+		s.Bulk = map[string]bulkPairs{}
+		if i := slices.IndexFunc(all, func(pa *path) bool { return pa.name == "relay" }); i >= 0 {
+			s.Bulk["intercept/relay"] = s.measureBulk(ctx, p, up, intercept, all[i], max(o.bulkPairs, 1))
+		}
+		s.Bulk["full/intercept"] = s.measureBulk(ctx, p, up, fullPath, intercept, max(o.bulkPairs, 1))
 	}
+	fmt.Fprintln(os.Stderr, "scrubbing with 100 keys over 1, paired...")
+	s.Secrets = measureSecrets(max(o.pairs/2, 5))
+	fmt.Fprintln(os.Stderr, "a connection per request...")
+	s.PerCommand = measurePerCommand(ctx, p, up, bare, full, max(o.pairs/4, 3))
 	s.Seconds = time.Since(start).Seconds()
 	s.ratios()
 	s.print(os.Stdout)
 	s.H2Upstream.print(os.Stdout)
+	s.AgentH2.print(os.Stdout)
 	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
 		return err
 	}

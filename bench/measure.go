@@ -30,6 +30,8 @@ type path struct {
 	url    string
 	via    *via     // nil for direct
 	proc   *process // the proxy whose CPU time is charged to the requests; nil for direct
+	// h2 makes the path's client offer h2 first whatever -agent says (agenth2.go).
+	h2 bool
 }
 
 // via is a proxy between the client and the upstream.
@@ -79,6 +81,9 @@ func (pa *path) withConns(p *pki, conns int) *http.Client {
 	c := directClient(p, conns)
 	if pa.via != nil {
 		c = pa.via.client(conns)
+	}
+	if pa.h2 {
+		c.Transport.(*http.Transport).ForceAttemptHTTP2 = true
 	}
 	c.Transport.(*http.Transport).DialContext = pa.countingDial() // for loopStats
 	return c
@@ -199,6 +204,8 @@ type paired struct {
 	// itself, apart from the client and the upstream that share the machine.
 	CPURatios []float64 `json:"cpu_ratios,omitempty"`
 	CPUMedian float64   `json:"cpu_median,omitempty"`
+	// CPUUS are num's and den's broker CPU microseconds per request in each pair.
+	CPUUS [][2]float64 `json:"cpu_us,omitempty"`
 }
 
 // pairedRatio measures num's throughput over den's at conns connections in pairs of
@@ -216,6 +223,7 @@ func pairedRatio(ctx context.Context, num, den *path, conns, pairs int, d time.D
 		}
 		if n.cpuPerReq > 0 && m.cpuPerReq > 0 {
 			r.CPURatios = append(r.CPURatios, n.cpuPerReq/m.cpuPerReq)
+			r.CPUUS = append(r.CPUUS, [2]float64{round3(n.cpuPerReq), round3(m.cpuPerReq)})
 		}
 	}
 	r.Median, r.CPUMedian = median(r.Ratios), median(r.CPURatios)

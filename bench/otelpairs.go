@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,42 +15,78 @@ import (
 )
 
 // otelPairs is -only otel-pairs: the cost of exporting the audit events and the request spans
-// over OTLP (gRPC) to a local OpenTelemetry Collector, in pairs of adjacent slices at conns
-// connections: the full pipeline with telemetry (logs and traces; the same tracing a tenth of
-// the requests; logs alone, to tell the costs apart) over the same pipeline without it. The collector (integration/testdata/otelcol, built once and cached) writes what
-// it receives to /dev/null, with GOMAXPROCS=1 so that it takes at most one core of the
-// machine from the broker; its CPU per request is printed beside the ratio.
+// over OTLP (gRPC), in pairs of adjacent slices at conns connections: the full pipeline with
+// telemetry (logs and traces; the same tracing a tenth of the requests; logs alone, to tell
+// the costs apart) over the same pipeline without it, each exporting to two receivers in turn.
+// First the OpenTelemetry Collector (integration/testdata/otelcol, built once and cached),
+// writing what it receives to /dev/null; then the bench's minimal OTLP sink (otelsink.go),
+// which decodes and discards. Both run with GOMAXPROCS=1, on the machine's cores: the
+// collector's CPU is taken from the broker in a CPU-bound run, the sink's far less, so the pair
+// of figures shows the broker's own cost apart from the receiver's. Each receiver's CPU is
+// printed, and with the sink what it received per audit event (spans and log records).
 func otelPairs(ctx context.Context, bin, dir string, up *upstream, p *pki, full *path, o options) error {
-	col, addr, err := startBenchCollector(filepath.Join(dir, "otelcol"))
+	col, colAddr, err := startBenchCollector(filepath.Join(dir, "otelcol"))
 	if err != nil {
 		return err
 	}
 	defer col.stop()
-	fmt.Fprintln(os.Stderr, "full pipeline with OTLP logs and traces, then with logs alone, over without, paired...")
-	before := col.cpu()
-	for _, v := range []struct{ name, signals string }{
-		{"full-otel", "[logs, traces]"},
-		{"full-otel-tenth", "[logs, traces]\n  trace_ratio: 0.1"},
-		{"full-otel-logs", "[logs]"},
-	} {
-		tel := fmt.Sprintf("telemetry:\n  endpoint: \"http://%s\"\n  signals: %s\n", addr, v.signals)
-		withTel, err := startBrokerWith(bin, filepath.Join(dir, v.name), up, p, true, "", tel)
-		if err != nil {
-			return err
-		}
-		otel := &path{name: v.name, url: full.url, via: withTel.intercepting(), proc: withTel.process}
-		for _, pa := range []*path{full, otel} {
-			pa.client = pa.withConns(p, o.conns)
-			if err := pa.check(ctx); err != nil {
-				withTel.stop()
-				return fmt.Errorf("%s: %w", pa.name, err)
+	sink, sinkAddr, err := startOTLPSink()
+	if err != nil {
+		return err
+	}
+	defer sink.stop()
+	fmt.Fprintln(os.Stderr, "full pipeline with OTLP logs and traces, then with logs alone, over without, paired; to the collector, then to the minimal sink...")
+	for _, rx := range []struct {
+		name, addr string
+		proc       *process
+		sink       *sinkProcess
+	}{{"collector", colAddr, col, nil}, {"sink", sinkAddr, sink.process, sink}} {
+		before := rx.proc.cpu()
+		fmt.Printf("to the %s:\n", rx.name)
+		for _, v := range []struct{ name, signals string }{
+			{"full-otel", "[logs, traces]"},
+			{"full-otel-tenth", "[logs, traces]\n  trace_ratio: 0.1"},
+			{"full-otel-logs", "[logs]"},
+		} {
+			name := v.name + "-" + rx.name
+			tel := fmt.Sprintf("telemetry:\n  endpoint: \"http://%s\"\n  signals: %s\n", rx.addr, v.signals)
+			withTel, err := startBrokerWith(bin, filepath.Join(dir, name), up, p, true, "", tel)
+			if err != nil {
+				return err
+			}
+			otel := &path{name: name, url: full.url, via: withTel.intercepting(), proc: withTel.process}
+			for _, pa := range []*path{full, otel} {
+				pa.client = pa.withConns(p, o.conns)
+				if err := pa.check(ctx); err != nil {
+					withTel.stop()
+					return fmt.Errorf("%s: %w", pa.name, err)
+				}
+			}
+			var spans0, records0 int64
+			if rx.sink != nil {
+				spans0, records0 = rx.sink.spans.Load(), rx.sink.records.Load()
+			}
+			pairedRatio(ctx, otel, full, o.conns, max(o.pairs, 1), o.slice).print(os.Stdout, "full with OTLP "+strings.ReplaceAll(v.signals, "\n ", ",")+" to the "+rx.name+"/full")
+			withTel.stop() // exports what is queued
+			if rx.sink != nil {
+				events := auditLines(withTel.auditFile)
+				spans, records := rx.sink.received(spans0, records0)
+				fmt.Printf("  the sink received %.2f spans and %.2f log records per audit event (%d events)\n",
+					float64(spans)/float64(max(events, 1)), float64(records)/float64(max(events, 1)), events)
 			}
 		}
-		pairedRatio(ctx, otel, full, o.conns, max(o.pairs, 1), o.slice).print(os.Stdout, "full with OTLP "+strings.ReplaceAll(v.signals, "\n ", ",")+"/full")
-		withTel.stop()
+		fmt.Printf("%s CPU during its pairs: %.2f s (GOMAXPROCS=1)\n", rx.name, (rx.proc.cpu() - before).Seconds())
 	}
-	fmt.Printf("collector CPU during the pairs: %.2f s (GOMAXPROCS=1)\n", (col.cpu() - before).Seconds())
 	return nil
+}
+
+// auditLines counts the events in an audit file.
+func auditLines(file string) int {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0
+	}
+	return bytes.Count(b, []byte("\n"))
 }
 
 // startBenchCollector builds (or takes from the cache) the test collector and runs it with an

@@ -300,11 +300,11 @@ agents:
 		cfg += fmt.Sprintf(`    labels: {team: bench}
 credentials:
   - name: openai
-    hosts: [%q]
+    hosts: [%q, %q]
     source: {env: BENCH_SECRET}
     inject: {header: Authorization, value: "Bearer {{secret}}"}
 audit: {file: %q}
-`, hostIntercept, b.auditFile)
+`, hostIntercept, hostGit, b.auditFile)
 	} else if err := writeAllowAll(polDir); err != nil {
 		return nil, err
 	}

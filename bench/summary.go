@@ -44,8 +44,16 @@ type summary struct {
 	IdleConnBytes   int64                `json:"idle_intercepted_conn_bytes"`
 	SSE             map[string]sseResult `json:"sse_delay"`
 	Transfer        map[string]transfer  `json:"transfer_256mib"`
+	// Bulk are the 256 MiB transfers' paired ratios, by "num/den" (bulk.go).
+	Bulk map[string]bulkPairs `json:"bulk_paired,omitempty"`
+	// Secrets is scrubbing with many keys over one key, paired (secrets.go).
+	Secrets secretsResult `json:"scrub_secrets_paired,omitempty"`
+	// PerCommand is a connection per request, split into its parts (percommand.go).
+	PerCommand *perCommand `json:"connection_per_request,omitempty"`
 	// H2Upstream is each path to the HTTP/1.1 and the h2 upstream in adjacent slices (h2.go).
 	H2Upstream *h2Result `json:"h2_upstream,omitempty"`
+	// AgentH2 is each broker path with an HTTP/1.1 and an h2 client, paired (agenth2.go).
+	AgentH2 *agentH2Result `json:"agent_h2,omitempty"`
 	// Peers are the other proxies measured on the same upstream, or why they were skipped;
 	// their figures are in the maps above under their names.
 	Peers map[string]peerResult `json:"peers"`
@@ -187,6 +195,12 @@ func (s *summary) print(out io.Writer) {
 		}
 	}
 	s.Transparent.print(out)
+	if len(s.Bulk) > 0 || s.Secrets != nil || s.PerCommand != nil {
+		fmt.Fprintln(out, "\nbulk transfers, many keys, a connection per request (issue 40):")
+		s.printBulk(out)
+		s.Secrets.print(out)
+		s.PerCommand.print(out)
+	}
 	s.printTargets(out)
 	fmt.Fprintf(out, "took %.0f s\n", s.Seconds)
 }
@@ -203,7 +217,11 @@ func (f paired) print(out io.Writer, name string) {
 	fmt.Fprintf(out, "%s at c=%d in %d pairs of adjacent %d ms slices: median %.3fx (%.2f to %.2f); CPU stolen by the hypervisor meanwhile: %.1f%%\n",
 		name, f.Conns, len(f.Ratios), f.SliceMS, f.Median, slices.Min(f.Ratios), slices.Max(f.Ratios), 100*steal/float64(max(len(f.Steal), 1)))
 	if len(f.CPURatios) > 0 {
-		fmt.Fprintf(out, "  broker CPU per request in the same pairs: median %.3fx (%.2f to %.2f)\n",
-			f.CPUMedian, slices.Min(f.CPURatios), slices.Max(f.CPURatios))
+		var num, den []float64
+		for _, c := range f.CPUUS {
+			num, den = append(num, c[0]), append(den, c[1])
+		}
+		fmt.Fprintf(out, "  broker CPU per request in the same pairs: median %.3fx (%.2f to %.2f); %.0f µs over %.0f µs\n",
+			f.CPUMedian, slices.Min(f.CPURatios), slices.Max(f.CPURatios), median(num), median(den))
 	}
 }

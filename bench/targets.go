@@ -155,6 +155,47 @@ func (s *summary) checkTargets() {
 			add(t, true, "")
 		}
 	}
+	// Issue 40's: bulk transfers both ways, and scrubbing with many keys.
+	for _, b := range []struct{ key, name string }{{"intercept/relay", "bare intercepted / relay"}, {"full/intercept", "full pipeline / bare intercepted"}} {
+		pb, ok := s.Bulk[b.key]
+		for _, w := range []struct {
+			way string
+			p   paired
+		}{{"download", pb.Down}, {"upload", pb.Up}} {
+			t := target{Name: fmt.Sprintf("%s, 256 MiB %s (issue 40)", b.name, w.way), Limit: 0.9, Unit: "x"}
+			if !ok || len(w.p.Ratios) == 0 {
+				add(t, true, "not measured: "+s.whyMissing(b.key))
+				continue
+			}
+			t.Value, t.Min, t.Max, t.Pairs = w.p.Median, slices.Min(w.p.Ratios), slices.Max(w.p.Ratios), len(w.p.Ratios)
+			add(t, true, "")
+		}
+	}
+	for _, kind := range []string{"plain", "special"} {
+		t := target{Name: fmt.Sprintf("scrubbing, 100 %s keys / 1 key (issue 40)", kind), Limit: 0.9, Unit: "x"}
+		r := s.Secrets[kind]
+		if r == nil || len(r.Ratios) == 0 {
+			add(t, true, "not measured")
+			continue
+		}
+		t.Value, t.Min, t.Max, t.Pairs = r.Median, slices.Min(r.Ratios), slices.Max(r.Ratios), len(r.Ratios)
+		add(t, true, "")
+	}
+	for _, name := range []string{"intercept", "full"} {
+		t := target{Name: fmt.Sprintf("broker CPU/request, h2 client / HTTP/1.1, %s (issue 40)", pathLabel(name)), Limit: 1.1, Unit: "x"}
+		i := -1
+		if s.AgentH2 != nil {
+			i = slices.IndexFunc(s.AgentH2.Paths, func(pr agentH2Pair) bool { return pr.Path == name })
+		}
+		if i < 0 || s.AgentH2.Paths[i].Pairs == 0 {
+			add(t, false, "not measured")
+			continue
+		}
+		pr := s.AgentH2.Paths[i]
+		t.Value, t.Min, t.Max, t.Pairs = pr.CPUH2OverH1.Median, pr.CPUH2OverH1.Min, pr.CPUH2OverH1.Max, pr.Pairs
+		add(t, false, "")
+	}
+	s.Targets = append(s.Targets, s.perCommandTarget())
 	atMost := func(name string, v, limit float64, unit string) {
 		add(target{Name: name, Value: v, Limit: limit, Unit: unit}, false, "")
 	}
@@ -185,7 +226,7 @@ func (s *summary) whyMissing(key string) string {
 
 // printTargets writes each target with its value, the pairs' range, and whether it is met.
 func (s *summary) printTargets(out io.Writer) {
-	fmt.Fprintln(out, "\ntargets (issue 25; the last three issue 7's), each measured in this run:")
+	fmt.Fprintln(out, "\ntargets (issue 25, issue 7's, issue 40's), each measured in this run:")
 	for _, t := range s.Targets {
 		verdict := "not met"
 		if t.Met {

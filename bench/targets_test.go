@@ -93,3 +93,31 @@ func TestLatencyMargin(t *testing.T) {
 		}
 	}
 }
+
+func TestAgentH2Target(t *testing.T) {
+	s := &summary{AgentH2: &agentH2Result{Paths: []agentH2Pair{
+		{Path: "intercept", CPUH2OverH1: spread{Median: 1.04, Min: 0.9, Max: 1.2}, Pairs: 5},
+		{Path: "full", CPUH2OverH1: spread{Median: 1.2, Min: 1.1, Max: 1.3}, Pairs: 5},
+	}}}
+	s.checkTargets()
+	got := map[string]target{}
+	for _, tg := range s.Targets {
+		got[tg.Name] = tg
+	}
+	for name, met := range map[string]bool{
+		"broker CPU/request, h2 client / HTTP/1.1, bare intercepted (issue 40)": true,
+		"broker CPU/request, h2 client / HTTP/1.1, full pipeline (issue 40)":    false,
+	} {
+		tg, ok := got[name]
+		if !ok || tg.Met != met || tg.Op != "<=" || tg.Limit != 1.1 || tg.Pairs != 5 {
+			t.Errorf("%s: %+v (found %v), want met %v", name, tg, ok, met)
+		}
+	}
+	empty := &summary{}
+	empty.checkTargets()
+	for _, tg := range empty.Targets {
+		if strings.Contains(tg.Name, "h2 client") && tg.Skipped == "" {
+			t.Errorf("%s: checked without a measure", tg.Name)
+		}
+	}
+}

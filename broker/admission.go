@@ -2,12 +2,14 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/wire"
 )
 
@@ -30,12 +32,22 @@ import (
 //     never left waiting in the listener's backlog.
 type admission struct {
 	max, perAgent, perAgentRequests int
+	// fleet, when set, caps each agent across a fleet of brokers too (budget.Caps).
+	fleet fleetCaps
 
 	mu       sync.Mutex
 	open     int                            // connections held
 	pending  map[netip.Addr][]*admittedConn // connections not yet claimed, by source address, oldest first
 	agents   map[string]int                 // connections claimed, by agent
 	requests map[string]int                 // requests running, by agent
+}
+
+// fleetCaps are per-agent caps a fleet of brokers shares (budget.Caps). They answer from
+// memory: they never wait on the store.
+type fleetCaps interface {
+	Request(agent string) error
+	Claim(agent string) error
+	Release(agent string)
 }
 
 func newAdmission(max, perAgent, perAgentRequests int) *admission {
@@ -85,6 +97,11 @@ func (a *admission) request(agent string) error {
 	if a.requests[agent] >= a.perAgentRequests {
 		return errTooManyRequests
 	}
+	if a.fleet != nil {
+		if err := a.fleet.Request(agent); err != nil {
+			return err
+		}
+	}
 	a.requests[agent]++
 	return nil
 }
@@ -125,6 +142,13 @@ func (c *admittedConn) claim(agent string) error {
 	case a.agents[agent] >= a.perAgent:
 		return errTooMany
 	}
+	if a.fleet != nil {
+		if err := a.fleet.Claim(agent); errors.Is(err, budget.ErrCapsUnusable) {
+			return err // the store is down: not the agent's connections' fault
+		} else if err != nil {
+			return errTooMany
+		}
+	}
 	a.unpend(c)
 	a.agents[agent]++
 	c.agent = agent
@@ -148,8 +172,13 @@ func (a *admission) drop(c *admittedConn) {
 	a.open--
 	if c.agent == "" {
 		a.unpend(c)
-	} else if a.agents[c.agent]--; a.agents[c.agent] <= 0 {
-		delete(a.agents, c.agent)
+	} else {
+		if a.agents[c.agent]--; a.agents[c.agent] <= 0 {
+			delete(a.agents, c.agent)
+		}
+		if a.fleet != nil {
+			a.fleet.Release(c.agent)
+		}
 	}
 }
 
@@ -178,6 +207,9 @@ func (c *admittedConn) Close() error {
 type admittedKey struct{}
 
 func withAdmitted(ctx context.Context, c net.Conn) context.Context {
+	if rc, ok := c.(*replayedConn); ok { // handed on by the front (front.go)
+		c = rc.admittedConn
+	}
 	if ac, ok := c.(*admittedConn); ok {
 		return context.WithValue(ctx, admittedKey{}, ac)
 	}
@@ -208,7 +240,9 @@ func (l admittingListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		src := netip.Addr{}
-		if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			src = ta.AddrPort().Addr().Unmap()
+		} else if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
 			src = ap.Addr().Unmap()
 		}
 		if ac := l.a.admit(wire.Guard(c, framingRejection), src); ac != nil {

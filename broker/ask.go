@@ -109,7 +109,9 @@ func (b *Broker) ask(x *exchange, r *http.Request, in *policy.Input, d policy.De
 		req.Credentials = append([]string{}, d.Credentials...) // [] rather than null: none attached
 		req.BodyPreview, req.BodyTruncated = preview(clean, held)
 	}
-	out, err := q.Hold(r.Context(), req)
+	hold, stop := watchHeld(r)
+	out, err := q.Hold(hold, req)
+	stop()
 	if err != nil {
 		if errors.Is(err, approvals.ErrQueueFull) {
 			return d, approvalRefusal{http.StatusTooManyRequests, codeApprovalQueueFull, err.Error(),

@@ -21,6 +21,7 @@ import (
 	"github.com/capbroker/capbroker/broker/budget"
 	"github.com/capbroker/capbroker/broker/certs"
 	"github.com/capbroker/capbroker/broker/config"
+	"github.com/capbroker/capbroker/broker/identity"
 	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/policy"
 	"github.com/capbroker/capbroker/broker/rpc"
@@ -85,6 +86,15 @@ type Deps struct {
 	Known *inject.Known
 	// Tracer makes the spans of each request (broker/tracing.go); nil: none.
 	Tracer Tracer
+	// MCPSessions remembers which agent each MCP session was issued to; nil: this broker's
+	// memory. A fleet shares them (rpc.SharedSessions).
+	MCPSessions MCPSessions
+	// DrainHold, when set, keeps the requests held for approval this long into a drain (to
+	// be decided, from any replica of a fleet) before they are answered approval_interrupted.
+	DrainHold time.Duration
+	// Caps, when set, cap each agent's requests per second and connections across a fleet
+	// (budget.Caps).
+	Caps *budget.Caps
 }
 
 // Limits of the agent-facing side.
@@ -116,11 +126,14 @@ type Broker struct {
 	approvals *approvals.Queue
 	budgets   *budget.Budgets
 	recorder  usage.Recorder
-	sessions  *rpc.Sessions // which agent each MCP session was issued to (broker/mcp.go)
-	tracer    Tracer        // nil: requests are not traced
+	tracer    Tracer      // nil: requests are not traced
+	sessions  MCPSessions  // which agent each MCP session was issued to (broker/mcp.go)
+	drainHold time.Duration
 	// names maps the addresses the sandbox's resolver answered to their names (transparent
 	// mode): shared by the resolver and the transparent listener.
 	names *transparent.Names
+	// sshDoor is the git-over-SSH front door redirected SSH connections go to (SetSSHDoor).
+	sshDoor atomic.Pointer[sshDoorRef]
 	// origDst and lookup are transparent.OriginalDst and the system resolver, unless a test
 	// replaces them (see broker/transparent.go).
 	origDst func(net.Conn) (netip.AddrPort, error)
@@ -165,12 +178,20 @@ func New(cfg *config.Config, deps Deps) (*Broker, error) {
 		budgets:   deps.Budgets,
 		recorder:  deps.Recorder,
 		tracer:    deps.Tracer,
-		sessions:  rpc.NewSessions(mcpSessionsMax),
+		sessions:  deps.MCPSessions,
+		drainHold: deps.DrainHold,
 		names:     transparent.NewNames(cfg.Transparent.DNS.Prefixes()),
 		admission: newAdmission(cfg.Proxy.MaxConnections, cfg.Proxy.MaxConnectionsPerAgent, cfg.Proxy.MaxRequestsPerAgent),
 	}
+	if b.sessions == nil {
+		b.sessions = localSessions{rpc.NewSessions(mcpSessionsMax)}
+	}
+	if deps.Caps != nil {
+		b.admission.fleet = deps.Caps
+	}
 	b.gen.Store(g)
 	b.mitmTLS = b.newMitmTLS()
+	b.mitmTLS.CurvePreferences = cfg.TLS.Curves()
 	m.configure(cfg)
 	m.watch(b.certs.Len, b.audit.Lost, b.openTunnels, func() Secrets { return b.gen.Load().secrets })
 	m.watchCA(deps.CA)
@@ -206,6 +227,18 @@ func (b *Broker) newProxy() *goproxy.ProxyHttpServer {
 	return p
 }
 
+// Agents is the running config's agent identities, for the broker's other front doors: they
+// follow reloads as the proxy does.
+func (b *Broker) Agents() *identity.Identifier {
+	return b.gen.Load().agents
+}
+
+// DialUpstream dials out as every upstream connection does, through the running config's one
+// Dialer (destination checks, upstream.proxy): for the broker's other front doors (SSH).
+func (b *Broker) DialUpstream(ctx context.Context, network, addr string) (net.Conn, error) {
+	return b.gen.Load().dialer.DialContext(ctx, network, addr)
+}
+
 // Serve accepts agent connections on ln until ctx ends, then drains: it stops accepting,
 // waits up to grace for requests in flight, and returns.
 func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
@@ -222,19 +255,36 @@ func (b *Broker) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	if len(b.gen.Load().transparentPorts) > 0 {
 		ln = b.acceptHandoffs(ln) // transparent mode: a connection redirected to ln is handed back
 	}
-	go func() { errc <- srv.Serve(admittingListener{Listener: ln, a: b.admission}) }()
+	// The front reads each connection's first request: a CONNECT is served there, anything
+	// else by srv.
+	f := b.newFront(admittingListener{Listener: ln, a: b.admission})
+	go func() { errc <- srv.Serve(f) }()
 	select {
 	case err := <-errc:
+		_ = f.Close()
 		return err
 	case <-ctx.Done():
 	}
 	b.log.Info().Msg("draining requests in flight")
 	if b.approvals != nil {
-		b.approvals.Interrupt() // held requests are answered now: a drain does not wait for a person
+		// Held requests are answered now (a drain does not wait for a person), or, in a
+		// fleet, after drainHold, in which any replica's console may still decide them.
+		if b.drainHold <= 0 {
+			b.approvals.Interrupt()
+		} else {
+			b.approvals.Close()
+			stop := time.AfterFunc(min(b.drainHold, grace/2), b.approvals.Interrupt)
+			defer func() {
+				if stop.Stop() {
+					b.approvals.Interrupt()
+				}
+			}()
+		}
 	}
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	_ = srv.Shutdown(drainCtx) // stops accepting; waits for non-hijacked connections
+	f.wait(drainCtx)           // and for the CONNECTs the front is deciding
 	b.draining.Store(true)
 	done := make(chan struct{})
 	go func() {

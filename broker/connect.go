@@ -55,19 +55,27 @@ func (t *tunnel) reidentify(g *generation) (identity.Agent, error) {
 	return a, nil
 }
 
-// handleConnect decides a CONNECT: refuse (403/407 before any TLS), intercept, or tunnel.
+// handleConnect decides a CONNECT that net/http's server read (goproxy's handler: one sent
+// after another request on a kept-alive connection; the front reads every connection's first
+// request, see front.go): refuse (403/407 before any TLS), intercept, or tunnel.
 func (b *Broker) handleConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	r := ctx.Req
 	x := b.begin(policy.PhaseConnect, r)
-	action, err := b.connect(x, r)
+	open, err := b.connect(x, r)
 	if err != nil {
 		ctx.Resp = x.fail(r, err)
 		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
 	}
-	return action, host
+	return &goproxy.ConnectAction{
+		Action: goproxy.ConnectHijack,
+		Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) { open(client) },
+	}, host
 }
 
-func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, error) {
+// connect decides the CONNECT r. An error is refused (x.fail); otherwise the function returned
+// serves the tunnel on the agent's connection, once the server has let go of it: intercepted,
+// or piped opaquely.
+func (b *Broker) connect(x *exchange, r *http.Request) (func(client net.Conn), error) {
 	// The target is recorded before the agent is identified: a 407's event names where the
 	// agent was going.
 	host, port, splitErr := splitHost(r.Host, 443)
@@ -101,20 +109,12 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 		x.ev.Status = http.StatusOK
 		x.finish()
 		tun := &tunnel{agent: agent, target: t, gen: x.g, proxyAuth: proxyAuth, source: sourceAddr(r), mode: audit.ModeExplicit}
-		return &goproxy.ConnectAction{
-			Action: goproxy.ConnectHijack,
-			Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
-				// The tunnel keeps the slot its connection was charged to, until it ends.
-				b.intercept(client, tun, conn.release)
-			},
-		}, nil
+		// The tunnel keeps the slot its connection was charged to, until it ends.
+		return func(client net.Conn) { b.intercept(client, tun, conn.release) }, nil
 	}
-	return &goproxy.ConnectAction{
-		Action: goproxy.ConnectHijack,
-		Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
-			defer conn.release()
-			b.pipe(x, req, client, t)
-		},
+	return func(client net.Conn) {
+		defer conn.release()
+		b.pipe(x, r, client, t)
 	}, nil
 }
 
@@ -123,9 +123,9 @@ func (b *Broker) connect(x *exchange, r *http.Request) (*goproxy.ConnectAction, 
 // phase, a person when it asks, and the decision applied (authorize).
 func (b *Broker) connectDecision(x *exchange, r *http.Request, agent identity.Agent, host string, port int) (policy.Decision, error) {
 	in := connectInput(x.g, agent, x.ev.SourceIP, x.ev.Mode, host, port)
-	endPolicy := x.step("policy")
+	policySpan := x.step("policy")
 	d, err := b.policy.Decide(r.Context(), in)
-	endPolicy.Finish()
+	policySpan.Finish()
 	if err == nil && d.Ask != nil {
 		d, err = b.ask(x, r, in, d, nil, &policyBody{}) // before any TLS
 	}

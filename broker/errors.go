@@ -133,6 +133,11 @@ func classify(err error) agentError {
 	case errors.Is(err, errTooMany):
 		return agentError{http.StatusTooManyRequests, "too_many_connections", "this agent has too many open connections through the broker",
 			"Close idle connections or wait for running requests to finish, then retry."}
+	case errors.Is(err, budget.ErrRateCapped):
+		return agentError{http.StatusTooManyRequests, "too_many_requests", err.Error(), "Slow down, then retry."}
+	case errors.Is(err, budget.ErrCapsUnusable):
+		return agentError{http.StatusServiceUnavailable, "fleet_store_unavailable", "the broker could not reach the fleet's shared store to count this request; it was not sent",
+			"This is a problem on the broker's side. Retrying later may work."}
 	case errors.Is(err, errTooManyRequests):
 		return agentError{http.StatusTooManyRequests, "too_many_requests", "this agent has too many requests in flight through the broker",
 			"Wait for running requests to finish, then retry."}
@@ -160,6 +165,11 @@ func classify(err error) agentError {
 	case errors.Is(err, errUpstreamTimeout) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return agentError{http.StatusGatewayTimeout, "upstream_error", "the upstream server did not answer in time",
 			"The upstream may be slow or down. Retrying later may work."}
+	case errors.Is(err, context.Canceled):
+		// The request's context ended: the agent went away (an HTTP/2 stream reset, a closed
+		// connection) or the broker was draining. No upstream failed; the audit event says so.
+		return agentError{http.StatusBadGateway, "upstream_error", "the request was cancelled before the upstream answered: the agent went away, or the broker was shutting down",
+			"Retry the request if it was not cancelled on purpose."}
 	default:
 		return agentError{http.StatusBadGateway, "upstream_error", "the upstream server could not be reached or failed TLS verification",
 			"The upstream may be down, or its certificate is not trusted. The details are in the broker's audit log."}

@@ -141,6 +141,8 @@ func TestConnectRefusalStatusLine(t *testing.T) {
 		"non-ascii":      {denial{"café"}, "403 denied: caf?"},
 		"challenge":      {identity.ErrUnauthenticated, "407 Proxy Authentication Required"},
 		"upstream error": {errors.New("dial"), "502 upstream_error: the upstream server could not be reached or failed TLS verification"},
+		"agent gone":     {fmt.Errorf("upstream x:443: %w", context.Canceled), "502 upstream_error: the request was cancelled before the upstream answered: the agent went away, or the broker was shutting down"},
+		"timeout":        {fmt.Errorf("upstream x:443: %w", context.DeadlineExceeded), "504 upstream_error: the upstream server did not answer in time"},
 	}
 	for name, c := range cases {
 		resp := errorResponse(connect, classify(c.err), "rid", "", "x")

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 
@@ -13,6 +14,29 @@ import (
 
 // mcpSessionsMax bounds the MCP sessions the broker remembers the agent of (rpc.Sessions).
 const mcpSessionsMax = 1 << 16
+
+// MCPSessions remembers which agent each MCP session was issued to: in this broker's memory,
+// or shared by a fleet of brokers (rpc.SharedSessions). An error of Owner is the store's,
+// when it fails closed (503).
+type MCPSessions interface {
+	Issued(ctx context.Context, host, id, agent string) error
+	Owner(ctx context.Context, host, id string) (agent string, ok bool, err error)
+}
+
+var _ MCPSessions = (*rpc.SharedSessions)(nil)
+
+// localSessions are the MCP sessions of one broker.
+type localSessions struct{ s *rpc.Sessions }
+
+func (l localSessions) Issued(_ context.Context, host, id, agent string) error {
+	l.s.Issued(host, id, agent)
+	return nil
+}
+
+func (l localSessions) Owner(_ context.Context, host, id string) (string, bool, error) {
+	a, ok := l.s.Owner(host, id)
+	return a, ok, nil
+}
 
 // protocolAt reports whether a request to host and path is to one of endpoints.
 func protocolAt(endpoints []config.ProtocolEndpoint, host, path string) bool {
@@ -130,6 +154,12 @@ var errMCPSessionUnknown = approvalRefusal{http.StatusNotFound, "mcp_session_unk
 	"the broker knows of no MCP session with this id for this agent",
 	"Start a new MCP session (initialize without the Mcp-Session-Id header)."}
 
+// errMCPSessionStore answers a request whose MCP session the shared store could not be asked
+// about, when the fleet's store fails closed.
+var errMCPSessionStore = approvalRefusal{http.StatusServiceUnavailable, "fleet_store_unavailable",
+	"the broker could not reach the fleet's shared store to check this MCP session; the request was not sent",
+	"This is a problem on the broker's side. Retrying later may work."}
+
 // checkMCPSession refuses a request to an MCP server carrying a session id the server issued
 // to another agent (403), or one the broker has no record of (404): a session never serves an
 // agent it was not issued to.
@@ -139,7 +169,11 @@ func (b *Broker) checkMCPSession(x *exchange, r *http.Request, in *policy.Input)
 		return nil
 	}
 	for _, id := range ids {
-		owner, ok := b.sessions.Owner(in.Host, id)
+		owner, ok, err := b.sessions.Owner(r.Context(), in.Host, id)
+		if err != nil {
+			x.ev.Error = "mcp sessions store: " + err.Error()
+			return errMCPSessionStore
+		}
 		if !ok {
 			return errMCPSessionUnknown
 		}
@@ -156,7 +190,9 @@ func (b *Broker) noteMCPSession(x *exchange, in *policy.Input, resp *http.Respon
 	if id == "" || !protocolAt(x.g.protocols.MCP, in.Host, in.Path) {
 		return
 	}
-	b.sessions.Issued(in.Host, id, x.agent.ID)
+	if err := b.sessions.Issued(context.Background(), in.Host, id, x.agent.ID); err != nil {
+		b.log.Warn().Err(err).Msg("an MCP session could not be recorded in the fleet's store: refused until it is (fail_closed), or served by this broker only (local)")
+	}
 }
 
 // rpcRequests are the ids of the requests (messages with a method and an id) in a JSON-RPC

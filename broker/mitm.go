@@ -6,18 +6,17 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
-	"log"
 	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/capbroker/capbroker/broker/http1"
+	"github.com/capbroker/capbroker/broker/http2srv"
 	"github.com/capbroker/capbroker/broker/upstream"
 	"github.com/capbroker/capbroker/broker/wire"
 )
@@ -27,7 +26,7 @@ const tlsHandshakeTimeout = 10 * time.Second
 
 // intercept serves an allowed, intercepted CONNECT: it answers 200, terminates the agent's TLS
 // with a leaf for the CONNECT host (issued only now), and serves the requests inside with
-// net/http's HTTP/2 server when the agent negotiated h2, else broker/http1, so each one gets a
+// broker/http2srv when the agent negotiated h2, else broker/http1, so each one gets a
 // server's limits and timeouts and a context that ends when the agent goes away. Every
 // request, or HTTP/2 stream, is decided again (b.exchange with the tunnel). An HTTP/1.1
 // tunnel is parked between requests.
@@ -88,28 +87,24 @@ func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), gre
 	}
 	tc, isTLS := conn.(*tls.Conn)
 	if isTLS && tc.ConnectionState().NegotiatedProtocol == "h2" {
-		// HTTP/2: net/http's server is handed the *tls.Conn itself, which is how it
-		// recognises a negotiated h2 connection; its framing is checked by the HTTP/2 server.
-		// Each stream is one request through serveTunnel.
-		srv := &http.Server{
-			Handler:           handler,
-			ReadHeaderTimeout: readHeaderTimeout,
-			IdleTimeout:       idleTimeout,
-			MaxHeaderBytes:    maxHeaderBytes,
-			ErrorLog:          discardLog,
+		// HTTP/2: served on this goroutine by broker/http2srv, which checks the framing
+		// (RFC 9113, with x/net's Framer and hpack); each stream's request runs through
+		// serveTunnel on a goroutine of its own.
+		s := &http2srv.Server{
+			Handler:              handler,
+			ReadHeaderTimeout:    readHeaderTimeout,
+			IdleTimeout:          idleTimeout,
+			PingTimeout:          pingTimeout,
+			MaxHeaderBytes:       maxHeaderBytes,
+			MaxConcurrentStreams: maxConcurrentStreams,
 		}
-		configureH2(srv)
-		srv.ConnState = func(_ net.Conn, s http.ConnState) {
-			if s == http.StateClosed || s == http.StateHijacked {
-				end()
-			}
-		}
-		ended = srv
-		if !b.track(srv) {
+		hc := s.NewConn(conn, end)
+		ended = hc
+		if !b.track(hc) {
 			return
 		}
 		served = true
-		_ = srv.Serve(&oneConnListener{conn: conn})
+		hc.Serve()
 		return
 	}
 	// HTTP/1.1 (ALPN http/1.1, none, or plain HTTP), served on this goroutine (broker/http1);
@@ -164,32 +159,16 @@ func (b *Broker) track(s shutdowner) bool {
 	return true
 }
 
-// discardLog silences net/http's own messages about tunnel connections (they may hold URLs).
-var discardLog = log.New(io.Discard, "", 0)
-
 // maxConcurrentStreams bounds the requests an agent runs at once on one HTTP/2 tunnel: all of
 // them share the tunnel's one connection slot (proxy.max_connections_per_agent).
 const maxConcurrentStreams = 100
 
-// configureH2 makes srv serve HTTP/2 on a TLS connection that negotiated h2, with the same
-// header size limit (MaxHeaderBytes is the advertised SETTINGS_MAX_HEADER_LIST_SIZE) and idle
-// timeout as HTTP/1.1 tunnels. Unencrypted HTTP/2 (h2c) is not enabled, and extended CONNECT
-// (RFC 8441, WebSockets over HTTP/2) is not advertised; a CONNECT stream is refused anyway
-// (see requestTarget).
-func configureH2(srv *http.Server) {
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetHTTP2(true)
-	srv.Protocols = &p
-	srv.HTTP2 = &http.HTTP2Config{
-		MaxConcurrentStreams: maxConcurrentStreams,
-		// A connection on which the agent sends nothing for this long is probed with a
-		// PING and closed when that goes unanswered, like a dead HTTP/1.1 connection is
-		// closed by its idle timeout.
-		SendPingTimeout: idleTimeout,
-		PingTimeout:     15 * time.Second,
-	}
-}
+// pingTimeout is how long an HTTP/2 tunnel whose agent has been silent for idleTimeout waits
+// for the answer to a PING before it is closed, like a dead HTTP/1.1 connection is closed by
+// its idle timeout. Unencrypted HTTP/2 (h2c) is not served, and extended CONNECT (RFC 8441,
+// WebSockets over HTTP/2) is not offered; a CONNECT stream is refused anyway (see
+// requestTarget).
+const pingTimeout = 15 * time.Second
 
 // newMitmTLS is the agent-facing TLS config of intercepted tunnels, one for all of them: a
 // tunnel's certificate is always that of its CONNECT host, found from the connection the
@@ -235,8 +214,8 @@ func (b *Broker) serveTunnel(w http.ResponseWriter, r *http.Request, tun *tunnel
 		h[k] = vs
 	}
 	if resp.Close && r.ProtoMajor == 1 {
-		// Not on HTTP/2: there "Connection: close" makes net/http shut down the whole
-		// connection, every other stream of the tunnel with it.
+		// Not on HTTP/2: a connection-specific field has no place there (RFC 9113, 8.2.2;
+		// broker/http2srv leaves it out), and the connection carries other streams.
 		h.Set("Connection", "close")
 	}
 	for k := range resp.Trailer {
@@ -336,19 +315,3 @@ type peekedConn struct {
 }
 
 func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-// oneConnListener hands one connection to http.Server.Serve, then reports itself closed.
-type oneConnListener struct {
-	conn  net.Conn
-	taken atomic.Bool
-}
-
-func (l *oneConnListener) Accept() (net.Conn, error) {
-	if l.taken.Swap(true) {
-		return nil, net.ErrClosed
-	}
-	return l.conn, nil
-}
-
-func (l *oneConnListener) Close() error   { return nil }
-func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }

@@ -60,9 +60,9 @@ func (b *Broker) exchange(r *http.Request, tun *tunnel) (resp *http.Response) {
 
 // forward identifies, decides, injects, sends and wraps the response for scrubbing and audit.
 func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Response, error) {
-	endIdentity := x.step("identity")
+	identitySpan := x.step("identity")
 	t, err := b.requestTarget(x, r, tun)
-	endIdentity.Finish()
+	identitySpan.Finish()
 	if err != nil {
 		return nil, err
 	}
@@ -102,10 +102,10 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 		out.GetBody = func() (io.ReadCloser, error) { return memBody(small), nil }
 	}
 	x.prepareMetered(out, metered)
-	endCredentials := x.step("credentials")
+	credentialsSpan := x.credentialsStep(granted)
 	toks, err := x.g.inject(r.Context(), out, granted, d.Scopes)
 	if err != nil {
-		endCredentials.Finish()
+		credentialsSpan.Finish()
 		return nil, err
 	}
 	x.scrub = x.g.responseScrubber(t.host)
@@ -121,7 +121,7 @@ func (b *Broker) forward(x *exchange, r *http.Request, tun *tunnel) (*http.Respo
 	}
 	x.g.forwardTrailers(r, out)
 	err = x.g.sign(r.Context(), out, granted)
-	endCredentials.Finish()
+	credentialsSpan.Finish()
 	if err != nil {
 		return nil, err
 	}
@@ -151,9 +151,9 @@ func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, bo
 	if x.g.auditInput.Logs() {
 		in.LoadProtocols() // recorded whatever the policy reads (docs/learn.md)
 	}
-	endPolicy := x.step("policy")
+	policySpan := x.step("policy")
 	d, err := b.policy.Decide(r.Context(), in)
-	endPolicy.Finish()
+	policySpan.Finish()
 	if body.err == nil {
 		body.err = bodyRefusal(err)
 	}
@@ -161,9 +161,9 @@ func (b *Broker) decide(x *exchange, r *http.Request, t target, small []byte, bo
 		return nil, d, nil, body.err
 	}
 	if err == nil && d.Ask != nil {
-		endApproval := x.step("approval")
+		approvalSpan := x.step("approval")
 		d, err = b.ask(x, r, in, d, small, body)
-		endApproval.Finish()
+		approvalSpan.Finish()
 	}
 	granted, err := b.authorize(x, in, d, err)
 	if err == nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/capbroker/capbroker/broker/audit"
+	"github.com/capbroker/capbroker/broker/inject"
 	"github.com/capbroker/capbroker/broker/telemetry"
 )
 
@@ -82,6 +83,15 @@ func (x *exchange) step(name string) *telemetry.Span {
 		return nil
 	}
 	return x.tr.Step(name)
+}
+
+// credentialsStep starts the credentials span when the decision granted any: a request
+// without credentials has no such step.
+func (x *exchange) credentialsStep(granted []*inject.Binding) *telemetry.Span {
+	if len(granted) == 0 {
+		return nil
+	}
+	return x.step("credentials")
 }
 
 // traceOutbound removes the agent's trace headers from the outbound request unless the

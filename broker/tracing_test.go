@@ -25,23 +25,28 @@ import (
 func TestTraceHeaders(t *testing.T) {
 	const agentTrace, agentSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	for name, c := range map[string]struct {
-		forward, traced bool
+		forward, traced, credentials bool
 	}{
-		"not forwarded":         {},
-		"forwarded":             {forward: true},
-		"traced, not forwarded": {traced: true},
-		"traced, forwarded":     {forward: true, traced: true},
+		"not forwarded":                       {},
+		"forwarded":                           {forward: true},
+		"traced, not forwarded":               {traced: true},
+		"traced, forwarded":                   {forward: true, traced: true},
+		"traced, forwarded, with credentials": {forward: true, traced: true, credentials: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rec := &recordTraces{}
-			deps := Deps{Policy: fixedDecision{policy.Decision{ForwardTraceparent: c.forward}}, Secrets: benchSecrets{}}
+			d, host := policy.Decision{ForwardTraceparent: c.forward}, "api.example.test"
+			if c.credentials {
+				d.Credentials, host = []string{"openai"}, "api.openai.com"
+			}
+			deps := Deps{Policy: fixedDecision{d}, Secrets: benchSecrets{}}
 			if c.traced {
 				deps.Tracer = rec
 			}
 			up := &recordingUpstream{}
-			br, tun := testBroker(t, testConfig(t), deps, up, "api.example.test")
+			br, tun := testBroker(t, testConfig(t), deps, up, host)
 			r := httptest.NewRequest(http.MethodGet, "/x", nil)
-			r.Host = "api.example.test"
+			r.Host = host
 			agentParent := "00-" + agentTrace + "-" + agentSpan + "-00" // not sampled: traced anyway
 			r.Header.Set("Traceparent", agentParent)
 			r.Header.Set("Tracestate", "vendor=private")
@@ -74,12 +79,27 @@ func TestTraceHeaders(t *testing.T) {
 			for _, s := range tr.Steps[:tr.NSteps] {
 				byName[s.Name] = s
 			}
-			byName[tr.Upstream.Name] = tr.Upstream
-			for _, step := range []string{"identity", "policy", "credentials", "upstream"} {
+			n := 1 + tr.NSteps
+			for _, s := range []telemetry.Span{tr.Upstream, tr.Scrub} {
+				if !s.Start.IsZero() {
+					byName[s.Name] = s
+					n++
+				}
+			}
+			// A span for each step the request went through, and none for the others: no
+			// approval without a hold, no credentials span without credentials granted.
+			steps := []string{"identity", "policy", "upstream"}
+			if c.credentials {
+				steps = append(steps, "credentials", "scrub")
+			}
+			for _, step := range steps {
 				s, ok := byName[step]
 				if !ok || s.ID == ([8]byte{}) || s.End.IsZero() || s.End.Before(s.Start) {
 					t.Errorf("step %q: %+v", step, s)
 				}
+			}
+			if n != len(steps)+1 {
+				t.Errorf("%d spans, want the root and %v", n, steps)
 			}
 			if c.forward && tp != "00-"+agentTrace+"-"+hex.EncodeToString(tr.Upstream.ID[:])+"-01" {
 				t.Errorf("traceparent upstream %q", tp)

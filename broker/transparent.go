@@ -115,6 +115,11 @@ func (b *Broker) serveRedirected(ctx context.Context, c net.Conn) {
 		reset(ac)
 		return
 	}
+	if door := b.sshFor(flow.Host, port); door != nil { // git over SSH (broker/transparent_ssh.go)
+		defer ac.release()
+		door.ServeRedirected(ctx, ac, agent, flow.Host, port)
+		return
+	}
 	_ = c.SetReadDeadline(time.Now().Add(peekTimeout))
 	hello, peeked, err := transparent.Peek(c, transparent.MaxPeek)
 	if err != nil {

@@ -18,8 +18,10 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -53,6 +55,9 @@ var kinds = map[string]struct {
 	"Deployment":     {"apps/v1", func() any { return new(appsv1.Deployment) }},
 	"StatefulSet":    {"apps/v1", func() any { return new(appsv1.StatefulSet) }},
 	"NetworkPolicy":  {"networking.k8s.io/v1", func() any { return new(networkingv1.NetworkPolicy) }},
+	// deploy/kubernetes/fleet
+	"HorizontalPodAutoscaler": {"autoscaling/v2", func() any { return new(autoscalingv2.HorizontalPodAutoscaler) }},
+	"PodDisruptionBudget":     {"policy/v1", func() any { return new(policyv1.PodDisruptionBudget) }},
 }
 
 // decodeFile decodes every document of a manifest file strictly (unknown fields are errors).
@@ -487,6 +492,8 @@ func checkReferences(t *testing.T, c *cluster, w object) {
 			switch {
 			case !ok:
 				t.Errorf("%s %s/%s: %s %s is on no volume the container mounts", w.kind, w.name, ctr.Name, key, file)
+			case v.ConfigMap != nil && m.SubPath == "" && file == m.MountPath:
+				need("ConfigMap", v.ConfigMap.Name, "", key) // a directory: policy.dir as a ConfigMap
 			case v.ConfigMap != nil && m.SubPath == "":
 				need("ConfigMap", v.ConfigMap.Name, strings.TrimPrefix(file, m.MountPath+"/"), key)
 			case v.Secret != nil && m.SubPath == "":

@@ -79,9 +79,17 @@ func requireNetns(t *testing.T) {
 // the test ends.
 func newSandboxNet(t *testing.T) *sandboxNet {
 	t.Helper()
+	return newSandboxNetNamed(t, "cbtest")
+}
+
+// newSandboxNetNamed is newSandboxNet with the names of the namespaces, the link's ends and
+// the agent's home starting with prefix (a test file's own, so that its leftovers are told
+// apart).
+func newSandboxNetNamed(t *testing.T, prefix string) *sandboxNet {
+	t.Helper()
 	requireNetns(t)
 	id := randHex(4)
-	s := &sandboxNet{brokerNS: "cbtest-" + id + "-b", agentNS: "cbtest-" + id + "-a"}
+	s := &sandboxNet{brokerNS: prefix + "-" + id + "-b", agentNS: prefix + "-" + id + "-a"}
 	resolvDir := filepath.Join("/etc/netns", s.agentNS)
 	t.Cleanup(func() {
 		for _, ns := range []string{s.agentNS, s.brokerNS} {
@@ -93,7 +101,7 @@ func newSandboxNet(t *testing.T) *sandboxNet {
 		_ = os.RemoveAll(resolvDir)
 		_ = os.Remove("/etc/netns") // only if empty: another user's namespaces keep it
 	})
-	vethB, vethA := "cb"+id+"b", "cb"+id+"a"
+	vethB, vethA := "cb"+id+"b", "cb"+id+"a" // at most 15 bytes: an interface name's limit
 	s.vethB, s.vethA = vethB, vethA
 	ipCmd(t, "netns", "add", s.brokerNS)
 	ipCmd(t, "netns", "add", s.agentNS)
@@ -114,7 +122,7 @@ func newSandboxNet(t *testing.T) *sandboxNet {
 	if err := os.WriteFile(filepath.Join(resolvDir, "resolv.conf"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "cbtest-agent-")
+	dir, err := os.MkdirTemp("", prefix+"-agent-")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,10 +3,8 @@ package integration
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -37,59 +35,21 @@ const (
 	otelCanary = "canaryOtelSecret0123456789"
 )
 
-var (
-	otelcolOnce sync.Once
-	otelcolBin  string
-	otelcolErr  error
-)
+var otelcolBuild toolBuild
 
-// otelcolBinary builds the test collector once, cached by the hash of its module files under
-// the user cache directory (a cold build takes about a minute).
+// otelcolBinary builds the test collector (testdata/otelcol) once, cached.
 func otelcolBinary(t *testing.T) string {
 	t.Helper()
-	otelcolOnce.Do(func() {
-		src := filepath.Join("testdata", "otelcol")
-		h := sha256.New()
-		for _, f := range []string{"go.mod", "go.sum", "main.go"} {
-			b, err := os.ReadFile(filepath.Join(src, f))
-			if err != nil {
-				otelcolErr = err
-				return
-			}
-			h.Write(b)
-		}
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			cache = os.TempDir()
-		}
-		otelcolBin = filepath.Join(cache, "capbroker-otelcol", hex.EncodeToString(h.Sum(nil))[:16], "otelcol")
-		if _, err := os.Stat(otelcolBin); err == nil {
-			return
-		}
-		tmp := otelcolBin + ".tmp"
-		build := exec.Command("go", "build", "-o", tmp, ".")
-		build.Dir = src
-		build.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
-		if out, err := build.CombinedOutput(); err != nil {
-			otelcolErr = fmt.Errorf("building the test collector: %v\n%s", err, out)
-			return
-		}
-		otelcolErr = os.Rename(tmp, otelcolBin)
-	})
-	if otelcolErr != nil {
-		if os.Getenv("CAPBROKER_REQUIRE_VAULT") == "1" {
-			t.Fatal(otelcolErr)
-		}
-		t.Skip(otelcolErr)
-	}
-	return otelcolBin
+	return otelcolBuild.binary(t, "the test collector", "otelcol", ".", "otelcol", "go.mod", "go.sum", "main.go")
 }
 
-// collector is a running test collector: OTLP on grpcAddr and httpAddr, a file per signal.
+// collector is a running test collector: OTLP on grpcAddr, grpcTLSAddr and httpAddr, a file
+// per signal.
 type collector struct {
 	bin, dir, config   string
 	caFile             string // the CA of the HTTP receiver's TLS certificate
 	grpcAddr, httpAddr string
+	grpcTLSAddr        string // OTLP/gRPC over TLS (the same certificate as httpAddr)
 	cmd                *exec.Cmd
 	logs               *logTail
 }
@@ -104,7 +64,11 @@ func startCollector(t *testing.T) *collector {
 	if c.httpAddr, err = harness.FreeAddr(); err != nil {
 		t.Fatal(err)
 	}
-	// OTLP/HTTP is served over TLS (a certificate from a CA of the test's), gRPC in plaintext.
+	if c.grpcTLSAddr, err = harness.FreeAddr(); err != nil {
+		t.Fatal(err)
+	}
+	// OTLP/HTTP is served over TLS (a certificate from a CA of the test's), gRPC in plaintext
+	// on grpcAddr and over TLS on grpcTLSAddr.
 	pki := testpki.New(t, "otel collector CA")
 	c.caFile = pki.File
 	certFile, keyFile := filepath.Join(c.dir, "otelcol.crt"), filepath.Join(c.dir, "otelcol.key")
@@ -118,6 +82,9 @@ receivers:
     protocols:
       grpc: {endpoint: %q, auth: {authenticator: bearertokenauth}}
       http: {endpoint: %q, auth: {authenticator: bearertokenauth}, tls: {cert_file: %q, key_file: %q}}
+  otlp/tls:
+    protocols:
+      grpc: {endpoint: %q, auth: {authenticator: bearertokenauth}, tls: {cert_file: %q, key_file: %q}}
 exporters:
   file/logs: {path: %q, flush_interval: 100ms}
   file/traces: {path: %q, flush_interval: 100ms}
@@ -126,10 +93,10 @@ service:
   extensions: [bearertokenauth]
   telemetry: {metrics: {level: none}}
   pipelines:
-    logs: {receivers: [otlp], exporters: [file/logs]}
-    traces: {receivers: [otlp], exporters: [file/traces]}
-    metrics: {receivers: [otlp], exporters: [file/metrics]}
-`, otelToken, c.grpcAddr, c.httpAddr, certFile, keyFile, c.file("logs"), c.file("traces"), c.file("metrics"))
+    logs: {receivers: [otlp, otlp/tls], exporters: [file/logs]}
+    traces: {receivers: [otlp, otlp/tls], exporters: [file/traces]}
+    metrics: {receivers: [otlp, otlp/tls], exporters: [file/metrics]}
+`, otelToken, c.grpcAddr, c.httpAddr, certFile, keyFile, c.grpcTLSAddr, certFile, keyFile, c.file("logs"), c.file("traces"), c.file("metrics"))
 	if err := os.WriteFile(c.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -555,11 +522,12 @@ func TestOTelCollector(t *testing.T) {
 	})
 
 	t.Run("wrong token", func(t *testing.T) {
-		for _, protocol := range []string{"http", "grpc"} {
-			endpoint := "https://" + col.httpAddr
-			if protocol == "grpc" {
-				endpoint = "http://" + col.grpcAddr
-			}
+		for _, tc := range []struct{ protocol, endpoint string }{
+			{"http", "https://" + col.httpAddr},
+			{"grpc", "http://" + col.grpcAddr},
+			{"grpc", "https://" + col.grpcTLSAddr}, // gRPC over TLS, the collector's CA in ca_file
+		} {
+			protocol, endpoint := tc.protocol, tc.endpoint
 			wb := startBroker(t, brokerOpts{
 				policy: otelPolicy, mode: "enforce",
 				config: otelBrokerConfig(caFile, col, protocol, endpoint, "OTEL_TOKEN", ""),
@@ -567,7 +535,7 @@ func TestOTelCollector(t *testing.T) {
 			})
 			line := wb.logs.wait(t, "refused the export's credentials")
 			if !strings.Contains(line, `"level":"error"`) || strings.Contains(wb.logs.String(), "wrong-token") {
-				t.Errorf("%s: start-up log: %s", protocol, line)
+				t.Errorf("%s: start-up log: %s", endpoint, line)
 			}
 			resp, err := http.Get("http://" + wb.adminAddr + "/readyz")
 			if err != nil {
@@ -576,8 +544,12 @@ func TestOTelCollector(t *testing.T) {
 			var body map[string]any
 			_ = json.NewDecoder(resp.Body).Decode(&body)
 			resp.Body.Close()
-			if msg, _ := body["telemetry"].(string); !strings.Contains(msg, "refused the export's credentials") || body["status"] != "degraded" {
-				t.Errorf("%s: /readyz = %v", protocol, body)
+			detail := "(HTTP 401"
+			if protocol == "grpc" {
+				detail = "(gRPC Unauthenticated)"
+			}
+			if msg, _ := body["telemetry"].(string); !strings.Contains(msg, "refused the export's credentials "+detail) || body["status"] != "degraded" {
+				t.Errorf("%s: /readyz = %v", endpoint, body)
 			}
 			// The broker serves on.
 			get(t, wb.client(t, "otel-agent", "agent-token-1"), "/wrong-token", "")

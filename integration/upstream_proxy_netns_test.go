@@ -167,27 +167,7 @@ func (n *egressNet) origin(t *testing.T, port string, pki *upstreamPKI, h2 bool,
 func (n *egressNet) relay(t *testing.T, target string) (string, *peers) {
 	t.Helper()
 	l := listenIn(t, n.upNS, egressOriginIP+":0")
-	p := &peers{}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			p.add(c)
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go io.Copy(up, c)
-				io.Copy(c, up)
-			}()
-		}
-	}()
-	return l.Addr().String(), p
+	return l.Addr().String(), relayFrom(l, target)
 }
 
 // fromSquidOnly fails unless p saw a connection, all from squid's upstream side.

@@ -23,6 +23,12 @@ func relay(t *testing.T, target string) (string, *peers) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
+	return l.Addr().String(), relayFrom(l, target)
+}
+
+// relayFrom forwards each connection l accepts to target, until l is closed, passing on each
+// side's end of stream; it records the peers it accepted.
+func relayFrom(l net.Listener, target string) *peers {
 	p := &peers{}
 	go func() {
 		for {
@@ -38,12 +44,12 @@ func relay(t *testing.T, target string) (string, *peers) {
 					return
 				}
 				defer up.Close()
-				go io.Copy(up, c)
-				io.Copy(c, up)
+				go func() { _, _ = io.Copy(up, c); _ = up.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(c, up)
 			}()
 		}
 	}()
-	return l.Addr().String(), p
+	return p
 }
 
 func TestUpstreamProxyOwnClients(t *testing.T) {

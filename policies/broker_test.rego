@@ -8,6 +8,8 @@ connect(host, port) := {"phase": "connect", "agent": agent({}), "request": {"met
 
 req(method, host, path) := {"phase": "request", "agent": agent({}), "request": {"method": method, "scheme": "https", "host": host, "port": 443, "path": path}}
 
+ssh(host, service) := {"phase": "ssh", "agent": agent({}), "request": {"method": "", "host": host, "port": 22}, "ssh": {"host": host, "port": 22, "user": "git", "service": service, "repository": "o/r.git", "refs": []}}
+
 as_builder(i) := object.union(i, {"agent": agent({"profile": "builder"})})
 
 cases := {
@@ -39,6 +41,11 @@ cases := {
 	"MCP tool listed": {"input": object.union(req("POST", "mcp.example.com", "/mcp"), {"mcp": [{"method": "tools/call", "tool": "echo", "arguments": {}, "uri": ""}]}), "allow": true},
 	"MCP tool not listed": {"input": object.union(req("POST", "mcp.example.com", "/mcp"), {"mcp": [{"method": "tools/call", "tool": "delete_repository", "arguments": {}, "uri": ""}]}), "allow": false, "reason": "MCP tool delete_repository is not allowed on mcp.example.com: agents may call echo, search_issues"},
 	"AWS IAM": {"input": object.union(req("POST", "iam.amazonaws.com", "/"), {"aws": {"service": "iam", "region": "us-east-1", "operation": "CreateAccessKey", "bucket": "", "key": ""}}), "allow": false, "reason": "AWS iam is never allowed for agents (CreateAccessKey)"},
+	"git clone over ssh": {"input": ssh("github.com", "fetch"), "allow": true},
+	"git push over ssh, repository not listed": {"input": ssh("github.com", "push"), "allow": false},
+	"ssh to a host that is not git hosting": {"input": ssh("pypi.org", "fetch"), "allow": false, "reason": "pypi.org is not a git host: only git hosting is served over SSH"},
+	"ssh to an unknown host": {"input": ssh("evil.example", "fetch"), "allow": false, "reason": "host evil.example is not on the allow-list in policies/data.yaml"},
+	"offline profile: no git over ssh": {"input": object.union(ssh("github.com", "fetch"), {"agent": agent({"profile": "offline"})}), "allow": false},
 	"unknown phase": {"input": {"phase": "other", "agent": agent({}), "request": {"host": "pypi.org"}}, "allow": false},
 }
 

@@ -8,6 +8,10 @@
 # integration/testdata/node/package-lock.json) into
 # integration/testdata/node/node_modules.
 # nft (nftables) writes the transparent-mode test's redirect rules (integration/transparent_test.go).
+# haproxy is the Service in front of three brokers in integration/fleet_test.go.
+# sshd (Debian's openssh-server) is the git host of integration/ssh_test.go, serving bare
+# repositories through git-shell (/usr/sbin/sshd; the test runs its own, never the system's);
+# faketime runs one an hour ahead, to whom the broker's certificates have expired.
 # promtool (Debian's prometheus) checks and unit-tests the shipped alerting rules (deploy/prometheus).
 # squid is the corporate proxy of integration/upstream_proxy_test.go (/usr/sbin/squid, with
 # /usr/lib/squid/basic_ncsa_auth); Debian's squid-openssl, since the ssl-bump test
@@ -19,10 +23,20 @@ for tool in curl git python3 node npm aws chromium redis-server nft promtool; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 # /usr/sbin is not on every user's PATH.
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 squid=$(command -v squid || echo /usr/sbin/squid)
 "$squid" -v 2>/dev/null | grep -q -- --with-openssl || missing+=(squid)
+[ -x /usr/sbin/sshd ] || missing+=(sshd)
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import botocore' >/dev/null 2>&1; then
   missing+=(botocore)
+fi
+# The Postgres front door's tests (integration/postgres_test.go): Debian's server (initdb,
+# postgres), psql and pgbench, and Python's psycopg2.
+command -v psql >/dev/null 2>&1 && command -v pgbench >/dev/null 2>&1 || missing+=(postgresql-client)
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import psycopg2' >/dev/null 2>&1; then
+  missing+=(python3-psycopg2)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
@@ -37,6 +51,7 @@ if [ ${#missing[@]} -gt 0 ]; then
       nft) pkgs+=(nftables) ;;
       squid) pkgs+=(squid-openssl) ;; # replaces plain squid: ssl-bump needs OpenSSL
       promtool) pkgs+=(prometheus) ;; # checks deploy/prometheus/capbroker-rules.yml
+      sshd) pkgs+=(openssh-server) ;;
       *) pkgs+=("$tool") ;;
     esac
   done
@@ -59,3 +74,6 @@ fi
 # (integration/testdata/otelcol, a module of its own) by the tests, once, into the user cache;
 # downloading its modules here means a first test run needs only the build (about a minute).
 (cd integration/testdata/otelcol && GOFLAGS=-mod=mod GOWORK=off go mod download)
+# h2spec (integration/h2spec_test.go, the agent-facing HTTP/2 server's conformance) is built
+# the same way from its Go module (integration/testdata/h2spec).
+(cd integration/testdata/h2spec && GOFLAGS=-mod=mod GOWORK=off go mod download)

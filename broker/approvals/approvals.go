@@ -1,7 +1,8 @@
 // Package approvals holds the requests a policy decision asks a person about ("ask"), until
 // someone approves or denies them, their timeout passes, or their agent goes away; and keeps
 // the grants approvals make: "agent" grants in a state file, "always" grants as policy data
-// (approved.json in the policy directory, data.approved).
+// (approved.json in the policy directory, data.approved); with a shared store (Redis, a
+// fleet), both kinds in the store, which every broker reads.
 //
 // Nothing here is on the path of a request the policy allows or denies outright: the broker
 // calls Match and Hold only for a decision that asks.
@@ -91,6 +92,9 @@ type Request struct {
 	Created       time.Time `json:"created"`
 	Expires       time.Time `json:"expires"`
 	Scopes        []string  `json:"scopes"`
+	// Instance is the broker holding the request, when another broker of the fleet does
+	// (Options.Shared).
+	Instance string `json:"instance,omitempty"`
 	// Timeout is how long to hold the request; 0 is the queue's default. Not shown.
 	Timeout time.Duration `json:"-"`
 }
@@ -153,7 +157,11 @@ type Options struct {
 	// Grants, when set, keeps the "agent" grants instead of StateFile: a store several
 	// brokers share (RedisGrants), read again whenever grants are looked up.
 	Grants GrantStore
-	// PolicyDir is where approved.json is written; "" (a policy bundle) offers no "always".
+	// Shared, when set, shows the requests held here to every broker of a fleet and brings
+	// their consoles' decisions back (RedisShared).
+	Shared Shared
+	// PolicyDir is where approved.json is written; "" (a policy bundle) offers no "always"
+	// unless Grants is set: a shared store keeps the "always" grants too.
 	PolicyDir string
 	Audit     *audit.Logger
 	Metrics   *Metrics
@@ -177,7 +185,7 @@ type Queue struct {
 	pending  map[string]*held
 	perAgent map[string]int
 	closed   bool
-	grants   []Grant // "agent" grants; "always" ones live in approved.json
+	grants   []Grant // "agent" grants, and "always" ones of a shared store; else approved.json
 	saveMu   sync.Mutex
 	// recent are the last RecentMax held requests that ended, oldest first (Recent).
 	recent []Decided
@@ -233,8 +241,9 @@ func New(o Options) (*Queue, error) {
 // Metrics returns the queue's metrics.
 func (q *Queue) Metrics() *Metrics { return q.o.Metrics }
 
-// AlwaysAvailable reports whether "always" approvals can be written (a policy directory).
-func (q *Queue) AlwaysAvailable() bool { return q.o.PolicyDir != "" }
+// AlwaysAvailable reports whether "always" approvals can be kept: in a shared grants store, or
+// in a policy directory.
+func (q *Queue) AlwaysAvailable() bool { return q.o.Grants != nil || q.o.PolicyDir != "" }
 
 func newID(prefix string) string {
 	var b [9]byte
@@ -279,6 +288,9 @@ func (q *Queue) Hold(ctx context.Context, req Request) (out Outcome, err error) 
 	defer func() { out.ID = req.ID }()
 	q.o.Metrics.pending.Inc()
 	q.Events.approval(req.ID, StatePending)
+	if q.o.Shared != nil {
+		q.o.Shared.Held(req)
+	}
 	if q.o.Notify != nil {
 		q.o.Notify(req)
 	}
@@ -337,6 +349,9 @@ func (q *Queue) end(h *held, out Outcome, action string) {
 	q.o.Metrics.pending.Dec()
 	q.o.Metrics.total.WithLabelValues(out.State).Inc()
 	q.Events.approval(h.req.ID, out.State)
+	if q.o.Shared != nil {
+		q.o.Shared.Ended(h.req.ID)
+	}
 	q.audit(&audit.ApprovalEvent{Action: action, ID: h.req.ID, RequestID: h.req.RequestID, By: out.By, Scope: out.Scope,
 		Agent: h.req.Agent, Scheme: h.req.Scheme, Host: h.req.Host, Port: h.req.Port, Method: h.req.Method, Comment: out.Comment})
 }
@@ -347,7 +362,8 @@ func (q *Queue) audit(e *audit.ApprovalEvent) {
 	}
 }
 
-// Pending lists the held requests, oldest first.
+// Pending lists the held requests, oldest first: with a shared queue, those every broker of
+// the fleet holds (the others' when the store answers; this broker's always).
 func (q *Queue) Pending() []Request {
 	q.mu.Lock()
 	out := make([]Request, 0, len(q.pending))
@@ -355,16 +371,44 @@ func (q *Queue) Pending() []Request {
 		out = append(out, h.req)
 	}
 	q.mu.Unlock()
+	if q.o.Shared != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		all, err := q.o.Shared.List(ctx)
+		cancel()
+		if err != nil {
+			q.o.Log.Warn().Err(err).Msg("the shared approvals queue could not be read: listing this broker's held requests only")
+		}
+		for _, r := range all {
+			if r.Instance != "" && !q.holds(r.ID) {
+				out = append(out, r)
+			}
+		}
+	}
 	sort.Slice(out, func(i, j int) bool {
 		return out[i].Created.Before(out[j].Created) || out[i].Created.Equal(out[j].Created) && out[i].ID < out[j].ID
 	})
 	return out
 }
 
+func (q *Queue) holds(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.pending[id] != nil
+}
+
 // Approve lets a held request go on. With scope "agent" or "always" it also makes a grant,
-// which it returns. An "always" grant is written to the policy data first: if that fails, the
-// request stays held and the error is returned.
+// which it returns. An "always" grant is kept first (storeAlways): if that fails, the
+// request stays held and the error is returned. A request another broker of the fleet holds
+// is approved there (Options.Shared).
 func (q *Queue) Approve(id string, a Approval) (*Grant, error) {
+	if q.o.Shared != nil && !q.holds(id) {
+		return q.o.Shared.Decide(context.Background(), id, Decision{Approve: true, By: a.By, Scope: a.Scope,
+			Duration: a.Duration, Method: a.Method, PathPrefix: a.PathPrefix, Comment: a.Comment})
+	}
+	return q.approveLocal(id, a)
+}
+
+func (q *Queue) approveLocal(id string, a Approval) (*Grant, error) {
 	if a.Scope == "" {
 		a.Scope = ScopeOnce
 	}
@@ -384,7 +428,7 @@ func (q *Queue) Approve(id string, a Approval) (*Grant, error) {
 		return nil, err
 	}
 	if g != nil && g.Kind == ScopeAlways {
-		// The person decided "always": the policy data says so from now on, even if the
+		// The person decided "always": the grant says so from now on, even if the
 		// request itself goes away in the meantime.
 		if err := q.storeAlways(*g); err != nil {
 			return nil, err
@@ -411,8 +455,16 @@ func (q *Queue) Approve(id string, a Approval) (*Grant, error) {
 	return g, nil
 }
 
-// Deny refuses a held request.
+// Deny refuses a held request, here or on the broker of the fleet that holds it.
 func (q *Queue) Deny(id, by, comment string) error {
+	if q.o.Shared != nil && !q.holds(id) {
+		_, err := q.o.Shared.Decide(context.Background(), id, Decision{By: by, Comment: comment})
+		return err
+	}
+	return q.denyLocal(id, by, comment)
+}
+
+func (q *Queue) denyLocal(id, by, comment string) error {
 	q.mu.Lock()
 	h := q.removeLocked(id)
 	q.mu.Unlock()
@@ -423,6 +475,30 @@ func (q *Queue) Deny(id, by, comment string) error {
 	q.end(h, out, audit.ActionDeny)
 	h.done <- out
 	return nil
+}
+
+// Close refuses new held requests (each is answered 503 approval_interrupted) and keeps
+// those held, to be decided (from any broker's console, with a shared queue) until
+// Interrupt: the first step of a drain.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+}
+
+// Held is how many requests this broker holds.
+func (q *Queue) Held() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pending)
+}
+
+// ReportLost audits a request held by a broker of the fleet that stopped without ending it
+// (killed): its agent's connection went with that broker, and nothing was sent for it.
+func (q *Queue) ReportLost(r Request, instance string) {
+	q.audit(&audit.ApprovalEvent{Action: audit.ActionInterrupted, ID: r.ID, RequestID: r.RequestID, Agent: r.Agent,
+		Scheme: r.Scheme, Host: r.Host, Port: r.Port, Method: r.Method,
+		Comment: "held on broker " + instance + ", which stopped without draining: its agent's connection was lost, nothing was sent"})
 }
 
 // Interrupt ends every held request (each is answered 503 approval_interrupted) and refuses

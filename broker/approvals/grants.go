@@ -90,13 +90,25 @@ func (q *Queue) grantFor(req Request, a Approval) (*Grant, error) {
 		exp := now.Add(d)
 		g.Expires = &exp
 	} else if !q.AlwaysAvailable() {
-		return nil, fmt.Errorf("%w: \"always\" writes policy data, and this broker's policy is not a directory", ErrScope)
+		return nil, fmt.Errorf("%w: \"always\" writes policy data, and this broker's policy is not a directory (nor has it a shared grants store)", ErrScope)
 	}
 	return g, nil
 }
 
-// storeAlways appends an "always" grant to approved.json.
+// storeAlways keeps an "always" grant: in the shared grants store when there is one (a fleet,
+// whose policy directory every replica reads and none may write: Match finds it there, on
+// every replica), else appended to approved.json. Either way it is kept before the request
+// goes on: if it cannot be, the request stays held.
 func (q *Queue) storeAlways(g Grant) error {
+	if q.o.Grants != nil {
+		if err := q.o.Grants.Put(g); err != nil {
+			return fmt.Errorf("the grants store: %w", err)
+		}
+		q.mu.Lock()
+		q.grants = append(q.grants, g)
+		q.mu.Unlock()
+		return nil
+	}
 	q.saveMu.Lock()
 	defer q.saveMu.Unlock()
 	list, err := q.readApproved()
@@ -136,8 +148,9 @@ func (q *Queue) grantAdded(g Grant) {
 	q.Events.grant(g.ID, "added")
 }
 
-// Match returns a live "agent" grant covering the request, or nil. "always" grants are policy
-// data: the policy reads data.approved and stops asking.
+// Match returns a live grant covering the request, or nil: an "agent" grant, or an "always"
+// one of the shared grants store. The "always" grants of approved.json are policy data: the
+// policy reads data.approved and stops asking.
 func (q *Queue) Match(t Target) *Grant {
 	q.sync()
 	now := q.o.Now()
@@ -156,7 +169,8 @@ func (q *Queue) Match(t Target) *Grant {
 	return nil
 }
 
-// Grants lists the live grants: "agent" ones, then the "always" ones of approved.json.
+// Grants lists the live grants: those kept in memory or in the shared store ("agent" ones, and
+// "always" ones in a fleet), then the "always" ones of approved.json.
 func (q *Queue) Grants() []Grant {
 	q.sync()
 	now := q.o.Now()

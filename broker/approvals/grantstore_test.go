@@ -2,7 +2,11 @@ package approvals
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -87,5 +91,57 @@ func TestGrantWithoutPortCoversNothing(t *testing.T) {
 		if g := q.Match(Target{Agent: "a", Scheme: "https", Host: "api.example.com", Port: port, Method: "DELETE", Path: "/v1/x"}); g != nil {
 			t.Fatalf("port %d: a grant without a port matched: %+v", port, g)
 		}
+	}
+}
+
+// TestAlwaysInSharedStore: with a shared grants store, an "always" approval is kept there,
+// not in the policy directory (a fleet's is a read-only ConfigMap): another broker's Match
+// finds it, it never expires, and a revoke anywhere ends it. With the store down, approving
+// "always" fails and the request stays held for another answer.
+func TestAlwaysInSharedStore(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { c.Close() })
+	dir := t.TempDir()
+	f := newFixture(t, Options{PolicyDir: dir, Grants: &RedisGrants{Client: c, Key: "t:grants"}})
+	q2, err := New(Options{Grants: &RedisGrants{Client: c, Key: "t:grants"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !q2.AlwaysAvailable() {
+		t.Fatal("a shared store offers always without a policy directory")
+	}
+	p, ch := hold(t, f.q, context.Background(), req("a1", "DELETE", "/v1/x/1"))
+	g, err := f.q.Approve(p.ID, Approval{By: "alice", Scope: ScopeAlways, Method: "*", PathPrefix: "/v1/x/"})
+	if err != nil || g.Kind != ScopeAlways || g.Expires != nil {
+		t.Fatalf("grant %+v %v", g, err)
+	}
+	<-ch
+	if _, err := os.Stat(filepath.Join(dir, ApprovedFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("approved.json written beside a shared store: %v", err)
+	}
+	if m := q2.Match(at("a1", "DELETE", "/v1/x/2")); m == nil || m.ID != g.ID || m.Kind != ScopeAlways {
+		t.Fatalf("the other broker's match: %+v", m)
+	}
+	if q2.Match(at("a2", "DELETE", "/v1/x/2")) != nil {
+		t.Fatal("another agent's request matched")
+	}
+	if err := q2.Revoke(g.ID, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	if m := f.q.Match(at("a1", "DELETE", "/v1/x/2")); m != nil {
+		t.Fatalf("revoked on one broker, still matching on the other: %+v", m)
+	}
+
+	p, ch = hold(t, f.q, context.Background(), req("a1", "DELETE", "/v1/y/1"))
+	srv.Stop()
+	if _, err := f.q.Approve(p.ID, Approval{By: "alice", Scope: ScopeAlways}); err == nil || !strings.Contains(err.Error(), "grants store") {
+		t.Fatalf("always with the store down: %v", err)
+	}
+	if _, err := f.q.Approve(p.ID, Approval{By: "alice", Scope: ScopeOnce}); err != nil {
+		t.Fatalf("the request was not left held: %v", err)
+	}
+	if out := <-ch; out.State != StateApproved || out.Grant != nil {
+		t.Fatalf("outcome %+v", out)
 	}
 }

@@ -75,12 +75,28 @@ type Event struct {
 	// whose origin certificate was trusted through upstream.proxy.tls_inspection_ca.
 	Via          string
 	TLSInspected bool
+	// Postgres is a Postgres connection's or statement's object (CONTRACT §8b), or nil.
+	Postgres *PostgresCall
 	// Redacted is how many times the response's scrubber replaced a secret the broker knows
 	// with [REDACTED] (the upstream echoed one), or 0.
 	Redacted int
 	// TraceID is the request's trace (CONTRACT §8b "trace_id"), when it was traced; SpanID its
 	// span, not written in the line, for the exported log record (broker/telemetry).
 	TraceID, SpanID string
+	// SSH is what a git session over SSH did (phase "ssh", CONTRACT §8b), or nil.
+	SSH *SSHSession
+}
+
+// SSHSession is the audit event's "ssh" object: the fields of input.ssh.
+type SSHSession struct {
+	Host, User, Service, Repository string
+	Port                            int
+	Refs                            []SSHRef
+}
+
+// SSHRef is one ref update of a push.
+type SSHRef struct {
+	Name, Old, New string
 }
 
 // The ways a connection reaches the broker: the audit event's mode, the policy's

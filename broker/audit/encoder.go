@@ -150,6 +150,17 @@ func writeDecision(zl zerolog.Logger, e *Event, m Meta) {
 			ev = ev.Bool("tls_inspected", true)
 		}
 	}
+	if x := e.SSH; x != nil {
+		refs := zerolog.Arr()
+		for _, r := range x.Refs {
+			refs = refs.Dict(zerolog.Dict().Str("name", r.Name).Str("old", r.Old).Str("new", r.New))
+		}
+		ev = ev.Dict("ssh", zerolog.Dict().Str("host", x.Host).Int("port", x.Port).Str("user", x.User).
+			Str("service", x.Service).Str("repository", x.Repository).Array("refs", refs))
+	}
+	if e.Postgres != nil {
+		ev = ev.Object("postgres", e.Postgres)
+	}
 	if lv := e.InputLevel; lv.Logs() && e.Input != nil {
 		ev = ev.Str("input_level", string(lv)).Interface("input", lv.reduce(e.Input))
 	}

@@ -38,6 +38,7 @@ type Redis struct {
 	prefix string
 	id     string        // random, names this client's operations (opKey)
 	ops    atomic.Uint64 // operations so far
+	trips  RoundTrips
 }
 
 // quiet drops the client's own log lines (a failed dial, say): the broker logs and counts
@@ -92,8 +93,13 @@ func NewRedis(o RedisOptions) *Redis {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &Redis{c: redis.NewClient(ro), prefix: o.KeyPrefix, id: hex.EncodeToString(id[:])}
+	s := &Redis{c: redis.NewClient(ro), prefix: o.KeyPrefix, id: hex.EncodeToString(id[:])}
+	s.c.AddHook(&s.trips)
+	return s
 }
+
+// RoundTrips counts the round trips made through this client.
+func (s *Redis) RoundTrips() *RoundTrips { return &s.trips }
 
 // Client is the Redis client, for the approvals grants kept beside the counters.
 func (s *Redis) Client() *redis.Client { return s.c }

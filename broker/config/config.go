@@ -28,7 +28,11 @@ type Config struct {
 	LLM         LLM          `yaml:"llm"`
 	Protocols   Protocols    `yaml:"protocols"`
 	Transparent Transparent  `yaml:"transparent"`
+	SSH         SSH          `yaml:"ssh"`
+	Postgres    Postgres     `yaml:"postgres"`
 	Telemetry   *Telemetry   `yaml:"telemetry"`
+	Fleet       *Fleet       `yaml:"fleet"`
+	TLS         AgentTLS     `yaml:"tls"`
 }
 
 type Proxy struct {
@@ -309,6 +313,8 @@ func (c *Config) SetDefaults() {
 		c.Approvals.MaxPendingPerAgent = DefaultMaxPendingPerAgent
 	}
 	c.Transparent.defaults()
+	c.SSH.defaults()
+	c.Postgres.defaults()
 	c.CA.defaults()
 	c.Telemetry.setDefaults()
 	if c.Policy.Mode == "" {

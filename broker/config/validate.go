@@ -73,20 +73,26 @@ func (c *Config) Validate() []error {
 	c.Audit.validateFormat(&e)
 	c.validateAgents(&e)
 	usesVault := c.validateCredentials(&e)
+	usesVault = c.validatePostgres(&e) || usesVault
 	if usesVault && c.Vault == nil {
 		e.add("vault", "required: a credential has a vault source")
+	}
+	if c.validateSSH(&e) && c.Vault == nil {
+		e.add("vault", "required: ssh.upstreams sign in with keys from vault")
 	}
 	if c.Vault != nil {
 		c.Vault.validate(&e)
 	}
 	c.validateApprovals(&e)
 	c.validateBudgets(&e)
+	c.validateFleet(&e)
 	c.validateLLM(&e)
 	c.validateProtocols(&e)
 	c.validateTransparent(&e)
 	if c.validateTelemetry(&e) && c.Vault == nil {
 		e.add("vault", "required: a telemetry header's secret has a vault source")
 	}
+	c.validateAgentTLS(&e)
 	return e
 }
 

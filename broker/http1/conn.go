@@ -162,9 +162,11 @@ func (c *Conn) serveOne() outcome {
 	if !c.goIdle() {
 		return closing
 	}
+	c.releaseWriter()
 	if o := c.waitRequest(); o != next {
 		return o
 	}
+	c.takeWriter()
 	c.src.setDeadline(time.Now().Add(c.s.ReadHeaderTimeout))
 	c.src.limit = int64(c.s.MaxHeaderBytes) + 4096 // net/http's allowance beyond the limit
 	req, err := http.ReadRequest(c.br)
@@ -337,8 +339,15 @@ const rejectLinger = 500 * time.Millisecond
 
 var (
 	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
-	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, recordSize) }}
 )
+
+// recordSize is the writer's size: the most plaintext one TLS record carries. A chunk of a
+// streamed body is written with its framing into it and flushed, so that the framing leaves in
+// the record of the data it frames (with a 4 KiB writer, a 16 KiB chunk left as three records:
+// 4 KiB with its size line, the rest, and its closing CRLF), and what the writer hands the
+// TLS connection between flushes is whole records. A parked connection holds no writer.
+const recordSize = 16 << 10
 
 func getBuffers(r io.Reader, w io.Writer) (*bufio.Reader, *bufio.Writer) {
 	br, bw := readers.Get().(*bufio.Reader), writers.Get().(*bufio.Writer)
@@ -352,10 +361,28 @@ func (c *Conn) putBuffers() {
 		return
 	}
 	c.br.Reset(nil)
-	c.bw.Reset(nil)
 	readers.Put(c.br)
+	c.br = nil
+	c.releaseWriter()
+}
+
+// releaseWriter gives the writer back while the connection waits for a request: it is a
+// record's size, and a connection kept alive between requests needs none (takeWriter).
+func (c *Conn) releaseWriter() {
+	if c.bw == nil {
+		return
+	}
+	c.bw.Reset(nil)
 	writers.Put(c.bw)
-	c.br, c.bw = nil, nil
+	c.bw = nil
+}
+
+// takeWriter gives the connection a writer for the request that has begun.
+func (c *Conn) takeWriter() {
+	if c.bw == nil {
+		c.bw = writers.Get().(*bufio.Writer)
+		c.bw.Reset(c.raw)
+	}
 }
 
 // source is what the connection's reader reads: the connection, with a byte put back by a

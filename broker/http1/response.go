@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/capbroker/capbroker/broker/wire"
 )
 
 // shortBody is how much of a body whose length the handler did not set is held back to learn
@@ -29,6 +31,9 @@ type response struct {
 	c   *Conn
 	mu  sync.Mutex    // the handler's writes and the body's 100 Continue
 	gen atomic.Uint64 // the request's; set under mu, read with it or not
+	// tail sends a record's tail held back by flush (see holdTail), when no write came.
+	tail    *time.Timer
+	tailGen uint64 // the request whose tail it sends
 	responseState
 }
 
@@ -40,6 +45,7 @@ type responseState struct {
 	status      int   // its status
 	headSent    bool  // the status line and header are in the writer
 	written     int64 // body bytes the handler wrote
+	unflushed   int   // body bytes written since the last flush
 	short       []byte
 	chunked     bool
 	noBody      bool  // HEAD, 204, 304: the body is not sent
@@ -133,6 +139,7 @@ func (w *response) write(gen uint64, p []byte) (int, error) {
 		return 0, http.ErrContentLength
 	}
 	w.written += int64(len(p))
+	w.unflushed += len(p)
 	if !w.headSent {
 		if w.contentLength < 0 && !w.hasTrailers() && len(w.short)+len(p) <= shortBody {
 			if w.short == nil {
@@ -193,7 +200,7 @@ func (w *response) sendHead(done bool, first []byte) {
 	}
 	if _, ok := h["Date"]; !ok {
 		bw.WriteString("Date: ")
-		bw.WriteString(httpDate())
+		bw.WriteString(wire.Date())
 		bw.WriteString("\r\n")
 	}
 	switch {
@@ -212,24 +219,6 @@ func (w *response) sendHead(done bool, first []byte) {
 		shortBufs.Put(&short)
 	}
 }
-
-// httpDate is the current time as a Date field has it, formatted once a second.
-func httpDate() string {
-	now := time.Now()
-	if d := lastDate.Load(); d != nil && d.sec == now.Unix() {
-		return d.text
-	}
-	d := &date{sec: now.Unix(), text: now.UTC().Format(http.TimeFormat)}
-	lastDate.Store(d)
-	return d.text
-}
-
-type date struct {
-	sec  int64
-	text string
-}
-
-var lastDate atomic.Pointer[date]
 
 // wantsClose reports whether the handler said the connection ends with this response.
 func (w *response) wantsClose() bool {
@@ -314,6 +303,15 @@ func (w *response) writeBody(p []byte) error {
 	if w.chunked {
 		bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
 		bw.WriteString("\r\n")
+		// Through the buffer in pieces it holds: bufio writes a larger one straight through,
+		// and the TLS connection would send its tail in a record of its own, before the CRLF.
+		for len(p) > bw.Size() && w.err == nil {
+			_, w.err = bw.Write(p[:bw.Size()])
+			p = p[bw.Size():]
+		}
+		if w.err != nil {
+			return w.err
+		}
 	}
 	_, w.err = bw.Write(p)
 	if w.chunked && w.err == nil {
@@ -337,10 +335,51 @@ func (w *response) flush(gen uint64) error {
 	if !w.headSent {
 		w.sendHead(false, nil)
 	}
+	if w.holdTail(gen) {
+		return nil
+	}
+	w.unflushed = 0
 	if w.err == nil {
 		w.err = w.c.bw.Flush()
 	}
 	return w.err
+}
+
+// tailDelay bounds how long flush holds back a record's tail. A variable for tests.
+var tailDelay = time.Millisecond
+
+// maxTail is the most flush holds back. Each 16 KiB chunk adds its 8 bytes of framing to what
+// is carried: 1 KiB is a flush, and a short record, in 128 chunks.
+const maxTail = 1 << 10
+
+// holdTail reports whether flush may leave what is buffered for the next write: a chunked
+// body written about a record or more at a time (a download streamed as it arrives, 16 KiB per
+// upstream record) fills whole records, and its size line and CRLF leave a few bytes over
+// each time; flushed at once they would be a TLS record, and a write, of their own per chunk.
+// They go with the next chunk, or after tailDelay when none came, or at the response's end.
+// A small write (a server-sent event) is flushed at once.
+func (w *response) holdTail(gen uint64) bool {
+	if !w.chunked || w.unflushed < recordSize/2 || w.c.bw.Buffered() > maxTail || w.err != nil {
+		return false
+	}
+	w.unflushed = 0
+	if w.tail == nil {
+		w.tail = time.AfterFunc(tailDelay, w.sendTail)
+	}
+	w.tailGen = gen
+	w.tail.Reset(tailDelay)
+	return true
+}
+
+// sendTail flushes a tail holdTail held back, unless its response has ended (it was flushed
+// then) or moved on.
+func (w *response) sendTail() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.gen.Load() != w.tailGen || w.finished || w.c.hijacked || w.c.bw == nil || w.err != nil {
+		return
+	}
+	w.err = w.c.bw.Flush()
 }
 
 // finish ends the response, once: the held-back body, the chunked end and trailers,

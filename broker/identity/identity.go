@@ -30,7 +30,11 @@ type Agent struct {
 type tokenAgent struct {
 	Agent
 	digest [sha256.Size]byte // SHA-256 of the token; the token itself is not kept
+	scram  *SCRAMKeys        // with Options.SCRAM, for a token the broker read
 }
+
+// Addr is a source address.
+type Addr = netip.Addr
 
 // addrTable finds the first configured agent (in config order) with an address prefix
 // holding a source address, in one map lookup per distinct prefix length configured (at most
@@ -93,12 +97,17 @@ func (t *addrTable) lookup(src netip.Addr) (Agent, bool) {
 type Identifier struct {
 	byID  map[string]*tokenAgent
 	addrs addrTable
+	all   map[string]Agent // every configured agent, for Lookup
 }
 
 // New reads the agents' tokens (from the environment, files, or hashes in the config).
 // Errors name the key path and never contain a token.
 func New(agents []config.Agent) (*Identifier, error) {
-	id := &Identifier{byID: map[string]*tokenAgent{}}
+	return newIdentifier(agents, Options{})
+}
+
+func newIdentifier(agents []config.Agent, opts Options) (*Identifier, error) {
+	id := &Identifier{byID: map[string]*tokenAgent{}, all: map[string]Agent{}}
 	var errs []error
 	for i, a := range agents {
 		ag := Agent{ID: a.ID, Labels: a.Labels}
@@ -106,6 +115,7 @@ func New(agents []config.Agent) (*Identifier, error) {
 			ag.Labels = map[string]string{}
 		}
 		p := fmt.Sprintf("agents[%d]", i)
+		id.all[a.ID] = ag
 		var digest []byte
 		var src credentials.Source
 		key := ""
@@ -122,6 +132,7 @@ func New(agents []config.Agent) (*Identifier, error) {
 			}
 			digest = d
 		}
+		var scram *SCRAMKeys
 		if src != nil {
 			token, err := src.Fetch(context.Background())
 			if err != nil {
@@ -130,9 +141,12 @@ func New(agents []config.Agent) (*Identifier, error) {
 			}
 			d := sha256.Sum256([]byte(token.Reveal()))
 			digest = d[:]
+			if opts.SCRAM {
+				scram = scramKeys(token.Reveal())
+			}
 		}
 		if digest != nil {
-			ta := &tokenAgent{Agent: ag}
+			ta := &tokenAgent{Agent: ag, scram: scram}
 			copy(ta.digest[:], digest)
 			id.byID[a.ID] = ta
 		}
@@ -162,6 +176,13 @@ func (id *Identifier) Identify(proxyAuth string, source netip.Addr) (Agent, erro
 		return a, nil
 	}
 	return Agent{}, ErrUnauthenticated
+}
+
+// Lookup returns the configured agent with this id, for a front door that established who it
+// is by other means (an SSH key listed for the agent).
+func (id *Identifier) Lookup(agentID string) (Agent, bool) {
+	a, ok := id.all[agentID]
+	return a, ok
 }
 
 func (id *Identifier) byToken(header string) (Agent, error) {

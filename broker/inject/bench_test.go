@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"testing"
 
+	"github.com/capbroker/capbroker/broker/scrub"
 	"github.com/capbroker/capbroker/credentials"
 )
 
@@ -87,5 +89,47 @@ func BenchmarkReveals(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		bind.Reveals(secret)
+	}
+}
+
+// manySecrets returns the scrub pairs of n keys bound to one host, each in every form the
+// binding reveals it (n distinct random-looking keys, as a deployment's would be).
+func manySecrets(n int) []string {
+	bind := set().byName["hdr"]
+	var pairs []string
+	rng := rand.New(rand.NewPCG(uint64(n), 40))
+	for range n {
+		key := fmt.Sprintf("sk-live-%016x%016x", rng.Uint64(), rng.Uint64())
+		for _, f := range bind.Reveals(credentials.NewSecret(key)) {
+			pairs = append(pairs, f, "[REDACTED]")
+		}
+	}
+	return pairs
+}
+
+// BenchmarkScrubSecrets is streamed scrubbing of 1 MiB of text with 1, 10 and 100 keys bound
+// to the host, each in all its forms: the cost must not grow with the keys.
+func BenchmarkScrubSecrets(b *testing.B) {
+	var large []byte
+	for len(large) < 1<<20 {
+		large = append(large, `{"choices":[{"delta":{"content":"some text, 0123456789 abcdef sk-live-"}}]}`+"\n"...)
+	}
+	for _, n := range []int{1, 10, 100} {
+		r := scrub.New(manySecrets(n)...)
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			p := make([]byte, 32<<10)
+			b.SetBytes(int64(len(large)))
+			for b.Loop() {
+				rd := r.Reader(io.NopCloser(bytes.NewReader(large)))
+				for {
+					if _, err := rd.Read(p); err == io.EOF {
+						break
+					} else if err != nil {
+						b.Fatal(err)
+					}
+				}
+				rd.Close()
+			}
+		})
 	}
 }

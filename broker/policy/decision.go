@@ -23,6 +23,9 @@ type Decision struct {
 	// UpstreamProxy names the upstream proxy the request leaves through ("direct": none);
 	// "" leaves it to upstream.proxy (CONTRACT §8b).
 	UpstreamProxy string
+	// Role is, for a Postgres connection, the Vault database role its user is issued from
+	// (CONTRACT §8b); "" leaves it to the upstream's default_role.
+	Role string
 	// ForwardTraceparent ("forward_traceparent": true) lets the request's W3C traceparent
 	// (and tracestate) header go upstream; without it the broker removes them, as a header
 	// can carry what the agent should not pass on (docs/observability.md).
@@ -116,6 +119,13 @@ func parseDecision(v any, revision string) Decision {
 			return Decision{Reason: ReasonMalformed + ": upstream_proxy is not a proxy's name", Revision: revision}
 		}
 		d.UpstreamProxy = s
+	}
+	if r, ok := obj["role"]; ok {
+		s, ok := r.(string)
+		if !ok || s == "" {
+			return Decision{Reason: ReasonMalformed + ": role is not a role's name", Revision: revision}
+		}
+		d.Role = s
 	}
 	if f, ok := obj["forward_traceparent"]; ok {
 		b, ok := f.(bool)

@@ -19,6 +19,8 @@ import (
 const (
 	PhaseConnect = "connect"
 	PhaseRequest = "request"
+	// PhaseSSH decides a git command over SSH (CONTRACT §8b): input.ssh says what it does.
+	PhaseSSH = "ssh"
 )
 
 // Input is the policy input (CONTRACT §4).
@@ -57,6 +59,9 @@ type Input struct {
 	// AWS, when set, is input.aws: what an AWS request does (service, region, operation,
 	// bucket, key), for requests to hosts an aws_sigv4 credential is bound to.
 	AWS map[string]any
+	// SSH, when set, is input.ssh (phase "ssh", CONTRACT §8b): {host, port, user, service,
+	// repository, refs}.
+	SSH map[string]any
 	// ReadUsage, when set, supplies input.usage: the counters of the budgets that apply to
 	// the agent. The Engine calls it only when the policy refers to input.usage.
 	ReadUsage func() map[string]any
@@ -277,6 +282,9 @@ func (in *Input) value() map[string]any {
 	if in.AWS != nil {
 		doc["aws"] = in.AWS
 	}
+	if in.SSH != nil {
+		doc["ssh"] = in.SSH
+	}
 	if in.usage != nil {
 		doc["usage"] = in.usage
 	}
@@ -391,6 +399,13 @@ func (in *Input) astValue() (ast.Value, error) {
 			return nil, err
 		}
 		more = append(more, ast.Item(ast.StringTerm("aws"), ast.NewTerm(v)))
+	}
+	if in.SSH != nil {
+		v, err := ast.InterfaceToValue(in.SSH)
+		if err != nil {
+			return nil, err
+		}
+		more = append(more, ast.Item(ast.StringTerm("ssh"), ast.NewTerm(v)))
 	}
 	if in.usage != nil {
 		v, err := ast.InterfaceToValue(in.usage)
@@ -610,11 +625,15 @@ func (in *Input) findNamed(path ast.Ref, names []refName) (found, error) {
 			return found{}, errNoValue
 		}
 		return findIn(v, path[2:])
-	case "aws":
-		if in.AWS == nil {
+	case "aws", "ssh":
+		m := in.AWS
+		if key(1) == "ssh" {
+			m = in.SSH
+		}
+		if m == nil {
 			return found{}, errNoValue
 		}
-		v, err := ast.InterfaceToValue(in.AWS)
+		v, err := ast.InterfaceToValue(m)
 		if err != nil {
 			return found{}, err
 		}
@@ -687,11 +706,22 @@ func (in *Input) findNamed(path ast.Ref, names []refName) (found, error) {
 			return findInJSON(body, rest)
 		}
 	}
+	if k := key(1); k != "" && !inputMembers[k] {
+		// A member no HTTP-side input has (input.postgres, which the Postgres front door's
+		// own input holds): absent, without building the whole input to find that out.
+		return found{}, errNoValue
+	}
 	v, err := in.astValue() // any other path: build the whole input
 	if err != nil {
 		return found{}, err
 	}
 	return findIn(v, path[1:])
+}
+
+// inputMembers are the members astValue can give the input (TestInputMembers).
+var inputMembers = map[string]bool{
+	"phase": true, "agent": true, "source": true, "request": true, "credentials": true,
+	"aws": true, "ssh": true, "usage": true, "graphql": true, "mcp": true, "jsonrpc": true,
 }
 
 // findInValidText is find for a path into a body still held as JSON text, which textValid

@@ -28,6 +28,25 @@ func FuzzReader(f *testing.F) {
 		if string(got) != want {
 			t.Fatalf("Reader %q != String %q", got, want)
 		}
+		// Read as the broker reads, into a buffer larger than the reader's own: src is read
+		// straight into it, and the caller overwrites it between reads.
+		rd := r.Reader(io.NopCloser(iotest.OneByteReader(&chunked{s: in, n: chunk})))
+		var large []byte
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := rd.Read(buf)
+			large = append(large, buf[:n]...)
+			clear(buf)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if string(large) != want {
+			t.Fatalf("Reader read into a large buffer %q != String %q", large, want)
+		}
 		for _, p := range []string{p1, p2} {
 			if p != "" && !strings.Contains("[REDACTED]", p) && strings.Contains(want, p) {
 				t.Fatalf("pattern %q survived in %q", p, want)

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Replacer replaces fixed byte strings in streams and strings.
@@ -27,7 +28,10 @@ import (
 type Replacer struct {
 	pairs  []pair    // in argument order, without empty and repeated patterns
 	maxLen int       // length of the longest pattern
+	minLen int       // length of the shortest pattern
 	starts [256]bool // the first bytes of the patterns
+	// multi searches for all the patterns at once, when there are at least multiFrom.
+	multi *multi
 	// follow, when set (Following), gives the patterns in force now: r has none of its own.
 	follow func() *Replacer
 	// count, when set (Counting), is added the number of replacements r makes.
@@ -86,7 +90,10 @@ var none = &Replacer{}
 // pair wins. Like strings.NewReplacer, New panics if given an odd number of
 // arguments: that is a programming error, and silently dropping a pattern
 // could leave a secret unredacted.
-func New(oldnew ...string) *Replacer {
+func New(oldnew ...string) *Replacer { return build(multiFrom, oldnew) }
+
+// build is New, searching for the patterns at once when there are at least from of them.
+func build(from int, oldnew []string) *Replacer {
 	if len(oldnew)%2 == 1 {
 		panic("scrub.New: odd argument count")
 	}
@@ -112,8 +119,23 @@ func New(oldnew ...string) *Replacer {
 		r.maxLen = max(r.maxLen, len(old))
 		r.starts[old[0]] = true
 	}
+	if len(r.pairs) == 0 {
+		return none
+	}
+	r.minLen = len(r.pairs[0].old)
+	for _, p := range r.pairs {
+		r.minLen = min(r.minLen, len(p.old))
+	}
+	if len(r.pairs) >= from {
+		r.multi = newMulti(r.pairs)
+	}
 	return r
 }
+
+// multiFrom is the fewest patterns searched for at once (multi) rather than one by one: a
+// single pattern is found fastest by bytes.Index. A variable for tests, which search for
+// every set of patterns both ways.
+var multiFrom = 2
 
 // Empty reports whether r has no patterns, so that it never changes anything.
 func (r *Replacer) Empty() bool { return len(r.pairs) == 0 && r.follow == nil }
@@ -154,6 +176,14 @@ func (r *Replacer) String(s string) string {
 
 // string is String of a Replacer that follows none, with the number of replacements.
 func (r *Replacer) string(s string) (string, int) {
+	if r.multi != nil {
+		// The bytes are only read.
+		if i, _ := r.multi.find(r.pairs, unsafe.Slice(unsafe.StringData(s), len(s)), 0); i >= 0 {
+			b, n := r.replaceAll([]byte(s))
+			return string(b), n
+		}
+		return s, 0
+	}
 	for _, p := range r.pairs {
 		if strings.Contains(s, p.pattern) {
 			b, n := r.replaceAll([]byte(s))
@@ -167,6 +197,14 @@ func (r *Replacer) string(s string) (string, int) {
 func (r *Replacer) Bytes(b []byte) []byte {
 	outer := r
 	r = r.now()
+	if r.multi != nil {
+		if i, _ := r.multi.find(r.pairs, b, 0); i >= 0 {
+			out, n := r.replaceAll(b)
+			outer.counted(n)
+			return out
+		}
+		return b
+	}
 	for _, p := range r.pairs {
 		if bytes.Contains(b, p.old) {
 			out, n := r.replaceAll(b)
@@ -225,6 +263,9 @@ func (r *Replacer) Header(h http.Header) {
 
 // inName reports whether name holds a pattern, compared without regard to letter case.
 func (r *Replacer) inName(name string) bool {
+	if len(name) < r.minLen {
+		return false
+	}
 	for _, p := range r.pairs {
 		if len(p.pattern) <= len(name) && containsFold(name, p.pattern) {
 			return true
@@ -273,6 +314,22 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) (_ []byte, don
 		next[i] = unknown
 	}
 	pos, hold := 0, r.holdFrom(src, 0, eof)
+	if r.multi != nil {
+		for {
+			start, k := r.multi.find(r.pairs, src, pos)
+			if start < 0 || start >= hold {
+				break
+			}
+			dst = append(dst, src[pos:start]...)
+			dst = append(dst, r.pairs[k].new...)
+			replaced++
+			pos = start + len(r.pairs[k].old)
+			if pos > hold {
+				hold = r.holdFrom(src, pos, eof)
+			}
+		}
+		return append(dst, src[pos:hold]...), hold, replaced
+	}
 	for {
 		// Find the leftmost match at or after pos, preferring the longest.
 		// next caches each pattern's first occurrence at or after pos.
@@ -312,6 +369,22 @@ func (r *Replacer) replace(dst, src []byte, eof bool, next []int) (_ []byte, don
 		}
 	}
 	return append(dst, src[pos:hold]...), hold, replaced
+}
+
+// clean reports whether replace would leave src as it is: no pattern begins before the held
+// bytes (hold, as replace holds them back).
+func (r *Replacer) clean(src []byte, eof bool) (hold int, ok bool) {
+	hold = r.holdFrom(src, 0, eof)
+	if r.multi != nil {
+		start, _ := r.multi.find(r.pairs, src, 0)
+		return hold, start < 0 || start >= hold
+	}
+	for i := range r.pairs {
+		if j := index(src[:min(hold+len(r.pairs[i].old)-1, len(src))], &r.pairs[i]); j >= 0 && j < hold {
+			return hold, false
+		}
+	}
+	return hold, true
 }
 
 // index is bytes.Index(s, p.old). A response is searched for every form of every secret
@@ -370,6 +443,9 @@ func (r *Replacer) holdFrom(src []byte, from int, eof bool) int {
 	if eof {
 		return len(src)
 	}
+	if r.multi != nil {
+		return r.multi.heldFrom(r.pairs, src, from, r.maxLen)
+	}
 	for i := max(from, len(src)-r.maxLen+1); i < len(src); i++ {
 		if !r.starts[src[i]] {
 			continue
@@ -426,7 +502,18 @@ func (z *reader) Read(p []byte) (int, error) {
 		if empty == maxEmptyReads {
 			return 0, io.ErrNoProgress
 		}
-		if z.fill() == 0 {
+		var direct []byte
+		if z.in != nil && len(p) >= len(z.in) {
+			// p holds what a read of the input buffer gives, as a rule: src is read into
+			// it, and what holds nothing to replace is returned from there as it was read,
+			// rather than copied into the input buffer and out again.
+			direct = p
+		}
+		read, inP := z.fill(direct)
+		if len(inP) > 0 {
+			return len(inP), z.err
+		}
+		if read == 0 {
 			empty++
 		}
 	}
@@ -438,9 +525,11 @@ func (z *reader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// fill performs one src.Read and replaces what can be decided into z.out.
-// It returns the number of bytes read from src.
-func (z *reader) fill() int {
+// fill performs one src.Read and replaces what can be decided into z.out. With direct (a
+// caller's buffer at least as large as z.in) src is read into direct, after the held bytes:
+// when what can be decided holds no pattern, direct's prefix that holds it is returned, and
+// z.out left empty. It returns the number of bytes read from src.
+func (z *reader) fill(direct []byte) (int, []byte) {
 	switch {
 	case z.in == nil:
 		n := firstReadSize + z.r.maxLen
@@ -452,14 +541,19 @@ func (z *reader) fill() int {
 		}
 		z.next = z.nexts[:0]
 		z.next = slices.Grow(z.next, len(z.r.pairs))[:len(z.r.pairs)]
-	case z.full && len(z.in) < readSize+z.r.maxLen, len(z.in)-z.held < firstReadSize:
+	case direct == nil && (z.full && len(z.in) < readSize+z.r.maxLen || len(z.in)-z.held < firstReadSize):
 		// The second case: held bytes of a Following Replacer's longer patterns.
 		in := make([]byte, max(readSize+z.r.maxLen, z.held+readSize))
 		copy(in, z.in[:z.held])
 		z.in, z.out = in, make([]byte, 0, len(in))
 		z.release()
 	}
-	n, err := z.src.Read(z.in[z.held:])
+	in := z.in
+	if direct != nil {
+		in = direct
+		copy(in, z.in[:z.held])
+	}
+	n, err := z.src.Read(in[z.held:])
 	if z.follow != nil {
 		// The patterns in force once the bytes were read: a secret the upstream wrote was
 		// known before it could have been sent to it.
@@ -468,17 +562,23 @@ func (z *reader) fill() int {
 			z.next = slices.Grow(z.next[:0], len(r.pairs))[:len(r.pairs)]
 		}
 	}
-	z.full = z.held+n == len(z.in)
-	data := z.in[:z.held+n]
-	var done, replaced int
-	z.out, done, replaced = z.r.replace(z.out[:0], data, err != nil, z.next)
+	z.full = direct == nil && z.held+n == len(z.in)
+	data := in[:z.held+n]
+	z.off, z.err = 0, err
+	if direct != nil {
+		if hold, clean := z.r.clean(data, err != nil); clean {
+			z.out = z.out[:0]
+			z.held = copy(z.in, data[hold:])
+			return n, data[:hold]
+		}
+	}
+	out, done, replaced := z.r.replace(z.out[:0], data, err != nil, z.next)
 	if replaced > 0 && z.count != nil {
 		z.count.Add(int64(replaced))
 	}
-	z.off = 0
+	z.out = out
 	z.held = copy(z.in, data[done:])
-	z.err = err
-	return n
+	return n, nil
 }
 
 // Close closes src, and gives the reader's buffers back for another response to use.

@@ -195,8 +195,11 @@ func TestReaderRandom(t *testing.T) {
 // suffix no longer than the longest suffix of read that is a proper prefix
 // of some pattern.
 func heldBackOnly(pairs []string, read, out string) bool {
-	limit := 0
-	for i := range len(read) {
+	limit, longest := 0, 0
+	for j := 0; j < len(pairs); j += 2 {
+		longest = max(longest, len(pairs[j]))
+	}
+	for i := max(0, len(read)-longest); i < len(read); i++ {
 		for j := 0; j < len(pairs); j += 2 {
 			if len(pairs[j]) > len(read)-i && strings.HasPrefix(pairs[j], read[i:]) {
 				limit = max(limit, len(read)-i)

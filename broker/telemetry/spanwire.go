@@ -109,12 +109,20 @@ func (w *wire) attr() int {
 	return w.open(w.attrs)
 }
 
-// str is a string attribute, its value scrubbed; empty values are sent too (as the SDK did).
-func (w *wire) str(k, v string) { w.strScrubbed(k, w.cache.scrub(v)) }
+// str is a string attribute, its value scrubbed; an empty value is left out.
+func (w *wire) str(k, v string) {
+	if v != "" {
+		w.strScrubbed(k, w.cache.scrub(v))
+	}
+}
 
 // unique is a string attribute whose value is new each time (a request's id): scrubbed, not
-// cached.
-func (w *wire) unique(k, v string) { w.strScrubbed(k, w.cache.r.String(v)) }
+// cached; an empty value is left out.
+func (w *wire) unique(k, v string) {
+	if v != "" {
+		w.strScrubbed(k, w.cache.r.String(v))
+	}
+}
 
 func (w *wire) strScrubbed(k, v string) {
 	kv := w.attr()
@@ -212,20 +220,27 @@ func (w *wire) trace(tr *Trace) {
 		parent, flags = tr.Parent[:], flagsRemote
 	}
 	root := w.span(tr, &tr.Root, parent, kindServer, flags)
+	// The request's attributes are on the root alone, those without a value left out.
 	w.unique("capbroker.request_id", ev.RequestID)
 	w.str("capbroker.agent", ev.Agent)
 	w.str("capbroker.phase", ev.Phase)
 	w.str("capbroker.decision", ev.Decision)
 	w.str("capbroker.reason", ev.Reason)
-	w.strs("capbroker.credentials", ev.Credentials)
+	if len(ev.Credentials) > 0 {
+		w.strs("capbroker.credentials", ev.Credentials)
+	}
 	w.str("capbroker.policy_revision", ev.PolicyRevision)
 	w.unique("capbroker.decision_id", ev.DecisionID)
 	w.str("capbroker.mode", ev.Mode)
 	w.str("http.request.method", ev.Method)
 	w.str("server.address", ev.Host)
-	w.int("server.port", int64(ev.Port))
+	if ev.Port != 0 {
+		w.int("server.port", int64(ev.Port))
+	}
 	w.str("url.path", ev.Path)
-	w.int("http.response.status_code", int64(ev.Status))
+	if ev.Status != 0 {
+		w.int("http.response.status_code", int64(ev.Status))
+	}
 	if ev.WouldDeny {
 		w.bool("capbroker.would_deny", true)
 	}
@@ -242,9 +257,6 @@ func (w *wire) trace(tr *Trace) {
 	}
 	if s := &tr.Upstream; !s.Start.IsZero() {
 		up := w.span(tr, s, rid, kindClient, flagsLocal)
-		w.str("server.address", ev.Host)
-		w.int("server.port", int64(ev.Port))
-		w.int("http.response.status_code", int64(ev.Status))
 		if l := ev.LLM; l != nil {
 			// OpenTelemetry's GenAI semantic conventions, for the call to the model.
 			w.str("gen_ai.operation.name", "chat")

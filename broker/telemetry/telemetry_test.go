@@ -236,4 +236,9 @@ func TestSampler(t *testing.T) {
 	if (*Tracer)(nil).Start() != nil {
 		t.Fatal("a nil Tracer traced")
 	}
+	// Not drawn, a request costs no allocation.
+	tr := &Tracer{ratio: 1e-9}
+	if n := testing.AllocsPerRun(100, func() { tr.Start() }); n != 0 {
+		t.Errorf("a request not drawn made %v allocations", n)
+	}
 }

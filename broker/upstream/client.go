@@ -429,7 +429,6 @@ func (c *Client) dialConn(ctx context.Context, key connKey, scheme, addr string,
 	pc.closeFn = pc.close
 	pc.lr = limitedReader{r: nc, n: -1}
 	pc.br = bufio.NewReader(&pc.lr)
-	pc.bw = bufio.NewWriter(nc)
 	return pc, nil
 }
 
@@ -497,7 +496,6 @@ type conn struct {
 	live   bool             // peek's answer
 	lr     limitedReader
 	br     *bufio.Reader
-	bw     *bufio.Writer
 	timer  *time.Timer
 	served bool // a response has been read on it (see alive)
 	// alone backs the pool's list of idle connections when pc is the only one (see put). A
@@ -677,19 +675,31 @@ func (pc *conn) write(req *http.Request) error {
 	// Request.Write sends the body's framing and closes it; the headers and an in-memory
 	// body leave in one write. A request without a body, or with one in memory, is written
 	// without its allocations, to the same bytes (see writeSimple).
+	bw := writers.Get().(*bufio.Writer)
+	bw.Reset(pc.Conn)
+	defer func() {
+		bw.Reset(nil)
+		writers.Put(bw)
+	}()
 	if pc.fwd != nil {
-		if err := pc.fwd.write(pc.bw, req); err != nil {
+		if err := pc.fwd.write(bw, req); err != nil {
 			return err
 		}
-		return pc.bw.Flush()
+		return bw.Flush()
 	}
-	if !writeSimple(pc.bw, req) {
-		if err := req.Write(pc.bw); err != nil {
+	if !writeSimple(bw, req) {
+		if err := req.Write(bw); err != nil {
 			return err
 		}
 	}
-	return pc.bw.Flush()
+	return bw.Flush()
 }
+
+// writers are the buffers requests are written through: one TLS record's plaintext each, so
+// that a streamed body goes upstream in full records (with bufio's default 4 KiB, an upload
+// left in four times the records, and writes, it needs). A connection holds one only while it
+// writes a request.
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 16<<10) }}
 
 // readResponse reads the response to req, skipping informational (1xx) responses other than
 // 101, with the header timeout and size limit. An error before the response's first byte that

@@ -23,9 +23,9 @@ import (
 // replaces or re-signs whatever the agent sends, so the placeholders are worth nothing
 // outside it.
 func cmdAgentEnv(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("agent-env", "agent-env --agent ID [--config FILE] [--proxy HOST:PORT] [--ca-file PATH] [--write-ca FILE] [--format sh|env]\n       agent-env --print-ca [--config FILE]", stderr)
-	var configPath, agentID, proxyAddr, caFile, writeCA, format string
-	var printCA bool
+	fs := newFlags("agent-env", "agent-env --agent ID [--config FILE] [--proxy HOST:PORT] [--ca-file PATH] [--write-ca FILE] [--format sh|env] [--ssh HOST:PORT --ssh-dir DIR [--ssh-write]]\n       agent-env --print-ca [--config FILE]", stderr)
+	var configPath, agentID, proxyAddr, caFile, writeCA, format, sshAddr, sshDir string
+	var printCA, sshWrite bool
 	fs.StringVar(&configPath, "config", "", "config file (default: the embedded dev config)")
 	fs.StringVar(&agentID, "agent", "", "the agent's id (required)")
 	fs.StringVar(&proxyAddr, "proxy", "", "host:port the agent reaches the broker at (default: proxy.listen)")
@@ -33,6 +33,9 @@ func cmdAgentEnv(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&writeCA, "write-ca", "", "write the certificate agents trust (ca.vault_pki: the PKI's root, read from Vault) to this file")
 	fs.BoolVar(&printCA, "print-ca", false, "print the certificate agents trust (PEM) and nothing else")
 	fs.StringVar(&format, "format", "sh", "sh: export lines; env: NAME=value lines (docker --env-file, Kubernetes)")
+	fs.StringVar(&sshAddr, "ssh", "", "host:port the agent reaches the SSH front door at (default: ssh.listen)")
+	fs.StringVar(&sshDir, "ssh-dir", "/etc/capbroker/ssh", "where the agent finds the ssh_config and known_hosts for git over SSH")
+	fs.BoolVar(&sshWrite, "ssh-write", false, "write the ssh files into --ssh-dir here (in sh format they are also printed as shell that writes them)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -97,7 +100,26 @@ func cmdAgentEnv(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("admin.listen: %w", err)
 	}
-	env := agentEnv(cfg, cfg.Agents[i], agentToken(cfg.Agents[i]), proxyAddr, admin, caFile)
+	token := agentToken(cfg.Agents[i])
+	env := agentEnv(cfg, cfg.Agents[i], token, proxyAddr, admin, caFile)
+	if cfg.SSH.Listen != "" { // git over SSH (docs/ssh.md)
+		if sshAddr == "" {
+			sshAddr = cfg.SSH.Listen
+		}
+		f, err := sshFiles(cfg, cfg.Agents[i], token, sshAddr, sshDir)
+		if err != nil {
+			return err
+		}
+		if sshWrite {
+			if err := f.writeFiles(); err != nil {
+				return fmt.Errorf("agent-env: --ssh-write: %w", err)
+			}
+		}
+		if format == "sh" && !sshWrite {
+			f.writeScript(stdout)
+		}
+		env = append(env, f.env()...)
+	}
 	writeEnv(stdout, env, format)
 	return nil
 }
@@ -154,6 +176,7 @@ func agentEnv(cfg *config.Config, a config.Agent, token, proxy string, admin net
 		"GIT_SSL_CAINFO", "AWS_CA_BUNDLE", "PIP_CERT", "CARGO_HTTP_CAINFO"} {
 		env = append(env, envVar{v, caFile})
 	}
+	env = append(env, postgresEnv(cfg, a, token, proxy, caFile)...)
 	seen := map[string]bool{}
 	for _, c := range cfg.Credentials {
 		for _, v := range credentialEnv(c) {
@@ -279,4 +302,29 @@ func shellQuote(s string) string {
 		return `"` + s + `"`
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// postgresEnv is the Postgres front door's side of the agent (docs/postgres.md): a
+// DATABASE_URL naming the first upstream, with no secret in it, and the libpq variables. The
+// password is the agent's proxy token (PGPASSWORD), checked by SCRAM: worth nothing outside
+// the broker, like HTTPS_PROXY's.
+func postgresEnv(cfg *config.Config, a config.Agent, token, proxy, caFile string) []envVar {
+	p := cfg.Postgres
+	if p.Listen == "" || len(p.Upstreams) == 0 {
+		return nil
+	}
+	host, _, _ := net.SplitHostPort(proxy)
+	_, port, _ := net.SplitHostPort(p.Listen)
+	ssl := "verify-full"
+	if p.TLS == config.PostgresTLSOff {
+		ssl = "disable"
+	}
+	db := p.Upstreams[0].Name
+	u := fmt.Sprintf("postgresql://%s@%s/%s?sslmode=%s&sslrootcert=%s", a.ID, net.JoinHostPort(host, port), db, ssl, caFile)
+	env := []envVar{{"DATABASE_URL", u}, {"PGHOST", host}, {"PGPORT", port}, {"PGUSER", a.ID},
+		{"PGDATABASE", db}, {"PGSSLMODE", ssl}, {"PGSSLROOTCERT", caFile}}
+	if token != "" {
+		env = append(env, envVar{"PGPASSWORD", token})
+	}
+	return env
 }

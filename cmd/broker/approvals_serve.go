@@ -57,7 +57,7 @@ func adminTLS(t *config.AdminTLS) (*tls.Config, error) {
 // the shared store, into which the state file's grants are moved once), its webhook, and the
 // admin API. policyDir is "" when the policy is not a directory.
 func buildApprovals(ctx context.Context, cfg *config.Config, configPath, policyDir string, adminAddr net.Addr,
-	token string, mtls bool, auditLog *audit.Logger, metrics *broker.Metrics, log zerolog.Logger, grants approvals.GrantStore) (*approvalsSetup, error) {
+	token string, mtls bool, auditLog *audit.Logger, metrics *broker.Metrics, log zerolog.Logger, grants approvals.GrantStore, shared approvals.Shared) (*approvalsSetup, error) {
 	a := cfg.Approvals
 	state := a.StateFile
 	if state == "" && configPath != "" {
@@ -73,7 +73,7 @@ func buildApprovals(ctx context.Context, cfg *config.Config, configPath, policyD
 	}
 	m := approvals.NewMetrics(metrics.Registry())
 	o := approvals.Options{Timeout: a.Timeout, MaxPending: a.MaxPending, MaxPendingPerAgent: a.MaxPendingPerAgent,
-		StateFile: state, PolicyDir: policyDir, Audit: auditLog, Metrics: m, Log: log, Grants: grants}
+		StateFile: state, PolicyDir: policyDir, Audit: auditLog, Metrics: m, Log: log, Grants: grants, Shared: shared}
 	if w := a.Webhook; w != nil {
 		hook := &approvals.Webhook{URL: w.URL, ConsoleURL: consoleURL, Metrics: m, Log: log, Dial: ownDial(cfg)}
 		if w.SecretEnv != "" {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/capbroker/capbroker/broker"
@@ -31,6 +32,18 @@ func buildBudgets(cfg *config.Config, engine *policy.Engine, metrics *broker.Met
 		}
 		rs = budget.NewRedis(ro)
 		o.Store = rs
+		for _, kind := range []string{"request", "background"} {
+			metrics.Registry().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "capbroker_store_round_trips_total", Help: "Round trips to the shared store (Redis), made for a request or in the background.",
+				ConstLabels: prometheus.Labels{"kind": kind},
+			}, func() float64 {
+				req, bg := rs.RoundTrips().Counts()
+				if kind == "request" {
+					return float64(req)
+				}
+				return float64(bg)
+			}))
+		}
 	}
 	return budget.New(o), rs, nil
 }

@@ -1,17 +1,47 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
+	"time"
 
+	"github.com/capbroker/capbroker/broker/budget"
+	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/policy/learn"
 )
 
+// readFleetRecords reads the decision events a fleet recorded (fleet.learn) from the Redis
+// of the config at path.
+func readFleetRecords(path string) (io.Reader, error) {
+	if path == "" {
+		return nil, fmt.Errorf("--config is required: the broker config whose budgets.store.redis holds the events")
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	r := cfg.Budgets.Store.Redis
+	if r == nil {
+		return nil, fmt.Errorf("%s has no budgets.store.redis", path)
+	}
+	ro := budget.RedisOptions{Address: r.Address, TLS: r.TLS, KeyPrefix: r.KeyPrefix, Timeout: 5 * time.Second, Dial: ownDial(cfg)}
+	if r.PasswordEnv != "" {
+		ro.Password = os.Getenv(r.PasswordEnv)
+	}
+	st := budget.NewRedis(ro)
+	defer st.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return learn.ReadShared(ctx, st.Client(), st.Prefix()+"learn")
+}
+
 // cmdPolicyLearn drafts a policy from an audit log of a monitor-mode run (docs/learn.md).
 func cmdPolicyLearn(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("policy learn", "policy learn --from AUDIT.jsonl --out DIR [--force] [--skip-denied]", stderr)
-	from := fs.String("from", "", "audit log written with audit.include_input (- for standard input)")
+	fs := newFlags("policy learn", "policy learn --from AUDIT.jsonl|fleet [--config FILE] --out DIR [--force] [--skip-denied]", stderr)
+	from := fs.String("from", "", "audit log written with audit.include_input (- for standard input), or fleet: the events every replica recorded in Redis (fleet.learn; --config names the store)")
+	cfgPath := fs.String("config", "", "with --from fleet: the broker config whose budgets.store.redis holds the events")
 	out := fs.String("out", "", "directory to write the draft policy into (created if missing)")
 	force := fs.Bool("force", false, "overwrite a draft already in DIR")
 	skipDenied := fs.Bool("skip-denied", false, "leave out requests the recording policy denied (would_deny in monitor mode)")
@@ -25,7 +55,15 @@ func cmdPolicyLearn(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	var in io.Reader = os.Stdin
-	if *from != "-" {
+	switch *from {
+	case "-":
+	case "fleet":
+		r, err := readFleetRecords(*cfgPath)
+		if err != nil {
+			return fmt.Errorf("policy learn: --from fleet: %w", err)
+		}
+		in = r
+	default:
 		f, err := os.Open(*from)
 		if err != nil {
 			return err

@@ -186,7 +186,7 @@ func (r *reloader) refused(log zerolog.Logger, err error) {
 
 // keepRestartOnly puts back in cfg the running values of the keys a reload cannot apply, and
 // warns about each that changed: the listeners, the CA, the policy source, the audit
-// destination and the Vault connection are set up once, at start.
+// destination, the fleet and the Vault connection are set up once, at start.
 func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	old := r.cur
 	keep := func(key string, cur, next any, restore func()) {
@@ -197,10 +197,12 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	}
 	keep("proxy.listen", old.Proxy.Listen, cfg.Proxy.Listen, func() { cfg.Proxy.Listen = old.Proxy.Listen })
 	keep("transparent.listen", old.Transparent.Listen, cfg.Transparent.Listen, func() { cfg.Transparent.Listen = old.Transparent.Listen })
+	keep("tls.agent_curves", old.TLS.AgentCurves, cfg.TLS.AgentCurves, func() { cfg.TLS.AgentCurves = old.TLS.AgentCurves })
 	keep("admin.listen", old.Admin.Listen, cfg.Admin.Listen, func() { cfg.Admin.Listen = old.Admin.Listen })
 	keep("admin", old.Admin, cfg.Admin, func() { cfg.Admin = old.Admin })
 	keep("approvals", old.Approvals, cfg.Approvals, func() { cfg.Approvals = old.Approvals })
 	keep("budgets", old.Budgets, cfg.Budgets, func() { cfg.Budgets = old.Budgets })
+	keep("fleet", old.Fleet, cfg.Fleet, func() { cfg.Fleet = old.Fleet })
 	keep("ca", old.CA, cfg.CA, func() { cfg.CA = old.CA })
 	keep("policy.dir", old.Policy.Dir, cfg.Policy.Dir, func() { cfg.Policy.Dir = old.Policy.Dir })
 	keep("policy.bundle", old.Policy.Bundle, cfg.Policy.Bundle, func() { cfg.Policy.Bundle = old.Policy.Bundle })
@@ -208,6 +210,7 @@ func (r *reloader) keepRestartOnly(log zerolog.Logger, cfg *config.Config) {
 	keep("audit.format", old.Audit.Format, cfg.Audit.Format, func() { cfg.Audit.Format = old.Audit.Format })
 	keep("audit.instance", old.Audit.Instance, cfg.Audit.Instance, func() { cfg.Audit.Instance = old.Audit.Instance })
 	keep("transparent", old.Transparent, cfg.Transparent, func() { cfg.Transparent = old.Transparent })
+	keep("ssh", old.SSH, cfg.SSH, func() { cfg.SSH = old.SSH }) // the SSH front door reads it at start
 	if old.Vault != nil && cfg.Vault != nil {
 		o, n := *old.Vault, *cfg.Vault
 		o.RefreshInterval, o.MaxStale = n.RefreshInterval, n.MaxStale // these do apply

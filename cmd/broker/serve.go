@@ -222,9 +222,21 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		defer budgetStore.Close()
 		grants = &approvals.RedisGrants{Client: budgetStore.Client(), Key: budgetStore.Prefix() + "grants"}
 	}
-	ap, err := buildApprovals(ctx, cfg, o.configPath, approvalsPolicyDir, adminLn.Addr(), token, adminTLSConfig != nil, auditLog, metrics, log, grants)
+	fl := buildFleet(cfg, budgetStore, metrics.Registry(), log)
+	var shared approvals.Shared
+	if fl != nil {
+		shared = fl.shared
+	}
+	ap, err := buildApprovals(ctx, cfg, o.configPath, approvalsPolicyDir, adminLn.Addr(), token, adminTLSConfig != nil, auditLog, metrics, log, grants, shared)
 	if err != nil {
 		return err
+	}
+	if fl != nil {
+		// The fleet's part outlives the listener: held requests are decided from other
+		// replicas during the drain.
+		fleetCtx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopFleet()
+		fl.run(fleetCtx, ap.queue, auditLog)
 	}
 	ap.api.SetUsage(func(ctx context.Context) (any, error) { return budgets.Summary(ctx, agentLabels(cfg)) })
 	var transparentLn net.Listener // connections the sandbox's rules redirect (transparent mode)
@@ -235,12 +247,20 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		defer transparentLn.Close()
 		self = append(self, selfAddrs(transparentLn.Addr())...)
 	}
+	sshLn, err := listenSSH(cfg) // git over SSH (ssh.listen)
+	if err != nil {
+		return err
+	}
+	if sshLn != nil {
+		defer sshLn.Close()
+		self = append(self, selfAddrs(sshLn.Addr())...)
+	}
 	tel, err := startTelemetry(ctx, cfg, known, metrics, auditLog, log)
 	if err != nil {
 		return err
 	}
 	defer tel.close()
-	b, err := broker.New(cfg, broker.Deps{
+	deps := broker.Deps{
 		Policy: engine, Secrets: creds, CA: ca, Metrics: metrics, Log: log,
 		Audit:     auditLog,
 		Self:      append(append(self, vaultAddrs(cfg)...), redisAddrs(cfg)...),
@@ -249,11 +269,19 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
 		Known:     known,
 		Tracer:    tel.Tracer(),
-	})
+	}
+	fl.brokerDeps(&deps)
+	b, err := broker.New(cfg, deps)
 	if err != nil {
 		return err
 	}
 	rl.b, rl.metrics = b, metrics
+	waitPostgres, err := startPostgres(ctx, cfg, postgresDeps{engine: engine, creds: creds, queue: ap.queue, ca: ca,
+		audit: auditLog, known: known, metrics: metrics.Registry(), log: log})
+	if err != nil {
+		return err
+	}
+	defer waitPostgres() // every connection closed and its lease revoked, before Vault closes
 	if dnsLn != nil {
 		defer b.StartResolver(dnsLn, cfg.Transparent).Close() // after the drain, before the audit log closes
 	}
@@ -267,7 +295,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if adminTLSConfig != nil {
 		adminLn = tls.NewListener(adminLn, adminTLSConfig)
 	}
-	admin := &http.Server{Handler: adminMux(broker.AdminHandler(metrics, rl.ready, engine), ap.api, engine), ReadHeaderTimeout: 5 * time.Second}
+	var adminH http.Handler = broker.AdminHandler(metrics, rl.ready, engine)
+	if fl != nil {
+		adminH = fl.readiness(adminH)
+	}
+	admin := &http.Server{Handler: adminMux(adminH, ap.api, engine), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = admin.Serve(adminLn) }()
 	defer admin.Close()
 
@@ -298,6 +330,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 	if bundlePoller != nil {
 		go bundlePoller.Run(ctx, reported("policy bundle not loaded; keeping the last good policy", "policy bundle loaded"))
 	}
+	if sshLn != nil {
+		if err := serveSSH(ctx, sshLn, cfg, b, engine, auditLog, creds, metrics, log); err != nil {
+			return err
+		}
+	}
 	rl.watch(ctx)
 	reloading = true
 	go rl.run(ctx, hup)
@@ -314,7 +351,11 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 			}
 		}()
 	}
-	err = b.Serve(ctx, proxyLn, drainGrace)
+	serveCtx := ctx
+	if fl != nil {
+		serveCtx = fl.serveUntil(ctx)
+	}
+	err = b.Serve(serveCtx, proxyLn, drainGrace)
 	log.Info().Msg("stopped")
 	return err
 }

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -165,11 +166,24 @@ func (s *Server) start(listen string) error {
 	cmd.Env = serverEnv(s.homeDir)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
+	// The kernel sends the parent-death signal when the thread that started the child exits,
+	// not the process: a test that ends a locked thread (one that entered a network namespace)
+	// could kill a server another thread started. So the server is started and waited for by a
+	// goroutine locked to its thread for the server's life.
+	exit := make(chan struct{})
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the server
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			_ = cmd.Wait()
+		}
+		close(exit)
+	}()
+	if err := <-started; err != nil {
 		return fmt.Errorf("starting %s: %w", s.bin, err)
 	}
-	exit := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exit) }()
 
 	addr := "http://" + listen
 	if err := waitReady(addr, exit); err != nil {

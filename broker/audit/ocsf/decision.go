@@ -85,6 +85,18 @@ func (c *Encoder) activity(ev *event, e *audit.Event, m audit.Meta) {
 			ev.SrcEndpoint = &endpoint{Name: "unknown"}
 		}
 		ev.DstEndpoint = hostEndpoint(e.Host, e.Port)
+		if e.Postgres != nil { // a Postgres connection or statement: no HTTP under it
+			ev.API = postgresAPI(e)
+			ev.Resources = postgresResources(e.Postgres)
+			break
+		}
+		if e.SSH != nil { // a git session: no HTTP under it
+			ev.API = sshAPI(e)
+			if e.SSH.Repository != "" {
+				ev.Resources = []resource{{Name: e.SSH.Repository, Type: "git_repository"}}
+			}
+			break
+		}
 		ev.HTTPRequest = httpRequestOf(e)
 		if e.Status > 0 {
 			ev.HTTPResponse = &httpResponse{Code: e.Status}
@@ -132,8 +144,19 @@ func classOf(e *audit.Event) (class, activity int, name string) {
 			return classHTTPActivity, id, httpActivityNames[id]
 		}
 		return classHTTPActivity, 99, e.Method
+	case e.Postgres != nil:
+		return postgresActivity(e.Postgres)
+	case e.SSH != nil: // a git command over SSH: a fetch reads the repository, a push updates it
+		switch e.SSH.Service {
+		case "fetch", "archive":
+			return classAPIActivity, 2, "Read"
+		case "push":
+			return classAPIActivity, 3, "Update"
+		}
+		return classAPIActivity, 99, "Other" // a shell, a subsystem, a command git never runs
 	}
-	// connect, a refused flow, and the phases of other protocols
+	// connect, a refused flow, an SSH connection refused before any command, and the phases
+	// of other protocols
 	if e.Decision == audit.Allow {
 		return classNetworkActivity, 1, "Open"
 	}
@@ -149,14 +172,21 @@ var httpActivityNames = map[int]string{
 }
 
 func message(e *audit.Event) string {
-	target := e.Host
+	target, method := e.Host, e.Method
 	if e.Port != 0 {
 		target += ":" + itoa(e.Port)
 	}
-	if e.Phase == "request" {
+	switch {
+	case e.Phase == "request":
 		target = e.Scheme + "://" + target + e.Path
+	case e.SSH != nil:
+		target, method = "ssh://"+target+"/"+e.SSH.Repository, sshOperation(e.SSH)
+	case e.Postgres != nil: // the command only: never the statement's text
+		target = "postgres://" + target + "/" + e.Postgres.Database
+	case method == "":
+		method = e.Phase
 	}
-	s := e.Decision + " " + e.Method + " " + target
+	s := e.Decision + " " + method + " " + target
 	if e.Agent != "" {
 		s = e.Agent + ": " + s
 	}
@@ -204,6 +234,62 @@ func apiOf(e *audit.Event) *api {
 		a.Service.Name = e.LLM.Provider
 	}
 	return a
+}
+
+// sshAPI is a git command over SSH as an API call: the service (fetch, push, archive) is
+// the operation, the git host the service.
+func sshAPI(e *audit.Event) *api {
+	return &api{Operation: sshOperation(e.SSH), Service: &service{Name: e.Host}, Request: &request{UID: e.RequestID}}
+}
+
+// sshOperation is the git service of a session, or "none" for one that ran no git command
+// (the metrics' label).
+func sshOperation(x *audit.SSHSession) string {
+	if x.Service == "" {
+		return "none"
+	}
+	return x.Service
+}
+
+// postgresActivity is the API activity of a Postgres connection (Other 99, "Connect") or of
+// one of its statements: a read Read 2; a write Create 1 (INSERT), Delete 4 (DELETE,
+// TRUNCATE) or Update 3; DDL and the rest Other 99.
+func postgresActivity(p *audit.PostgresCall) (class, activity int, name string) {
+	st := p.Statement
+	switch {
+	case st == nil:
+		return classAPIActivity, 99, "Connect"
+	case st.Kind == "read":
+		return classAPIActivity, 2, "Read"
+	case st.Kind != "write":
+		return classAPIActivity, 99, "Other"
+	case st.Command == "INSERT":
+		return classAPIActivity, 1, "Create"
+	case st.Command == "DELETE" || st.Command == "TRUNCATE":
+		return classAPIActivity, 4, "Delete"
+	}
+	return classAPIActivity, 3, "Update"
+}
+
+// postgresAPI is a Postgres connection or statement as an API call: the command (CONNECT,
+// SELECT, INSERT...) is the operation, the configured upstream the service.
+func postgresAPI(e *audit.Event) *api {
+	a := &api{Operation: e.Method, Request: &request{UID: e.RequestID}}
+	if e.Postgres.Upstream != "" { // none: a database no upstream is configured for
+		a.Service = &service{Name: e.Postgres.Upstream}
+	}
+	if a.Operation == "" {
+		a.Operation = "CONNECT"
+	}
+	return a
+}
+
+// postgresResources is the database of a Postgres event, when it names one.
+func postgresResources(p *audit.PostgresCall) []resource {
+	if p.Database == "" {
+		return nil
+	}
+	return []resource{{Name: p.Database, Type: "database"}}
 }
 
 // Kinds of finding.
@@ -269,6 +355,12 @@ func (c *Encoder) finding(ev *event, e *audit.Event, m audit.Meta, kind string) 
 	ev.Actor = agentActor(e.Agent)
 	ev.Evidences = []evidence{evidenceOf(e)}
 	ev.Resources = []resource{{Name: e.Host, Type: "host"}}
+	if e.Postgres != nil { // the database too; its host, unless none was reached
+		if e.Host == "" {
+			ev.Resources = nil
+		}
+		ev.Resources = append(ev.Resources, postgresResources(e.Postgres)...)
+	}
 	ev.Metadata.Profiles = profilesOf(ev)
 	u := unmappedOf(e, m)
 	u.TraceID = e.TraceID
@@ -284,9 +376,15 @@ func evidenceOf(e *audit.Event) evidence {
 		ev.DstEndpoint = hostEndpoint(e.Host, e.Port)
 		ev.HTTPRequest = httpRequestOf(e)
 	default:
+		if e.SSH != nil {
+			ev.API = sshAPI(e)
+		}
+		if e.Postgres != nil {
+			ev.API = postgresAPI(e)
+		}
 		ev.DstEndpoint = hostEndpoint(e.Host, e.Port)
 	}
-	if ev.Actor == nil && ev.SrcEndpoint == nil && ev.DstEndpoint == nil && ev.Query == nil {
+	if ev.Actor == nil && ev.SrcEndpoint == nil && ev.DstEndpoint == nil && ev.Query == nil && ev.API == nil {
 		ev.DstEndpoint = &endpoint{Hostname: e.Host}
 	}
 	return ev
@@ -314,6 +412,10 @@ type native struct {
 	MCP            *mcpCall       `json:"mcp,omitempty"`
 	JSONRPC        *jsonrpcCall   `json:"jsonrpc,omitempty"`
 	LLM            *llmCall       `json:"llm,omitempty"`
+	SSH            *sshSession    `json:"ssh,omitempty"`
+	Postgres       *postgresCall  `json:"postgres,omitempty"`
+	BytesIn        int64          `json:"bytes_in,omitzero"`
+	BytesOut       int64          `json:"bytes_out,omitzero"`
 	Approval       *approval      `json:"approval,omitempty"`
 	InputLevel     string         `json:"input_level,omitempty"`
 	Input          map[string]any `json:"input,omitempty"`
@@ -349,6 +451,52 @@ type llmCall struct {
 	Cost           float64 `json:"cost"`
 	UsageReported  bool    `json:"usage_reported"`
 	UsageEstimated bool    `json:"usage_estimated,omitzero"`
+}
+
+// sshSession is the JSON line's "ssh" object (CONTRACT §8b).
+type sshSession struct {
+	Host       string   `json:"host"`
+	Port       int      `json:"port"`
+	User       string   `json:"user"`
+	Service    string   `json:"service"`
+	Repository string   `json:"repository"`
+	Refs       []sshRef `json:"refs"`
+}
+
+type sshRef struct {
+	Name string `json:"name"`
+	Old  string `json:"old"`
+	New  string `json:"new"`
+}
+
+// postgresCall is the JSON line's "postgres" object (CONTRACT §8b).
+type postgresCall struct {
+	Database        string             `json:"database"`
+	Upstream        string             `json:"upstream"`
+	User            string             `json:"user"`
+	ApplicationName string             `json:"application_name"`
+	TLS             bool               `json:"tls"`
+	Role            string             `json:"role,omitempty"`
+	LeaseID         string             `json:"lease_id,omitempty"`
+	Statements      *postgresCounts    `json:"statements,omitempty"`
+	Statement       *postgresStatement `json:"statement,omitempty"`
+}
+
+type postgresCounts struct {
+	Read  int64 `json:"read"`
+	Write int64 `json:"write"`
+	DDL   int64 `json:"ddl"`
+	Other int64 `json:"other"`
+}
+
+// postgresStatement is a refused or held statement. Text is as the JSON line has it: its
+// literals replaced by "?" unless audit.include_input is full.
+type postgresStatement struct {
+	Kind      string   `json:"kind"`
+	Command   string   `json:"command"`
+	Tables    []string `json:"tables"`
+	Functions []string `json:"functions"`
+	Text      string   `json:"text"`
 }
 
 type approval struct {
@@ -392,6 +540,19 @@ func unmappedOf(e *audit.Event, m audit.Meta) *native {
 		u.LLM = &llmCall{Provider: l.Provider, Model: l.Model, TokensIn: l.TokensIn, TokensOut: l.TokensOut,
 			TokensCached: l.TokensCached, Cost: l.Cost, UsageReported: l.Reported, UsageEstimated: l.Estimated}
 	}
+	if x := e.SSH; x != nil {
+		u.SSH = &sshSession{Host: x.Host, Port: x.Port, User: x.User, Service: x.Service, Repository: x.Repository,
+			Refs: make([]sshRef, len(x.Refs))}
+		for i, r := range x.Refs {
+			u.SSH.Refs[i] = sshRef(r)
+		}
+		// API Activity has no traffic attribute: the bytes each way stay here
+		u.BytesIn, u.BytesOut = e.BytesIn, e.BytesOut
+	}
+	if p := e.Postgres; p != nil {
+		u.Postgres = postgresOf(p)
+		u.BytesIn, u.BytesOut = e.BytesIn, e.BytesOut // as for SSH: API Activity has no traffic
+	}
 	if a := e.Approval; a != nil {
 		u.Approval = &approval{ID: a.ID, Outcome: a.Outcome, By: a.By, Scope: a.Scope, Comment: a.Comment, Grant: a.Grant}
 	}
@@ -417,4 +578,26 @@ func profilesOf(ev *event) []string {
 		ps = append(ps, "ai_operation")
 	}
 	return ps
+}
+
+// postgresOf is the "postgres" object of the JSON line: the same fields, and the statement's
+// text as the Postgres front door gave it (literals replaced unless include_input is full).
+func postgresOf(p *audit.PostgresCall) *postgresCall {
+	c := &postgresCall{Database: p.Database, Upstream: p.Upstream, User: p.User, ApplicationName: p.ApplicationName,
+		TLS: p.TLS, Role: p.Role, LeaseID: p.LeaseID}
+	if n := p.Statements; n != nil {
+		c.Statements = &postgresCounts{Read: n["read"], Write: n["write"], DDL: n["ddl"], Other: n["other"]}
+	}
+	if s := p.Statement; s != nil {
+		c.Statement = &postgresStatement{Kind: s.Kind, Command: s.Command, Tables: nonNil(s.Tables),
+			Functions: nonNil(s.Functions), Text: s.Text}
+	}
+	return c
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }

@@ -42,6 +42,13 @@ func Native(line []byte) (native []byte, ok bool) {
 			Hostname string `json:"hostname"`
 			Type     string `json:"type"`
 		} `json:"query"`
+		API *struct {
+			Operation string `json:"operation"`
+		} `json:"api"`
+		Resources []struct {
+			Name string `json:"name"`
+			Type string `json:"type"`
+		} `json:"resources"`
 		Unmapped *struct {
 			Decision    string             `json:"decision"`
 			Phase       string             `json:"phase"`
@@ -93,7 +100,14 @@ func Native(line []byte) (native []byte, ok bool) {
 		}
 	case ev.Query != nil:
 		out.Method, out.Host = ev.Query.Type, ev.Query.Hostname
-	case ev.ClassUID == classNetworkActivity:
+	case u.Phase == "postgres" && ev.API != nil: // the command; the database is the path
+		out.Method = ev.API.Operation
+		for _, r := range ev.Resources {
+			if r.Type == "database" {
+				out.Path = "/" + r.Name
+			}
+		}
+	case ev.ClassUID == classNetworkActivity && u.Phase != "ssh": // an SSH connection has no method
 		out.Method = "CONNECT"
 	}
 	b, err := stdjson.Marshal(out)

@@ -203,6 +203,168 @@ var cases = map[string]struct {
 			want(t, evs[0], "unmapped.error", "dial tcp: connection refused")
 		},
 	},
+	"ssh push allowed": {
+		ev: audit.Event{RequestID: "r15", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "ssh", Scheme: "ssh", Host: "github.com",
+			Port: 22, Decision: audit.Allow, BytesIn: 4096, BytesOut: 512, Start: t0, Mode: "transparent", TraceID: "t1",
+			SSH: &audit.SSHSession{Host: "github.com", Port: 22, User: "git", Service: "push", Repository: "org/repo.git",
+				Refs: []audit.SSHRef{{Name: "refs/heads/agent/x", Old: "0000", New: "abcd"}}}},
+		classes: []int{classAPIActivity},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_id", 3.0)
+			want(t, evs[0], "activity_name", "Update")
+			want(t, evs[0], "api.operation", "push")
+			want(t, evs[0], "api.service.name", "github.com")
+			want(t, evs[0], "resources.0.name", "org/repo.git")
+			want(t, evs[0], "resources.0.type", "git_repository")
+			want(t, evs[0], "dst_endpoint.hostname", "github.com")
+			want(t, evs[0], "dst_endpoint.port", 22.0)
+			want(t, evs[0], "http_request", nil)
+			want(t, evs[0], "duration", 1500.0)
+			want(t, evs[0], "trace.uid", "t1")
+			want(t, evs[0], "unmapped.ssh.refs.0.name", "refs/heads/agent/x")
+			want(t, evs[0], "unmapped.ssh.refs.0.new", "abcd")
+			want(t, evs[0], "unmapped.ssh.user", "git")
+			want(t, evs[0], "unmapped.bytes_in", 4096.0)
+			want(t, evs[0], "unmapped.bytes_out", 512.0)
+			want(t, evs[0], "message", "coder-1: allow push ssh://github.com:22/org/repo.git")
+		},
+	},
+	"ssh fetch denied": {
+		ev: audit.Event{RequestID: "r16", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "ssh", Scheme: "ssh", Host: "github.com",
+			Port: 22, Decision: audit.Deny, Reason: "not your repository", Start: t0, DecisionID: "d16",
+			SSH: &audit.SSHSession{Host: "github.com", Port: 22, User: "git", Service: "fetch", Repository: "other/secret.git"}},
+		classes: []int{classAPIActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_name", "Read")
+			want(t, evs[0], "api.operation", "fetch")
+			want(t, evs[0], "unmapped.ssh.refs", []any{})
+			want(t, evs[0], "unmapped.bytes_in", nil)
+			want(t, evs[1], "evidences.0.api.operation", "fetch")
+			want(t, evs[1], "evidences.0.dst_endpoint.hostname", "github.com")
+		},
+	},
+	"ssh shell refused": {
+		ev: audit.Event{RequestID: "r17", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "ssh", Scheme: "ssh", Host: "github.com",
+			Port: 22, Decision: audit.Deny, Reason: "an interactive shell is not allowed", Start: t0,
+			SSH: &audit.SSHSession{Host: "github.com", Port: 22, User: "git"}},
+		classes: []int{classAPIActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_id", 99.0)
+			want(t, evs[0], "api.operation", "none")
+			want(t, evs[0], "resources", nil)
+		},
+	},
+	"ssh channel refused": { // no git command: the connection, as a refused flow
+		ev: audit.Event{RequestID: "r18", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "ssh", Scheme: "ssh", Host: "evil.example",
+			Port: 22, Decision: audit.Deny, Reason: "not a git host the broker serves", Start: t0},
+		classes: []int{classNetworkActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_id", 5.0)
+			want(t, evs[0], "message", "coder-1: deny ssh evil.example:22")
+			want(t, evs[0], "unmapped.phase", "ssh")
+		},
+	},
+	"postgres connection allowed": {
+		ev: audit.Event{RequestID: "pg-0000002a", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "postgres", Method: "CONNECT",
+			Scheme: "postgres", Host: "127.0.0.1", Port: 5432, Path: "/app", Decision: audit.Allow, BytesIn: 300, BytesOut: 9000,
+			Start: t0, Mode: "explicit", PolicyMode: "enforce",
+			Postgres: &audit.PostgresCall{Database: "app", Upstream: "app-db", User: "agent", ApplicationName: "psql", TLS: true,
+				Role: "readonly", LeaseID: "database/creds/readonly/AbC123",
+				Statements: map[string]int64{"read": 7, "write": 2, "other": 1}}},
+		classes: []int{classAPIActivity},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_id", 99.0)
+			want(t, evs[0], "activity_name", "Connect")
+			want(t, evs[0], "api.operation", "CONNECT")
+			want(t, evs[0], "api.service.name", "app-db")
+			want(t, evs[0], "api.request.uid", "pg-0000002a")
+			want(t, evs[0], "dst_endpoint.ip", "127.0.0.1")
+			want(t, evs[0], "dst_endpoint.port", 5432.0)
+			want(t, evs[0], "resources", []any{map[string]any{"name": "app", "type": "database"}})
+			want(t, evs[0], "http_request", nil)
+			want(t, evs[0], "duration", 1500.0)
+			want(t, evs[0], "message", "coder-1: allow CONNECT postgres://127.0.0.1:5432/app")
+			want(t, evs[0], "unmapped.postgres", map[string]any{"database": "app", "upstream": "app-db", "user": "agent",
+				"application_name": "psql", "tls": true, "role": "readonly", "lease_id": "database/creds/readonly/AbC123",
+				"statements": map[string]any{"read": 7, "write": 2, "ddl": 0, "other": 1}})
+			want(t, evs[0], "unmapped.bytes_in", 300.0)
+			want(t, evs[0], "unmapped.bytes_out", 9000.0)
+		},
+	},
+	"postgres statement denied": {
+		ev: audit.Event{RequestID: "pg-0000002b", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "postgres", Method: "DELETE",
+			Scheme: "postgres", Host: "db.internal", Port: 5432, Path: "/app", Decision: audit.Deny, Reason: "no deletes",
+			Start: t0, DecisionID: "d20", PolicyRevision: "rev2",
+			Postgres: &audit.PostgresCall{Database: "app", Upstream: "app-db", User: "agent", Role: "writer", LeaseID: "l-1",
+				Statement: &audit.PostgresStatement{Kind: "write", Command: "DELETE", Tables: []string{"public.users"},
+					Text: "DELETE FROM users WHERE id = ?"}}},
+		classes: []int{classAPIActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_id", 4.0)
+			want(t, evs[0], "activity_name", "Delete")
+			want(t, evs[0], "api.operation", "DELETE")
+			want(t, evs[0], "dst_endpoint.hostname", "db.internal")
+			want(t, evs[0], "status_detail", "no deletes")
+			want(t, evs[0], "message", "coder-1: deny DELETE postgres://db.internal:5432/app")
+			want(t, evs[0], "unmapped.postgres.statements", nil)
+			want(t, evs[0], "unmapped.postgres.statement", map[string]any{"kind": "write", "command": "DELETE",
+				"tables": []any{"public.users"}, "functions": []any{}, "text": "DELETE FROM users WHERE id = ?"})
+			want(t, evs[0], "unmapped.bytes_in", nil)
+			want(t, evs[1], "evidences.0.api.operation", "DELETE")
+			want(t, evs[1], "evidences.0.api.service.name", "app-db")
+			want(t, evs[1], "unmapped.postgres.statement.command", "DELETE")
+			want(t, evs[1], "resources", []any{map[string]any{"name": "db.internal", "type": "host"},
+				map[string]any{"name": "app", "type": "database"}})
+		},
+	},
+	"postgres read monitored": {
+		ev: audit.Event{RequestID: "pg-0000002c", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "postgres", Method: "SELECT",
+			Scheme: "postgres", Host: "db.internal", Port: 5432, Path: "/app", Decision: audit.Allow, WouldDeny: true, Start: t0,
+			Postgres: &audit.PostgresCall{Database: "app", Upstream: "app-db", Statement: &audit.PostgresStatement{Kind: "read",
+				Command: "SELECT", Functions: []string{"pg_read_file"}, Text: "SELECT pg_read_file(?)"}}},
+		classes: []int{classAPIActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_id", 2.0)
+			want(t, evs[0], "unmapped.postgres.statement.tables", []any{})
+			want(t, evs[0], "unmapped.would_deny", true)
+		},
+	},
+	"postgres insert and ddl": {
+		ev: audit.Event{RequestID: "pg-0000002d", Agent: "coder-1", Phase: "postgres", Method: "INSERT", Scheme: "postgres",
+			Host: "db.internal", Port: 5432, Path: "/app", Decision: audit.Deny, Reason: "no",
+			Postgres: &audit.PostgresCall{Database: "app", Upstream: "app-db", Statement: &audit.PostgresStatement{Kind: "write",
+				Command: "INSERT"}}},
+		classes: []int{classAPIActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "activity_name", "Create")
+			want(t, evs[0], "src_endpoint.name", "unknown") // required of API Activity
+			ddl := audit.Event{Phase: "postgres", Method: "DROP TABLE", Postgres: &audit.PostgresCall{
+				Statement: &audit.PostgresStatement{Kind: "ddl", Command: "DROP TABLE"}}}
+			if _, id, name := classOf(&ddl); id != 99 || name != "Other" {
+				t.Errorf("ddl: %d %s", id, name)
+			}
+			up := audit.Event{Phase: "postgres", Method: "UPDATE", Postgres: &audit.PostgresCall{
+				Statement: &audit.PostgresStatement{Kind: "write", Command: "UPDATE"}}}
+			if _, id, _ := classOf(&up); id != 3 {
+				t.Errorf("update: %d", id)
+			}
+		},
+	},
+	"postgres no upstream": { // a database no upstream serves: refused before any upstream
+		ev: audit.Event{RequestID: "pg-0000002e", Agent: "coder-1", SourceIP: "10.0.0.5", Phase: "postgres", Method: "CONNECT",
+			Scheme: "postgres", Path: "/nope", Decision: audit.Deny, Reason: "no upstream database \"nope\" is configured", Start: t0,
+			Postgres: &audit.PostgresCall{Database: "nope", User: "agent"}},
+		classes: []int{classAPIActivity, classDetectionFinding},
+		check: func(t *testing.T, evs []map[string]any) {
+			want(t, evs[0], "api.service", nil)
+			want(t, evs[0], "dst_endpoint", nil)
+			want(t, evs[0], "resources.0.name", "nope")
+			want(t, evs[0], "unmapped.postgres.upstream", "")
+			want(t, evs[0], "unmapped.postgres.role", nil)
+			want(t, evs[0], "unmapped.postgres.lease_id", nil)
+			want(t, evs[1], "resources", []any{map[string]any{"name": "nope", "type": "database"}})
+		},
+	},
 	"aws graphql approval input": {
 		ev: audit.Event{RequestID: "r13", Agent: "a", SourceIP: "10.0.0.5", Phase: "request", Method: "PATCH", Scheme: "https",
 			Host: "s3.amazonaws.com", Port: 443, Path: "/b/k", Decision: audit.Allow, Status: 200, Start: t0,

@@ -456,6 +456,54 @@ func (u *native) write(w *w) {
 		w.boolOmit("usage_estimated", l.UsageEstimated)
 		w.close()
 	}
+	if x := u.SSH; x != nil {
+		w.open("ssh")
+		w.str("host", x.Host)
+		w.int("port", int64(x.Port))
+		w.str("user", x.User)
+		w.str("service", x.Service)
+		w.str("repository", x.Repository)
+		w.openArray("refs")
+		for _, r := range x.Refs {
+			w.open("")
+			w.str("name", r.Name)
+			w.str("old", r.Old)
+			w.str("new", r.New)
+			w.close()
+		}
+		w.closeArray()
+		w.close()
+	}
+	if p := u.Postgres; p != nil {
+		w.open("postgres")
+		w.str("database", p.Database)
+		w.str("upstream", p.Upstream)
+		w.str("user", p.User)
+		w.str("application_name", p.ApplicationName)
+		w.bool("tls", p.TLS)
+		w.strOmit("role", p.Role)
+		w.strOmit("lease_id", p.LeaseID)
+		if n := p.Statements; n != nil {
+			w.open("statements")
+			w.int("read", n.Read)
+			w.int("write", n.Write)
+			w.int("ddl", n.DDL)
+			w.int("other", n.Other)
+			w.close()
+		}
+		if st := p.Statement; st != nil {
+			w.open("statement")
+			w.str("kind", st.Kind)
+			w.str("command", st.Command)
+			w.strs("tables", st.Tables)
+			w.strs("functions", st.Functions)
+			w.str("text", st.Text)
+			w.close()
+		}
+		w.close()
+	}
+	w.intOmit("bytes_in", u.BytesIn)
+	w.intOmit("bytes_out", u.BytesOut)
 	if a := u.Approval; a != nil {
 		w.open("approval")
 		w.str("id", a.ID)

@@ -370,6 +370,7 @@
         el('span', { text: 'agent ' + str(p.agent) }),
         p.source_ip ? el('span', { text: 'from ' + str(p.source_ip) }) : null,
         p.phase ? el('span', { text: 'phase ' + str(p.phase) }) : null,
+        p.instance ? el('span', { class: 'instance', text: 'held on ' + str(p.instance) }) : null,
         expiresEl),
       p.reason ? el('p', { class: 'reason', text: str(p.reason) }) : null,
       credentialsLine(p),
@@ -385,7 +386,7 @@
     const labels = {
       once: 'This request only',
       agent: 'This agent, for a while',
-      always: 'Always (writes a policy data change)',
+      always: 'Always, until revoked',
     };
     for (const s of ['once', 'agent', 'always']) {
       if (!scopes.includes(s)) continue;
@@ -548,13 +549,17 @@
 
   async function loadGrants() {
     if (!state.started) return;
+    // Only the newest load is drawn: an older answer arriving late (a refresh that started
+    // before a revoke) would put a revoked grant back on the page.
+    const seq = state.grantsSeq = (state.grantsSeq || 0) + 1;
     let r;
     try {
       r = await api('GET', '/api/grants');
     } catch (e) {
-      if (e.status !== 401) toast('Grants: ' + e.message, true);
+      if (e.status !== 401 && seq === state.grantsSeq) toast('Grants: ' + e.message, true);
       return;
     }
+    if (seq !== state.grantsSeq) return;
     const list = Array.isArray(r.grants) ? r.grants : [];
     // Keyed update: an item stays the same element while its grant lives (a button under a
     // finger must not be swapped for a copy); only its text is refreshed.

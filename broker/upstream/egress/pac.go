@@ -253,6 +253,13 @@ func (p *PAC) eval(ctx context.Context, scriptURL, host string) ([]Route, error)
 		p.discard()
 		return nil, fmt.Errorf("%w after %v", ErrPACTimeout, p.timeout)
 	}
+	if ctx.Err() != nil {
+		// The time ran out before the interrupt could fire: a resolver cut
+		// short made dnsResolve answer null, so the result is not the one
+		// the script would give. The operator's fallback decides instead.
+		p.put(vm)
+		return nil, fmt.Errorf("%w after %v", ErrPACTimeout, p.timeout)
+	}
 	if errors.Is(err, errPACPanic) {
 		p.discard()
 		return nil, fmt.Errorf("%w: %w", ErrPACScript, err)
