@@ -124,40 +124,44 @@ func (w *wire) unique(k, v string) {
 	}
 }
 
+// The attributes of a known size are written forward, each length computed, not inserted
+// (close moves what follows its start).
+
 func (w *wire) strScrubbed(k, v string) {
-	kv := w.attr()
-	w.string(fKey, k)
-	av := w.open(fValue)
-	w.string(fString, v)
-	w.close(av)
-	w.close(kv)
+	w.keyValue(k, fString, protowire.BytesType, protowire.SizeBytes(len(v)))
+	w.b = protowire.AppendString(w.b, v)
 }
 
 func (w *wire) int(k string, v int64) {
-	kv := w.attr()
-	w.string(fKey, k)
-	av := w.open(fValue)
-	w.varint(fInt, uint64(v))
-	w.close(av)
-	w.close(kv)
+	w.keyValue(k, fInt, protowire.VarintType, protowire.SizeVarint(uint64(v)))
+	w.b = protowire.AppendVarint(w.b, uint64(v))
 }
 
 func (w *wire) bool(k string, v bool) {
-	kv := w.attr()
-	w.string(fKey, k)
-	av := w.open(fValue)
-	w.varint(fBool, protowire.EncodeBool(v))
-	w.close(av)
-	w.close(kv)
+	w.keyValue(k, fBool, protowire.VarintType, 1)
+	w.b = protowire.AppendVarint(w.b, protowire.EncodeBool(v))
 }
 
 func (w *wire) double(k string, v float64) {
-	kv := w.attr()
-	w.string(fKey, k)
-	av := w.open(fValue)
-	w.fixed64(fDouble, math.Float64bits(v))
-	w.close(av)
-	w.close(kv)
+	w.keyValue(k, fDouble, protowire.Fixed64Type, 8)
+	w.b = protowire.AppendFixed64(w.b, math.Float64bits(v))
+}
+
+// keyValue writes an attribute's KeyValue up to its value's payload (n bytes, written next),
+// which is the AnyValue's field f of type t.
+func (w *wire) keyValue(k string, f protowire.Number, t protowire.Type, n int) {
+	if w.attrs == 0 {
+		w.attrs = fAttributes
+	}
+	any := protowire.SizeTag(f) + n
+	kv := protowire.SizeTag(fKey) + protowire.SizeBytes(len(k)) + protowire.SizeTag(fValue) + protowire.SizeBytes(any)
+	w.b = protowire.AppendTag(w.b, w.attrs, protowire.BytesType)
+	w.b = protowire.AppendVarint(w.b, uint64(kv))
+	w.b = protowire.AppendTag(w.b, fKey, protowire.BytesType)
+	w.b = protowire.AppendString(w.b, k)
+	w.b = protowire.AppendTag(w.b, fValue, protowire.BytesType)
+	w.b = protowire.AppendVarint(w.b, uint64(any))
+	w.b = protowire.AppendTag(w.b, f, t)
 }
 
 func (w *wire) strs(k string, vs []string) {

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/resource"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -137,6 +138,79 @@ func TestTraceExport(t *testing.T) {
 	}
 	if bytes.Contains(sent, []byte(canary)) || !bytes.Contains(sent, []byte("agent-[REDACTED]")) {
 		t.Fatalf("the canary, or no redaction, in %q", sent)
+	}
+}
+
+// TestTraceAttributes: the attributes written directly are what the official OTLP messages
+// would hold, value for value and type for type (decoded by the official types and compared
+// with messages built from them); those without a value are left out.
+func TestTraceAttributes(t *testing.T) {
+	var sent []byte
+	e, err := newTraceExporter(func(_ context.Context, b []byte) error { sent = append([]byte(nil), b...); return nil }, resource.Empty(), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tr := NewTrace()
+	tr.Root = Span{ID: tr.Root.ID, Name: "capbroker.request", Start: now, End: now}
+	tr.Upstream = Span{ID: NewSpanID(), Name: "chat m", Start: now, End: now}
+	tr.Event = audit.Event{RequestID: "r1", Agent: "a1", Phase: "request", Decision: "allow", Reason: "rule x",
+		Credentials: []string{"openai", "github"}, PolicyRevision: "rev", DecisionID: "d1", Mode: "explicit",
+		WouldDeny: true, Method: "POST", Host: "api.example.test", Port: 8443, Path: "/v1/x", Status: 200,
+		LLM: &audit.LLMCall{Provider: "openai", Model: "m", TokensIn: 300, TokensOut: 1 << 40, Cost: 0.125, Reported: true}}
+	if err := e.export(context.Background(), scrub.New(), []*Trace{tr}); err != nil {
+		t.Fatal(err)
+	}
+	var req coltrace.ExportTraceServiceRequest
+	if err := proto.Unmarshal(sent, &req); err != nil {
+		t.Fatal(err)
+	}
+	spans := req.ResourceSpans[0].ScopeSpans[0].Spans
+	str := func(k, v string) *commonpb.KeyValue {
+		return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v}}}
+	}
+	num := func(k string, v int64) *commonpb.KeyValue {
+		return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_IntValue{IntValue: v}}}
+	}
+	boolean := func(k string, v bool) *commonpb.KeyValue {
+		return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_BoolValue{BoolValue: v}}}
+	}
+	root := []*commonpb.KeyValue{str("capbroker.request_id", "r1"), str("capbroker.agent", "a1"), str("capbroker.phase", "request"),
+		str("capbroker.decision", "allow"), str("capbroker.reason", "rule x"),
+		{Key: "capbroker.credentials", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_ArrayValue{ArrayValue: &commonpb.ArrayValue{Values: []*commonpb.AnyValue{
+			{Value: &commonpb.AnyValue_StringValue{StringValue: "openai"}}, {Value: &commonpb.AnyValue_StringValue{StringValue: "github"}}}}}}},
+		str("capbroker.policy_revision", "rev"), str("capbroker.decision_id", "d1"), str("capbroker.mode", "explicit"),
+		str("http.request.method", "POST"), str("server.address", "api.example.test"), num("server.port", 8443),
+		str("url.path", "/v1/x"), num("http.response.status_code", 200), boolean("capbroker.would_deny", true)}
+	up := []*commonpb.KeyValue{str("gen_ai.operation.name", "chat"), str("gen_ai.provider.name", "openai"), str("gen_ai.request.model", "m"),
+		num("gen_ai.usage.input_tokens", 300), num("gen_ai.usage.output_tokens", 1<<40),
+		{Key: "capbroker.llm.cost", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_DoubleValue{DoubleValue: 0.125}}},
+		boolean("capbroker.llm.usage_reported", true)}
+	for i, want := range [][]*commonpb.KeyValue{root, up} {
+		got := spans[i].Attributes
+		if len(got) != len(want) {
+			t.Fatalf("span %q: %d attributes, want %d: %v", spans[i].Name, len(got), len(want), got)
+		}
+		for j := range want {
+			if !proto.Equal(got[j], want[j]) {
+				t.Errorf("span %q attribute %d: %v, want %v", spans[i].Name, j, got[j], want[j])
+			}
+		}
+	}
+
+	// A request refused before it had a host, port or status has no such attributes.
+	tr = NewTrace()
+	tr.Root = Span{ID: tr.Root.ID, Name: "capbroker.request", Start: now, End: now}
+	tr.Event = audit.Event{RequestID: "r2", Decision: "deny"}
+	if err := e.export(context.Background(), scrub.New(), []*Trace{tr}); err != nil {
+		t.Fatal(err)
+	}
+	req.Reset()
+	if err := proto.Unmarshal(sent, &req); err != nil {
+		t.Fatal(err)
+	}
+	if got := req.ResourceSpans[0].ScopeSpans[0].Spans[0].Attributes; len(got) != 2 {
+		t.Errorf("attributes of a refused request: %v", got)
 	}
 }
 
