@@ -90,9 +90,10 @@ func (e *logExporter) encode(r *scrub.Replacer, batch []logRecord) []byte {
 		w.fixed64(fLRObserved, uint64(rec.time.UnixNano()))
 		w.varint(fLRSeverity, severityInfo)
 		w.string(fLRSeverityText, "INFO")
-		body := w.open(fLRBody)
-		w.string(fString, r.String(rec.body)) // each line is new: not cached
-		w.close(body)
+		body := r.String(rec.body) // each line is new: not cached
+		w.b = protowire.AppendTag(w.b, fLRBody, protowire.BytesType)
+		w.b = protowire.AppendVarint(w.b, uint64(protowire.SizeTag(fString)+protowire.SizeBytes(len(body))))
+		w.string(fString, body)
 		if rec.event == "capbroker.decision" {
 			w.str("capbroker.agent", rec.agent)
 			w.unique("capbroker.request_id", rec.requestID)
