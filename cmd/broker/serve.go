@@ -268,7 +268,9 @@ func serve(ctx context.Context, cfg *config.Config, o serveOptions) error {
 		Budgets:   budgets,
 		Recorder:  budgets, // prices each metered LLM call and counts it against the budgets
 		Known:     known,
-		Tracer:    tel.Tracer(),
+	}
+	if tr := tel.Tracer(); tr != nil { // a nil *Tracer in the interface would not be nil
+		deps.Tracer = tr
 	}
 	fl.brokerDeps(&deps)
 	b, err := broker.New(cfg, deps)
