@@ -127,7 +127,7 @@ type Broker struct {
 	budgets   *budget.Budgets
 	recorder  usage.Recorder
 	tracer    Tracer      // nil: requests are not traced
-	sessions  MCPSessions  // which agent each MCP session was issued to (broker/mcp.go)
+	sessions  MCPSessions // which agent each MCP session was issued to (broker/mcp.go)
 	drainHold time.Duration
 	// names maps the addresses the sandbox's resolver answered to their names (transparent
 	// mode): shared by the resolver and the transparent listener.
