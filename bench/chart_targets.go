@@ -13,14 +13,14 @@ import (
 )
 
 // targetsChart draws the targets of bulk transfers, many keys, a connection per request and
-// HTTP/2 clients (those named for issue 40) from the run's summary, one row each: the
+// HTTP/2 clients (those named for issue 40), and of OTLP export (issue 36), from the run's summary, one row each: the
 // measured median and the range of its pairs as a margin over the limit, the limit itself the
 // line at 1, so that targets of any unit (a ratio, µs) share one axis. A row right of the line
 // is met. A target not measured in the run keeps its row, without a point.
 func targetsChart(s *summary, file string) error {
 	var rows []target
 	for _, t := range s.Targets {
-		if strings.Contains(t.Name, "issue 40") {
+		if strings.Contains(t.Name, "issue 40") || strings.Contains(t.Name, "issue 36") {
 			rows = append(rows, t)
 		}
 	}
@@ -29,7 +29,7 @@ func targetsChart(s *summary, file string) error {
 	}
 	slices.Reverse(rows) // drawn bottom up: the first target goes on top
 	p := plot.New()
-	p.Title.Text = "Bulk, many keys, a connection per request: targets (right of the line: met)"
+	p.Title.Text = "Bulk, many keys, a connection per request, OTLP export: targets (right of the line: met)"
 	p.X.Label.Text = "measured / limit (for a most: limit / measured); bars: the pairs' range"
 	p.X.Tick.Marker = plainTicks{}
 	margin := func(t target, v float64) float64 {
@@ -48,7 +48,7 @@ func targetsChart(s *summary, file string) error {
 	labels := make([]string, len(rows))
 	top := 1.2
 	for j, t := range rows {
-		labels[j] = strings.TrimSuffix(t.Name, " (issue 40)")
+		labels[j] = strings.TrimSuffix(strings.TrimSuffix(t.Name, " (issue 40)"), " (issue 36)")
 		if t.Skipped != "" {
 			lxy = append(lxy, plotter.XY{X: 0, Y: float64(j)})
 			ltext = append(ltext, " "+t.Skipped)

@@ -365,6 +365,10 @@ func run(ctx context.Context, o options) error {
 	s.Secrets = measureSecrets(max(o.pairs/2, 5))
 	fmt.Fprintln(os.Stderr, "a connection per request...")
 	s.PerCommand = measurePerCommand(ctx, p, up, bare, full, max(o.pairs/4, 3))
+	fmt.Fprintln(os.Stderr, "the full pipeline exporting OTLP logs and traces over without, paired...")
+	if s.OTel, err = measureOTelCost(ctx, bin, dir, up, p, fullPath, max(o.pairs/2, 6), o.slice); err != nil {
+		return err
+	}
 	s.Seconds = time.Since(start).Seconds()
 	s.ratios()
 	s.print(os.Stdout)

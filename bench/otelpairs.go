@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/capbroker/capbroker/internal/harness"
 )
@@ -78,6 +79,42 @@ func otelPairs(ctx context.Context, bin, dir string, up *upstream, p *pki, full 
 		fmt.Printf("%s CPU during its pairs: %.2f s (GOMAXPROCS=1)\n", rx.name, (rx.proc.cpu() - before).Seconds())
 	}
 	return nil
+}
+
+// otelCost is the whole run's measure of issue 36's target: the full pipeline exporting OTLP
+// logs and traces (every request traced) to the minimal sink, over the same pipeline without
+// telemetry, in pairs at 32 connections; the sink's counts show nothing was dropped.
+type otelCost struct {
+	paired
+	SpansPerEvent   float64 `json:"spans_per_event"`
+	RecordsPerEvent float64 `json:"records_per_event"`
+}
+
+func measureOTelCost(ctx context.Context, bin, dir string, up *upstream, p *pki, full *path, pairs int, slice time.Duration) (*otelCost, error) {
+	sink, addr, err := startOTLPSink()
+	if err != nil {
+		return nil, err
+	}
+	defer sink.stop()
+	tel := fmt.Sprintf("telemetry:\n  endpoint: \"http://%s\"\n  signals: [logs, traces]\n", addr)
+	withTel, err := startBrokerWith(bin, filepath.Join(dir, "full-otel"), up, p, true, "", tel)
+	if err != nil {
+		return nil, err
+	}
+	otel := &path{name: "full-otel", url: full.url, via: withTel.intercepting(), proc: withTel.process}
+	for _, pa := range []*path{full, otel} {
+		pa.client = pa.withConns(p, 32)
+		if err := pa.check(ctx); err != nil {
+			withTel.stop()
+			return nil, fmt.Errorf("%s: %w", pa.name, err)
+		}
+	}
+	r := &otelCost{paired: pairedRatio(ctx, otel, full, 32, pairs, slice)}
+	withTel.stop() // exports what is queued
+	events := float64(max(auditLines(withTel.auditFile), 1))
+	spans, records := sink.received(0, 0)
+	r.SpansPerEvent, r.RecordsPerEvent = round3(float64(spans)/events), round3(float64(records)/events)
+	return r, nil
 }
 
 // auditLines counts the events in an audit file.

@@ -59,7 +59,9 @@ type summary struct {
 	Peers map[string]peerResult `json:"peers"`
 	// Transparent is the transparent path beside the explicit intercepted one (transparent.go).
 	Transparent *transparentResult `json:"transparent,omitempty"`
-	Targets     []target           `json:"targets"`
+	// OTel is the full pipeline exporting OTLP logs and traces over without (issue 36).
+	OTel    *otelCost `json:"otel,omitempty"`
+	Targets []target  `json:"targets"`
 }
 
 // target is one of issue 25's goals (or issue 7's), checked against this run.
