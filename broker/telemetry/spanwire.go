@@ -241,7 +241,7 @@ func (w *wire) trace(tr *Trace) {
 	if ev.Port != 0 {
 		w.int("server.port", int64(ev.Port))
 	}
-	w.str("url.path", ev.Path)
+	w.unique("url.path", ev.Path) // new with most requests: not cached
 	if ev.Status != 0 {
 		w.int("http.response.status_code", int64(ev.Status))
 	}
@@ -286,7 +286,12 @@ type scrubCache struct {
 	seen map[string]string
 }
 
-const scrubCacheMax = 4096
+// At most scrubCacheMax strings of at most scrubCacheLongest bytes each (a key and its value:
+// about 2 MiB at most).
+const (
+	scrubCacheMax     = 4096
+	scrubCacheLongest = 256
+)
 
 func (c *scrubCache) use(r *scrub.Replacer) {
 	if c.r != r || len(c.seen) > scrubCacheMax {
@@ -295,6 +300,9 @@ func (c *scrubCache) use(r *scrub.Replacer) {
 }
 
 func (c *scrubCache) scrub(s string) string {
+	if len(s) > scrubCacheLongest { // the cache's memory stays bounded whatever the agent sends
+		return c.r.String(s)
+	}
 	if v, ok := c.seen[s]; ok {
 		return v
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -314,5 +315,25 @@ func TestSampler(t *testing.T) {
 	tr := &Tracer{ratio: 1e-9}
 	if n := testing.AllocsPerRun(100, func() { tr.Start() }); n != 0 {
 		t.Errorf("a request not drawn made %v allocations", n)
+	}
+}
+
+// TestScrubCacheBounded: what the agent controls cannot grow the export's cache of scrubbed
+// strings: a long string is scrubbed and not kept, and the cache is emptied past its count.
+func TestScrubCacheBounded(t *testing.T) {
+	var c scrubCache
+	c.use(scrub.New(canary, "[REDACTED]"))
+	long := strings.Repeat("p", scrubCacheLongest) + canary
+	if got := c.scrub(long); contains(got, canary) || len(c.seen) != 0 {
+		t.Fatalf("long string: %q, %d cached", got, len(c.seen))
+	}
+	for i := range 3 * scrubCacheMax {
+		c.use(c.r)
+		if got := c.scrub(canary + strconv.Itoa(i)); contains(got, canary) {
+			t.Fatalf("%q", got)
+		}
+		if len(c.seen) > scrubCacheMax+1 {
+			t.Fatalf("%d strings cached", len(c.seen))
+		}
 	}
 }
