@@ -19,6 +19,8 @@ import (
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/capbroker/capbroker/broker/audit"
@@ -334,6 +336,29 @@ func TestScrubCacheBounded(t *testing.T) {
 		}
 		if len(c.seen) > scrubCacheMax+1 {
 			t.Fatalf("%d strings cached", len(c.seen))
+		}
+	}
+}
+
+// TestRetryable: what OTLP says a client may send again (a busy or unreachable collector) is
+// retried until export_timeout; a refusal of the export or of the credentials is not.
+func TestRetryable(t *testing.T) {
+	for err, want := range map[error]bool{
+		httpStatusError(429):                                      true,
+		httpStatusError(503):                                      true,
+		httpStatusError(400):                                      false,
+		httpStatusError(401):                                      false,
+		status.Error(codes.Unavailable, "down"):                   true,
+		status.Error(codes.ResourceExhausted, "busy"):             true,
+		status.Error(codes.InvalidArgument, "bad"):                false,
+		status.Error(codes.Unauthenticated, "token"):              false,
+		status.Error(codes.PermissionDenied, "token"):             false,
+		context.DeadlineExceeded:                                  false,
+		context.Canceled:                                          false,
+		errors.New("dial tcp 127.0.0.1:4317: connection refused"): true,
+	} {
+		if got := retryable(err); got != want {
+			t.Errorf("retryable(%v) = %v, want %v", err, got, want)
 		}
 	}
 }
