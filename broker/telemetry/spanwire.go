@@ -322,6 +322,14 @@ type rawSender struct {
 	retryFirst time.Duration
 }
 
+// sender sends one signal's exports over c: to the gRPC method, or to path over OTLP/HTTP.
+func (c *conn) sender(grpcOn bool, method, path string, reply func() proto.Message) *rawSender {
+	if grpcOn {
+		return &rawSender{grpc: c.grpc, method: method, newReply: reply, retryFirst: 200 * time.Millisecond}
+	}
+	return &rawSender{http: c.http, url: c.url(path), retryFirst: 200 * time.Millisecond}
+}
+
 func (s *rawSender) send(ctx context.Context, body []byte) error {
 	wait := s.retryFirst
 	for {

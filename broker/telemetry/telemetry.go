@@ -126,13 +126,8 @@ func (t *Telemetry) start(ctx context.Context, cfg *config.Telemetry, res *resou
 	grpcOn, c := cfg.Protocol != "http", t.conn
 	retryWithin := cfg.ExportTimeout
 	if cfg.Enabled(config.SignalLogs) {
-		snd := &rawSender{retryFirst: 200 * time.Millisecond}
-		if grpcOn {
-			snd.grpc, snd.method = c.grpc, "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
-			snd.newReply = func() proto.Message { return &collogs.ExportLogsServiceResponse{} }
-		} else {
-			snd.http, snd.url = c.http, c.url("/v1/logs")
-		}
+		snd := c.sender(grpcOn, "/opentelemetry.proto.collector.logs.v1.LogsService/Export", "/v1/logs",
+			func() proto.Message { return &collogs.ExportLogsServiceResponse{} })
 		rb, sb, err := resourceAndScope(res, "github.com/capbroker/capbroker/broker/audit")
 		if err != nil {
 			return fmt.Errorf("telemetry: logs exporter: %w", err)
@@ -147,13 +142,8 @@ func (t *Telemetry) start(ctx context.Context, cfg *config.Telemetry, res *resou
 		}, t.drop(config.SignalLogs))
 	}
 	if cfg.Enabled(config.SignalTraces) {
-		snd := &rawSender{retryFirst: 200 * time.Millisecond}
-		if grpcOn {
-			snd.grpc, snd.method = c.grpc, "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-			snd.newReply = func() proto.Message { return &coltrace.ExportTraceServiceResponse{} }
-		} else {
-			snd.http, snd.url = c.http, c.url("/v1/traces")
-		}
+		snd := c.sender(grpcOn, "/opentelemetry.proto.collector.trace.v1.TraceService/Export", "/v1/traces",
+			func() proto.Message { return &coltrace.ExportTraceServiceResponse{} })
 		exp, err := newTraceExporter(snd.send, res, "github.com/capbroker/capbroker/broker")
 		if err != nil {
 			return fmt.Errorf("telemetry: traces exporter: %w", err)
