@@ -566,11 +566,13 @@ func TestVaultLeaseRenewedRefetchedAndRevoked(t *testing.T) {
 		t.Fatal("no lease")
 	}
 	// Past the 2s TTL the same secret is served: renewed, not re-issued, despite 100ms refreshes.
+	// (Not much longer: near max_ttl Vault's watcher stops renewing, by a random grace, and a
+	// new secret is then due; on a loaded machine that can come 3s after the first.)
 	waitFor(t, 5*time.Second, "a renewal", func() error {
 		if got := get(); got != first {
-			t.Fatalf("new secret after %s, before max_ttl", time.Since(issued))
+			t.Fatalf("new secret after %s, before a renewal was seen", time.Since(issued))
 		}
-		if time.Since(issued) < 3*time.Second {
+		if time.Since(issued) < 2200*time.Millisecond {
 			return errors.New("not past the initial TTL yet")
 		}
 		s, err := root.Sys().Lookup(firstLease)
@@ -583,7 +585,7 @@ func TestVaultLeaseRenewedRefetchedAndRevoked(t *testing.T) {
 		return nil
 	})
 	if created, _ := mq.counts(); len(created) != 1 {
-		t.Fatalf("%d secrets issued in the first 3s, want 1", len(created))
+		t.Fatalf("%d secrets issued before the first lease's renewal, want 1", len(created))
 	}
 
 	// Before the first lease ends (max_ttl 6s), a new secret replaces it. Vault's own expiry
