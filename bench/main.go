@@ -50,6 +50,7 @@ func main() {
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
 	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
 	relayUpstreamCA := flag.String("relay-upstream-ca", "", "with -relay: the upstream's CA certificate")
+	connectFloor := flag.String("connect-floor", "", "run as the CONNECT floor of -only per-command (accept, read the head, answer 200, read until the client closes) on this address, and nothing else")
 	curves := flag.String("curves", "none", "curves to measure after the main run (or instead of it, with -only curves): names, comma-separated, all, or none; each is written to "+curvesDir+"/NAME.json")
 	curvesQuick := flag.Bool("curves-quick", false, "fewer and shorter points on each curve")
 	charts := flag.Bool("charts", true, "draw the charts under "+chartsDir+"/ from "+curvesDir+"/ and -out (-only charts: only that)")
@@ -64,6 +65,13 @@ func main() {
 	if *relay != "" {
 		if err := serveRelay(*relay, *relayCA, *relayUpstreamCA); err != nil {
 			fmt.Fprintln(os.Stderr, "relay:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *connectFloor != "" {
+		if err := serveConnectFloor(*connectFloor); err != nil {
+			fmt.Fprintln(os.Stderr, "connect-floor:", err)
 			os.Exit(1)
 		}
 		return

@@ -27,6 +27,8 @@ import (
 type perCommand struct {
 	Conns  int `json:"conns_per_batch"`
 	Rounds int `json:"rounds"`
+	// Floor is the CONNECT's broker CPU over the floor's (connectFloor), pair by pair.
+	Floor *connectFloor `json:"connect_floor,omitempty"`
 	// Steps are by key exchange ("X25519MLKEM768", "X25519"): the broker's CPU time per
 	// connection up to each step's end, and the client's median wall time of each step.
 	Steps map[string]perCommandSteps `json:"steps"`
@@ -52,6 +54,13 @@ func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broke
 	r := &perCommand{Conns: conns, Rounds: rounds, Steps: map[string]perCommandSteps{}}
 	target := net.JoinHostPort(hostIntercept, strconv.Itoa(up.port))
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+bare.token))
+	fl, err := startConnectFloor()
+	if err != nil {
+		fmt.Fprintf(stderr, "  connection per request: the CONNECT floor: %v\n", err)
+	} else {
+		defer fl.stop()
+		r.Floor = &fl.r
+	}
 	for _, curve := range []struct {
 		name string
 		ids  []tls.CurveID
@@ -60,7 +69,10 @@ func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broke
 		var st perCommandSteps
 		var cpu, own [3][]float64
 		var wall [3][]time.Duration
-		for range rounds {
+		for round := range rounds {
+			if !fl.pair(ctx, bare, target, auth, conns, round) {
+				return r
+			}
 			for step := range 3 {
 				c0 := bare.fineCPU()
 				for range conns {
@@ -91,6 +103,7 @@ func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broke
 			st.WallUS[i] = float64(wall[i][len(wall[i])/2].Microseconds())
 		}
 		r.Steps[curve.name] = st
+		r.Floor.finish()
 		fmt.Fprintf(stderr, "  connection per request, %s: broker CPU %.0f / %.0f / %.0f µs up to the CONNECT's answer / the handshake / the response\n", curve.name, st.CPUUS[0], st.CPUUS[1], st.CPUUS[2])
 	}
 	return r
@@ -162,26 +175,40 @@ func (r *perCommand) print(out io.Writer) {
 		fmt.Fprintf(out, "  connection per request, key exchange %s: broker CPU per connection %.0f µs; CONNECT %.0f (%.0f to %.0f), TLS handshake %.0f (%.0f to %.0f), request %.0f (%.0f to %.0f); client wall time CONNECT %.0f, handshake %.0f, request %.0f µs\n",
 			name, st.CPUUS[2], st.StepUS[0], st.StepMin[0], st.StepMax[0], st.StepUS[1], st.StepMin[1], st.StepMax[1], st.StepUS[2], st.StepMin[2], st.StepMax[2], st.WallUS[0], st.WallUS[1], st.WallUS[2])
 	}
+	if f := r.Floor; f != nil && len(f.Ratios) > 0 {
+		fmt.Fprintf(out, "  connection per request, the CONNECT's broker CPU over the floor's: %.2fx (%.2f to %.2f, %d pairs); broker %.0f µs, floor %.0f µs per CONNECT\n",
+			f.Median, f.Min, f.Max, len(f.Ratios), f.BrokerMedianUS, f.FloorMedianUS)
+	}
 }
 
-// perCommandLimitUS is the most the broker's CPU may spend on a CONNECT (read, decided,
-// answered, with the default key exchange offered after it): issue 40 measured 123-156 µs
-// from outside, and this bench 150-190 µs before the front (broker/front.go) took the
-// CONNECT from net/http's server.
-const perCommandLimitUS = 150
+// perCommandFloorLimit is the most the broker's CPU per CONNECT (read, decided, answered, the
+// tunnel started and closed by the client) may be over the CONNECT floor's on the same
+// connections (connectfloor.go). The absolute figure, 123-156 µs in issue 40's harness and
+// 130-240 µs in this bench, moves by 20-40 µs between rounds with the machine's load; the floor
+// moves with it, so the ratio moves with what the broker does beyond the least a Go program
+// answering a CONNECT does.
+const perCommandFloorLimit = 1.5
 
-// perCommandTarget is the connection per request's target: the CONNECT's broker CPU per
-// connection, the median of the rounds' differences of adjacent batches, with their range.
+// perCommandTarget is the connection per request's target: the CONNECT's broker CPU over the
+// floor's, the median of the pairs of interleaved batches, with their range.
 func (s *summary) perCommandTarget() target {
-	t := target{Name: "connection per request, the CONNECT's broker CPU (issue 40)", Limit: perCommandLimitUS, Unit: "µs", Op: "<="}
-	st, ok := s.PerCommand.steps("X25519MLKEM768")
-	if !ok {
+	t := target{Name: "connection per request, the CONNECT's broker CPU / the floor's (issue 40)", Limit: perCommandFloorLimit, Unit: "x", Op: "<="}
+	f := s.PerCommand.floor()
+	if f == nil {
 		t.Skipped = "not measured"
 		return t
 	}
-	t.Value, t.Min, t.Max, t.Pairs = st.StepUS[0], st.StepMin[0], st.StepMax[0], s.PerCommand.Rounds
+	t.Value, t.Min, t.Max, t.Pairs = f.Median, f.Min, f.Max, len(f.Ratios)
 	t.Met = t.Value <= t.Limit
 	return t
+}
+
+// floor is the CONNECT's pairs with the floor, or nil when they were not measured.
+func (r *perCommand) floor() *connectFloor {
+	if r == nil || r.Floor == nil || len(r.Floor.Ratios) == 0 {
+		return nil
+	}
+	return r.Floor
 }
 
 func (r *perCommand) steps(curve string) (perCommandSteps, bool) {
