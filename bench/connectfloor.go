@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/capbroker/capbroker/internal/harness"
@@ -146,4 +149,24 @@ func floorConnect(c net.Conn) {
 			return
 		}
 	}
+}
+
+// connectPairs is -only connect-pairs: the CONNECT's pairs with the floor alone, rounds of
+// them, without the TLS handshake's and the request's batches of -only per-command.
+func connectPairs(ctx context.Context, up *upstream, bare *broker, rounds int) error {
+	fl, err := startConnectFloor()
+	if err != nil {
+		return err
+	}
+	defer fl.stop()
+	target := net.JoinHostPort(hostIntercept, strconv.Itoa(up.port))
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+bare.token))
+	for round := range rounds {
+		if !fl.pair(ctx, bare, target, auth, perCommandConns, round) {
+			return errors.New("a CONNECT failed")
+		}
+	}
+	fl.r.finish()
+	(&perCommand{Floor: &fl.r}).print(os.Stdout)
+	return nil
 }

@@ -45,12 +45,15 @@ type perCommandSteps struct {
 	StepMax [3]float64 `json:"step_cpu_max_us"`
 }
 
+// perCommandConns are the connections of each batch.
+const perCommandConns = 400
+
 var stepNames = [3]string{"CONNECT", "TLS handshake", "request"}
 
 // measurePerCommand runs batches of conns connections each, rounds times per step and curve,
 // and keeps each figure's median.
 func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broker, rounds int) *perCommand {
-	const conns = 400
+	const conns = perCommandConns
 	r := &perCommand{Conns: conns, Rounds: rounds, Steps: map[string]perCommandSteps{}}
 	target := net.JoinHostPort(hostIntercept, strconv.Itoa(up.port))
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+bare.token))
