@@ -27,7 +27,7 @@ import (
 // It is the bench binary itself, run with -connect-floor.
 
 // connectFloor is the CONNECT's broker CPU per connection over the floor's, in pairs of
-// batches of the same connections, interleaved (one pair per round of either key exchange).
+// batches of the same connections, interleaved.
 type connectFloor struct {
 	BrokerUS []float64 `json:"broker_cpu_us"` // each pair's broker CPU per CONNECT
 	FloorUS  []float64 `json:"floor_cpu_us"`  // each pair's floor CPU per CONNECT
@@ -151,22 +151,39 @@ func floorConnect(c net.Conn) {
 	}
 }
 
-// connectPairs is -only connect-pairs: the CONNECT's pairs with the floor alone, rounds of
-// them, without the TLS handshake's and the request's batches of -only per-command.
-func connectPairs(ctx context.Context, up *upstream, bare *broker, rounds int) error {
+// measureConnectFloor starts the floor and measures pairs of batches of CONNECTs, the
+// broker's and the floor's interleaved (floorRun.pair); nil when the floor did not start or a
+// CONNECT failed.
+func measureConnectFloor(ctx context.Context, bare *broker, target, auth string, pairs int) *connectFloor {
 	fl, err := startConnectFloor()
 	if err != nil {
-		return err
+		fmt.Fprintf(stderr, "  connection per request: the CONNECT floor: %v\n", err)
+		return nil
 	}
 	defer fl.stop()
-	target := net.JoinHostPort(hostIntercept, strconv.Itoa(up.port))
-	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+bare.token))
-	for round := range rounds {
-		if !fl.pair(ctx, bare, target, auth, perCommandConns, round) {
-			return errors.New("a CONNECT failed")
+	for i := range pairs {
+		if !fl.pair(ctx, bare, target, auth, perCommandConns, i) {
+			return nil
 		}
 	}
 	fl.r.finish()
-	(&perCommand{Floor: &fl.r}).print(os.Stdout)
+	return &fl.r
+}
+
+// connectPairs is -only connect-pairs: the CONNECT's pairs with the floor alone, without the
+// TLS handshake's and the request's batches of -only per-command.
+func connectPairs(ctx context.Context, up *upstream, bare *broker, pairs int) error {
+	target := net.JoinHostPort(hostIntercept, strconv.Itoa(up.port))
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+bare.token))
+	f := measureConnectFloor(ctx, bare, target, auth, pairs)
+	if f == nil {
+		return errors.New("the CONNECT floor's pairs failed")
+	}
+	(&perCommand{Floor: f}).print(os.Stdout)
+	if os.Getenv("CONNFAST_DEBUG") != "" {
+		for i := range f.Ratios {
+			fmt.Printf("    pair %d: %.0f / %.0f = %.2f\n", i, f.BrokerUS[i], f.FloorUS[i], f.Ratios[i])
+		}
+	}
 	return nil
 }

@@ -51,19 +51,12 @@ const perCommandConns = 400
 var stepNames = [3]string{"CONNECT", "TLS handshake", "request"}
 
 // measurePerCommand runs batches of conns connections each, rounds times per step and curve,
-// and keeps each figure's median.
-func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broker, rounds int) *perCommand {
+// and keeps each figure's median; then pairs of batches of CONNECTs with the floor's.
+func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broker, rounds, pairs int) *perCommand {
 	const conns = perCommandConns
 	r := &perCommand{Conns: conns, Rounds: rounds, Steps: map[string]perCommandSteps{}}
 	target := net.JoinHostPort(hostIntercept, strconv.Itoa(up.port))
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+bare.token))
-	fl, err := startConnectFloor()
-	if err != nil {
-		fmt.Fprintf(stderr, "  connection per request: the CONNECT floor: %v\n", err)
-	} else {
-		defer fl.stop()
-		r.Floor = &fl.r
-	}
 	for _, curve := range []struct {
 		name string
 		ids  []tls.CurveID
@@ -72,10 +65,7 @@ func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broke
 		var st perCommandSteps
 		var cpu, own [3][]float64
 		var wall [3][]time.Duration
-		for round := range rounds {
-			if !fl.pair(ctx, bare, target, auth, conns, round) {
-				return r
-			}
+		for range rounds {
 			for step := range 3 {
 				c0 := bare.fineCPU()
 				for range conns {
@@ -106,9 +96,9 @@ func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broke
 			st.WallUS[i] = float64(wall[i][len(wall[i])/2].Microseconds())
 		}
 		r.Steps[curve.name] = st
-		r.Floor.finish()
 		fmt.Fprintf(stderr, "  connection per request, %s: broker CPU %.0f / %.0f / %.0f µs up to the CONNECT's answer / the handshake / the response\n", curve.name, st.CPUUS[0], st.CPUUS[1], st.CPUUS[2])
 	}
+	r.Floor = measureConnectFloor(ctx, bare, target, auth, pairs)
 	return r
 }
 
