@@ -56,7 +56,7 @@ func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), gre
 	// agent's ClientHello arrives (see newMitmTLS), not after its first request.
 	tun.prepare = true
 	if greet {
-		if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		if _, err := client.Write(connectEstablished); err != nil {
 			return
 		}
 	}
