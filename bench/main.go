@@ -375,7 +375,7 @@ func run(ctx context.Context, o options) error {
 	fmt.Fprintln(os.Stderr, "scrubbing with 100 keys over 1, paired...")
 	s.Secrets = measureSecrets(max(o.pairs/2, 5))
 	fmt.Fprintln(os.Stderr, "a connection per request...")
-	s.PerCommand = measurePerCommand(ctx, p, up, bare, full, max(o.pairs/4, 3), max(o.pairs, 10))
+	s.PerCommand = measurePerCommand(ctx, p, up, bare, full, max(o.pairs/4, 3), max(o.pairs, 30))
 	fmt.Fprintln(os.Stderr, "the full pipeline exporting OTLP logs and traces over without, paired...")
 	if s.OTel, err = measureOTelCost(ctx, bin, dir, up, p, fullPath, max(o.pairs/2, 6), o.slice); err != nil {
 		return err

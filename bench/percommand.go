@@ -176,10 +176,13 @@ func (r *perCommand) print(out io.Writer) {
 
 // perCommandFloorLimit is the most the broker's CPU per CONNECT (read, decided, answered, the
 // tunnel started and closed by the client) may be over the CONNECT floor's on the same
-// connections (connectfloor.go). The absolute figure, 123-156 µs in issue 40's harness and
-// 130-240 µs in this bench, moves by 20-40 µs between rounds with the machine's load; the floor
-// moves with it, so the ratio moves with what the broker does beyond the least a Go program
-// answering a CONNECT does.
+// connections (connectfloor.go): what the broker does of its own (the framing guard, parsing,
+// the agent's identity, the policy, the audit event, the metrics, the tunnel's start) at most
+// half what the kernel and the Go runtime take for the least CONNECT. The absolute figure,
+// 123-156 µs in issue 40's harness and 130-290 µs in this bench, moves by 20-40 µs between
+// rounds with the machine's load; the floor moves with it, so the ratio moves with the
+// broker. Before the front (net/http's server and goproxy) it read 1.8-2.0x, with the front
+// and http.ReadRequest 1.6-1.7x (docs/benchmarks.md).
 const perCommandFloorLimit = 1.5
 
 // perCommandTarget is the connection per request's target: the CONNECT's broker CPU over the
