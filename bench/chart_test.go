@@ -87,7 +87,7 @@ func TestTargetsChart(t *testing.T) {
 	s := &summary{Machine: "2 cores (test CPU)", Started: "2026-12-06T02:00:00Z", Commit: "abc123def456", Targets: []target{
 		{Name: "bare intercepted / relay, c=32", Value: 0.9, Limit: 0.95, Op: ">="},
 		{Name: "full pipeline / bare intercepted, 256 MiB download (issue 40)", Value: 0.93, Limit: 0.9, Unit: "x", Op: ">=", Min: 0.8, Max: 1.1, Pairs: 3, Met: true},
-		{Name: "connection per request, the CONNECT's broker CPU (issue 40)", Value: 130, Limit: 150, Unit: "µs", Op: "<=", Min: 110, Max: 160, Pairs: 6, Met: true},
+		{Name: "connection per request, the CONNECT's broker CPU / the floor's (issue 40)", Value: 1.45, Limit: 1.5, Unit: "x", Op: "<=", Min: 1.2, Max: 1.8, Pairs: 20, Met: true},
 		{Name: "scrubbing, 100 plain keys / 1 key (issue 40)", Limit: 0.9, Unit: "x", Skipped: "not measured"},
 	}}
 	file := filepath.Join(dir, "targets.svg")
@@ -100,7 +100,7 @@ func TestTargetsChart(t *testing.T) {
 	}
 	svg := string(b)
 	for _, want := range []string{"commit abc123def456", "full pipeline / bare intercepted, 256 MiB download", "0.93 x (0.8 to 1.1) &gt;= 0.9",
-		"130 µs (110 to 160) &lt;= 150", "not measured", "bars: the pairs&#39; range"} {
+		"1.45 x (1.2 to 1.8) &lt;= 1.5", "not measured", "bars: the pairs&#39; range"} {
 		if !strings.Contains(svg, want) {
 			t.Errorf("targets chart lacks %q", want)
 		}

@@ -40,7 +40,7 @@ func main() {
 	flag.IntVar(&o.bulkPairs, "bulk-pairs", 3, "pairs of 256 MiB transfers each way for the bulk targets (-only bulk: intercept/relay and full/intercept alone)")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector, then to a minimal OTLP sink, over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; postgres-pairs: pgbench's default workload through the Postgres front door over direct, paired, with statement decisions off and on (-conns clients, 8 by default; -slice of at least 2s; root, Debian's postgresql and a Vault binary); curves: only the curves of -curves; charts: only draw the charts; bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs; secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs; per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges; agent-h2-pairs: the bare intercepted path and the full pipeline with an HTTP/1.1 client (-conns connections) against an h2 client (one connection, -conns streams), paired, with the broker's CPU per request")
+	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector, then to a minimal OTLP sink, over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; postgres-pairs: pgbench's default workload through the Postgres front door over direct, paired, with statement decisions off and on (-conns clients, 8 by default; -slice of at least 2s; root, Debian's postgresql and a Vault binary); curves: only the curves of -curves; charts: only draw the charts; bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs; secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs; per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges, and the CONNECT paired with a minimal CONNECT responder's (the floor); connect-pairs: only those pairs, -pairs of them; agent-h2-pairs: the bare intercepted path and the full pipeline with an HTTP/1.1 client (-conns connections) against an h2 client (one connection, -conns streams), paired, with the broker's CPU per request")
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.IntVar(&o.sshMiB, "ssh-mib", 300, "-only ssh-clone: the size of the repository cloned, in MiB")
 	flag.BoolVar(&keepAlive, "keepalive", true, "clients keep their connections between requests; false: a connection (a CONNECT and a TLS handshake through a proxy) per request, as one curl command makes")
@@ -50,6 +50,7 @@ func main() {
 	relay := flag.String("relay", "", "run as the relay (a bare intercepting proxy, the floor of the intercepted path) on this address, and nothing else")
 	relayCA := flag.String("relay-ca", "", "with -relay: where to write the relay's CA certificate")
 	relayUpstreamCA := flag.String("relay-upstream-ca", "", "with -relay: the upstream's CA certificate")
+	connectFloor := flag.String("connect-floor", "", "run as the CONNECT floor of -only per-command (accept, read the head, answer 200, read until the client closes) on this address, and nothing else")
 	curves := flag.String("curves", "none", "curves to measure after the main run (or instead of it, with -only curves): names, comma-separated, all, or none; each is written to "+curvesDir+"/NAME.json")
 	curvesQuick := flag.Bool("curves-quick", false, "fewer and shorter points on each curve")
 	charts := flag.Bool("charts", true, "draw the charts under "+chartsDir+"/ from "+curvesDir+"/ and -out (-only charts: only that)")
@@ -64,6 +65,13 @@ func main() {
 	if *relay != "" {
 		if err := serveRelay(*relay, *relayCA, *relayUpstreamCA); err != nil {
 			fmt.Fprintln(os.Stderr, "relay:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *connectFloor != "" {
+		if err := serveConnectFloor(*connectFloor); err != nil {
+			fmt.Fprintln(os.Stderr, "connect-floor:", err)
 			os.Exit(1)
 		}
 		return
@@ -221,9 +229,12 @@ func run(ctx context.Context, o options) error {
 		return bulkOnly(ctx, up, p, intercept, fullPath, o)
 	}
 	if o.only == "per-command" {
-		r := measurePerCommand(ctx, p, up, bare, full, max(o.pairs, 1))
+		r := measurePerCommand(ctx, p, up, bare, full, max(o.pairs, 1), max(o.pairs, 1))
 		r.print(os.Stdout)
 		return nil
+	}
+	if o.only == "connect-pairs" {
+		return connectPairs(ctx, up, bare, max(o.pairs, 1))
 	}
 	if o.only == "agent-h2-pairs" {
 		return agentH2Pairs(ctx, p, intercept, fullPath, o)
@@ -364,7 +375,7 @@ func run(ctx context.Context, o options) error {
 	fmt.Fprintln(os.Stderr, "scrubbing with 100 keys over 1, paired...")
 	s.Secrets = measureSecrets(max(o.pairs/2, 5))
 	fmt.Fprintln(os.Stderr, "a connection per request...")
-	s.PerCommand = measurePerCommand(ctx, p, up, bare, full, max(o.pairs/4, 3))
+	s.PerCommand = measurePerCommand(ctx, p, up, bare, full, max(o.pairs/4, 3), max(o.pairs, 30))
 	fmt.Fprintln(os.Stderr, "the full pipeline exporting OTLP logs and traces over without, paired...")
 	if s.OTel, err = measureOTelCost(ctx, bin, dir, up, p, fullPath, max(o.pairs/2, 6), o.slice); err != nil {
 		return err

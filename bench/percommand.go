@@ -27,6 +27,8 @@ import (
 type perCommand struct {
 	Conns  int `json:"conns_per_batch"`
 	Rounds int `json:"rounds"`
+	// Floor is the CONNECT's broker CPU over the floor's (connectFloor), pair by pair.
+	Floor *connectFloor `json:"connect_floor,omitempty"`
 	// Steps are by key exchange ("X25519MLKEM768", "X25519"): the broker's CPU time per
 	// connection up to each step's end, and the client's median wall time of each step.
 	Steps map[string]perCommandSteps `json:"steps"`
@@ -43,12 +45,15 @@ type perCommandSteps struct {
 	StepMax [3]float64 `json:"step_cpu_max_us"`
 }
 
+// perCommandConns are the connections of each batch.
+const perCommandConns = 400
+
 var stepNames = [3]string{"CONNECT", "TLS handshake", "request"}
 
 // measurePerCommand runs batches of conns connections each, rounds times per step and curve,
-// and keeps each figure's median.
-func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broker, rounds int) *perCommand {
-	const conns = 400
+// and keeps each figure's median; then pairs of batches of CONNECTs with the floor's.
+func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broker, rounds, pairs int) *perCommand {
+	const conns = perCommandConns
 	r := &perCommand{Conns: conns, Rounds: rounds, Steps: map[string]perCommandSteps{}}
 	target := net.JoinHostPort(hostIntercept, strconv.Itoa(up.port))
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(agentID+":"+bare.token))
@@ -93,6 +98,7 @@ func measurePerCommand(ctx context.Context, p *pki, up *upstream, bare, _ *broke
 		r.Steps[curve.name] = st
 		fmt.Fprintf(stderr, "  connection per request, %s: broker CPU %.0f / %.0f / %.0f µs up to the CONNECT's answer / the handshake / the response\n", curve.name, st.CPUUS[0], st.CPUUS[1], st.CPUUS[2])
 	}
+	r.Floor = measureConnectFloor(ctx, bare, target, auth, pairs)
 	return r
 }
 
@@ -162,26 +168,43 @@ func (r *perCommand) print(out io.Writer) {
 		fmt.Fprintf(out, "  connection per request, key exchange %s: broker CPU per connection %.0f µs; CONNECT %.0f (%.0f to %.0f), TLS handshake %.0f (%.0f to %.0f), request %.0f (%.0f to %.0f); client wall time CONNECT %.0f, handshake %.0f, request %.0f µs\n",
 			name, st.CPUUS[2], st.StepUS[0], st.StepMin[0], st.StepMax[0], st.StepUS[1], st.StepMin[1], st.StepMax[1], st.StepUS[2], st.StepMin[2], st.StepMax[2], st.WallUS[0], st.WallUS[1], st.WallUS[2])
 	}
+	if f := r.Floor; f != nil && len(f.Ratios) > 0 {
+		fmt.Fprintf(out, "  connection per request, the CONNECT's broker CPU over the floor's: %.2fx (%.2f to %.2f, %d pairs); broker %.0f µs, floor %.0f µs per CONNECT\n",
+			f.Median, f.Min, f.Max, len(f.Ratios), f.BrokerMedianUS, f.FloorMedianUS)
+	}
 }
 
-// perCommandLimitUS is the most the broker's CPU may spend on a CONNECT (read, decided,
-// answered, with the default key exchange offered after it): issue 40 measured 123-156 µs
-// from outside, and this bench 150-190 µs before the front (broker/front.go) took the
-// CONNECT from net/http's server.
-const perCommandLimitUS = 150
+// perCommandFloorLimit is the most the broker's CPU per CONNECT (read, decided, answered, the
+// tunnel started and closed by the client) may be over the CONNECT floor's on the same
+// connections (connectfloor.go): what the broker does of its own (the framing guard, parsing,
+// the agent's identity, the policy, the audit event, the metrics, the tunnel's start) at most
+// half what the kernel and the Go runtime take for the least CONNECT. The absolute figure,
+// 123-156 µs in issue 40's harness and 130-290 µs in this bench, moves by 20-40 µs between
+// rounds with the machine's load; the floor moves with it, so the ratio moves with the
+// broker. Before the front (net/http's server and goproxy) it read 1.8-2.0x, with the front
+// and http.ReadRequest 1.6-1.7x (docs/benchmarks.md).
+const perCommandFloorLimit = 1.5
 
-// perCommandTarget is the connection per request's target: the CONNECT's broker CPU per
-// connection, the median of the rounds' differences of adjacent batches, with their range.
+// perCommandTarget is the connection per request's target: the CONNECT's broker CPU over the
+// floor's, the median of the pairs of interleaved batches, with their range.
 func (s *summary) perCommandTarget() target {
-	t := target{Name: "connection per request, the CONNECT's broker CPU (issue 40)", Limit: perCommandLimitUS, Unit: "µs", Op: "<="}
-	st, ok := s.PerCommand.steps("X25519MLKEM768")
-	if !ok {
+	t := target{Name: "connection per request, the CONNECT's broker CPU / the floor's (issue 40)", Limit: perCommandFloorLimit, Unit: "x", Op: "<="}
+	f := s.PerCommand.floor()
+	if f == nil {
 		t.Skipped = "not measured"
 		return t
 	}
-	t.Value, t.Min, t.Max, t.Pairs = st.StepUS[0], st.StepMin[0], st.StepMax[0], s.PerCommand.Rounds
+	t.Value, t.Min, t.Max, t.Pairs = f.Median, f.Min, f.Max, len(f.Ratios)
 	t.Met = t.Value <= t.Limit
 	return t
+}
+
+// floor is the CONNECT's pairs with the floor, or nil when they were not measured.
+func (r *perCommand) floor() *connectFloor {
+	if r == nil || r.Floor == nil || len(r.Floor.Ratios) == 0 {
+		return nil
+	}
+	return r.Floor
 }
 
 func (r *perCommand) steps(curve string) (perCommandSteps, bool) {

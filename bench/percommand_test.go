@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"net"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -13,8 +16,9 @@ func TestIssue40Targets(t *testing.T) {
 		met, skip bool
 	}{
 		"not measured": {nil, false, true},
-		"met":          {&perCommand{Rounds: 6, Steps: map[string]perCommandSteps{"X25519MLKEM768": {StepUS: [3]float64{130, 450, 160}, StepMin: [3]float64{110}, StepMax: [3]float64{160}}}}, true, false},
-		"not met":      {&perCommand{Rounds: 6, Steps: map[string]perCommandSteps{"X25519MLKEM768": {StepUS: [3]float64{180}, StepMin: [3]float64{170}, StepMax: [3]float64{200}}}}, false, false},
+		"no floor":     {&perCommand{Rounds: 6, Steps: map[string]perCommandSteps{"X25519MLKEM768": {StepUS: [3]float64{130, 450, 160}, StepMin: [3]float64{110}, StepMax: [3]float64{160}}}}, false, true},
+		"met":          {withFloor([]float64{150, 160, 170}, []float64{120, 120, 125}), true, false},
+		"not met":      {withFloor([]float64{150, 200, 170}, []float64{80, 90, 100}), false, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := &summary{PerCommand: tc.pc}
@@ -32,12 +36,59 @@ func TestIssue40Targets(t *testing.T) {
 			if len(names) != 9 { // bulk: 2 ratios both ways; many keys: 2 kinds; h2 clients: 2 paths; the CONNECT
 				t.Fatalf("issue 40's targets: %q", names)
 			}
-			if (pc.Skipped != "") != tc.skip || pc.Met != tc.met || pc.Op != "<=" || pc.Limit != perCommandLimitUS {
+			if (pc.Skipped != "") != tc.skip || pc.Met != tc.met || pc.Op != "<=" || pc.Limit != perCommandFloorLimit || pc.Unit != "x" {
 				t.Fatalf("the connection per request's target: %+v", pc)
 			}
-			if !tc.skip && (pc.Value != tc.pc.Steps["X25519MLKEM768"].StepUS[0] || pc.Min == 0 || pc.Max == 0 || pc.Pairs != 6) {
+			if f := tc.pc.floor(); !tc.skip && (pc.Value != f.Median || pc.Min != slices.Min(f.Ratios) || pc.Max != slices.Max(f.Ratios) || pc.Pairs != 3) {
 				t.Fatalf("the connection per request's target: %+v", pc)
 			}
 		})
+	}
+}
+
+// withFloor is a run whose CONNECTs were paired with the floor's: the broker's and the floor's
+// CPU per CONNECT in each pair.
+func withFloor(broker, floor []float64) *perCommand {
+	r := &perCommand{Rounds: 3, Floor: &connectFloor{BrokerUS: broker, FloorUS: floor}}
+	r.Floor.finish()
+	return r
+}
+
+// TestConnectFloorPairs: each pair's ratio is the broker's CPU over the floor's in the same
+// batch, and the medians are of each side alone.
+func TestConnectFloorPairs(t *testing.T) {
+	f := &connectFloor{BrokerUS: []float64{150, 200, 180}, FloorUS: []float64{100, 100, 120}}
+	f.finish()
+	if !slices.Equal(f.Ratios, []float64{1.5, 2, 1.5}) || f.Median != 1.5 || f.Min != 1.5 || f.Max != 2 || f.BrokerMedianUS != 180 || f.FloorMedianUS != 100 {
+		t.Fatalf("%+v", f)
+	}
+	f.FloorUS = append(f.FloorUS, 90) // a batch whose broker half is missing is no pair
+	f.finish()
+	if len(f.Ratios) != 3 {
+		t.Fatalf("%+v", f)
+	}
+}
+
+// TestConnectFloorAnswers: the floor answers a CONNECT as the bench's client reads the
+// broker's, and serves connections until its listener closes.
+func TestConnectFloorAnswers(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go floorConnect(c)
+		}
+	}()
+	for range 3 {
+		if _, err := oneCommand(context.Background(), ln.Addr().String(), "a.example:443", "Basic eDp5", nil, 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"github.com/capbroker/capbroker/broker/upstream"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -71,6 +70,9 @@ func (b *Broker) handleConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.Con
 		Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) { open(client) },
 	}, host
 }
+
+// connectEstablished is a CONNECT's answer once its tunnel is open: one write, no copy.
+var connectEstablished = []byte("HTTP/1.1 200 Connection established\r\n\r\n")
 
 // connect decides the CONNECT r. An error is refused (x.fail); otherwise the function returned
 // serves the tunnel on the agent's connection, once the server has let go of it: intercepted,
@@ -186,7 +188,7 @@ func (b *Broker) pipeConn(x *exchange, req *http.Request, client net.Conn, t tar
 	defer b.metrics.tunnelClosed()
 	x.ev.Status = http.StatusOK
 	if greet {
-		if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		if _, err := client.Write(connectEstablished); err != nil {
 			x.finish()
 			return
 		}

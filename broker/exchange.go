@@ -108,8 +108,7 @@ func (x *exchange) finish() {
 			x.ev.Decision = audit.Deny
 			decision = "error"
 		}
-		x.b.metrics.requests.WithLabelValues(x.ev.Phase, decision).Inc()
-		x.b.metrics.latency.WithLabelValues(x.ev.Phase).Observe(time.Since(x.ev.Start).Seconds())
+		x.b.metrics.exchanged(x.ev.Phase, decision, time.Since(x.ev.Start))
 		x.b.metrics.finished(x.ev.Agent, x.ev.Host, outcome(decision, x.code), x.ev.Credentials)
 		x.endTrace()
 		x.b.audit.Write(&x.ev)

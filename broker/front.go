@@ -8,7 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
+	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -202,6 +205,14 @@ func isConnect(b []byte) bool {
 // connectRequest parses a CONNECT's head as net/http's server does, and returns nil for one
 // net/http's server would refuse itself (or that is not a CONNECT after all).
 func connectRequest(head []byte) *http.Request {
+	if r := parseConnect(head); r != nil {
+		return r
+	}
+	return readConnect(head)
+}
+
+// readConnect is connectRequest with http.ReadRequest: for any CONNECT parseConnect leaves.
+func readConnect(head []byte) *http.Request {
 	br := headReaders.Get().(*bufio.Reader)
 	br.Reset(bytes.NewReader(head))
 	r, err := http.ReadRequest(br)
@@ -231,6 +242,87 @@ func connectRequest(head []byte) *http.Request {
 		}
 	}
 	return r
+}
+
+// parseConnect parses head, which ends with CRLF CRLF, when it is a CONNECT in the one shape
+// agents send: "CONNECT host:port HTTP/1.1", the host of letters, digits, dots and hyphens,
+// then header fields each once, none of those that would make net/http read more into the
+// request (Connection, Content-Length, Transfer-Encoding, Trailer, Pragma, Expect), none
+// folded, the Host field valid (httpguts, as net/http's server checks it). It returns the
+// request http.ReadRequest would return, with no body; for any other head nil, and
+// readConnect parses it with http.ReadRequest. It never refuses: what it does not take goes
+// to the slow path, which decides as net/http's server would. FuzzParseConnect holds the two
+// to the same request.
+func parseConnect(head []byte) *http.Request {
+	const prefix, proto = "CONNECT ", " HTTP/1.1\r\n"
+	if !bytes.HasPrefix(head, []byte(prefix)) {
+		return nil
+	}
+	s := string(head) // one string: every field below is a part of it
+	authority, lines, ok := strings.Cut(s[len(prefix):], proto)
+	if !ok || !connectAuthority(authority) || !strings.HasSuffix(lines, "\r\n") {
+		return nil
+	}
+	lines = lines[:len(lines)-2] // each field line with its CRLF
+	values := make([]string, strings.Count(lines, "\r\n"))
+	h := make(http.Header, len(values))
+	for i := 0; lines != ""; i++ {
+		line, rest, _ := strings.Cut(lines, "\r\n")
+		lines = rest
+		name, value, ok := strings.Cut(line, ":")
+		if !ok || !httpguts.ValidHeaderFieldName(name) {
+			return nil // an obs-fold, a space before the colon...: the slow path decides
+		}
+		value = strings.Trim(value, " \t")
+		if !httpguts.ValidHeaderFieldValue(value) {
+			return nil
+		}
+		name = textproto.CanonicalMIMEHeaderKey(name)
+		switch _, dup := h[name]; {
+		case dup:
+			return nil
+		case name == "Host" && !httpguts.ValidHostHeader(value):
+			return nil
+		case slowFields[name]:
+			return nil
+		}
+		values[i] = value
+		h[name] = values[i : i+1 : i+1]
+	}
+	delete(h, "Host") // as http.ReadRequest: the CONNECT's authority is the request's host
+	return &http.Request{
+		Method: http.MethodConnect, URL: &url.URL{Host: authority}, RequestURI: authority,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h, Host: authority, Body: http.NoBody,
+	}
+}
+
+// slowFields are the header fields that make http.ReadRequest read more into a request than
+// its head: a CONNECT with one goes to readConnect.
+var slowFields = map[string]bool{
+	"Connection": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true,
+	"Pragma": true, "Expect": true,
+}
+
+// connectAuthority reports whether a is host:port with a host of letters, digits, dots and
+// hyphens and a port of one to five digits.
+func connectAuthority(a string) bool {
+	host, port, ok := strings.Cut(a, ":")
+	if !ok || host == "" || port == "" || len(port) > 5 {
+		return false
+	}
+	for i := range len(host) {
+		switch c := host[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '-':
+		default:
+			return false
+		}
+	}
+	for i := range len(port) {
+		if port[i] < '0' || port[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 var headReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) }}

@@ -58,6 +58,9 @@ type Metrics struct {
 	// path does one map lookup and no allocation.
 	mu       sync.RWMutex
 	children map[egressKey]prometheus.Counter
+	// exchanges caches the request counter and the latency histogram of each phase and
+	// decision seen (a few dozen at most), likewise.
+	exchanges map[[2]string]exchangeMetrics
 
 	watched sync.Once
 
@@ -147,7 +150,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Name: "capbroker_build_info",
 			Help: "Always 1; the labels say which build is running.",
 		}, []string{"version", "commit", "goversion"}),
-		children: map[egressKey]prometheus.Counter{},
+		children:  map[egressKey]prometheus.Counter{},
+		exchanges: map[[2]string]exchangeMetrics{},
 	}
 	m.labels.Store(&labelSet{agents: map[string]bool{}, hosts: map[string]bool{}})
 	m.build.WithLabelValues("dev", "unknown", runtime.Version()).Set(1)
@@ -314,6 +318,28 @@ func (m *Metrics) finished(agent, host, outcome string, granted []string) {
 		m.mu.Unlock()
 	}
 	c.Inc()
+}
+
+type exchangeMetrics struct {
+	requests prometheus.Counter
+	latency  prometheus.Observer
+}
+
+// exchanged counts an exchange of phase that ended with decision (capbroker_requests_total)
+// and observes how long it took.
+func (m *Metrics) exchanged(phase, decision string, took time.Duration) {
+	k := [2]string{phase, decision}
+	m.mu.RLock()
+	e, ok := m.exchanges[k]
+	m.mu.RUnlock()
+	if !ok {
+		e = exchangeMetrics{m.requests.WithLabelValues(phase, decision), m.latency.WithLabelValues(phase)}
+		m.mu.Lock()
+		m.exchanges[k] = e
+		m.mu.Unlock()
+	}
+	e.requests.Inc()
+	e.latency.Observe(took.Seconds())
 }
 
 // upstreamError counts a failure of the upstream by its class.

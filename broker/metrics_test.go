@@ -11,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/capbroker/capbroker/broker/config"
 	"github.com/capbroker/capbroker/broker/upstream"
@@ -92,6 +95,27 @@ func TestFinishedDoesNotAllocate(t *testing.T) {
 		m.finished("a", "h.test", "allow", granted)
 	}); n != 0 {
 		t.Fatalf("%v allocations per exchange", n)
+	}
+}
+
+// TestExchangedCounts: an exchange's count and latency go to its phase's and decision's
+// series, with no allocation once the pair has been seen.
+func TestExchangedCounts(t *testing.T) {
+	m := NewMetrics(nil)
+	m.exchanged("connect", "allow", time.Millisecond)
+	m.exchanged("connect", "allow", time.Millisecond)
+	m.exchanged("request", "deny", time.Millisecond)
+	if n := testing.AllocsPerRun(1000, func() { m.exchanged("connect", "allow", time.Millisecond) }); n != 0 {
+		t.Fatalf("%v allocations per exchange", n)
+	}
+	if got := testutil.ToFloat64(m.requests.WithLabelValues("connect", "allow")); got != 1003 {
+		t.Errorf("connect allow: %v", got)
+	}
+	if got := testutil.ToFloat64(m.requests.WithLabelValues("request", "deny")); got != 1 {
+		t.Errorf("request deny: %v", got)
+	}
+	if got := testutil.CollectAndCount(m.latency); got != 2 {
+		t.Errorf("latency series: %d", got)
 	}
 }
 

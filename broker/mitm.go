@@ -47,14 +47,16 @@ func (b *Broker) interceptConn(client net.Conn, tun *tunnel, release func(), gre
 		}
 	}()
 	// A host's first certificate is issued while the agent prepares its ClientHello, rather
-	// than after it arrives; the handshake below waits on the same issue (single flight).
-	host := tun.target.host // the handshake below may change tun.target (plain HTTP)
-	go func() { _, _ = b.certs.Get(host) }()
+	// than after it arrives; the handshake below waits on the same issue (single flight). A
+	// cached one needs no goroutine (most CONNECTs: one would cost more than the look-up).
+	if host := tun.target.host; !b.certs.Cached(host) { // the handshake may change tun.target
+		go func() { _, _ = b.certs.Get(host) }()
+	}
 	// Likewise the host's first upstream connection, when the pool has none: dialled as the
 	// agent's ClientHello arrives (see newMitmTLS), not after its first request.
 	tun.prepare = true
 	if greet {
-		if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		if _, err := client.Write(connectEstablished); err != nil {
 			return
 		}
 	}

@@ -100,6 +100,13 @@ func (c *Cache) Get(host string) (*tls.Certificate, error) {
 	return v.(*tls.Certificate), nil
 }
 
+// Cached reports whether Get would return host's leaf from the cache, as host is written (a
+// host Get normalizes is not found here): it issues nothing.
+func (c *Cache) Cached(host string) bool {
+	l, ok := c.lru.Get(host)
+	return ok && c.fresh(l)
+}
+
 // fresh reports whether l is still to be served.
 func (c *Cache) fresh(l leaf) bool {
 	return c.now().Before(l.refresh)

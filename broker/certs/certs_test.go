@@ -304,6 +304,28 @@ func TestCacheReuse(t *testing.T) {
 	}
 }
 
+// TestCacheCached: Cached says whether Get would serve a leaf from the cache, and issues
+// nothing itself.
+func TestCacheCached(t *testing.T) {
+	now := time.Now()
+	c := NewCache(testCA(t), 10)
+	c.now = func() time.Time { return now }
+	if c.Cached("example.com") {
+		t.Fatal("an empty cache has example.com")
+	}
+	first := mustGet(t, c, "example.com")
+	if !c.Cached("example.com") || c.issued.Load() != 1 {
+		t.Fatalf("after Get: cached %v, issued %d", c.Cached("example.com"), c.issued.Load())
+	}
+	now = first.Leaf.NotAfter.Add(-59 * time.Minute)
+	if c.Cached("example.com") {
+		t.Error("a leaf due for renewal counts as cached")
+	}
+	if c.Cached("other.example.com") || c.issued.Load() != 1 {
+		t.Errorf("Cached issued a leaf: %d", c.issued.Load())
+	}
+}
+
 func TestCacheEviction(t *testing.T) {
 	c := NewCache(testCA(t), 3)
 	first := mustGet(t, c, "h0.example.com")
