@@ -38,7 +38,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -81,16 +80,18 @@ type Conn struct {
 	br *bufio.Reader
 	fr *http2.Framer // frames are read by Serve alone, written under wmu
 
-	// wmu guards the writing side: bw, the framer's writes, the hpack encoder.
-	wmu     sync.Mutex
-	bw      *bufio.Writer
-	henc    *hpack.Encoder
-	hbuf    writeBuf
-	werr    error // the first write's error: nothing is written after it
-	dirty   bool  // bw holds frames not flushed
-	started bool  // the server's SETTINGS were written: a GOAWAY may follow
-	// flushers counts the response flushes waiting for wmu (see responseWriter.flush).
-	flushers atomic.Int32
+	// wmu guards the writing side: out, the framer's writes, the hpack encoder. Frames are
+	// written into out, and out to the connection by one goroutine at a time, the flusher,
+	// without wmu held (see flushLocked).
+	wmu      sync.Mutex
+	out      writeBuf // frames not yet written to the connection
+	spare    []byte   // the flusher's other buffer
+	flushing bool     // a flusher is writing
+	flushed  sync.Cond
+	henc     *hpack.Encoder
+	hbuf     writeBuf
+	werr     error // the first write's error: nothing is written after it
+	started  bool  // the server's SETTINGS were written: a GOAWAY may follow
 
 	// mu guards the streams and the flow-control windows; flow is signalled when a send
 	// window grows, or a stream or the connection ends.
@@ -107,9 +108,10 @@ type Conn struct {
 	pendingUpdates []windowUpdate
 	resetIDs       [16]uint32 // the streams the server reset last (see wasReset)
 	resetNext      uint32
-	running        int    // handlers running
-	queued         []task // streams waiting for a handler (running at its limit)
-	goingAway      bool   // GOAWAY sent or received: no new stream
+	freeCtxs       []streamCtx // contexts of streams that ended whole (see streamContext)
+	running        int         // handlers running
+	queued         []task      // streams waiting for a handler (running at its limit)
+	goingAway      bool        // GOAWAY sent or received: no new stream
 	closed         bool
 	shutdown       bool // Shutdown was called
 	idleSince      time.Time
@@ -140,8 +142,8 @@ func (s *Server) NewConn(c net.Conn, end func()) *Conn {
 	conn.recvAvail = recvWindow
 	conn.maxWrite = maxFrame
 	conn.br = bufio.NewReaderSize(c, 4<<10)
-	conn.bw = bufio.NewWriterSize(c, writeSize)
-	conn.fr = http2.NewFramer(conn.bw, conn.br)
+	conn.flushed.L = &conn.wmu
+	conn.fr = http2.NewFramer(&conn.out, conn.br)
 	conn.fr.SetReuseFrames()
 	conn.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	conn.fr.MaxHeaderListSize = uint32(s.MaxHeaderBytes)
@@ -186,7 +188,7 @@ func (c *Conn) Serve() {
 		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: uint32(c.s.MaxHeaderBytes)},
 	))
 	c.writeErr(c.fr.WriteWindowUpdate(0, recvWindow-65535))
-	c.flushLocked()
+	c.flushLocked(false)
 	c.wmu.Unlock()
 
 	c.mu.Lock()
@@ -303,7 +305,7 @@ func (c *Conn) timedOut() bool {
 	c.mu.Unlock()
 	c.wmu.Lock()
 	c.writeErr(c.fr.WritePing(false, data))
-	c.flushLocked()
+	c.flushLocked(false)
 	c.wmu.Unlock()
 	return false
 }
@@ -339,8 +341,7 @@ func (c *Conn) process(f http2.Frame) error {
 			return nil
 		}
 		c.wmu.Lock()
-		c.writeErr(c.fr.WritePing(true, f.Data))
-		c.dirty = true
+		c.wrote(c.fr.WritePing(true, f.Data))
 		c.wmu.Unlock()
 		return nil
 	case *http2.RSTStreamFrame:
@@ -428,8 +429,7 @@ func (c *Conn) processSettings(f *http2.SettingsFrame) error {
 		return err
 	}
 	c.wmu.Lock()
-	c.writeErr(c.fr.WriteSettingsAck())
-	c.dirty = true
+	c.wrote(c.fr.WriteSettingsAck())
 	c.wmu.Unlock()
 	return nil
 }
@@ -547,8 +547,7 @@ func (c *Conn) resetStream(id uint32, code http2.ErrCode) {
 	c.resetNext++
 	c.mu.Unlock()
 	c.wmu.Lock()
-	c.writeErr(c.fr.WriteRSTStream(id, code))
-	c.dirty = true
+	c.wrote(c.fr.WriteRSTStream(id, code))
 	c.wmu.Unlock()
 	if st != nil {
 		c.closeStream(st, errStreamReset)
@@ -565,7 +564,7 @@ func (c *Conn) goAwayAndClose(code http2.ErrCode) {
 	c.mu.Unlock()
 	c.wmu.Lock()
 	c.writeErr(c.fr.WriteGoAway(last, code, nil))
-	c.flushLocked()
+	c.flushLocked(true) // written before the write side is closed
 	c.wmu.Unlock()
 	if code == http2.ErrCodeNo {
 		return
@@ -594,7 +593,7 @@ func (c *Conn) Shutdown(ctx context.Context) error {
 		c.wmu.Lock()
 		if c.started {
 			c.writeErr(c.fr.WriteGoAway(last, http2.ErrCodeNo, nil))
-			c.flushLocked()
+			c.flushLocked(true)
 		} else {
 			idle = true // before the server's SETTINGS: nothing to finish
 		}
@@ -648,11 +647,61 @@ func (c *Conn) writeErr(err error) {
 	}
 }
 
-// flushLocked sends what bw holds; c.wmu is held.
-func (c *Conn) flushLocked() {
-	c.dirty = false
-	if c.werr == nil {
-		c.writeErr(c.bw.Flush())
+// wrote keeps the error of a frame's write and makes room for the next; c.wmu is held, and
+// may be released: not between the frames of a header block.
+func (c *Conn) wrote(err error) {
+	c.writeErr(err)
+	c.roomLocked()
+}
+
+// maxPending is how much a writer may add to out while the flusher writes before it waits.
+const maxPending = 4 * writeSize
+
+// flushLocked writes out to the connection; c.wmu is held, and released meanwhile. When
+// another goroutine is writing already, out is left to it, which writes what was added
+// meanwhile when its write returns: frames of streams that end together leave in one write
+// (group commit), and no writer waits for the lock while another's write system call runs.
+// With wait, flushLocked returns once out is written (or the connection failed).
+func (c *Conn) flushLocked(wait bool) {
+	if c.flushing {
+		for wait && c.flushing {
+			c.flushed.Wait()
+		}
+		return
+	}
+	c.flushing = true
+	for len(c.out.b) > 0 && c.werr == nil {
+		b := c.out.b
+		c.out.b = c.spare[:0]
+		c.wmu.Unlock()
+		_, err := c.raw.Write(b)
+		c.wmu.Lock()
+		if cap(b) <= 2*maxPending {
+			c.spare = b[:0]
+		}
+		c.writeErr(err)
+		c.flushed.Broadcast() // room in out
+	}
+	if c.werr != nil {
+		c.out.b = c.out.b[:0]
+	}
+	c.flushing = false
+	c.flushed.Broadcast()
+}
+
+// roomLocked makes room in out after a frame was added: past a TLS record's worth it is
+// written, or, when a flusher is writing and out has grown past maxPending, it waits for
+// the flusher to take it; c.wmu is held.
+func (c *Conn) roomLocked() {
+	for len(c.out.b) >= writeSize && c.werr == nil {
+		if !c.flushing {
+			c.flushLocked(false)
+			return
+		}
+		if len(c.out.b) < maxPending {
+			return
+		}
+		c.flushed.Wait()
 	}
 }
 
@@ -664,11 +713,10 @@ func (c *Conn) flushIfDirty() {
 	c.mu.Unlock()
 	c.wmu.Lock()
 	for _, u := range ups {
-		c.writeErr(c.fr.WriteWindowUpdate(u.id, u.inc))
-		c.dirty = true
+		c.wrote(c.fr.WriteWindowUpdate(u.id, u.inc))
 	}
-	if c.dirty {
-		c.flushLocked()
+	if len(c.out.b) > 0 {
+		c.flushLocked(false)
 	}
 	c.wmu.Unlock()
 }
