@@ -617,9 +617,15 @@ func (c *Conn) shutdownLocked() bool {
 	return c.shutdown
 }
 
-// close ends the connection and every stream in it; once.
+// close ends the connection and every stream in it; once. What a response left to the write
+// under way is written first, for as long as closeLinger at most (an agent that reads
+// nothing does not hold it).
 func (c *Conn) close() {
 	c.closeOnce.Do(func() {
+		_ = c.raw.SetWriteDeadline(time.Now().Add(closeLinger))
+		c.wmu.Lock()
+		c.flushLocked(true)
+		c.wmu.Unlock()
 		_ = c.raw.Close()
 		c.cancel()
 		c.mu.Lock()
