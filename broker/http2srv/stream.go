@@ -142,6 +142,7 @@ func (c *Conn) processHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.mu.Lock()
 	c.streams[id] = st
+	c.openStreams.Store(int32(len(c.streams)))
 	if f.StreamEnded() {
 		st.remoteDone = true
 	}
@@ -525,6 +526,7 @@ func (c *Conn) removeStream(st *stream) {
 	st.gone = true
 	c.releaseContext(st)
 	delete(c.streams, st.id)
+	c.openStreams.Store(int32(len(c.streams)))
 	if len(c.streams) == 0 {
 		c.idleSince = time.Now()
 		if c.shutdown {
