@@ -192,7 +192,8 @@ func (c *Conn) Serve() {
 		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: uint32(c.s.MaxHeaderBytes)},
 	))
 	c.writeErr(c.fr.WriteWindowUpdate(0, recvWindow-65535))
-	c.flushLocked(false)
+	// Not written yet: the loop below writes what is pending before it waits for the agent,
+	// so the agent's SETTINGS, sent with its preface, are acknowledged in the same write.
 	c.wmu.Unlock()
 
 	c.mu.Lock()
@@ -626,9 +627,11 @@ func (c *Conn) shutdownLocked() bool {
 // nothing does not hold it).
 func (c *Conn) close() {
 	c.closeOnce.Do(func() {
-		_ = c.raw.SetWriteDeadline(time.Now().Add(closeLinger))
 		c.wmu.Lock()
-		c.flushLocked(true)
+		if c.flushing || len(c.out.b) > 0 {
+			_ = c.raw.SetWriteDeadline(time.Now().Add(closeLinger))
+			c.flushLocked(true)
+		}
 		c.wmu.Unlock()
 		_ = c.raw.Close()
 		c.cancel()
