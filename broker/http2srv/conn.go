@@ -79,8 +79,9 @@ type Conn struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 
-	br *bufio.Reader
-	fr *http2.Framer // frames are read by Serve alone, written under wmu
+	br  *bufio.Reader
+	fr  *http2.Framer // frames are read by Serve alone, written under wmu
+	hdr *headerBlock  // decodes header blocks (Serve's)
 
 	// wmu guards the writing side: out, the framer's writes, the hpack encoder. Frames are
 	// written into out, and out to the connection by one goroutine at a time, the flusher,
@@ -149,8 +150,7 @@ func (s *Server) NewConn(c net.Conn, end func()) *Conn {
 	conn.flushed.L = &conn.wmu
 	conn.fr = http2.NewFramer(&conn.out, conn.br)
 	conn.fr.SetReuseFrames()
-	conn.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	conn.fr.MaxHeaderListSize = uint32(s.MaxHeaderBytes)
+	conn.hdr = newHeaderBlock(uint32(s.MaxHeaderBytes))
 	conn.fr.SetMaxReadFrameSize(maxFrame)
 	conn.henc = hpack.NewEncoder(&conn.hbuf)
 	return conn
@@ -212,7 +212,7 @@ func (c *Conn) Serve() {
 				applied = want
 			}
 		}
-		f, err := c.fr.ReadFrame()
+		f, err := c.readFrame()
 		if err != nil {
 			if isTimeout(err) {
 				applied = time.Time{}
@@ -260,6 +260,15 @@ func (c *Conn) Serve() {
 			return
 		}
 	}
+}
+
+// readFrame reads the next frame, a header block with its CONTINUATION frames as one.
+func (c *Conn) readFrame() (http2.Frame, error) {
+	f, err := c.fr.ReadFrame()
+	if hf, ok := f.(*http2.HeadersFrame); ok && err == nil {
+		return c.hdr.read(c.fr, hf)
+	}
+	return f, err
 }
 
 // period is the read deadline's: the idle timeout, or the ping's.
