@@ -18,11 +18,12 @@ import (
 // stream is one request and its response. The fields below mu's line are guarded by the
 // connection's mu.
 type stream struct {
-	c      *Conn
-	id     uint32
-	ctx    context.Context
-	cancel context.CancelFunc
-	w      responseWriter
+	c       *Conn
+	id      uint32
+	ctx     context.Context
+	cancel  context.CancelFunc
+	w       responseWriter
+	reqBody requestBody
 
 	// guarded by c.mu
 	sendWindow   int64
@@ -378,9 +379,8 @@ func (c *Conn) newRequest(f *http2.MetaHeadersFrame) (*http.Request, *stream, er
 	st.sendWindow = c.initWindow
 	c.mu.Unlock()
 	st.recvAvail = recvWindow
-	sc := c.streamContext()
-	st.ctx, st.cancel = sc.ctx, sc.cancel
-	req := &http.Request{
+	// A value, not escaping: WithContext below makes the request's one allocation.
+	req := http.Request{
 		Method:     method,
 		URL:        u,
 		Proto:      "HTTP/2.0",
@@ -406,8 +406,11 @@ func (c *Conn) newRequest(f *http2.MetaHeadersFrame) (*http.Request, *stream, er
 			req.ContentLength = int64(cl)
 			st.declared = int64(cl)
 		}
-		req.Body = &requestBody{st: st}
+		st.reqBody.st = st
+		req.Body = &st.reqBody
 	}
+	sc := c.streamContext()
+	st.ctx, st.cancel = sc.ctx, sc.cancel
 	return req.WithContext(st.ctx), st, nil
 }
 
