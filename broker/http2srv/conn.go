@@ -8,10 +8,13 @@
 // another channel, to be written by a third goroutine (its write scheduler, a select per
 // frame). Here the frames are read and acted on by the connection's one goroutine (Serve),
 // which starts a goroutine only for a request's handler; a handler writes its response frames
-// itself, under the connection's write lock, into a buffer flushed once per response (or per
-// flush of a streamed one). The framing is golang.org/x/net/http2's Framer and hpack, which
-// check each frame's layout, the header block's CONTINUATION sequence, header field names and
-// values and pseudo-header order; the rest of RFC 9113's rules for a server are here:
+// itself, under the connection's write lock, into a buffer that one goroutine at a time
+// writes to the connection without the lock held: responses that end while a write is under
+// way leave together with its next one (see flushLocked). The framing is
+// golang.org/x/net/http2's Framer and hpack: the Framer checks each frame's layout and the
+// CONTINUATION sequence; header blocks are decoded here with the Framer's own checks of
+// field names and values, pseudo-header fields and sizes (headerBlock, into state kept for
+// the connection); the rest of RFC 9113's rules for a server are here:
 //
 //   - stream states: a stream's id odd and above the last one, frames on idle or closed
 //     streams refused as the RFC says (PROTOCOL_ERROR or STREAM_CLOSED), RST_STREAM both ways;
@@ -25,8 +28,10 @@
 //     :path, or :authority alone for CONNECT), no connection-specific field (Connection,
 //     Keep-Alive, Proxy-Connection, Transfer-Encoding, Upgrade; TE other than "trailers"), one
 //     valid authority, a body no longer or shorter than its Content-Length;
-//   - a request's context ends when its stream is reset, when its handler returns, and when
-//     the connection ends; Shutdown sends GOAWAY and lets the open streams finish.
+//   - a request's context ends when its stream is reset and when the connection ends; a
+//     stream that ended whole leaves it, live, to a later stream (as broker/http1 keeps its
+//     connection's context between requests: see streamContext); Shutdown sends GOAWAY and
+//     lets the open streams finish.
 package http2srv
 
 import (
