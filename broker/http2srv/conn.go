@@ -151,7 +151,8 @@ func (s *Server) NewConn(c net.Conn, end func()) *Conn {
 	conn.initWindow = 65535
 	conn.recvAvail = recvWindow
 	conn.maxWrite = maxFrame
-	conn.br = bufio.NewReaderSize(c, 4<<10)
+	conn.br = readers.Get().(*bufio.Reader)
+	conn.br.Reset(c)
 	conn.flushed.L = &conn.wmu
 	conn.fr = http2.NewFramer(&conn.out, conn.br)
 	conn.fr.SetReuseFrames()
@@ -176,9 +177,20 @@ func (e streamError) Error() string { return "http2: stream error: " + e.code.St
 
 var clientPreface = []byte(http2.ClientPreface)
 
+// readers are connections' read buffers, pooled: Serve alone reads from one, and gives it
+// back when it returns.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+
 // Serve reads and acts on the agent's frames until the connection ends.
 func (c *Conn) Serve() {
-	defer c.close()
+	defer func() {
+		c.close()
+		// Nothing reads from br after this: the Framer reads only here (handlers still
+		// running write with it, which does not touch br).
+		c.br.Reset(nil)
+		readers.Put(c.br)
+		c.br = nil
+	}()
 	applied := time.Now().Add(c.s.ReadHeaderTimeout) // the read deadline the connection has
 	_ = c.raw.SetReadDeadline(applied)
 	var preface [len(http2.ClientPreface)]byte
