@@ -121,6 +121,7 @@ type Conn struct {
 	freeCtxs       []streamCtx // contexts of streams that ended whole (see streamContext)
 	running        int         // handlers running
 	queued         []task      // streams waiting for a handler (running at its limit)
+	deferred       []task      // streams whose handlers wait for the body (the reader's alone)
 	goingAway      bool        // GOAWAY sent or received: no new stream
 	closed         bool
 	shutdown       bool // Shutdown was called
@@ -184,6 +185,7 @@ var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10)
 // Serve reads and acts on the agent's frames until the connection ends.
 func (c *Conn) Serve() {
 	defer func() {
+		c.dispatchDeferred(true) // their streams end with the connection, as they run
 		c.close()
 		// Nothing reads from br after this: the Framer reads only here (handlers still
 		// running write with it, which does not touch br).
@@ -219,6 +221,7 @@ func (c *Conn) Serve() {
 	first := true
 	for {
 		if c.br.Buffered() == 0 {
+			c.dispatchDeferred(true)
 			c.flushIfDirty()
 			// The read deadline is moved only when it is less than half a period away: a
 			// busy connection sets one every half period, not one per frame.
@@ -272,6 +275,9 @@ func (c *Conn) Serve() {
 			default:
 				return
 			}
+		}
+		if len(c.deferred) > 0 {
+			c.dispatchDeferred(false)
 		}
 		if c.finished() {
 			return

@@ -506,3 +506,31 @@ func TestConcurrentResponsesWhole(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestHandlerStartsBeforeBody: a request whose body has not come starts its handler once the
+// server has read what the agent sent, without waiting for the body (a handler may answer
+// without it); one whose body came with it has the body whole.
+func TestHandlerStartsBeforeBody(t *testing.T) {
+	r, _ := dialRaw(t, testServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/whole" {
+			b, _ := io.ReadAll(r.Body)
+			io.WriteString(w, string(b))
+			return
+		}
+		w.WriteHeader(http.StatusForbidden) // answered without the body
+	})))
+	post := func(path string) []string {
+		return []string{":method", "POST", ":scheme", "https", ":authority", "x.test", ":path", path}
+	}
+	r.headers(1, false, post("/early")...) // and no body, ever
+	h := r.next(func(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok }).(*http2.MetaHeadersFrame)
+	if h.StreamID != 1 || h.PseudoValue("status") != "403" {
+		t.Fatalf("got %v %q", h.StreamID, h.PseudoValue("status"))
+	}
+	r.headers(3, false, post("/whole")...)
+	r.write(func() { r.fr.WriteData(3, true, []byte("body")) })
+	d := r.next(func(f http2.Frame) bool { d, ok := f.(*http2.DataFrame); return ok && d.StreamID == 3 && len(d.Data()) > 0 }).(*http2.DataFrame)
+	if string(d.Data()) != "body" {
+		t.Fatalf("echoed %q", d.Data())
+	}
+}

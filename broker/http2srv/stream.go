@@ -162,8 +162,35 @@ func (c *Conn) processHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.running++
 	c.mu.Unlock()
+	if !st.remoteDone {
+		// The body follows: the handler starts once it has ended, or when the reader has
+		// read all the agent sent so far (see dispatchDeferred), rather than start now and
+		// wait for the body's first frame (a goroutine parked and woken per request).
+		c.deferred = append(c.deferred, t)
+		return nil
+	}
 	dispatch(t)
 	return nil
+}
+
+// dispatchDeferred starts the handlers whose requests' bodies have ended, or all of them
+// (before the reader waits for the agent, and when it stops); called by the reader alone.
+func (c *Conn) dispatchDeferred(all bool) {
+	kept := c.deferred[:0]
+	for _, t := range c.deferred {
+		if !all {
+			c.mu.Lock()
+			ended := t.st.remoteDone || t.st.localDone
+			c.mu.Unlock()
+			if !ended {
+				kept = append(kept, t)
+				continue
+			}
+		}
+		dispatch(t)
+	}
+	clear(c.deferred[len(kept):])
+	c.deferred = kept
 }
 
 // handlerDone counts a handler as ended and returns the next queued stream to run, if one is
