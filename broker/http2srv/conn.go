@@ -728,7 +728,7 @@ func (c *Conn) flushLocked(wait bool) {
 	}
 	for len(c.out.b) > 0 && c.werr == nil {
 		b := c.out.b
-		c.out.b = c.spare[:0]
+		c.out.b, c.spare = c.spare[:0], nil // out and spare never share an array
 		c.wmu.Unlock()
 		_, err := c.raw.Write(b)
 		c.wmu.Lock()
