@@ -8,10 +8,13 @@
 // another channel, to be written by a third goroutine (its write scheduler, a select per
 // frame). Here the frames are read and acted on by the connection's one goroutine (Serve),
 // which starts a goroutine only for a request's handler; a handler writes its response frames
-// itself, under the connection's write lock, into a buffer flushed once per response (or per
-// flush of a streamed one). The framing is golang.org/x/net/http2's Framer and hpack, which
-// check each frame's layout, the header block's CONTINUATION sequence, header field names and
-// values and pseudo-header order; the rest of RFC 9113's rules for a server are here:
+// itself, under the connection's write lock, into a buffer that one goroutine at a time
+// writes to the connection without the lock held: responses that end while a write is under
+// way leave together with its next one (see flushLocked). The framing is
+// golang.org/x/net/http2's Framer and hpack: the Framer checks each frame's layout and the
+// CONTINUATION sequence; header blocks are decoded here with the Framer's own checks of
+// field names and values, pseudo-header fields and sizes (headerBlock, into state kept for
+// the connection); the rest of RFC 9113's rules for a server are here:
 //
 //   - stream states: a stream's id odd and above the last one, frames on idle or closed
 //     streams refused as the RFC says (PROTOCOL_ERROR or STREAM_CLOSED), RST_STREAM both ways;
@@ -25,8 +28,10 @@
 //     :path, or :authority alone for CONNECT), no connection-specific field (Connection,
 //     Keep-Alive, Proxy-Connection, Transfer-Encoding, Upgrade; TE other than "trailers"), one
 //     valid authority, a body no longer or shorter than its Content-Length;
-//   - a request's context ends when its stream is reset, when its handler returns, and when
-//     the connection ends; Shutdown sends GOAWAY and lets the open streams finish.
+//   - a request's context ends when its stream is reset and when the connection ends; a
+//     stream that ended whole leaves it, live, to a later stream (as broker/http1 keeps its
+//     connection's context between requests: see streamContext); Shutdown sends GOAWAY and
+//     lets the open streams finish.
 package http2srv
 
 import (
@@ -37,6 +42,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,19 +84,24 @@ type Conn struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 
-	br *bufio.Reader
-	fr *http2.Framer // frames are read by Serve alone, written under wmu
+	br  *bufio.Reader
+	fr  *http2.Framer // frames are read by Serve alone, written under wmu
+	hdr *headerBlock  // decodes header blocks (Serve's)
 
-	// wmu guards the writing side: bw, the framer's writes, the hpack encoder.
-	wmu     sync.Mutex
-	bw      *bufio.Writer
-	henc    *hpack.Encoder
-	hbuf    writeBuf
-	werr    error // the first write's error: nothing is written after it
-	dirty   bool  // bw holds frames not flushed
-	started bool  // the server's SETTINGS were written: a GOAWAY may follow
-	// flushers counts the response flushes waiting for wmu (see responseWriter.flush).
-	flushers atomic.Int32
+	// wmu guards the writing side: out, the framer's writes, the hpack encoder. Frames are
+	// written into out, and out to the connection by one goroutine at a time, the flusher,
+	// without wmu held (see flushLocked).
+	wmu      sync.Mutex
+	out      writeBuf // frames not yet written to the connection
+	spare    []byte   // the flusher's other buffer
+	flushing bool     // a flusher is writing
+	// openStreams is len(streams), for a flusher that holds wmu alone.
+	openStreams atomic.Int32
+	flushed     sync.Cond
+	henc        *hpack.Encoder
+	hbuf        writeBuf
+	werr        error // the first write's error: nothing is written after it
+	started     bool  // the server's SETTINGS were written: a GOAWAY may follow
 
 	// mu guards the streams and the flow-control windows; flow is signalled when a send
 	// window grows, or a stream or the connection ends.
@@ -107,9 +118,11 @@ type Conn struct {
 	pendingUpdates []windowUpdate
 	resetIDs       [16]uint32 // the streams the server reset last (see wasReset)
 	resetNext      uint32
-	running        int    // handlers running
-	queued         []task // streams waiting for a handler (running at its limit)
-	goingAway      bool   // GOAWAY sent or received: no new stream
+	freeCtxs       []streamCtx // contexts of streams that ended whole (see streamContext)
+	running        int         // handlers running
+	queued         []task      // streams waiting for a handler (running at its limit)
+	deferred       []task      // streams whose handlers wait for the body (the reader's alone)
+	goingAway      bool        // GOAWAY sent or received: no new stream
 	closed         bool
 	shutdown       bool // Shutdown was called
 	idleSince      time.Time
@@ -139,12 +152,12 @@ func (s *Server) NewConn(c net.Conn, end func()) *Conn {
 	conn.initWindow = 65535
 	conn.recvAvail = recvWindow
 	conn.maxWrite = maxFrame
-	conn.br = bufio.NewReaderSize(c, 4<<10)
-	conn.bw = bufio.NewWriterSize(c, writeSize)
-	conn.fr = http2.NewFramer(conn.bw, conn.br)
+	conn.br = readers.Get().(*bufio.Reader)
+	conn.br.Reset(c)
+	conn.flushed.L = &conn.wmu
+	conn.fr = http2.NewFramer(&conn.out, conn.br)
 	conn.fr.SetReuseFrames()
-	conn.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	conn.fr.MaxHeaderListSize = uint32(s.MaxHeaderBytes)
+	conn.hdr = newHeaderBlock(uint32(s.MaxHeaderBytes))
 	conn.fr.SetMaxReadFrameSize(maxFrame)
 	conn.henc = hpack.NewEncoder(&conn.hbuf)
 	return conn
@@ -165,9 +178,21 @@ func (e streamError) Error() string { return "http2: stream error: " + e.code.St
 
 var clientPreface = []byte(http2.ClientPreface)
 
+// readers are connections' read buffers, pooled: Serve alone reads from one, and gives it
+// back when it returns.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+
 // Serve reads and acts on the agent's frames until the connection ends.
 func (c *Conn) Serve() {
-	defer c.close()
+	defer func() {
+		c.dispatchDeferred(true) // their streams end with the connection, as they run
+		c.close()
+		// Nothing reads from br after this: the Framer reads only here (handlers still
+		// running write with it, which does not touch br).
+		c.br.Reset(nil)
+		readers.Put(c.br)
+		c.br = nil
+	}()
 	applied := time.Now().Add(c.s.ReadHeaderTimeout) // the read deadline the connection has
 	_ = c.raw.SetReadDeadline(applied)
 	var preface [len(http2.ClientPreface)]byte
@@ -186,7 +211,8 @@ func (c *Conn) Serve() {
 		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: uint32(c.s.MaxHeaderBytes)},
 	))
 	c.writeErr(c.fr.WriteWindowUpdate(0, recvWindow-65535))
-	c.flushLocked()
+	// Not written yet: the loop below writes what is pending before it waits for the agent,
+	// so the agent's SETTINGS, sent with its preface, are acknowledged in the same write.
 	c.wmu.Unlock()
 
 	c.mu.Lock()
@@ -195,6 +221,7 @@ func (c *Conn) Serve() {
 	first := true
 	for {
 		if c.br.Buffered() == 0 {
+			c.dispatchDeferred(true)
 			c.flushIfDirty()
 			// The read deadline is moved only when it is less than half a period away: a
 			// busy connection sets one every half period, not one per frame.
@@ -205,7 +232,7 @@ func (c *Conn) Serve() {
 				applied = want
 			}
 		}
-		f, err := c.fr.ReadFrame()
+		f, err := c.readFrame()
 		if err != nil {
 			if isTimeout(err) {
 				applied = time.Time{}
@@ -249,10 +276,22 @@ func (c *Conn) Serve() {
 				return
 			}
 		}
+		if len(c.deferred) > 0 {
+			c.dispatchDeferred(false)
+		}
 		if c.finished() {
 			return
 		}
 	}
+}
+
+// readFrame reads the next frame, a header block with its CONTINUATION frames as one.
+func (c *Conn) readFrame() (http2.Frame, error) {
+	f, err := c.fr.ReadFrame()
+	if hf, ok := f.(*http2.HeadersFrame); ok && err == nil {
+		return c.hdr.read(c.fr, hf)
+	}
+	return f, err
 }
 
 // period is the read deadline's: the idle timeout, or the ping's.
@@ -303,7 +342,7 @@ func (c *Conn) timedOut() bool {
 	c.mu.Unlock()
 	c.wmu.Lock()
 	c.writeErr(c.fr.WritePing(false, data))
-	c.flushLocked()
+	c.flushLocked(false)
 	c.wmu.Unlock()
 	return false
 }
@@ -339,8 +378,7 @@ func (c *Conn) process(f http2.Frame) error {
 			return nil
 		}
 		c.wmu.Lock()
-		c.writeErr(c.fr.WritePing(true, f.Data))
-		c.dirty = true
+		c.wrote(c.fr.WritePing(true, f.Data))
 		c.wmu.Unlock()
 		return nil
 	case *http2.RSTStreamFrame:
@@ -428,8 +466,7 @@ func (c *Conn) processSettings(f *http2.SettingsFrame) error {
 		return err
 	}
 	c.wmu.Lock()
-	c.writeErr(c.fr.WriteSettingsAck())
-	c.dirty = true
+	c.wrote(c.fr.WriteSettingsAck())
 	c.wmu.Unlock()
 	return nil
 }
@@ -547,8 +584,7 @@ func (c *Conn) resetStream(id uint32, code http2.ErrCode) {
 	c.resetNext++
 	c.mu.Unlock()
 	c.wmu.Lock()
-	c.writeErr(c.fr.WriteRSTStream(id, code))
-	c.dirty = true
+	c.wrote(c.fr.WriteRSTStream(id, code))
 	c.wmu.Unlock()
 	if st != nil {
 		c.closeStream(st, errStreamReset)
@@ -565,7 +601,7 @@ func (c *Conn) goAwayAndClose(code http2.ErrCode) {
 	c.mu.Unlock()
 	c.wmu.Lock()
 	c.writeErr(c.fr.WriteGoAway(last, code, nil))
-	c.flushLocked()
+	c.flushLocked(true) // written before the write side is closed
 	c.wmu.Unlock()
 	if code == http2.ErrCodeNo {
 		return
@@ -594,7 +630,7 @@ func (c *Conn) Shutdown(ctx context.Context) error {
 		c.wmu.Lock()
 		if c.started {
 			c.writeErr(c.fr.WriteGoAway(last, http2.ErrCodeNo, nil))
-			c.flushLocked()
+			c.flushLocked(true)
 		} else {
 			idle = true // before the server's SETTINGS: nothing to finish
 		}
@@ -618,9 +654,17 @@ func (c *Conn) shutdownLocked() bool {
 	return c.shutdown
 }
 
-// close ends the connection and every stream in it; once.
+// close ends the connection and every stream in it; once. What a response left to the write
+// under way is written first, for as long as closeLinger at most (an agent that reads
+// nothing does not hold it).
 func (c *Conn) close() {
 	c.closeOnce.Do(func() {
+		c.wmu.Lock()
+		if c.flushing || len(c.out.b) > 0 {
+			_ = c.raw.SetWriteDeadline(time.Now().Add(closeLinger))
+			c.flushLocked(true)
+		}
+		c.wmu.Unlock()
 		_ = c.raw.Close()
 		c.cancel()
 		c.mu.Lock()
@@ -648,11 +692,72 @@ func (c *Conn) writeErr(err error) {
 	}
 }
 
-// flushLocked sends what bw holds; c.wmu is held.
-func (c *Conn) flushLocked() {
-	c.dirty = false
-	if c.werr == nil {
-		c.writeErr(c.bw.Flush())
+// wrote keeps the error of a frame's write and makes room for the next; c.wmu is held, and
+// may be released: not between the frames of a header block.
+func (c *Conn) wrote(err error) {
+	c.writeErr(err)
+	c.roomLocked()
+}
+
+// maxPending is how much a writer may add to out while the flusher writes before it waits.
+const maxPending = 4 * writeSize
+
+// flushLocked writes out to the connection; c.wmu is held, and released meanwhile. When
+// another goroutine is writing already, out is left to it, which writes what was added
+// meanwhile when its write returns: frames of streams that end together leave in one write
+// (group commit), and no writer waits for the lock while another's write system call runs.
+// With wait, flushLocked returns once out is written (or the connection failed).
+//
+// With other streams open, a flusher first yields the processor once: the goroutines ready
+// to run then (handlers whose upstream answered in the same poll) add their frames before
+// the write rather than make one each, about one write for every two or three responses
+// where there was one per response. A yield finds nothing else to run quickly when there
+// is none.
+func (c *Conn) flushLocked(wait bool) {
+	if c.flushing {
+		for wait && c.flushing {
+			c.flushed.Wait()
+		}
+		return
+	}
+	c.flushing = true
+	if !wait && c.openStreams.Load() > 1 {
+		c.wmu.Unlock()
+		runtime.Gosched()
+		c.wmu.Lock()
+	}
+	for len(c.out.b) > 0 && c.werr == nil {
+		b := c.out.b
+		c.out.b, c.spare = c.spare[:0], nil // out and spare never share an array
+		c.wmu.Unlock()
+		_, err := c.raw.Write(b)
+		c.wmu.Lock()
+		if cap(b) <= 2*maxPending {
+			c.spare = b[:0]
+		}
+		c.writeErr(err)
+		c.flushed.Broadcast() // room in out
+	}
+	if c.werr != nil {
+		c.out.b = c.out.b[:0]
+	}
+	c.flushing = false
+	c.flushed.Broadcast()
+}
+
+// roomLocked makes room in out after a frame was added: past a TLS record's worth it is
+// written, or, when a flusher is writing and out has grown past maxPending, it waits for
+// the flusher to take it; c.wmu is held.
+func (c *Conn) roomLocked() {
+	for len(c.out.b) >= writeSize && c.werr == nil {
+		if !c.flushing {
+			c.flushLocked(false)
+			return
+		}
+		if len(c.out.b) < maxPending {
+			return
+		}
+		c.flushed.Wait()
 	}
 }
 
@@ -664,11 +769,10 @@ func (c *Conn) flushIfDirty() {
 	c.mu.Unlock()
 	c.wmu.Lock()
 	for _, u := range ups {
-		c.writeErr(c.fr.WriteWindowUpdate(u.id, u.inc))
-		c.dirty = true
+		c.wrote(c.fr.WriteWindowUpdate(u.id, u.inc))
 	}
-	if c.dirty {
-		c.flushLocked()
+	if len(c.out.b) > 0 {
+		c.flushLocked(false)
 	}
 	c.wmu.Unlock()
 }

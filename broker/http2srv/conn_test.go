@@ -403,3 +403,151 @@ func TestTrailersAfterEarlyResponse(t *testing.T) {
 		t.Fatalf("got %v, want the PING's answer", f)
 	}
 }
+
+// TestStreamContexts: a stream that ended whole leaves its context, live, to a later stream;
+// a reset stream's context is cancelled and not handed on; streams open at once have their
+// own; and every context ends with the connection.
+func TestStreamContexts(t *testing.T) {
+	got := make(chan context.Context, 1)
+	hold := make(chan struct{})
+	c, wg := serveTCP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Context()
+		switch r.URL.Path {
+		case "/reset":
+			<-r.Context().Done()
+		case "/hold":
+			<-hold
+		}
+	}))
+	get := func(path string) context.Context {
+		t.Helper()
+		resp, err := c.Get("http://x.test" + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return <-got
+	}
+	// A stream's context is handed on once its stream is done, which may be just after the
+	// agent has the response: within a few requests, one has the one before's, live.
+	prev, reused := get("/a"), false
+	for range 50 {
+		next := get("/b")
+		if next.Err() != nil {
+			t.Fatalf("a new stream's context is done: %v", next.Err())
+		}
+		if reused = next == prev; reused {
+			break
+		}
+		prev = next
+	}
+	if !reused {
+		t.Fatal("no stream's context was handed on to the next")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://x.test/reset", nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := c.Do(req); err == nil {
+			t.Error("a cancelled request succeeded")
+		}
+	}()
+	reset := <-got
+	cancel()
+	<-done
+	<-reset.Done() // the agent's RST_STREAM cancelled it
+	for range 5 {
+		if next := get("/c"); next == reset || next.Err() != nil {
+			t.Fatalf("after a reset: reused the reset context %v, err %v", next == reset, next.Err())
+		}
+	}
+
+	held := make(chan context.Context, 1)
+	go func() {
+		resp, err := c.Get("http://x.test/hold")
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	held <- <-got
+	if beside := get("/d"); beside == <-held {
+		t.Fatal("two open streams share a context")
+	}
+	close(hold)
+	last := get("/e")
+	c.CloseIdleConnections()
+	wg.Wait()
+	if last.Err() == nil {
+		t.Fatal("a kept context outlived its connection")
+	}
+}
+
+// TestConcurrentResponsesWhole: responses of many streams written at once, each larger than
+// the write buffer and the agent's initial windows, reach the agent whole and unmixed
+// (frames written by one goroutine while others add theirs).
+func TestConcurrentResponsesWhole(t *testing.T) {
+	body := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i)}, 300<<10+i) }
+	c, _ := serveTCP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		i := int(r.URL.Path[1] - 'a')
+		b := body(i)
+		for len(b) > 0 { // in uneven pieces, flushed now and then
+			n := min(len(b), 7000+i*100)
+			w.Write(b[:n])
+			if len(b)%3 == 0 {
+				w.(http.Flusher).Flush()
+			}
+			b = b[n:]
+		}
+	}))
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := c.Get("http://x.test/" + string(rune('a'+i)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || !bytes.Equal(got, body(i)) {
+				t.Errorf("stream %d: %d bytes, %v", i, len(got), err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// TestHandlerStartsBeforeBody: a request whose body has not come starts its handler once the
+// server has read what the agent sent, without waiting for the body (a handler may answer
+// without it); one whose body came with it has the body whole.
+func TestHandlerStartsBeforeBody(t *testing.T) {
+	r, _ := dialRaw(t, testServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/whole" {
+			b, _ := io.ReadAll(r.Body)
+			io.WriteString(w, string(b))
+			return
+		}
+		w.WriteHeader(http.StatusForbidden) // answered without the body
+	})))
+	post := func(path string) []string {
+		return []string{":method", "POST", ":scheme", "https", ":authority", "x.test", ":path", path}
+	}
+	r.headers(1, false, post("/early")...) // and no body, ever
+	h := r.next(func(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok }).(*http2.MetaHeadersFrame)
+	if h.StreamID != 1 || h.PseudoValue("status") != "403" {
+		t.Fatalf("got %v %q", h.StreamID, h.PseudoValue("status"))
+	}
+	r.headers(3, false, post("/whole")...)
+	r.write(func() { r.fr.WriteData(3, true, []byte("body")) })
+	d := r.next(func(f http2.Frame) bool {
+		d, ok := f.(*http2.DataFrame)
+		return ok && d.StreamID == 3 && len(d.Data()) > 0
+	}).(*http2.DataFrame)
+	if string(d.Data()) != "body" {
+		t.Fatalf("echoed %q", d.Data())
+	}
+}

@@ -18,11 +18,12 @@ import (
 // stream is one request and its response. The fields below mu's line are guarded by the
 // connection's mu.
 type stream struct {
-	c      *Conn
-	id     uint32
-	ctx    context.Context
-	cancel context.CancelFunc
-	w      *responseWriter
+	c       *Conn
+	id      uint32
+	ctx     context.Context
+	cancel  context.CancelFunc
+	w       responseWriter
+	reqBody requestBody
 
 	// guarded by c.mu
 	sendWindow   int64
@@ -44,6 +45,51 @@ type stream struct {
 	gotTrailer   bool
 
 	endSent bool // END_STREAM was written (the response writer's alone)
+	// reuse: the stream ended whole after its handler returned, so its context, not
+	// cancelled, may serve a later stream (see streamContext); guarded by c.mu.
+	reuse bool
+}
+
+// streamCtx is a stream's context and its cancel function.
+type streamCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// streamContext returns a context for a new stream: one a stream that ended whole left, or a
+// new one. net/http makes a context for each request and cancels it when the handler
+// returns: a cancelable context, its registration in the connection's (a lock and a map
+// insert, and a delete when cancelled), its Done channel once asked for, for each request.
+// As broker/http1 keeps its connection's context for the next request until one is
+// cancelled, a stream's context outlives its handler when the stream ended whole: what a
+// request registered on it was unregistered by its owner before the handler returned (the
+// upstream client's AfterFunc is stopped as the response body is closed, a derived
+// context's cancel is deferred). A handler must not leave anything that waits on its
+// request's context after it returns. A stream reset, by either side, has its context
+// cancelled, and so does every stream when the connection ends.
+func (c *Conn) streamContext() streamCtx {
+	c.mu.Lock()
+	if n := len(c.freeCtxs); n > 0 {
+		sc := c.freeCtxs[n-1]
+		c.freeCtxs[n-1] = streamCtx{}
+		c.freeCtxs = c.freeCtxs[:n-1]
+		c.mu.Unlock()
+		return sc
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithCancel(c.ctx)
+	return streamCtx{ctx, cancel}
+}
+
+// releaseContext cancels st's context, or keeps it for a later stream when st ended whole
+// after its handler returned; c.mu is held.
+func (c *Conn) releaseContext(st *stream) {
+	if st.reuse && !c.closed && len(c.freeCtxs) < int(c.s.MaxConcurrentStreams) && st.ctx.Err() == nil {
+		c.freeCtxs = append(c.freeCtxs, streamCtx{st.ctx, st.cancel})
+		st.reuse = false
+		return
+	}
+	st.cancel()
 }
 
 // connHeaders may not be in an HTTP/2 request (RFC 9113, 8.2.2).
@@ -97,6 +143,7 @@ func (c *Conn) processHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.mu.Lock()
 	c.streams[id] = st
+	c.openStreams.Store(int32(len(c.streams)))
 	if f.StreamEnded() {
 		st.remoteDone = true
 	}
@@ -115,8 +162,35 @@ func (c *Conn) processHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.running++
 	c.mu.Unlock()
+	if !st.remoteDone {
+		// The body follows: the handler starts once it has ended, or when the reader has
+		// read all the agent sent so far (see dispatchDeferred), rather than start now and
+		// wait for the body's first frame (a goroutine parked and woken per request).
+		c.deferred = append(c.deferred, t)
+		return nil
+	}
 	dispatch(t)
 	return nil
+}
+
+// dispatchDeferred starts the handlers whose requests' bodies have ended, or all of them
+// (before the reader waits for the agent, and when it stops); called by the reader alone.
+func (c *Conn) dispatchDeferred(all bool) {
+	kept := c.deferred[:0]
+	for _, t := range c.deferred {
+		if !all {
+			c.mu.Lock()
+			ended := t.st.remoteDone || t.st.localDone
+			c.mu.Unlock()
+			if !ended {
+				kept = append(kept, t)
+				continue
+			}
+		}
+		dispatch(t)
+	}
+	clear(c.deferred[len(kept):])
+	c.deferred = kept
 }
 
 // handlerDone counts a handler as ended and returns the next queued stream to run, if one is
@@ -165,8 +239,12 @@ func dispatch(t task) {
 	}
 }
 
+// worker runs tasks until none came for between one and two workerIdle periods. Its timer
+// is set once and re-armed when it fires after the worker was busy meanwhile, not reset for
+// every task.
 func worker(t task) {
-	var timer *time.Timer
+	timer := time.NewTimer(workerIdle)
+	busy := true
 	for {
 		t.c.runHandler(t.st, t.h, t.req)
 		if next, ok := t.c.handlerDone(); ok {
@@ -174,15 +252,17 @@ func worker(t task) {
 			continue
 		}
 		t = task{}
-		if timer == nil {
-			timer = time.NewTimer(workerIdle)
-		} else {
-			timer.Reset(workerIdle)
-		}
+		busy = true
+	wait:
 		select {
 		case t = <-idleWorkers:
 		case <-timer.C:
-			return
+			if !busy {
+				return
+			}
+			busy = false
+			timer.Reset(workerIdle)
+			goto wait
 		}
 	}
 }
@@ -259,9 +339,15 @@ func (c *Conn) newRequest(f *http2.MetaHeadersFrame) (*http.Request, *stream, er
 	}
 	fields := f.RegularFields()
 	header := make(http.Header, len(fields))
-	for _, hf := range fields {
+	vals := make([]string, len(fields)) // one array for the values, as textproto's reader
+	for i, hf := range fields {
 		k := commonKey(hf.Name)
-		header[k] = append(header[k], hf.Value)
+		if vv, ok := header[k]; ok {
+			header[k] = append(vv, hf.Value) // a repeated field: its own array from here
+			continue
+		}
+		vals[i] = hf.Value
+		header[k] = vals[i : i+1 : i+1]
 	}
 	needContinue := false
 	if e := header["Expect"]; e != nil && httpguts.HeaderValuesContainsToken(e, "100-continue") {
@@ -320,8 +406,8 @@ func (c *Conn) newRequest(f *http2.MetaHeadersFrame) (*http.Request, *stream, er
 	st.sendWindow = c.initWindow
 	c.mu.Unlock()
 	st.recvAvail = recvWindow
-	st.ctx, st.cancel = context.WithCancel(c.ctx)
-	req := &http.Request{
+	// A value, not escaping: WithContext below makes the request's one allocation.
+	req := http.Request{
 		Method:     method,
 		URL:        u,
 		Proto:      "HTTP/2.0",
@@ -347,8 +433,11 @@ func (c *Conn) newRequest(f *http2.MetaHeadersFrame) (*http.Request, *stream, er
 			req.ContentLength = int64(cl)
 			st.declared = int64(cl)
 		}
-		req.Body = &requestBody{st: st}
+		st.reqBody.st = st
+		req.Body = &st.reqBody
 	}
+	sc := c.streamContext()
+	st.ctx, st.cancel = sc.ctx, sc.cancel
 	return req.WithContext(st.ctx), st, nil
 }
 
@@ -388,8 +477,8 @@ func headerTooLarge(w http.ResponseWriter, _ *http.Request) {
 // with RST_STREAM when the handler panicked (http.ErrAbortHandler included) or the response
 // could not be finished.
 func (c *Conn) runHandler(st *stream, h http.Handler, req *http.Request) {
-	w := &responseWriter{st: st, req: req, contentLength: -1}
-	st.w = w
+	st.w = responseWriter{st: st, req: req, contentLength: -1}
+	w := &st.w
 	ok := serve(h, w, req)
 	w.mu.Lock()
 	w.done = true
@@ -413,6 +502,7 @@ func (c *Conn) runHandler(st *stream, h http.Handler, req *http.Request) {
 		st.body, st.bodyOff = nil, 0
 		remoteOpen := !st.remoteDone
 		if !remoteOpen {
+			st.reuse = true
 			c.removeStream(st)
 		}
 		c.mu.Unlock()
@@ -464,8 +554,9 @@ func (c *Conn) removeStream(st *stream) {
 		return
 	}
 	st.gone = true
-	st.cancel()
+	c.releaseContext(st)
 	delete(c.streams, st.id)
+	c.openStreams.Store(int32(len(c.streams)))
 	if len(c.streams) == 0 {
 		c.idleSince = time.Now()
 		if c.shutdown {

@@ -348,7 +348,7 @@ func (c *Conn) writeBlock(id uint32, block []byte, end bool) {
 			c.writeErr(c.fr.WriteContinuation(id, len(block) == 0, frag))
 		}
 	}
-	c.dirty = true
+	c.roomLocked()
 }
 
 // sendData writes p as DATA frames as the windows allow, the last with END_STREAM when end;
@@ -364,8 +364,7 @@ func (w *responseWriter) sendData(p []byte, end bool) error {
 		}
 		last := end && n == len(p)
 		c.wmu.Lock()
-		c.writeErr(c.fr.WriteData(st.id, last, p[:n]))
-		c.dirty = true
+		c.wrote(c.fr.WriteData(st.id, last, p[:n]))
 		werr := c.werr
 		c.wmu.Unlock()
 		if werr != nil {
@@ -418,16 +417,12 @@ func (c *Conn) reserve(st *stream, n int) (int, error) {
 	}
 }
 
-// flush sends what the connection's writer holds; w.mu is held. Responses that end at once
-// (many streams on one connection) leave in one write: a flush that finds another waiting for
-// the lock to flush leaves it to that one, which sends both.
+// flush sends what the connection's writer holds, or leaves it to the write under way, which
+// sends it next (see flushLocked); w.mu is held.
 func (w *responseWriter) flush() error {
 	c := w.st.c
-	c.flushers.Add(1)
 	c.wmu.Lock()
-	if c.flushers.Add(-1) == 0 {
-		c.flushLocked()
-	}
+	c.flushLocked(false)
 	err := c.werr
 	c.wmu.Unlock()
 	return err
