@@ -83,6 +83,9 @@ func newConn(cfg *config.Telemetry, dial svcdial.Func, secret func(context.Conte
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return dial(ctx, "tcp", addr) }),
 		grpc.WithPerRPCCredentials(rpcHeaders{c}),
 		grpc.WithUnaryInterceptor(c.watch),
+		// Exports are batches of up to a MiB or so: written in 256 KiB rather than
+		// 32 KiB, they cost an eighth of the system calls.
+		grpc.WithWriteBufferSize(256<<10),
 		// A collector back after an outage is reconnected to within seconds, not grpc's
 		// default of up to two minutes.
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second}, MinConnectTimeout: 5 * time.Second}),

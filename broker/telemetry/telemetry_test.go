@@ -362,3 +362,27 @@ func TestRetryable(t *testing.T) {
 		}
 	}
 }
+
+// TestSpanNameScrubbed: a span's name that is not one of the broker's constants (the model's,
+// from the agent's request) is scrubbed like every other string.
+func TestSpanNameScrubbed(t *testing.T) {
+	var sent []byte
+	e, err := newTraceExporter(func(_ context.Context, b []byte) error { sent = append([]byte(nil), b...); return nil }, resource.Empty(), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tr := NewTrace()
+	tr.Root = Span{ID: tr.Root.ID, Name: "capbroker.request", Start: now, End: now}
+	tr.Upstream = Span{ID: NewSpanID(), Name: "chat " + canary, Start: now, End: now}
+	if err := e.export(context.Background(), scrub.New(canary, "[REDACTED]"), []*Trace{tr}); err != nil {
+		t.Fatal(err)
+	}
+	var req coltrace.ExportTraceServiceRequest
+	if err := proto.Unmarshal(sent, &req); err != nil {
+		t.Fatal(err)
+	}
+	if got := req.ResourceSpans[0].ScopeSpans[0].Spans[1].Name; got != "chat [REDACTED]" {
+		t.Fatalf("upstream span %q", got)
+	}
+}
