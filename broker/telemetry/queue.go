@@ -9,7 +9,7 @@ import (
 // queue holds what waits to be exported, bounded: put never blocks. What finds it full is
 // dropped and counted; a batch whose export fails (the collector down, slow past
 // export_timeout, or refusing) is dropped and counted too. One goroutine exports, in batches
-// of up to batch items, at most wait after the first item of a batch arrived.
+// of up to batch items, at most wait after an item arrived.
 type queue[T any] struct {
 	items   chan T
 	batch   int
@@ -20,6 +20,8 @@ type queue[T any] struct {
 	// count is how many of the signal's items v holds (nil: one), for the drop counts.
 	count func(v T) int
 
+	full  chan struct{} // a batch is queued (wake items: a batch, or the whole queue)
+	wake  int
 	flush chan chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -36,13 +38,16 @@ func newQueue[T any](size, batch int, wait, timeout time.Duration, export func(c
 	q := &queue[T]{
 		items: make(chan T, size), batch: batch, wait: wait, timeout: timeout,
 		export: export, dropped: dropped,
+		full: make(chan struct{}, 1), wake: max(min(batch, size), 1),
 		flush: make(chan chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	go q.run()
 	return q
 }
 
-// put queues v, or drops it when the queue is full or closed.
+// put queues v, or drops it when the queue is full or closed. It wakes the export goroutine
+// only when a batch is full: the goroutine otherwise sleeps until its tick, so that a request
+// does not pay for waking it (a put was a hand-over to a goroutine waiting on the channel).
 func (q *queue[T]) put(v T) {
 	select {
 	case <-q.stop:
@@ -52,6 +57,12 @@ func (q *queue[T]) put(v T) {
 	}
 	select {
 	case q.items <- v:
+		if len(q.items) >= q.wake {
+			select {
+			case q.full <- struct{}{}:
+			default: // already told
+			}
+		}
 	default:
 		q.dropped(dropQueueFull, q.n(v))
 	}
@@ -64,11 +75,13 @@ func (q *queue[T]) n(v T) int {
 	return q.count(v)
 }
 
+// run exports what is queued when a batch is full, and at every tick of wait what is there:
+// nothing waits longer than wait to be exported.
 func (q *queue[T]) run() {
 	defer close(q.done)
 	buf := make([]T, 0, q.batch)
-	timer := time.NewTimer(q.wait)
-	timer.Stop()
+	tick := time.NewTicker(q.wait)
+	defer tick.Stop()
 	send := func() {
 		if len(buf) == 0 {
 			return
@@ -87,26 +100,17 @@ func (q *queue[T]) run() {
 	}
 	for {
 		select {
-		case v := <-q.items:
-			if len(buf) == 0 {
-				timer.Reset(q.wait)
-			}
-			buf = append(buf, v)
-			if len(buf) >= q.batch {
-				timer.Stop()
-				send()
-			}
-		case <-timer.C:
-			send()
+		case <-q.full:
+		case <-tick.C:
 		case ack := <-q.flush:
-			timer.Stop()
 			q.drain(&buf, send)
 			close(ack)
+			continue
 		case <-q.stop:
-			timer.Stop()
 			q.drain(&buf, send)
 			return
 		}
+		q.drain(&buf, send)
 	}
 }
 
