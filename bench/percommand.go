@@ -188,7 +188,7 @@ const perCommandFloorLimit = 1.5
 // perCommandTarget is the connection per request's target: the CONNECT's broker CPU over the
 // floor's, the median of the pairs of interleaved batches, with their range.
 func (s *summary) perCommandTarget() target {
-	t := target{Name: "connection per request, the CONNECT's broker CPU / the floor's (issue 40)", Limit: perCommandFloorLimit, Unit: "x", Op: "<="}
+	t := target{Name: "connection per request, the CONNECT's broker CPU / the floor's (our bar)", Limit: perCommandFloorLimit, Unit: "x", Op: "<="}
 	f := s.PerCommand.floor()
 	if f == nil {
 		t.Skipped = "not measured"
