@@ -144,15 +144,29 @@ func TestTraceExport(t *testing.T) {
 	}
 }
 
-// TestTraceAttributes: the attributes written directly are what the official OTLP messages
-// would hold, value for value and type for type (decoded by the official types and compared
-// with messages built from them); those without a value are left out.
-func TestTraceAttributes(t *testing.T) {
+// exportTraces exports trs as one batch scrubbed by r, and returns the spans decoded by the
+// official OTLP types.
+func exportTraces(t *testing.T, r *scrub.Replacer, trs ...*Trace) []*tracepb.Span {
+	t.Helper()
 	var sent []byte
 	e, err := newTraceExporter(func(_ context.Context, b []byte) error { sent = append([]byte(nil), b...); return nil }, resource.Empty(), "s")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := e.export(context.Background(), r, trs); err != nil {
+		t.Fatal(err)
+	}
+	var req coltrace.ExportTraceServiceRequest
+	if err := proto.Unmarshal(sent, &req); err != nil {
+		t.Fatal(err)
+	}
+	return req.ResourceSpans[0].ScopeSpans[0].Spans
+}
+
+// TestTraceAttributes: the attributes written directly are what the official OTLP messages
+// would hold, value for value and type for type (decoded by the official types and compared
+// with messages built from them); those without a value are left out.
+func TestTraceAttributes(t *testing.T) {
 	now := time.Now()
 	tr := NewTrace()
 	tr.Root = Span{ID: tr.Root.ID, Name: "capbroker.request", Start: now, End: now}
@@ -161,14 +175,7 @@ func TestTraceAttributes(t *testing.T) {
 		Credentials: []string{"openai", "github"}, PolicyRevision: "rev", DecisionID: "d1", Mode: "explicit",
 		WouldDeny: true, Method: "POST", Host: "api.example.test", Port: 8443, Path: "/v1/x", Status: 200,
 		LLM: &audit.LLMCall{Provider: "openai", Model: "m", TokensIn: 300, TokensOut: 1 << 40, Cost: 0.125, Reported: true}}
-	if err := e.export(context.Background(), scrub.New(), []*Trace{tr}); err != nil {
-		t.Fatal(err)
-	}
-	var req coltrace.ExportTraceServiceRequest
-	if err := proto.Unmarshal(sent, &req); err != nil {
-		t.Fatal(err)
-	}
-	spans := req.ResourceSpans[0].ScopeSpans[0].Spans
+	spans := exportTraces(t, scrub.New(), tr)
 	str := func(k, v string) *commonpb.KeyValue {
 		return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v}}}
 	}
@@ -205,14 +212,7 @@ func TestTraceAttributes(t *testing.T) {
 	tr = NewTrace()
 	tr.Root = Span{ID: tr.Root.ID, Name: "capbroker.request", Start: now, End: now}
 	tr.Event = audit.Event{RequestID: "r2", Decision: "deny"}
-	if err := e.export(context.Background(), scrub.New(), []*Trace{tr}); err != nil {
-		t.Fatal(err)
-	}
-	req.Reset()
-	if err := proto.Unmarshal(sent, &req); err != nil {
-		t.Fatal(err)
-	}
-	if got := req.ResourceSpans[0].ScopeSpans[0].Spans[0].Attributes; len(got) != 2 {
+	if got := exportTraces(t, scrub.New(), tr)[0].Attributes; len(got) != 2 {
 		t.Errorf("attributes of a refused request: %v", got)
 	}
 }
@@ -366,23 +366,11 @@ func TestRetryable(t *testing.T) {
 // TestSpanNameScrubbed: a span's name that is not one of the broker's constants (the model's,
 // from the agent's request) is scrubbed like every other string.
 func TestSpanNameScrubbed(t *testing.T) {
-	var sent []byte
-	e, err := newTraceExporter(func(_ context.Context, b []byte) error { sent = append([]byte(nil), b...); return nil }, resource.Empty(), "s")
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
 	tr := NewTrace()
 	tr.Root = Span{ID: tr.Root.ID, Name: "capbroker.request", Start: now, End: now}
 	tr.Upstream = Span{ID: NewSpanID(), Name: "chat " + canary, Start: now, End: now}
-	if err := e.export(context.Background(), scrub.New(canary, "[REDACTED]"), []*Trace{tr}); err != nil {
-		t.Fatal(err)
-	}
-	var req coltrace.ExportTraceServiceRequest
-	if err := proto.Unmarshal(sent, &req); err != nil {
-		t.Fatal(err)
-	}
-	if got := req.ResourceSpans[0].ScopeSpans[0].Spans[1].Name; got != "chat [REDACTED]" {
+	if got := exportTraces(t, scrub.New(canary, "[REDACTED]"), tr)[1].Name; got != "chat [REDACTED]" {
 		t.Fatalf("upstream span %q", got)
 	}
 }
