@@ -57,7 +57,7 @@ const (
 type wire struct {
 	b     []byte
 	cache scrubCache
-	attrs protowire.Number // the attributes' field: a Span's or a LogRecord's
+	attrs protowire.Number // the attributes' field: a Span's or a LogRecord's, set by each encode
 }
 
 // open starts a length-delimited field; close ends it.
@@ -89,13 +89,6 @@ func (w *wire) varint(f protowire.Number, v uint64) {
 func (w *wire) fixed64(f protowire.Number, v uint64) {
 	w.b = protowire.AppendTag(w.b, f, protowire.Fixed64Type)
 	w.b = protowire.AppendFixed64(w.b, v)
-}
-
-func (w *wire) attr() int {
-	if w.attrs == 0 {
-		w.attrs = fAttributes
-	}
-	return w.open(w.attrs)
 }
 
 // str is a string attribute, its value scrubbed; an empty value is left out.
@@ -139,9 +132,6 @@ func (w *wire) double(k string, v float64) {
 // keyValue writes an attribute's KeyValue up to its value's payload (n bytes, written next),
 // which is the AnyValue's field f of type t.
 func (w *wire) keyValue(k string, f protowire.Number, t protowire.Type, n int) {
-	if w.attrs == 0 {
-		w.attrs = fAttributes
-	}
 	any := protowire.SizeTag(f) + n
 	kv := protowire.SizeTag(fKey) + protowire.SizeBytes(len(k)) + protowire.SizeTag(fValue) + protowire.SizeBytes(any)
 	w.b = protowire.AppendTag(w.b, w.attrs, protowire.BytesType)
@@ -154,7 +144,7 @@ func (w *wire) keyValue(k string, f protowire.Number, t protowire.Type, n int) {
 }
 
 func (w *wire) strs(k string, vs []string) {
-	kv := w.attr()
+	kv := w.open(w.attrs)
 	w.string(fKey, k)
 	av := w.open(fValue)
 	arr := w.open(fArray)
