@@ -29,6 +29,18 @@ type benchClient struct {
 	consumed uint32 // DATA bytes not yet returned to the server's connection window
 }
 
+// newBenchClient is an agent on conn that has written the preface and its SETTINGS (not yet
+// flushed).
+func newBenchClient(conn net.Conn) *benchClient {
+	bc := &benchClient{bw: bufio.NewWriter(conn), next: 1}
+	bc.fr = http2.NewFramer(bc.bw, bufio.NewReader(conn))
+	bc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	bc.enc = hpack.NewEncoder(&bc.block)
+	io.WriteString(bc.bw, http2.ClientPreface)
+	bc.fr.WriteSettings()
+	return bc
+}
+
 // benchConn serves a handler like broker/http1's BenchmarkRequest's (a two-byte body with
 // its Content-Length) on a loopback TCP connection, with a Server like the broker's, and
 // returns the agent's end, past the preface and the SETTINGS exchange.
@@ -43,12 +55,7 @@ func benchConn(b *testing.B) (*benchClient, *countingConn) {
 	c := s.NewConn(raw, func() {})
 	go c.Serve()
 	b.Cleanup(func() { _ = c.Shutdown(b.Context()) })
-	bc := &benchClient{bw: bufio.NewWriter(agent), next: 1}
-	bc.fr = http2.NewFramer(bc.bw, bufio.NewReader(agent))
-	bc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	bc.enc = hpack.NewEncoder(&bc.block)
-	io.WriteString(bc.bw, http2.ClientPreface)
-	bc.fr.WriteSettings()
+	bc := newBenchClient(agent)
 	bc.fr.WriteWindowUpdate(0, 1<<30)
 	bc.bw.Flush()
 	return bc, raw
@@ -195,12 +202,7 @@ func BenchmarkConnection(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		bc := &benchClient{bw: bufio.NewWriter(agent), next: 1}
-		bc.fr = http2.NewFramer(bc.bw, bufio.NewReader(agent))
-		bc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-		bc.enc = hpack.NewEncoder(&bc.block)
-		io.WriteString(bc.bw, http2.ClientPreface)
-		bc.fr.WriteSettings()
+		bc := newBenchClient(agent)
 		bc.send(b)
 		bc.flush(b)
 		bc.wait(b)
