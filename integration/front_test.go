@@ -70,6 +70,32 @@ func TestFrontConnect(t *testing.T) {
 		})
 	}
 
+	// Heads in the one shape the front's own parser takes, or a byte away from it, that a
+	// hostile agent sends to be let through on less than a well-formed CONNECT from a known
+	// agent to an allowed place: none is answered 200. (An agent's own valid credentials
+	// followed by others are read as that agent's, as they were before the front: identity
+	// reads the first Proxy-Authorization, and the agent gains nothing it did not hold.)
+	other := "Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("intruder:guess")) + "\r\n"
+	_, port, _ := net.SplitHostPort(hostport)
+	for name, raw := range map[string]string{
+		"a second agent's credentials before the first": fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s%s\r\n", hostport, hostport, other, auth),
+		"credentials folded onto the Host line":         fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n %s\r\n", hostport, hostport, auth),
+		"a loopback address left out of allow_private":  connect("127.0.0.2:"+port, ""),
+		"lower-case method":                             strings.Replace(connect(hostport, ""), "CONNECT", "connect", 1),
+		"a bare LF ending the request line":             strings.Replace(connect(hostport, ""), "HTTP/1.1\r\n", "HTTP/1.1\n", 1),
+	} {
+		t.Run("hostile: "+name, func(t *testing.T) {
+			c := dial(t)
+			if _, err := io.WriteString(c, raw); err != nil {
+				t.Fatal(err)
+			}
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err == nil && strings.HasPrefix(line, "HTTP/1.1 2") {
+				t.Fatalf("answered %q", line)
+			}
+		})
+	}
+
 	t.Run("byte by byte", func(t *testing.T) {
 		c := dial(t)
 		for _, b := range []byte(connect(hostport, "")) {
