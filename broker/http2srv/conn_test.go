@@ -551,3 +551,33 @@ func TestHandlerStartsBeforeBody(t *testing.T) {
 		t.Fatalf("echoed %q", d.Data())
 	}
 }
+
+// TestHeadersOnClosedStream: HEADERS on a stream both ends have ended is a connection error
+// STREAM_CLOSED (RFC 9113, 5.1), also while the handler that ended the response still runs
+// and the stream is not yet removed: what counts is what the agent has seen.
+func TestHeadersOnClosedStream(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	r, _ := dialRaw(t, testServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+		if err := w.(interface{ Finish() error }).Finish(); err != nil {
+			t.Error(err)
+		}
+		<-release
+	})))
+	r.headers(1, true, get...)
+	r.next(func(f http2.Frame) bool {
+		return f.Header().StreamID == 1 && f.Header().Flags.Has(http2.FlagDataEndStream)
+	})
+	r.headers(1, true, get...)
+	f := r.next(func(f http2.Frame) bool {
+		switch f.(type) {
+		case *http2.RSTStreamFrame, *http2.GoAwayFrame:
+			return true
+		}
+		return false
+	})
+	if ga, ok := f.(*http2.GoAwayFrame); !ok || ga.ErrCode != http2.ErrCodeStreamClosed {
+		t.Fatalf("got %v, want GOAWAY STREAM_CLOSED", f)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -44,7 +45,10 @@ type stream struct {
 	trailerVals  http.Header // their values, from a trailing HEADERS
 	gotTrailer   bool
 
-	endSent bool // END_STREAM was written (the response writer's alone)
+	// endSent: END_STREAM is in the connection's output, set before the frame is, so that
+	// once the agent has seen it the reader knows the stream is closed (when the agent's
+	// END_STREAM came too) even before the handler's goroutine removes it.
+	endSent atomic.Bool
 	// reuse: the stream ended whole after its handler returned, so its context, not
 	// cancelled, may serve a later stream (see streamContext); guarded by c.mu.
 	reuse bool
@@ -270,6 +274,11 @@ func worker(t task) {
 // processTrailers reads a HEADERS frame that ends a request's body; c.mu is held.
 func (c *Conn) processTrailers(st *stream, f *http2.MetaHeadersFrame) error {
 	if st.remoteDone {
+		if st.endSent.Load() {
+			// Closed, not half-closed: the agent may have read our END_STREAM before this
+			// goroutine sees the stream removed (RFC 9113, 5.1).
+			return connError(http2.ErrCodeStreamClosed)
+		}
 		return streamError{st.id, http2.ErrCodeStreamClosed}
 	}
 	if st.gotTrailer {

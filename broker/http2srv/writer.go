@@ -210,7 +210,7 @@ func (w *responseWriter) finishLocked() error {
 }
 
 // endSent reports whether END_STREAM was sent; w.mu is held.
-func (w *responseWriter) endSent() bool { return w.st.endSent }
+func (w *responseWriter) endSent() bool { return w.st.endSent.Load() }
 
 // trailers are the response's trailer fields: the declared ones, and those named with
 // http.TrailerPrefix.
@@ -301,10 +301,7 @@ func (w *responseWriter) sendHeaders(status int, end bool, first []byte) {
 			_ = enc.WriteField(hpack.HeaderField{Name: "content-length", Value: strconv.Itoa(len(first))})
 		}
 	}
-	c.writeBlock(w.st.id, c.hbuf.b, end)
-	if end {
-		w.st.endSent = true
-	}
+	c.writeBlock(w.st, c.hbuf.b, end)
 }
 
 // hasPrefixed reports whether the handler set a trailer with http.TrailerPrefix.
@@ -326,11 +323,15 @@ func (w *responseWriter) sendFields(fields []hpack.HeaderField, end bool) {
 	for _, f := range fields {
 		_ = c.henc.WriteField(f)
 	}
-	c.writeBlock(w.st.id, c.hbuf.b, end)
+	c.writeBlock(w.st, c.hbuf.b, end)
 }
 
-// writeBlock writes a header block as HEADERS and CONTINUATION frames; c.wmu is held.
-func (c *Conn) writeBlock(id uint32, block []byte, end bool) {
+// writeBlock writes a header block as st's HEADERS and CONTINUATION frames; c.wmu is held.
+func (c *Conn) writeBlock(st *stream, block []byte, end bool) {
+	id := st.id
+	if end {
+		st.endSent.Store(true)
+	}
 	c.mu.Lock()
 	max := c.maxWrite
 	c.mu.Unlock()
@@ -363,6 +364,9 @@ func (w *responseWriter) sendData(p []byte, end bool) error {
 			return err
 		}
 		last := end && n == len(p)
+		if last {
+			st.endSent.Store(true)
+		}
 		c.wmu.Lock()
 		c.wrote(c.fr.WriteData(st.id, last, p[:n]))
 		werr := c.werr
@@ -372,9 +376,6 @@ func (w *responseWriter) sendData(p []byte, end bool) error {
 			return werr
 		}
 		p = p[n:]
-		if last {
-			st.endSent = true
-		}
 		if len(p) == 0 {
 			return nil
 		}
