@@ -140,6 +140,10 @@ type throughputResult struct {
 	rps       float64
 	cpuPerReq float64 // the proxy's CPU microseconds per request
 	steal     float64 // the fraction of the machine's CPU time the hypervisor took meanwhile
+	// machinePerReq is the whole machine's CPU microseconds per request (every process and
+	// the kernel; with a proxy process only): the broker's, the client's, the upstream's,
+	// and whatever else the path makes run, such as an OTLP receiver.
+	machinePerReq float64
 }
 
 // throughput runs conns closed-loop clients for d, after one warm-up request each.
@@ -183,6 +187,7 @@ func (pa *path) closedLoop(ctx context.Context, conns int, d time.Duration) thro
 	r := throughputResult{rps: float64(n.Load()) / el.Seconds(), steal: stealSince(mc0)}
 	if pa.proc != nil && n.Load() > 0 {
 		r.cpuPerReq = float64((pa.proc.cpu() - cpu0).Microseconds()) / float64(n.Load())
+		r.machinePerReq = busySince(mc0) / float64(n.Load())
 	}
 	if e := errs.Load(); e > 0 {
 		fmt.Printf("  %s c=%d: %d errors\n", pa.name, conns, e)
@@ -206,6 +211,10 @@ type paired struct {
 	CPUMedian float64   `json:"cpu_median,omitempty"`
 	// CPUUS are num's and den's broker CPU microseconds per request in each pair.
 	CPUUS [][2]float64 `json:"cpu_us,omitempty"`
+	// MachineUS are the whole machine's CPU microseconds per request in num's and den's
+	// slices of each pair (every process and the kernel; to 10 ms ticks): where a ratio of
+	// requests moves more than the broker's CPU explains, the rest of the machine did more.
+	MachineUS [][2]float64 `json:"machine_us,omitempty"`
 }
 
 // pairedRatio measures num's throughput over den's at conns connections in pairs of
@@ -224,6 +233,7 @@ func pairedRatio(ctx context.Context, num, den *path, conns, pairs int, d time.D
 		if n.cpuPerReq > 0 && m.cpuPerReq > 0 {
 			r.CPURatios = append(r.CPURatios, n.cpuPerReq/m.cpuPerReq)
 			r.CPUUS = append(r.CPUUS, [2]float64{round3(n.cpuPerReq), round3(m.cpuPerReq)})
+			r.MachineUS = append(r.MachineUS, [2]float64{round3(n.machinePerReq), round3(m.machinePerReq)})
 		}
 	}
 	r.Median, r.CPUMedian = median(r.Ratios), median(r.CPURatios)

@@ -67,13 +67,15 @@ func otelPairs(ctx context.Context, bin, dir string, up *upstream, p *pki, full 
 			if rx.sink != nil {
 				spans0, records0 = rx.sink.spans.Load(), rx.sink.records.Load()
 			}
+			rxCPU := rx.proc.cpu()
 			pairedRatio(ctx, otel, full, o.conns, max(o.pairs, 1), o.slice).print(os.Stdout, "full with OTLP "+strings.ReplaceAll(v.signals, "\n ", ",")+" to the "+rx.name+"/full")
 			withTel.stop() // exports what is queued
 			if rx.sink != nil {
 				events := auditLines(withTel.auditFile)
 				spans, records := rx.sink.received(spans0, records0)
-				fmt.Printf("  the sink received %.2f spans and %.2f log records per audit event (%d events)\n",
-					float64(spans)/float64(max(events, 1)), float64(records)/float64(max(events, 1)), events)
+				fmt.Printf("  the sink received %.2f spans and %.2f log records per audit event (%d events), with %.1f µs of its CPU each\n",
+					float64(spans)/float64(max(events, 1)), float64(records)/float64(max(events, 1)), events,
+					float64((rx.proc.cpu()-rxCPU).Microseconds())/float64(max(events, 1)))
 			}
 		}
 		fmt.Printf("%s CPU during its pairs: %.2f s (GOMAXPROCS=1)\n", rx.name, (rx.proc.cpu() - before).Seconds())
@@ -88,6 +90,8 @@ type otelCost struct {
 	paired
 	SpansPerEvent   float64 `json:"spans_per_event"`
 	RecordsPerEvent float64 `json:"records_per_event"`
+	// SinkUS is the sink's CPU microseconds per audit event: on this machine, not the broker's.
+	SinkUS float64 `json:"sink_us_per_event"`
 }
 
 func measureOTelCost(ctx context.Context, bin, dir string, up *upstream, p *pki, full *path, pairs int, slice time.Duration) (*otelCost, error) {
@@ -109,11 +113,13 @@ func measureOTelCost(ctx context.Context, bin, dir string, up *upstream, p *pki,
 			return nil, fmt.Errorf("%s: %w", pa.name, err)
 		}
 	}
+	sinkCPU := sink.cpu()
 	r := &otelCost{paired: pairedRatio(ctx, otel, full, 32, pairs, slice)}
 	withTel.stop() // exports what is queued
 	events := float64(max(auditLines(withTel.auditFile), 1))
 	spans, records := sink.received(0, 0)
 	r.SpansPerEvent, r.RecordsPerEvent = round3(float64(spans)/events), round3(float64(records)/events)
+	r.SinkUS = round3(float64((sink.cpu() - sinkCPU).Microseconds()) / events)
 	return r, nil
 }
 

@@ -229,7 +229,7 @@ func settleBefore(procs []*process, what string) {
 // machineCPU is the machine's CPU time so far, from the first line of /proc/stat, in clock
 // ticks: all of it, and the part stolen by the hypervisor (time the VM wanted to run and was
 // not given a CPU). Zero when /proc/stat cannot be read.
-type machineCPU struct{ total, steal uint64 }
+type machineCPU struct{ total, steal, idle uint64 }
 
 func readMachineCPU() machineCPU {
 	raw, err := os.ReadFile("/proc/stat")
@@ -254,11 +254,25 @@ func parseMachineCPU(line string) machineCPU {
 			return machineCPU{}
 		}
 		c.total += v
-		if i == 7 {
+		switch i {
+		case 3, 4: // idle, iowait
+			c.idle += v
+		case 7:
 			c.steal = v
 		}
 	}
 	return c
+}
+
+// busySince is the machine's CPU time spent since c0 (every process's, the kernel's
+// included; not idle, not stolen), in microseconds: /proc/stat counts in USER_HZ ticks, 100
+// a second on Linux.
+func busySince(c0 machineCPU) float64 {
+	c := readMachineCPU()
+	if c.total <= c0.total {
+		return 0
+	}
+	return float64((c.total-c0.total)-(c.idle-c0.idle)-(c.steal-c0.steal)) * 1e4
 }
 
 // stealSince is the fraction of the machine's CPU time stolen since c0.

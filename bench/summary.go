@@ -226,4 +226,11 @@ func (f paired) print(out io.Writer, name string) {
 		fmt.Fprintf(out, "  broker CPU per request in the same pairs: median %.3fx (%.2f to %.2f); %.0f µs over %.0f µs\n",
 			f.CPUMedian, slices.Min(f.CPURatios), slices.Max(f.CPURatios), median(num), median(den))
 	}
+	if len(f.MachineUS) > 0 {
+		var num, den []float64
+		for _, c := range f.MachineUS {
+			num, den = append(num, c[0]), append(den, c[1])
+		}
+		fmt.Fprintf(out, "  the machine's CPU per request (every process, the kernel's included): %.0f µs over %.0f µs\n", median(num), median(den))
+	}
 }
