@@ -84,7 +84,10 @@ func (b *Broker) connect(x *exchange, r *http.Request) (func(client net.Conn), e
 	if splitErr == nil {
 		x.ev.Host, x.ev.Port = host, port
 	}
-	proxyAuth := r.Header.Get("Proxy-Authorization")
+	proxyAuth, err := proxyAuthorization(r)
+	if err != nil {
+		return nil, err
+	}
 	agent, err := x.g.agents.Identify(proxyAuth, sourceAddr(r))
 	if err != nil {
 		return nil, err
@@ -200,4 +203,18 @@ func (b *Broker) pipeConn(x *exchange, req *http.Request, client net.Conn, t tar
 	go func() { defer wg.Done(); copyHalf(agent, up, &x.bytesOut, clock) }()
 	wg.Wait()
 	x.finish()
+}
+
+// proxyAuthorization is the Proxy-Authorization the agent is identified by. Given more than
+// once (several field lines, or names differing only in letter case) it is ambiguous: the
+// broker would pick one and a proxy before it may have picked another. It is refused, 400
+// ambiguous_request, before any of them is tried.
+func proxyAuthorization(r *http.Request) (string, error) {
+	switch vs := r.Header["Proxy-Authorization"]; len(vs) {
+	case 0:
+		return "", nil
+	case 1:
+		return vs[0], nil
+	}
+	return "", ambiguous{"Proxy-Authorization is given more than once; the agent would be identified by one of them"}
 }

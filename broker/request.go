@@ -247,7 +247,11 @@ func (b *Broker) requestTarget(x *exchange, r *http.Request, tun *tunnel) (targe
 	if splitErr == nil && r.URL.Scheme == "http" {
 		x.ev.Scheme, x.ev.Host, x.ev.Port = "http", host, port
 	}
-	agent, err := x.g.agents.Identify(r.Header.Get("Proxy-Authorization"), sourceAddr(r))
+	proxyAuth, err := proxyAuthorization(r)
+	if err != nil {
+		return target{}, err
+	}
+	agent, err := x.g.agents.Identify(proxyAuth, sourceAddr(r))
 	if err != nil {
 		return target{}, err
 	}

@@ -72,13 +72,12 @@ func TestFrontConnect(t *testing.T) {
 
 	// Heads in the one shape the front's own parser takes, or a byte away from it, that a
 	// hostile agent sends to be let through on less than a well-formed CONNECT from a known
-	// agent to an allowed place: none is answered 200. (An agent's own valid credentials
-	// followed by others are read as that agent's, as they were before the front: identity
-	// reads the first Proxy-Authorization, and the agent gains nothing it did not hold.)
+	// agent to an allowed place: none is answered 200.
 	other := "Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("intruder:guess")) + "\r\n"
 	_, port, _ := net.SplitHostPort(hostport)
 	for name, raw := range map[string]string{
 		"a second agent's credentials before the first": fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s%s\r\n", hostport, hostport, other, auth),
+		"the agent's own credentials, then another's":   fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s%s\r\n", hostport, hostport, auth, other),
 		"credentials folded onto the Host line":         fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n %s\r\n", hostport, hostport, auth),
 		"a loopback address left out of allow_private":  connect("127.0.0.2:"+port, ""),
 		"lower-case method":                             strings.Replace(connect(hostport, ""), "CONNECT", "connect", 1),
@@ -92,6 +91,33 @@ func TestFrontConnect(t *testing.T) {
 			line, err := bufio.NewReader(c).ReadString('\n')
 			if err == nil && strings.HasPrefix(line, "HTTP/1.1 2") {
 				t.Fatalf("answered %q", line)
+			}
+		})
+	}
+
+	// The agent is identified by one Proxy-Authorization: two, even the agent's own twice, are
+	// ambiguous (a proxy before the broker may have read the other) and refused before either
+	// is tried, on a CONNECT as on a plain request.
+	for name, raw := range map[string]string{
+		"CONNECT, own credentials twice": connect(hostport, auth),
+		"CONNECT, own then another's":    connect(hostport, other),
+		"plain GET, own then another's":  fmt.Sprintf("GET http://%s/open/plain HTTP/1.1\r\nHost: %s\r\n%s%s\r\n", hostport, hostport, auth, other),
+	} {
+		t.Run("two Proxy-Authorization: "+name, func(t *testing.T) {
+			c := dial(t)
+			if _, err := io.WriteString(c, raw); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: strings.Fields(raw)[0]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"ambiguous_request"`) {
+				t.Fatalf("answered %s %s, want 400 ambiguous_request", resp.Status, body)
+			}
+			if strings.Contains(string(body), e.token) {
+				t.Fatalf("the answer holds the agent's token: %s", body)
 			}
 		})
 	}
