@@ -10,8 +10,19 @@ import (
 // dropped and counted; a batch whose export fails (the collector down, slow past
 // export_timeout, or refusing) is dropped and counted too. One goroutine exports, in batches
 // of up to batch items, at most wait after an item arrived.
+//
+// It is a ring under a mutex rather than a channel: every request puts one item in each
+// signal's queue, from any goroutine, while the export goroutine takes them out; a channel
+// locks once for each item taken as for each put, and a profile of the broker under load found
+// the puts contending with the taking at about a fifth of the telemetry's CPU. The exporter
+// takes a whole batch under one lock.
 type queue[T any] struct {
-	items   chan T
+	mu     sync.Mutex
+	ring   []T // the items waiting, from head, n of them (guarded by mu)
+	head   int
+	n      int
+	closed bool
+
 	batch   int
 	wait    time.Duration
 	timeout time.Duration
@@ -35,10 +46,11 @@ const (
 )
 
 func newQueue[T any](size, batch int, wait, timeout time.Duration, export func(context.Context, []T) error, dropped func(string, int)) *queue[T] {
+	size, batch = max(size, 1), max(batch, 1)
 	q := &queue[T]{
-		items: make(chan T, size), batch: batch, wait: wait, timeout: timeout,
+		ring: make([]T, size), batch: batch, wait: wait, timeout: timeout,
 		export: export, dropped: dropped,
-		full: make(chan struct{}, 1), wake: max(min(batch, size), 1),
+		full: make(chan struct{}, 1), wake: min(batch, size),
 		flush: make(chan chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	go q.run()
@@ -47,28 +59,44 @@ func newQueue[T any](size, batch int, wait, timeout time.Duration, export func(c
 
 // put queues v, or drops it when the queue is full or closed. It wakes the export goroutine
 // only when a batch is full: the goroutine otherwise sleeps until its tick, so that a request
-// does not pay for waking it (a put was a hand-over to a goroutine waiting on the channel).
+// does not pay for waking it.
 func (q *queue[T]) put(v T) {
-	select {
-	case <-q.stop:
-		q.dropped(dropQueueFull, q.n(v))
+	q.mu.Lock()
+	if q.closed || q.n == len(q.ring) {
+		q.mu.Unlock()
+		q.dropped(dropQueueFull, q.weight(v))
 		return
-	default:
 	}
-	select {
-	case q.items <- v:
-		if len(q.items) >= q.wake {
-			select {
-			case q.full <- struct{}{}:
-			default: // already told
-			}
+	q.ring[(q.head+q.n)%len(q.ring)] = v
+	q.n++
+	n := q.n
+	q.mu.Unlock()
+	if n >= q.wake {
+		select {
+		case q.full <- struct{}{}:
+		default: // already told
 		}
-	default:
-		q.dropped(dropQueueFull, q.n(v))
 	}
 }
 
-func (q *queue[T]) n(v T) int {
+// take moves up to a batch of the waiting items, oldest first, to buf.
+func (q *queue[T]) take(buf []T) []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	k := min(q.n, q.batch)
+	for k > 0 {
+		seg := q.ring[q.head:min(q.head+k, len(q.ring))]
+		buf = append(buf, seg...)
+		clear(seg) // the ring keeps no reference to what was taken
+		q.head = (q.head + len(seg)) % len(q.ring)
+		q.n -= len(seg)
+		k -= len(seg)
+	}
+	return buf
+}
+
+// weight is how many of the signal's items v holds, for the drop counts.
+func (q *queue[T]) weight(v T) int {
 	if q.count == nil {
 		return 1
 	}
@@ -82,51 +110,42 @@ func (q *queue[T]) run() {
 	buf := make([]T, 0, q.batch)
 	tick := time.NewTicker(q.wait)
 	defer tick.Stop()
-	send := func() {
-		if len(buf) == 0 {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
-		if err := q.export(ctx, buf); err != nil {
-			n := 0
-			for _, v := range buf {
-				n += q.n(v)
-			}
-			q.dropped(dropExportFailed, n)
-		}
-		cancel()
-		clear(buf)
-		buf = buf[:0]
-	}
 	for {
 		select {
 		case <-q.full:
 		case <-tick.C:
 		case ack := <-q.flush:
-			q.drain(&buf, send)
+			buf = q.drain(buf)
 			close(ack)
 			continue
 		case <-q.stop:
-			q.drain(&buf, send)
+			q.mu.Lock()
+			q.closed = true // what comes later is dropped; what is queued is exported
+			q.mu.Unlock()
+			q.drain(buf)
 			return
 		}
-		q.drain(&buf, send)
+		buf = q.drain(buf)
 	}
 }
 
-// drain exports everything queued now.
-func (q *queue[T]) drain(buf *[]T, send func()) {
+// drain exports everything queued now, a batch at a time.
+func (q *queue[T]) drain(buf []T) []T {
 	for {
-		select {
-		case v := <-q.items:
-			*buf = append(*buf, v)
-			if len(*buf) >= q.batch {
-				send()
-			}
-		default:
-			send()
-			return
+		buf = q.take(buf[:0])
+		if len(buf) == 0 {
+			return buf
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
+		if err := q.export(ctx, buf); err != nil {
+			n := 0
+			for _, v := range buf {
+				n += q.weight(v)
+			}
+			q.dropped(dropExportFailed, n)
+		}
+		cancel()
+		clear(buf)
 	}
 }
 
