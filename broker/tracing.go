@@ -4,7 +4,6 @@ import (
 	"encoding/hex"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/inject"
@@ -107,7 +106,7 @@ func (x *exchange) traceOutbound(out *http.Request, forward bool) {
 		return
 	}
 	u := &x.tr.Upstream
-	u.ID, u.Name, u.Start = telemetry.NewSpanID(), "upstream", time.Now()
+	u.ID, u.Name, u.Start = telemetry.NewSpanID(), "upstream", x.tr.Now()
 	if forward {
 		var b [55]byte
 		copy(b[:], "00-")
@@ -122,7 +121,7 @@ func (x *exchange) traceOutbound(out *http.Request, forward bool) {
 // traceScrub starts the scrub span, when the response is scrubbed.
 func (x *exchange) traceScrub() {
 	if x.tr != nil && !x.scrub.Empty() {
-		x.tr.Scrub = telemetry.Span{ID: telemetry.NewSpanID(), Name: "scrub", Start: time.Now()}
+		x.tr.Scrub = telemetry.Span{ID: telemetry.NewSpanID(), Name: "scrub", Start: x.tr.Now()}
 	}
 }
 
@@ -135,7 +134,7 @@ func (x *exchange) endTrace() {
 	}
 	x.tr = nil
 	ev := &x.ev
-	now := time.Now()
+	now := tr.Now()
 	if !tr.Scrub.Start.IsZero() {
 		tr.Scrub.End = now
 	}

@@ -27,6 +27,7 @@ type Span struct {
 	ID         [8]byte
 	Name       string
 	Start, End time.Time
+	tr         *Trace // a step's, for Finish
 }
 
 // Trace is one request's span tree: a root per exchange, a child of the agent's own span when
@@ -68,8 +69,18 @@ func (t *Trace) Step(name string) *Span {
 	}
 	s := &t.Steps[t.NSteps]
 	t.NSteps++
-	*s = Span{ID: NewSpanID(), Name: name, Start: time.Now()}
+	*s = Span{ID: NewSpanID(), Name: name, Start: t.Now(), tr: t}
 	return s
+}
+
+// Now is the time on t's clock: the root's start advanced by the monotonic time since. It
+// reads the clock once where time.Now reads it twice (wall and monotonic: about 50 ns on a
+// VM), and keeps a trace's times in order whatever the wall clock does meanwhile.
+func (t *Trace) Now() time.Time {
+	if t.Root.Start.IsZero() {
+		return time.Now()
+	}
+	return t.Root.Start.Add(time.Since(t.Root.Start))
 }
 
 // Tracer hands out the Traces of the requests it samples and queues the ended ones for
@@ -168,7 +179,11 @@ func (e *traceExporter) export(ctx context.Context, r *scrub.Replacer, batch []*
 
 // Finish ends s (nothing when s is nil: the step is not traced).
 func (s *Span) Finish() {
-	if s != nil {
+	switch {
+	case s == nil:
+	case s.tr != nil:
+		s.End = s.tr.Now()
+	default:
 		s.End = time.Now()
 	}
 }

@@ -374,3 +374,26 @@ func TestSpanNameScrubbed(t *testing.T) {
 		t.Fatalf("upstream span %q", got)
 	}
 }
+
+// TestTraceClock: a step's times are read on the trace's clock (the root's start advanced by
+// the monotonic time since): in order, on the wall clock where the request ran, and read from
+// the wall clock when the root has not started.
+func TestTraceClock(t *testing.T) {
+	tr := NewTrace()
+	if s := tr.Step("identity"); s.Start.IsZero() || s.Start.Before(time.Now().Add(-time.Minute)) {
+		t.Fatalf("before the root started, a step began at %v", s.Start)
+	}
+	tr = NewTrace()
+	tr.Root.Start = time.Now()
+	s := tr.Step("identity")
+	s.Finish()
+	end := tr.Now()
+	wall := time.Now()
+	if s.Start.Before(tr.Root.Start) || s.End.Before(s.Start) || end.Before(s.End) {
+		t.Fatalf("out of order: root %v, step %v to %v, end %v", tr.Root.Start, s.Start, s.End, end)
+	}
+	// On the wall clock (without the monotonic reading), within a second of time.Now's.
+	if d := wall.Round(0).Sub(end.Round(0)); d < -time.Second || d > time.Second {
+		t.Fatalf("the trace's clock is %v from the wall clock", d)
+	}
+}
