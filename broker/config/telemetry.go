@@ -30,10 +30,11 @@ type Telemetry struct {
 	// Instance is the resource's service.instance.id: which broker replica (default the
 	// host name).
 	Instance string `yaml:"instance"`
-	// QueueSize bounds the log records, and the spans, waiting to be exported (default
-	// 4096 each); one that finds the queue full is dropped and counted, never waited for.
+	// QueueSize bounds the log records, and the traced requests (each with its spans, up to
+	// seven), waiting to be exported (default 4096 each); one that finds the queue full is
+	// dropped and counted (its spans, for a trace), never waited for.
 	QueueSize int `yaml:"queue_size"`
-	// BatchSize is the most records or spans in one export (default 512).
+	// BatchSize is the most records, or traced requests, in one export (default 512).
 	BatchSize int `yaml:"batch_size"`
 	// BatchTimeout is how long a record waits for others to join its batch (default 1s).
 	BatchTimeout time.Duration `yaml:"batch_timeout"`

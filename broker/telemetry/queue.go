@@ -79,10 +79,14 @@ func (q *queue[T]) put(v T) {
 	}
 }
 
-// take moves up to a batch of the waiting items, oldest first, to buf.
-func (q *queue[T]) take(buf []T) []T {
+// take moves up to a batch of the waiting items, oldest first, to buf, when at least least
+// are waiting.
+func (q *queue[T]) take(buf []T, least int) []T {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.n < least {
+		return buf
+	}
 	k := min(q.n, q.batch)
 	for k > 0 {
 		seg := q.ring[q.head:min(q.head+k, len(q.ring))]
@@ -103,8 +107,11 @@ func (q *queue[T]) weight(v T) int {
 	return q.count(v)
 }
 
-// run exports what is queued when a batch is full, and at every tick of wait what is there:
-// nothing waits longer than wait to be exported.
+// run exports whole batches when a batch is full, and at every tick of wait everything
+// there: nothing waits longer than wait to be exported, and under load every export is a
+// whole batch. (Exporting all there was after each batch sent, as it did, made the exports
+// after the first as small as what arrived meanwhile: dozens a second more, each with its
+// headers, system calls and flow control.)
 func (q *queue[T]) run() {
 	defer close(q.done)
 	buf := make([]T, 0, q.batch)
@@ -113,26 +120,26 @@ func (q *queue[T]) run() {
 	for {
 		select {
 		case <-q.full:
+			buf = q.drain(buf, q.wake)
 		case <-tick.C:
+			buf = q.drain(buf, 1)
 		case ack := <-q.flush:
-			buf = q.drain(buf)
+			buf = q.drain(buf, 1)
 			close(ack)
-			continue
 		case <-q.stop:
 			q.mu.Lock()
 			q.closed = true // what comes later is dropped; what is queued is exported
 			q.mu.Unlock()
-			q.drain(buf)
+			q.drain(buf, 1)
 			return
 		}
-		buf = q.drain(buf)
 	}
 }
 
-// drain exports everything queued now, a batch at a time.
-func (q *queue[T]) drain(buf []T) []T {
+// drain exports what is queued, a batch at a time, while at least least items wait.
+func (q *queue[T]) drain(buf []T, least int) []T {
 	for {
-		buf = q.take(buf[:0])
+		buf = q.take(buf[:0], least)
 		if len(buf) == 0 {
 			return buf
 		}

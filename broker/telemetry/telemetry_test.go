@@ -59,6 +59,31 @@ func TestQueueNeverBlocks(t *testing.T) {
 	}
 }
 
+// TestQueueExportsWholeBatches: while items keep coming, each export is a whole batch (the
+// rest waits for the tick or a flush), not whatever arrived during the previous export.
+func TestQueueExportsWholeBatches(t *testing.T) {
+	sizes := make(chan int, 16)
+	q := newQueue(64, 4, time.Hour, time.Minute, func(_ context.Context, items []int) error {
+		sizes <- len(items)
+		return nil
+	}, func(string, int) { t.Error("dropped") })
+	for i := range 10 {
+		q.put(i)
+	}
+	for range 2 {
+		if n := <-sizes; n != 4 {
+			t.Fatalf("an export of %d items, want whole batches of 4", n)
+		}
+	}
+	if err := q.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-sizes; n != 2 {
+		t.Fatalf("the flush exported %d, want the 2 left", n)
+	}
+	_ = q.Close(context.Background())
+}
+
 // TestQueueCountsFailedExports: a batch the exporter fails is counted as dropped.
 func TestQueueCountsFailedExports(t *testing.T) {
 	var dropped atomic.Int64
