@@ -151,7 +151,11 @@ func (x *exchange) endTrace() {
 			tr.Status = ev.Decision + " " + strconv.Itoa(ev.Status)
 		}
 	}
-	ev.TraceID, ev.SpanID = hex.EncodeToString(tr.TraceID[:]), hex.EncodeToString(tr.Root.ID[:])
+	var ids [48]byte // both in one string: one allocation
+	hex.Encode(ids[:32], tr.TraceID[:])
+	hex.Encode(ids[32:], tr.Root.ID[:])
+	both := string(ids[:])
+	ev.TraceID, ev.SpanID = both[:32], both[32:]
 	tr.Event = *ev
 	x.b.tracer.End(tr)
 }
