@@ -1,26 +1,20 @@
 package telemetry
 
 import (
-	"context"
 	"math/rand/v2"
 	"sync"
 	"time"
-
-	"go.opentelemetry.io/otel/sdk/resource"
-	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
-	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/capbroker/capbroker/broker/audit"
 	"github.com/capbroker/capbroker/broker/scrub"
 )
 
 // The request spans are not the SDK's: the broker records each request's tree as one compact
-// Trace (ids and timestamps, and the audit event when it ends), with no span object, context
-// or attribute made on the request's goroutine; the export goroutine turns a batch of them
-// into OTLP spans, scrubbed, and hands them to the OTLP client (gRPC or HTTP) as protobuf
-// messages. The SDK's span path cost the broker 1.85x its CPU per request (docs/benchmarks.md).
+// Trace (ids and timestamps), with no span object, context or attribute made while the
+// request runs; when it ends, the Trace, with the request's audit event, is written as OTLP
+// spans, scrubbed (spanwire.go), and those bytes are queued for the export goroutine, which
+// hands a batch of them to the OTLP client (gRPC or HTTP). The SDK's span path cost the broker
+// 1.85x its CPU per request (docs/benchmarks.md).
 
 // Span is one span of a Trace: zero Start means it did not happen.
 type Span struct {
@@ -32,8 +26,8 @@ type Span struct {
 
 // Trace is one request's span tree: a root per exchange, a child of the agent's own span when
 // it sent a traceparent (Parent), with a child per step, and the upstream and scrub spans
-// open until the exchange ends. Event is the request's audit event as it was written, the
-// decision and attributes read from it on export.
+// open until the exchange ends. Event is the request's audit event, the decision and
+// attributes read from it when the Trace ends.
 type Trace struct {
 	TraceID  [16]byte
 	Parent   [8]byte // the agent's span; zero: none
@@ -88,8 +82,9 @@ func (t *Trace) Now() time.Time {
 // spans, under signal traces).
 type Tracer struct {
 	ratio float64 // < 1: sample at random
-	q     *queue[*Trace]
+	q     *queue[encoded]
 	pool  sync.Pool
+	scrub func() *scrub.Replacer // the secrets known now
 }
 
 // Start is a new Trace with a random trace id and root span id, or nil when the request is
@@ -119,8 +114,15 @@ func (tr *Trace) init() {
 	tr.Root.ID = NewSpanID()
 }
 
-// End queues tr for export; tr belongs to the Tracer from then on.
-func (t *Tracer) End(tr *Trace) { t.q.put(tr) }
+// End writes tr's spans, scrubbed, and queues them for export; tr belongs to the Tracer from
+// then on.
+func (t *Tracer) End(tr *Trace) {
+	b := getBuf()
+	*b = encodeTrace(*b, t.scrub(), tr)
+	n := spanCount(tr)
+	t.release(tr)
+	t.q.put(encoded{b: b, items: n})
+}
 
 func (t *Tracer) release(tr *Trace) {
 	*tr = Trace{}
@@ -137,44 +139,6 @@ func spanCount(tr *Trace) int {
 		n++
 	}
 	return n
-}
-
-// traceExporter turns batches of Traces into OTLP and sends them (spanwire.go).
-type traceExporter struct {
-	send     func(context.Context, []byte) error
-	resource []byte // the ResourceSpans' resource field, encoded
-	scope    []byte // the ScopeSpans' scope field, encoded
-	w        wire   // the export goroutine's buffer and scrub cache
-}
-
-func newTraceExporter(send func(context.Context, []byte) error, res *resource.Resource, scope string) (*traceExporter, error) {
-	rb, sb, err := resourceAndScope(res, scope)
-	if err != nil {
-		return nil, err
-	}
-	return &traceExporter{send: send, resource: rb, scope: sb}, nil
-}
-
-// resourceAndScope are the resource and scope fields of a ResourceSpans or ResourceLogs and
-// its ScopeSpans or ScopeLogs (field 1 in each), encoded once.
-func resourceAndScope(res *resource.Resource, scope string) (rb, sb []byte, err error) {
-	r := &resourcepb.Resource{}
-	for _, kv := range res.Attributes() {
-		r.Attributes = append(r.Attributes, &commonpb.KeyValue{Key: string(kv.Key), Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: kv.Value.Emit()}}})
-	}
-	if rb, err = proto.Marshal(r); err != nil {
-		return nil, nil, err
-	}
-	if sb, err = proto.Marshal(&commonpb.InstrumentationScope{Name: scope}); err != nil {
-		return nil, nil, err
-	}
-	return protowire.AppendBytes(protowire.AppendTag(nil, fRSResource, protowire.BytesType), rb),
-		protowire.AppendBytes(protowire.AppendTag(nil, fSSScope, protowire.BytesType), sb), nil
-}
-
-// export is the queue's export of a batch.
-func (e *traceExporter) export(ctx context.Context, r *scrub.Replacer, batch []*Trace) error {
-	return e.send(ctx, e.encode(r, batch))
 }
 
 // Finish ends s (nothing when s is nil: the step is not traced).

@@ -9,40 +9,36 @@ import (
 	"github.com/capbroker/capbroker/broker/scrub"
 )
 
-// The export goroutine writes a batch of Traces as one OTLP ExportTraceServiceRequest in
-// protobuf wire format itself, into a buffer it reuses, and sends the bytes as they are (gRPC
-// or HTTP): building the OTLP messages and encoding them by reflection cost about 10 µs and
-// 47 allocations per request traced, as much as a third of the request itself.
+// A Trace's spans are written in protobuf wire format directly (encoded.go says when and
+// where): building the OTLP messages and encoding them by reflection cost about 10 µs and 47
+// allocations per request traced, as much as a third of the request itself.
 
 // Field numbers of opentelemetry/proto (trace/v1, common/v1, resource/v1).
 const (
-	fReqResourceSpans = 1 // ExportTraceServiceRequest
-	fRSResource       = 1 // ResourceSpans
-	fRSScopeSpans     = 2
-	fResAttributes    = 1 // Resource
-	fSSScope          = 1 // ScopeSpans
-	fSSSpans          = 2
-	fScopeName        = 1 // InstrumentationScope
-	fTraceID          = 1 // Span
-	fSpanID           = 2
-	fParentSpanID     = 4
-	fName             = 5
-	fKind             = 6
-	fStart            = 7
-	fEnd              = 8
-	fAttributes       = 9
-	fStatus           = 15
-	fFlags            = 16
-	fStatusMessage    = 2 // Status
-	fStatusCode       = 3
-	fKey              = 1 // KeyValue
-	fValue            = 2
-	fString           = 1 // AnyValue
-	fBool             = 2
-	fInt              = 3
-	fDouble           = 4
-	fArray            = 5
-	fArrayValues      = 1 // ArrayValue
+	fRSResource    = 1 // ResourceSpans
+	fSSScope       = 1 // ScopeSpans
+	fSSSpans       = 2
+	fScopeName     = 1 // InstrumentationScope
+	fTraceID       = 1 // Span
+	fSpanID        = 2
+	fParentSpanID  = 4
+	fName          = 5
+	fKind          = 6
+	fStart         = 7
+	fEnd           = 8
+	fAttributes    = 9
+	fStatus        = 15
+	fFlags         = 16
+	fStatusMessage = 2 // Status
+	fStatusCode    = 3
+	fKey           = 1 // KeyValue
+	fValue         = 2
+	fString        = 1 // AnyValue
+	fBool          = 2
+	fInt           = 3
+	fDouble        = 4
+	fArray         = 5
+	fArrayValues   = 1 // ArrayValue
 
 	kindInternal = 1
 	kindServer   = 2
@@ -53,11 +49,11 @@ const (
 	flagsRemote = flagsLocal | 0x200 // the root under the agent's span
 )
 
-// wire appends protobuf fields to b.
+// wire appends protobuf fields to b, its strings scrubbed by r.
 type wire struct {
 	b     []byte
-	cache scrubCache
-	attrs protowire.Number // the attributes' field: a Span's or a LogRecord's, set by each encode
+	r     *scrub.Replacer
+	attrs protowire.Number // the attributes' field: a Span's or a LogRecord's
 }
 
 // open starts a length-delimited field; close ends it.
@@ -94,15 +90,7 @@ func (w *wire) fixed64(f protowire.Number, v uint64) {
 // str is a string attribute, its value scrubbed; an empty value is left out.
 func (w *wire) str(k, v string) {
 	if v != "" {
-		w.strScrubbed(k, w.cache.scrub(v))
-	}
-}
-
-// unique is a string attribute whose value is new each time (a request's id): scrubbed, not
-// cached; an empty value is left out.
-func (w *wire) unique(k, v string) {
-	if v != "" {
-		w.strScrubbed(k, w.cache.r.String(v))
+		w.strScrubbed(k, w.r.String(v))
 	}
 }
 
@@ -150,7 +138,7 @@ func (w *wire) strs(k string, vs []string) {
 	arr := w.open(fArray)
 	for _, v := range vs {
 		e := w.open(fArrayValues)
-		w.string(fString, w.cache.scrub(v))
+		w.string(fString, w.r.String(v))
 		w.close(e)
 	}
 	w.close(arr)
@@ -170,7 +158,7 @@ func (w *wire) span(tr *Trace, s *Span, parent []byte, kind uint64, flags uint32
 	if name := s.Name; brokerName(name) {
 		w.string(fName, name)
 	} else {
-		w.string(fName, w.cache.scrub(name)) // "chat " and a model's name, say
+		w.string(fName, w.r.String(name)) // "chat " and a model's name, say
 	}
 	w.varint(fKind, kind)
 	w.fixed64(fStart, uint64(s.Start.UnixNano()))
@@ -181,7 +169,7 @@ func (w *wire) span(tr *Trace, s *Span, parent []byte, kind uint64, flags uint32
 }
 
 // brokerName reports whether a span's name is one of the broker's own constants, which
-// holds no secret and is written without a look in the scrub cache.
+// holds no secret and is written without a scrub.
 func brokerName(name string) bool {
 	switch name {
 	case "capbroker.request", "capbroker.connect", "identity", "policy", "approval", "credentials", "upstream", "scrub":
@@ -190,21 +178,10 @@ func brokerName(name string) bool {
 	return false
 }
 
-// encode writes batch as one ExportTraceServiceRequest into w.b (reset first).
-func (e *traceExporter) encode(r *scrub.Replacer, batch []*Trace) []byte {
-	w := &e.w
-	w.attrs = fAttributes
-	w.cache.use(r)
-	w.b = w.b[:0]
-	rs := w.open(fReqResourceSpans)
-	w.b = append(w.b, e.resource...)
-	ss := w.open(fRSScopeSpans)
-	w.b = append(w.b, e.scope...)
-	for _, tr := range batch {
-		w.trace(tr)
-	}
-	w.close(ss)
-	w.close(rs)
+// encodeTrace appends tr's spans to b, as ScopeSpans span fields, every string scrubbed by r.
+func encodeTrace(b []byte, r *scrub.Replacer, tr *Trace) []byte {
+	w := wire{b: b, r: r, attrs: fAttributes}
+	w.trace(tr)
 	return w.b
 }
 
@@ -218,7 +195,7 @@ func (w *wire) trace(tr *Trace) {
 	}
 	root := w.span(tr, &tr.Root, parent, kindServer, flags)
 	// The request's attributes are on the root alone, those without a value left out.
-	w.unique("capbroker.request_id", ev.RequestID)
+	w.str("capbroker.request_id", ev.RequestID)
 	w.str("capbroker.agent", ev.Agent)
 	w.str("capbroker.phase", ev.Phase)
 	w.str("capbroker.decision", ev.Decision)
@@ -227,14 +204,14 @@ func (w *wire) trace(tr *Trace) {
 		w.strs("capbroker.credentials", ev.Credentials)
 	}
 	w.str("capbroker.policy_revision", ev.PolicyRevision)
-	w.unique("capbroker.decision_id", ev.DecisionID)
+	w.str("capbroker.decision_id", ev.DecisionID)
 	w.str("capbroker.mode", ev.Mode)
 	w.str("http.request.method", ev.Method)
 	w.str("server.address", ev.Host)
 	if ev.Port != 0 {
 		w.int("server.port", int64(ev.Port))
 	}
-	w.unique("url.path", ev.Path) // new with most requests: not cached
+	w.str("url.path", ev.Path)
 	if ev.Status != 0 {
 		w.int("http.response.status_code", int64(ev.Status))
 	}
@@ -243,7 +220,7 @@ func (w *wire) trace(tr *Trace) {
 	}
 	if tr.Status != "" {
 		st := w.open(fStatus)
-		w.string(fStatusMessage, w.cache.scrub(tr.Status))
+		w.string(fStatusMessage, w.r.String(tr.Status))
 		w.varint(fStatusCode, statusError)
 		w.close(st)
 	}
@@ -269,37 +246,4 @@ func (w *wire) trace(tr *Trace) {
 	if s := &tr.Scrub; !s.Start.IsZero() {
 		w.close(w.span(tr, s, rid, kindInternal, flagsLocal))
 	}
-}
-
-// scrubCache scrubs each distinct string once while the secrets stay the same: most of a
-// span's strings (agent, host, decision, names) repeat from request to request. It is the
-// export goroutine's own, bounded, and emptied when the Replacer changes.
-type scrubCache struct {
-	r    *scrub.Replacer
-	seen map[string]string
-}
-
-// At most scrubCacheMax strings of at most scrubCacheLongest bytes each (a key and its value:
-// about 2 MiB at most).
-const (
-	scrubCacheMax     = 4096
-	scrubCacheLongest = 256
-)
-
-func (c *scrubCache) use(r *scrub.Replacer) {
-	if c.r != r || len(c.seen) > scrubCacheMax {
-		c.r, c.seen = r, make(map[string]string, 256)
-	}
-}
-
-func (c *scrubCache) scrub(s string) string {
-	if len(s) > scrubCacheLongest { // the cache's memory stays bounded whatever the agent sends
-		return c.r.String(s)
-	}
-	if v, ok := c.seen[s]; ok {
-		return v
-	}
-	v := c.r.String(s)
-	c.seen[s] = v
-	return v
 }

@@ -57,7 +57,7 @@ type Deps struct {
 type Telemetry struct {
 	conn     *conn
 	tracer   *Tracer
-	logs     *queue[logRecord]
+	logs     *queue[encoded]
 	mp       *sdkmetric.MeterProvider
 	scrubber func() *scrub.Replacer
 
@@ -128,45 +128,23 @@ func (t *Telemetry) start(ctx context.Context, cfg *config.Telemetry, res *resou
 	if cfg.Enabled(config.SignalLogs) {
 		snd := c.sender(grpcOn, "/opentelemetry.proto.collector.logs.v1.LogsService/Export", "/v1/logs",
 			func() proto.Message { return &collogs.ExportLogsServiceResponse{} })
-		rb, sb, err := resourceAndScope(res, "github.com/capbroker/capbroker/broker/audit")
+		exp, err := newExporter(snd.send, res, "github.com/capbroker/capbroker/broker/audit")
 		if err != nil {
 			return fmt.Errorf("telemetry: logs exporter: %w", err)
 		}
-		exp := &logExporter{send: snd.send, resource: rb, scope: sb}
-		t.logs = newQueue(cfg.QueueSize, cfg.BatchSize, cfg.BatchTimeout, cfg.ExportTimeout, func(ctx context.Context, recs []logRecord) error {
-			err := exp.export(ctx, t.scrubber(), recs)
-			if err == nil {
-				t.exported.WithLabelValues(config.SignalLogs).Add(float64(len(recs)))
-			}
-			return err
-		}, t.drop(config.SignalLogs))
+		t.logs = t.newQueue(cfg, config.SignalLogs, exp)
 	}
 	if cfg.Enabled(config.SignalTraces) {
 		snd := c.sender(grpcOn, "/opentelemetry.proto.collector.trace.v1.TraceService/Export", "/v1/traces",
 			func() proto.Message { return &coltrace.ExportTraceServiceResponse{} })
-		exp, err := newTraceExporter(snd.send, res, "github.com/capbroker/capbroker/broker")
+		exp, err := newExporter(snd.send, res, "github.com/capbroker/capbroker/broker")
 		if err != nil {
 			return fmt.Errorf("telemetry: traces exporter: %w", err)
 		}
-		tr := &Tracer{ratio: 1}
+		tr := &Tracer{ratio: 1, scrub: t.scrubber, q: t.newQueue(cfg, config.SignalTraces, exp)}
 		if cfg.TraceRatio != nil {
 			tr.ratio = *cfg.TraceRatio
 		}
-		tr.q = newQueue(cfg.QueueSize, cfg.BatchSize, cfg.BatchTimeout, cfg.ExportTimeout, func(ctx context.Context, batch []*Trace) error {
-			err := exp.export(ctx, t.scrubber(), batch)
-			n := 0
-			for _, x := range batch {
-				n += spanCount(x)
-				tr.release(x)
-			}
-			if err != nil { // counted here: the batch's Traces are released
-				t.dropped.WithLabelValues(config.SignalTraces, dropExportFailed).Add(float64(n))
-			} else {
-				t.exported.WithLabelValues(config.SignalTraces).Add(float64(n))
-			}
-			return nil
-		}, t.drop(config.SignalTraces))
-		tr.q.count = spanCount
 		t.tracer = tr
 	}
 	if cfg.Enabled(config.SignalMetrics) {
@@ -223,6 +201,24 @@ func (t *Telemetry) Tracer() *Tracer {
 	return t.tracer
 }
 
+// newQueue is a signal's export queue: batches of encoded items, joined and sent by exp, the
+// items counted as exported when the collector took them (dropped otherwise, by the queue).
+func (t *Telemetry) newQueue(cfg *config.Telemetry, signal string, exp *exporter) *queue[encoded] {
+	q := newQueue(cfg.QueueSize, cfg.BatchSize, cfg.BatchTimeout, cfg.ExportTimeout, func(ctx context.Context, batch []encoded) error {
+		n := 0
+		for _, it := range batch {
+			n += it.items
+		}
+		err := exp.export(ctx, batch)
+		if err == nil {
+			t.exported.WithLabelValues(signal).Add(float64(n))
+		}
+		return err
+	}, t.drop(signal))
+	q.count = weight
+	return q
+}
+
 // Audit is the audit Logger's export hook: the event's line as written becomes one log
 // record (body: the line without its newline), with the agent, request id and decision as
 // attributes and, when the request was traced, its trace and span. e is nil for an
@@ -231,7 +227,9 @@ func (t *Telemetry) Audit(e *audit.Event, line []byte) {
 	if t == nil || t.logs == nil {
 		return
 	}
-	t.logs.put(newLogRecord(e, line))
+	b := getBuf()
+	*b = encodeRecord(*b, t.scrubber(), e, line)
+	t.logs.put(encoded{b: b, items: 1})
 }
 
 // Probe asks the collector once whether it takes the credentials, with an empty export. The

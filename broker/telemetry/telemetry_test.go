@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,16 +108,10 @@ func TestQueueCountsFailedExports(t *testing.T) {
 const canary = "sk-canary-0123456789abcdef"
 
 // TestTraceExport: a Trace becomes its span tree in OTLP (the root a child of the agent's
-// span, each step a child of the root, the decision and GenAI attributes), and every string
-// exported is scrubbed, also the second time it is seen (from the cache).
+// span, each step a child of the root, the decision and GenAI attributes) under the resource
+// and scope, and every string exported is scrubbed.
 func TestTraceExport(t *testing.T) {
 	r := scrub.New(canary, "[REDACTED]")
-	var sent []byte
-	e, err := newTraceExporter(func(_ context.Context, b []byte) error { sent = append([]byte(nil), b...); return nil },
-		resource.NewSchemaless(attribute.String("service.name", "capbroker")), "s")
-	if err != nil {
-		t.Fatal(err)
-	}
 	trace := func() *Trace {
 		tr := NewTrace()
 		tr.Parent = NewSpanID()
@@ -132,9 +125,7 @@ func TestTraceExport(t *testing.T) {
 			LLM: &audit.LLMCall{Provider: "openai", Model: "gpt-4o-mini", TokensIn: 7, TokensOut: 3}}
 		return tr
 	}
-	if err := e.export(context.Background(), r, []*Trace{trace(), trace()}); err != nil {
-		t.Fatal(err)
-	}
+	sent := joinTraces(t, r, resource.NewSchemaless(attribute.String("service.name", "capbroker")), trace(), trace())
 	var req coltrace.ExportTraceServiceRequest
 	if err := proto.Unmarshal(sent, &req); err != nil {
 		t.Fatal(err)
@@ -169,18 +160,46 @@ func TestTraceExport(t *testing.T) {
 	}
 }
 
+// joinTraces encodes trs, scrubbed by r, as the Tracer does when each ends, and joins them
+// under res and a scope "s" as the export goroutine does: the export request's bytes.
+func joinTraces(t *testing.T, r *scrub.Replacer, res *resource.Resource, trs ...*Trace) []byte {
+	t.Helper()
+	e, err := newExporter(nil, res, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch []encoded
+	for _, tr := range trs {
+		b := getBuf()
+		*b = encodeTrace(*b, r, tr)
+		batch = append(batch, encoded{b: b, items: spanCount(tr)})
+	}
+	return append([]byte(nil), e.join(batch)...)
+}
+
+// joinRecords encodes the audit events' records (e, line, in turn; e nil for an approval)
+// scrubbed by r, and joins them in one export request.
+func joinRecords(t *testing.T, r *scrub.Replacer, events ...any) []byte {
+	t.Helper()
+	e, err := newExporter(nil, resource.Empty(), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch []encoded
+	for i := 0; i < len(events); i += 2 {
+		ev, _ := events[i].(*audit.Event)
+		b := getBuf()
+		*b = encodeRecord(*b, r, ev, events[i+1].([]byte))
+		batch = append(batch, encoded{b: b, items: 1})
+	}
+	return append([]byte(nil), e.join(batch)...)
+}
+
 // exportTraces exports trs as one batch scrubbed by r, and returns the spans decoded by the
 // official OTLP types.
 func exportTraces(t *testing.T, r *scrub.Replacer, trs ...*Trace) []*tracepb.Span {
 	t.Helper()
-	var sent []byte
-	e, err := newTraceExporter(func(_ context.Context, b []byte) error { sent = append([]byte(nil), b...); return nil }, resource.Empty(), "s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.export(context.Background(), r, trs); err != nil {
-		t.Fatal(err)
-	}
+	sent := joinTraces(t, r, resource.Empty(), trs...)
 	var req coltrace.ExportTraceServiceRequest
 	if err := proto.Unmarshal(sent, &req); err != nil {
 		t.Fatal(err)
@@ -246,18 +265,16 @@ func TestTraceAttributes(t *testing.T) {
 // attributes, are scrubbed.
 func TestScrubRecordsAndMetrics(t *testing.T) {
 	r := scrub.New(canary, "[REDACTED]")
-	e := &logExporter{}
-	for range 2 { // the second time from the cache
-		req := decodeLogs(t, e.encode(r, []logRecord{newLogRecord(&audit.Event{Agent: canary, RequestID: "x" + canary}, []byte(`{"agent":"`+canary+`"}`+"\n"))}))
-		rec := req.ResourceLogs[0].ScopeLogs[0].LogRecords[0]
-		if b := rec.Body.GetStringValue(); b != `{"agent":"[REDACTED]"}` {
-			t.Fatalf("body %s", b)
-		}
-		for _, kv := range rec.Attributes {
-			if v := kv.Value.GetStringValue(); contains(v, canary) {
-				t.Fatalf("attribute %v", kv)
-			}
-		}
+	sent := joinRecords(t, r, &audit.Event{Agent: canary, RequestID: "x" + canary, Decision: canary}, []byte(`{"agent":"`+canary+`"}`+"\n"))
+	if bytes.Contains(sent, []byte(canary)) {
+		t.Fatalf("the canary in %q", sent)
+	}
+	rec := decodeLogs(t, sent).ResourceLogs[0].ScopeLogs[0].LogRecords[0]
+	if b := rec.Body.GetStringValue(); b != `{"agent":"[REDACTED]"}` {
+		t.Fatalf("body %s", b)
+	}
+	if len(rec.Attributes) != 3 {
+		t.Fatalf("attributes %v", rec.Attributes)
 	}
 
 	rm := &metricdata.ResourceMetrics{ScopeMetrics: []metricdata.ScopeMetrics{{Metrics: []metricdata.Metrics{
@@ -297,8 +314,7 @@ func TestAuditRecord(t *testing.T) {
 		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", SpanID: "00f067aa0ba902b7"}
 	var nilTel *Telemetry
 	nilTel.Audit(ev, []byte("x\n")) // no telemetry: nothing, no panic
-	e := &logExporter{}
-	req := decodeLogs(t, e.encode(scrub.New(), []logRecord{newLogRecord(ev, []byte(`{"msg":"decision"}`+"\n")), newLogRecord(nil, []byte(`{"msg":"approval"}`+"\n"))}))
+	req := decodeLogs(t, joinRecords(t, scrub.New(), ev, []byte(`{"msg":"decision"}`+"\n"), nil, []byte(`{"msg":"approval"}`+"\n")))
 	got := req.ResourceLogs[0].ScopeLogs[0].LogRecords
 	if len(got) != 2 {
 		t.Fatalf("%d records", len(got))
@@ -342,26 +358,6 @@ func TestSampler(t *testing.T) {
 	tr := &Tracer{ratio: 1e-9}
 	if n := testing.AllocsPerRun(100, func() { tr.Start() }); n != 0 {
 		t.Errorf("a request not drawn made %v allocations", n)
-	}
-}
-
-// TestScrubCacheBounded: what the agent controls cannot grow the export's cache of scrubbed
-// strings: a long string is scrubbed and not kept, and the cache is emptied past its count.
-func TestScrubCacheBounded(t *testing.T) {
-	var c scrubCache
-	c.use(scrub.New(canary, "[REDACTED]"))
-	long := strings.Repeat("p", scrubCacheLongest) + canary
-	if got := c.scrub(long); contains(got, canary) || len(c.seen) != 0 {
-		t.Fatalf("long string: %q, %d cached", got, len(c.seen))
-	}
-	for i := range 3 * scrubCacheMax {
-		c.use(c.r)
-		if got := c.scrub(canary + strconv.Itoa(i)); contains(got, canary) {
-			t.Fatalf("%q", got)
-		}
-		if len(c.seen) > scrubCacheMax+1 {
-			t.Fatalf("%d strings cached", len(c.seen))
-		}
 	}
 }
 
