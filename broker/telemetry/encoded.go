@@ -14,9 +14,9 @@ import (
 // Each trace and each audit record is written as OTLP protobuf on the goroutine that ends it,
 // while what it is made of is still in the processor's caches: a trace as its spans (the
 // ScopeSpans' span fields), a record as one ScopeLogs' log_record field, every string
-// scrubbed. What is queued is those bytes, in a pooled buffer: no audit event copied, no
-// pointers for the collector to follow, no string made of the audit line. The export
-// goroutine only joins a batch of them under the request's resource and scope.
+// scrubbed. What is queued is those bytes, in a pooled buffer: no audit event copied, nothing
+// for the garbage collector to follow, no string made of the audit line. The export goroutine
+// only joins a batch of them under the signal's resource and scope.
 
 // encoded is one trace's spans, or one record, as protobuf fields.
 type encoded struct {
