@@ -184,10 +184,11 @@ func (pa *path) closedLoop(ctx context.Context, conns int, d time.Duration) thro
 	}
 	wg.Wait()
 	el := time.Since(start)
-	r := throughputResult{rps: float64(n.Load()) / el.Seconds(), steal: stealSince(mc0)}
+	mc := readMachineCPU().since(mc0)
+	r := throughputResult{rps: float64(n.Load()) / el.Seconds(), steal: mc.stealFraction()}
 	if pa.proc != nil && n.Load() > 0 {
 		r.cpuPerReq = float64((pa.proc.cpu() - cpu0).Microseconds()) / float64(n.Load())
-		r.machinePerReq = busySince(mc0) / float64(n.Load())
+		r.machinePerReq = mc.busyUS() / float64(n.Load())
 	}
 	if e := errs.Load(); e > 0 {
 		fmt.Printf("  %s c=%d: %d errors\n", pa.name, conns, e)

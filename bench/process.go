@@ -264,22 +264,22 @@ func parseMachineCPU(line string) machineCPU {
 	return c
 }
 
-// busySince is the machine's CPU time spent since c0 (every process's, the kernel's
-// included; not idle, not stolen), in microseconds: /proc/stat counts in USER_HZ ticks, 100
-// a second on Linux.
-func busySince(c0 machineCPU) float64 {
-	c := readMachineCPU()
+// since is the machine's CPU time from c0 to c (c - c0; zero when the clock did not move).
+func (c machineCPU) since(c0 machineCPU) machineCPU {
 	if c.total <= c0.total {
-		return 0
+		return machineCPU{}
 	}
-	return float64((c.total-c0.total)-(c.idle-c0.idle)-(c.steal-c0.steal)) * 1e4
+	return machineCPU{total: c.total - c0.total, steal: c.steal - c0.steal, idle: c.idle - c0.idle}
 }
 
-// stealSince is the fraction of the machine's CPU time stolen since c0.
-func stealSince(c0 machineCPU) float64 {
-	c := readMachineCPU()
-	if c.total <= c0.total {
+// stealFraction is the fraction of c stolen by the hypervisor.
+func (c machineCPU) stealFraction() float64 {
+	if c.total == 0 {
 		return 0
 	}
-	return float64(c.steal-c0.steal) / float64(c.total-c0.total)
+	return float64(c.steal) / float64(c.total)
 }
+
+// busyUS is the part of c spent (every process's, the kernel's included; not idle, not
+// stolen), in microseconds: /proc/stat counts in USER_HZ ticks, 100 a second on Linux.
+func (c machineCPU) busyUS() float64 { return float64(c.total-c.idle-c.steal) * 1e4 }
