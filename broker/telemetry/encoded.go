@@ -54,7 +54,9 @@ type exporter struct {
 // Field numbers shared by ExportTraceServiceRequest and ExportLogsServiceRequest.
 const (
 	fReqResource   = 1 // the request's ResourceSpans / ResourceLogs
+	fResource      = 1 // their Resource
 	fResourceScope = 2 // their ScopeSpans / ScopeLogs
+	fScope         = 1 // those's InstrumentationScope
 )
 
 func newExporter(send func(context.Context, []byte) error, res *resource.Resource, scope string) (*exporter, error) {
@@ -78,8 +80,8 @@ func resourceAndScope(res *resource.Resource, scope string) (rb, sb []byte, err 
 	if sb, err = proto.Marshal(&commonpb.InstrumentationScope{Name: scope}); err != nil {
 		return nil, nil, err
 	}
-	return protowire.AppendBytes(protowire.AppendTag(nil, fRSResource, protowire.BytesType), rb),
-		protowire.AppendBytes(protowire.AppendTag(nil, fSSScope, protowire.BytesType), sb), nil
+	return protowire.AppendBytes(protowire.AppendTag(nil, fResource, protowire.BytesType), rb),
+		protowire.AppendBytes(protowire.AppendTag(nil, fScope, protowire.BytesType), sb), nil
 }
 
 // export joins batch under the resource and scope, gives the buffers back, and sends it.
@@ -110,6 +112,3 @@ func (e *exporter) join(batch []encoded) []byte {
 	e.b = b
 	return b
 }
-
-// weight is how many of the signal's items it holds, for the queue's drop counts.
-func weight(it encoded) int { return it.items }

@@ -15,10 +15,7 @@ import (
 
 // Field numbers of opentelemetry/proto (trace/v1, common/v1, resource/v1).
 const (
-	fRSResource    = 1 // ResourceSpans
-	fSSScope       = 1 // ScopeSpans
-	fSSSpans       = 2
-	fScopeName     = 1 // InstrumentationScope
+	fSSSpans       = 2 // ScopeSpans
 	fTraceID       = 1 // Span
 	fSpanID        = 2
 	fParentSpanID  = 4

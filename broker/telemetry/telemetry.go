@@ -215,7 +215,7 @@ func (t *Telemetry) newQueue(cfg *config.Telemetry, signal string, exp *exporter
 		}
 		return err
 	}, t.drop(signal))
-	q.count = weight
+	q.count = func(it encoded) int { return it.items }
 	return q
 }
 
