@@ -113,19 +113,7 @@ func (c *connectFloor) finish() {
 }
 
 // serveConnectFloor is the floor's main.
-func serveConnectFloor(addr string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return err
-		}
-		go floorConnect(c)
-	}
-}
+func serveConnectFloor(addr string) error { return serveEach(addr, floorConnect) }
 
 func floorConnect(c net.Conn) {
 	defer c.Close()

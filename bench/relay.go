@@ -56,6 +56,13 @@ func serveRelay(addr, caFile, upstreamCA string) error {
 		return err
 	}
 	server := &tls.Config{Certificates: []tls.Certificate{p.leaf}, NextProtos: []string{"http/1.1"}}
+	return serveEach(addr, func(c net.Conn) { relayTunnel(c, server, roots) })
+}
+
+// serveEach listens on addr and runs handle on a goroutine of its own for each connection it
+// accepts, until accepting fails: the main of the bench's own servers (the relay, the
+// CONNECT floor).
+func serveEach(addr string, handle func(net.Conn)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
@@ -65,7 +72,7 @@ func serveRelay(addr, caFile, upstreamCA string) error {
 		if err != nil {
 			return err
 		}
-		go relayTunnel(c, server, roots)
+		go handle(c)
 	}
 }
 
