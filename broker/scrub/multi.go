@@ -85,9 +85,7 @@ func newMulti(pairs []pair) *multi {
 	for i := range pairs {
 		for off := range t.s {
 			he := t.entryOf(pairs[i].old, off, i)
-			b1, b2 := t.filter(he.hv)
-			t.bits[b1/64] |= 1 << (b1 % 64)
-			t.bits[b2/64] |= 1 << (b2 % 64)
+			t.setFilter(he.hv)
 			t.entries[fill[he.h]] = he.entry
 			fill[he.h]++
 		}
@@ -134,16 +132,28 @@ func word(b []byte) uint64 {
 }
 
 // hash is a window's hash: of its first word g, and with a wide window the next.
-func (t *multi) hash(g, next uint64) uint64 {
-	if t.wide {
+func (t *multi) hash(g, next uint64) uint64 { return windowHash(g, next, t.wide) }
+
+func windowHash(g, next uint64, wide bool) uint64 {
+	if wide {
 		g ^= bits.RotateLeft64(next*0xC2B2AE3D27D4EB4F, 31)
 	}
 	return g * 0x9E3779B97F4A7C15
 }
 
-// filter is a hash's two bits in t.bits.
-func (t *multi) filter(hv uint64) (uint64, uint64) {
-	return hv >> t.bitsShift, (hv << 24) >> t.bitsShift
+// passes reports whether a window whose hash is hv may be some pattern's: both its bits are
+// set in filter (t.bits, whose index bits are shift's complement).
+func passes(filter []uint64, shift uint8, hv uint64) bool {
+	b1, b2 := hv>>shift, (hv<<24)>>shift
+	last := uint64(len(filter) - 1) // a power of two less one: the index needs no check
+	return filter[(b1/64)&last]&(1<<(b1%64)) != 0 && filter[(b2/64)&last]&(1<<(b2%64)) != 0
+}
+
+// setFilter sets hv's two bits in t.bits.
+func (t *multi) setFilter(hv uint64) {
+	b1, b2 := hv>>t.bitsShift, (hv<<24)>>t.bitsShift
+	t.bits[b1/64] |= 1 << (b1 % 64)
+	t.bits[b2/64] |= 1 << (b2 % 64)
 }
 
 // slot is a hash's entry list in t.heads.
@@ -158,6 +168,9 @@ func hash3(b []byte) uint32 {
 func (t *multi) find(pairs []pair, src []byte, pos int) (int, int) {
 	q, s := t.q, t.s
 	for j := pos; j+q <= len(src); j += s {
+		if j = t.skip(src, j); j+q > len(src) {
+			break
+		}
 		var g, next uint64
 		if j+16 <= len(src) {
 			g, next = binary.LittleEndian.Uint64(src[j:]), binary.LittleEndian.Uint64(src[j+t.nextAt:])
@@ -166,7 +179,7 @@ func (t *multi) find(pairs []pair, src []byte, pos int) (int, int) {
 		}
 		g &= t.mask
 		hv := t.hash(g, next)
-		if b1, b2 := t.filter(hv); t.bits[b1/64]&(1<<(b1%64)) == 0 || t.bits[b2/64]&(1<<(b2%64)) == 0 {
+		if !passes(t.bits, t.bitsShift, hv) {
 			continue
 		}
 		h := t.slot(hv)
@@ -192,6 +205,29 @@ func (t *multi) find(pairs []pair, src []byte, pos int) (int, int) {
 		}
 	}
 	return -1, -1
+}
+
+// skip returns the first of j, j+s, j+2s... whose window passes the filter, or whose 16 bytes
+// from it do not all lie in src: where find looks closer. It is find's inner loop, apart so
+// that it keeps what it reads in registers (a window is read every s bytes of every response
+// from a host with keys bound to it).
+func (t *multi) skip(src []byte, j int) int {
+	filter, shift, mask, s := t.bits, t.bitsShift, t.mask, t.s
+	if t.wide { // a loop each, so that each compiles without the other's work
+		for ; j >= 0 && j+16 <= len(src); j += s {
+			w := src[j : j+16 : j+16]
+			if passes(filter, shift, windowHash(binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:]), true)) {
+				return j
+			}
+		}
+		return j
+	}
+	for ; j >= 0 && j+16 <= len(src); j += s {
+		if passes(filter, shift, windowHash(binary.LittleEndian.Uint64(src[j:j+8:j+8])&mask, 0, false)) {
+			return j
+		}
+	}
+	return j
 }
 
 // heldFrom returns the start of the longest suffix of src that begins at or after from and is
