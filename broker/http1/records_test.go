@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -188,5 +189,61 @@ func TestHeldTailSent(t *testing.T) {
 	rest, err := io.ReadAll(resp.Body)
 	if err != nil || string(rest) != "end" {
 		t.Fatalf("after the chunk: %q, %v", rest, err)
+	}
+}
+
+// TestHeldTailWaitsForLastHold: a download holds a tail after every chunk, and the timer is
+// not moved each time (that wakes the runtime's poller): it fires at the first hold's
+// deadline, finds a later hold's deadline ahead, and waits for that one. Firing early
+// leaves the tail held; firing at the deadline sends it.
+func TestHeldTailWaitsForLastHold(t *testing.T) {
+	defer func(d time.Duration) { tailDelay = d }(tailDelay)
+	tailDelay = time.Hour // the timer itself never fires here: the test calls it
+	held := func(r *response) int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.c.bw.Buffered()
+	}
+	failures := make(chan string, 4)
+	s := &Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		defer close(failures)
+		r := w.(*writer).r
+		for range 2 {
+			w.Write(bytes.Repeat([]byte{'y'}, 2*recordSize))
+			w.(http.Flusher).Flush()
+		}
+		if held(r) == 0 {
+			failures <- "no tail held after a chunk"
+			return
+		}
+		r.sendTail() // early: the last hold's deadline is an hour away
+		if held(r) == 0 {
+			failures <- "the timer sent the tail before the last hold's deadline"
+		}
+		r.mu.Lock()
+		armed := r.tailArmed
+		r.tailAt = time.Now().Add(-time.Millisecond)
+		r.mu.Unlock()
+		if !armed {
+			failures <- "the timer was not armed again for the last hold's deadline"
+		}
+		r.sendTail() // at the deadline
+		if n := held(r); n != 0 {
+			failures <- fmt.Sprintf("%d bytes still held after the deadline", n)
+		}
+	})}
+	sv := serve(t, s)
+	if _, err := io.WriteString(sv.agent, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	for f := range failures {
+		t.Error(f)
+	}
+	resp, err := http.ReadResponse(sv.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != 4*recordSize {
+		t.Fatalf("body: %d bytes, %v", n, err)
 	}
 }
