@@ -180,3 +180,45 @@ func TestReaderLargeReads(t *testing.T) {
 		}
 	}
 }
+
+// TestAtOnceWideWindows: patterns of 24 bytes or more (a host's keys in their forms) are
+// searched with 16-byte windows, one every shortest-pattern-less-15 bytes, and text long
+// enough that most windows go through the fast loop that skips what the filter rejects
+// (multi.skip). Occurrences anywhere, the text's last bytes included, are replaced as the
+// patterns searched for one by one replace them, from String and from the Reader.
+func TestAtOnceWideWindows(t *testing.T) {
+	for seed := range uint64(40) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		prefix := randString(rng, "sk-live", rng.IntN(12))
+		var pairs, secrets []string
+		for range 1 + rng.IntN(60) {
+			s := prefix + randString(rng, "abcdef0123", 24-len(prefix)+rng.IntN(50))
+			pairs, secrets = append(pairs, s, "[REDACTED]"), append(secrets, s)
+		}
+		var b strings.Builder
+		for b.Len() < 20_000+rng.IntN(80_000) {
+			switch rng.IntN(6) {
+			case 0:
+				b.WriteString(secrets[rng.IntN(len(secrets))])
+			case 1:
+				s := secrets[rng.IntN(len(secrets))]
+				b.WriteString(s[:rng.IntN(len(s))]) // a prefix, which must stay
+			default:
+				b.WriteString(randString(rng, "abcdef0123 sk-live\n", 1+rng.IntN(200)))
+			}
+		}
+		if rng.IntN(2) == 0 {
+			b.WriteString(secrets[rng.IntN(len(secrets))]) // the text's last bytes
+		}
+		in := b.String()
+		want := scrub.NewOneByOne(pairs...).String(in)
+		r := scrub.New(pairs...)
+		if got := r.String(in); got != want {
+			t.Fatalf("seed %d: String at once differs from one by one", seed)
+		}
+		got, err := io.ReadAll(r.Reader(io.NopCloser(&randomChunks{rng: rng, data: in, check: func() {}})))
+		if err != nil || string(got) != want {
+			t.Fatalf("seed %d: Reader at once differs from one by one (%v)", seed, err)
+		}
+	}
+}
