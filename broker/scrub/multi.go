@@ -231,9 +231,13 @@ func (t *multi) skip(src []byte, j int) int {
 }
 
 // heldFrom returns the start of the longest suffix of src that begins at or after from and is
-// a proper prefix of some pattern, or len(src) when there is none.
-func (t *multi) heldFrom(pairs []pair, src []byte, from, maxLen int) int {
+// a proper prefix of some pattern, or len(src) when there is none. starts holds the patterns'
+// first bytes: most positions are told apart by that alone.
+func (t *multi) heldFrom(pairs []pair, starts *[256]bool, src []byte, from, maxLen int) int {
 	for i := max(from, len(src)-maxLen+1); i < len(src); i++ {
+		if !starts[src[i]] {
+			continue
+		}
 		tail := src[i:]
 		if len(tail) >= 3 {
 			h := hash3(tail)

@@ -444,7 +444,7 @@ func (r *Replacer) holdFrom(src []byte, from int, eof bool) int {
 		return len(src)
 	}
 	if r.multi != nil {
-		return r.multi.heldFrom(r.pairs, src, from, r.maxLen)
+		return r.multi.heldFrom(r.pairs, &r.starts, src, from, r.maxLen)
 	}
 	for i := max(from, len(src)-r.maxLen+1); i < len(src); i++ {
 		if !r.starts[src[i]] {
