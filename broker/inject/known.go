@@ -310,7 +310,20 @@ func (k *Known) Following(host string) *scrub.Replacer {
 	if r, ok := k.following.Load(host); ok {
 		return r.(*scrub.Replacer)
 	}
-	r := scrub.Following(func() *scrub.Replacer { return k.Scrubber(host) })
+	// Asked at every read of the response's body: while the registry has not changed, the
+	// Replacer last returned stands, without Scrubber's clock, pruning and lookup. A value
+	// recorded changes the version, and the next read takes it up. One that ended and is
+	// pruned meanwhile goes on being scrubbed until then: the safe side.
+	var last atomic.Pointer[versioned]
+	r := scrub.Following(func() *scrub.Replacer {
+		v := k.version.Load()
+		if l := last.Load(); l != nil && l.version == v {
+			return l.r
+		}
+		s := k.Scrubber(host) // built at v or later
+		last.Store(&versioned{v, s})
+		return s
+	})
 	if k.followingN.Load() < maxScrubHosts {
 		if v, loaded := k.following.LoadOrStore(host, r); loaded {
 			return v.(*scrub.Replacer)
@@ -318,6 +331,12 @@ func (k *Known) Following(host string) *scrub.Replacer {
 		k.followingN.Add(1)
 	}
 	return r
+}
+
+// versioned is a Replacer and the version of the registry it was asked at.
+type versioned struct {
+	version uint64
+	r       *scrub.Replacer
 }
 
 // scrubCache holds the Replacers built at one version of the registry: by host, and by the

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"testing"
@@ -253,3 +254,43 @@ func TestKnownConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestKnownFollowing: a response's Following scrubber keeps the Replacer it was given while
+// the registry does not change (it is asked at every read of the body), and takes up a value
+// recorded meanwhile at its next read: what the upstream writes after it was sent is scrubbed.
+func TestKnownFollowing(t *testing.T) {
+	k, _ := newKnownForTest(8)
+	b := bindingOf(t, NewSet([]config.Credential{headerCred}), "api")
+	first := credentials.NewSecret("sk-first-0123456789abcdef")
+	if err := k.Record(b, first, false); err != nil {
+		t.Fatal(err)
+	}
+	second := "sk-second-0123456789abcdef"
+	var reads int
+	src := readFunc(func(p []byte) (int, error) {
+		reads++
+		switch reads {
+		case 1:
+			return copy(p, "1: "+first.Reveal()+" "+second+"\n"), nil
+		case 2:
+			// The value is sent while the response is read.
+			if err := k.Record(b, credentials.NewSecret(second), false); err != nil {
+				t.Fatal(err)
+			}
+			return copy(p, "2: "+first.Reveal()+" "+second+"\n"), nil
+		}
+		return 0, io.EOF
+	})
+	out, err := io.ReadAll(k.Following("api.example.com").Reader(io.NopCloser(src)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "1: [REDACTED] " + second + "\n2: [REDACTED] [REDACTED]\n"
+	if string(out) != want {
+		t.Fatalf("got %q, want %q", out, want)
+	}
+}
+
+type readFunc func([]byte) (int, error)
+
+func (f readFunc) Read(p []byte) (int, error) { return f(p) }
