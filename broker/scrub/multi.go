@@ -141,17 +141,21 @@ func windowHash(g, next uint64, wide bool) uint64 {
 	return g * 0x9E3779B97F4A7C15
 }
 
+// filterBits are the two bits of a window whose hash is hv in the filter (t.bits, whose index
+// bits are shift's complement): what setFilter sets and passes tests.
+func filterBits(hv uint64, shift uint8) (uint64, uint64) { return hv >> shift, (hv << 24) >> shift }
+
 // passes reports whether a window whose hash is hv may be some pattern's: both its bits are
-// set in filter (t.bits, whose index bits are shift's complement).
+// set in filter.
 func passes(filter []uint64, shift uint8, hv uint64) bool {
-	b1, b2 := hv>>shift, (hv<<24)>>shift
+	b1, b2 := filterBits(hv, shift)
 	last := uint64(len(filter) - 1) // a power of two less one: the index needs no check
 	return filter[(b1/64)&last]&(1<<(b1%64)) != 0 && filter[(b2/64)&last]&(1<<(b2%64)) != 0
 }
 
 // setFilter sets hv's two bits in t.bits.
 func (t *multi) setFilter(hv uint64) {
-	b1, b2 := hv>>t.bitsShift, (hv<<24)>>t.bitsShift
+	b1, b2 := filterBits(hv, t.bitsShift)
 	t.bits[b1/64] |= 1 << (b1 % 64)
 	t.bits[b2/64] |= 1 << (b2 % 64)
 }
