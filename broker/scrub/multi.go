@@ -218,6 +218,20 @@ func (t *multi) find(pairs []pair, src []byte, pos int) (int, int) {
 func (t *multi) skip(src []byte, j int) int {
 	filter, shift, mask, s := t.bits, t.bitsShift, t.mask, t.s
 	if t.wide { // a loop each, so that each compiles without the other's work
+		// Two windows a turn: the second's hash is worked out while the first's is tested,
+		// about a tenth off a response's scrubbing (BenchmarkScrubSecrets; four a turn was
+		// slower). Then one at a time, up to the end.
+		for ; j >= 0 && j+s+16 <= len(src); j += 2 * s {
+			w, v := src[j:j+16:j+16], src[j+s:j+s+16:j+s+16]
+			h1 := windowHash(binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:]), true)
+			h2 := windowHash(binary.LittleEndian.Uint64(v), binary.LittleEndian.Uint64(v[8:]), true)
+			if passes(filter, shift, h1) {
+				return j
+			}
+			if passes(filter, shift, h2) {
+				return j + s
+			}
+		}
 		for ; j >= 0 && j+16 <= len(src); j += s {
 			w := src[j : j+16 : j+16]
 			if passes(filter, shift, windowHash(binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:]), true)) {
