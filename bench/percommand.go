@@ -194,7 +194,7 @@ func (s *summary) perCommandTarget() target {
 		t.Skipped = "not measured"
 		return t
 	}
-	t.Value, t.Min, t.Max, t.Pairs = f.Median, f.Min, f.Max, len(f.Ratios)
+	t.of(f.Ratios)
 	t.Met = t.Value <= t.Limit
 	return t
 }

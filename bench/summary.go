@@ -72,12 +72,28 @@ type target struct {
 	Unit  string  `json:"unit"`
 	Op    string  `json:"op"` // >= or <=: how Value is held against Limit
 	Met   bool    `json:"met"`
-	// Min, Max and Pairs are the range of the pairs the value is the median of.
+	// Min, Max and Pairs are the range of the pairs the value is the median of; Low and High
+	// the 95% confidence interval of that median (medianCI). A limit inside it is within
+	// the run's noise: the run does not tell whether the target is met.
 	Min   float64 `json:"min,omitempty"`
 	Max   float64 `json:"max,omitempty"`
 	Pairs int     `json:"pairs,omitempty"`
+	Low   float64 `json:"ci_low,omitempty"`
+	High  float64 `json:"ci_high,omitempty"`
 	// Skipped says why the target could not be checked (a peer not measured).
 	Skipped string `json:"skipped,omitempty"`
+}
+
+// of sets t's value from its pairs' figures: their median, their range, and the median's
+// confidence interval.
+func (t *target) of(v []float64) {
+	t.Value, t.Min, t.Max, t.Pairs = median(v), slices.Min(v), slices.Max(v), len(v)
+	t.Low, t.High = medianCI(v)
+}
+
+// withinNoise reports whether t's limit lies inside its median's confidence interval.
+func (t *target) withinNoise() bool {
+	return t.Pairs > 0 && t.Low <= t.Limit && t.Limit <= t.High
 }
 
 var conns = []int{1, 8, 32, 128}

@@ -112,7 +112,7 @@ func (s *summary) checkTargets() {
 			add(t, true, "not measured: "+s.whyMissing(key))
 			return
 		}
-		t.Value, t.Min, t.Max, t.Pairs = f.Median, slices.Min(f.Ratios), slices.Max(f.Ratios), len(f.Ratios)
+		t.of(f.Ratios)
 		add(t, true, "")
 	}
 	pairedTarget("bare intercepted / relay, c=32", "intercept/relay", 0.95)
@@ -120,7 +120,7 @@ func (s *summary) checkTargets() {
 	pairedTarget("opaque tunnel / smokescreen, c=32", "tunnel/smokescreen", 1)
 	t := target{Name: fmt.Sprintf("added p50, full pipeline, %d req/s", s.AddedP50Paired.Rate), Limit: 0.3, Unit: "ms"}
 	if d := s.AddedP50Paired; len(d.DiffsMS) > 0 {
-		t.Value, t.Min, t.Max, t.Pairs = d.Median, slices.Min(d.DiffsMS), slices.Max(d.DiffsMS), len(d.DiffsMS)
+		t.of(d.DiffsMS)
 		add(t, false, "")
 	} else {
 		add(t, false, "not measured")
@@ -167,7 +167,7 @@ func (s *summary) checkTargets() {
 				add(t, true, "not measured: "+s.whyMissing(b.key))
 				continue
 			}
-			t.Value, t.Min, t.Max, t.Pairs = w.p.Median, slices.Min(w.p.Ratios), slices.Max(w.p.Ratios), len(w.p.Ratios)
+			t.of(w.p.Ratios)
 			add(t, true, "")
 		}
 	}
@@ -178,7 +178,7 @@ func (s *summary) checkTargets() {
 			add(t, true, "not measured")
 			continue
 		}
-		t.Value, t.Min, t.Max, t.Pairs = r.Median, slices.Min(r.Ratios), slices.Max(r.Ratios), len(r.Ratios)
+		t.of(r.Ratios)
 		add(t, true, "")
 	}
 	for _, name := range []string{"intercept", "full"} {
@@ -191,15 +191,18 @@ func (s *summary) checkTargets() {
 			add(t, false, "not measured")
 			continue
 		}
-		pr := s.AgentH2.Paths[i]
-		t.Value, t.Min, t.Max, t.Pairs = pr.CPUH2OverH1.Median, pr.CPUH2OverH1.Min, pr.CPUH2OverH1.Max, pr.Pairs
+		if pr := s.AgentH2.Paths[i]; len(pr.cpuRatios) > 0 {
+			t.of(pr.cpuRatios)
+		} else { // read back from a summary: no pairs' figures, no interval
+			t.Value, t.Min, t.Max, t.Pairs = pr.CPUH2OverH1.Median, pr.CPUH2OverH1.Min, pr.CPUH2OverH1.Max, pr.Pairs
+		}
 		add(t, false, "")
 	}
 	s.Targets = append(s.Targets, s.perCommandTarget())
 	// Issue 36's: OTLP logs and traces (every request traced) exported to the minimal sink.
 	t = target{Name: "full pipeline with OTLP logs and traces / without, c=32 (issue 36)", Limit: 0.9, Unit: "x"}
 	if o := s.OTel; o != nil && len(o.Ratios) > 0 {
-		t.Value, t.Min, t.Max, t.Pairs = o.Median, slices.Min(o.Ratios), slices.Max(o.Ratios), len(o.Ratios)
+		t.of(o.Ratios)
 		add(t, true, "")
 	} else {
 		add(t, true, "not measured")
@@ -240,14 +243,17 @@ func (s *summary) printTargets(out io.Writer) {
 		if t.Met {
 			verdict = "met"
 		}
+		if t.withinNoise() {
+			verdict += ", within noise"
+		}
 		if t.Skipped != "" {
 			fmt.Fprintf(out, "  %-66s %s\n", t.Name, t.Skipped)
 			continue
 		}
 		rng := ""
 		if t.Pairs > 0 {
-			rng = fmt.Sprintf("(%.2f to %.2f, %d pairs)", t.Min, t.Max, t.Pairs)
+			rng = fmt.Sprintf("(%.2f to %.2f, %d pairs; CI %.2f-%.2f)", t.Min, t.Max, t.Pairs, t.Low, t.High)
 		}
-		fmt.Fprintf(out, "  %-66s %9.3f %-3s %-26s %s %-6g %s\n", t.Name, t.Value, t.Unit, rng, t.Op, t.Limit, verdict)
+		fmt.Fprintf(out, "  %-66s %9.3f %-3s %-40s %s %-6g %s\n", t.Name, t.Value, t.Unit, rng, t.Op, t.Limit, verdict)
 	}
 }

@@ -61,7 +61,7 @@ func TestCheckTargets(t *testing.T) {
 	}
 	var out bytes.Buffer
 	s.printTargets(&out)
-	for _, want := range []string{"bare intercepted / relay, c=32", "0.970 x   (0.90 to 1.10, 3 pairs)", ">= 0.95   met", "not met", "squid: not installed"} {
+	for _, want := range []string{"bare intercepted / relay, c=32", "0.970 x   (0.90 to 1.10, 3 pairs; CI 0.90-1.10)", ">= 0.95   met, within noise", "not met", "squid: not installed"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("printed targets lack %q:\n%s", want, out.String())
 		}
@@ -118,6 +118,44 @@ func TestAgentH2Target(t *testing.T) {
 	for _, tg := range empty.Targets {
 		if strings.Contains(tg.Name, "h2 client") && tg.Skipped == "" {
 			t.Errorf("%s: checked without a measure", tg.Name)
+		}
+	}
+}
+
+// TestMedianCI: the interval is the sign test's, from the order statistics: the range under 6
+// pairs (7 pairs: the range, at 98.4%), the 4th to the 12th of 15, the 6th to the 15th of 20,
+// the 7th to the 18th of 24, in whatever order the pairs came.
+func TestMedianCI(t *testing.T) {
+	for _, c := range []struct{ n, lo, hi int }{{1, 1, 1}, {2, 1, 2}, {5, 1, 5}, {7, 1, 7}, {15, 4, 12}, {20, 6, 15}, {24, 7, 18}, {100, 40, 61}} {
+		v := make([]float64, c.n)
+		for i := range v {
+			v[i] = float64((i*11)%c.n + 1) // 1..n, shuffled (11 is prime to every n here)
+		}
+		if lo, hi := medianCI(v); lo != float64(c.lo) || hi != float64(c.hi) {
+			t.Errorf("n=%d: %v-%v, want %d-%d", c.n, lo, hi, c.lo, c.hi)
+		}
+	}
+}
+
+// TestTargetWithinNoise: a target is within noise when its limit lies in its median's
+// interval, met or not; outside it, the run tells.
+func TestTargetWithinNoise(t *testing.T) {
+	ratios := func(lo float64) []float64 { // 20 pairs: the interval is the 6th to the 15th
+		v := make([]float64, 20)
+		for i := range v {
+			v[i] = lo + 0.01*float64(i)
+		}
+		return v
+	}
+	for _, c := range []struct {
+		lo          float64
+		met, within bool
+	}{{0.74, false, false}, {0.8, false, true}, {0.82, true, true}, {0.86, true, false}} {
+		s := &summary{OTel: &otelCost{paired: paired{Ratios: ratios(c.lo)}}}
+		s.checkTargets()
+		i := slices.IndexFunc(s.Targets, func(tg target) bool { return strings.Contains(tg.Name, "issue 36") })
+		if tg := s.Targets[i]; tg.Met != c.met || tg.withinNoise() != c.within {
+			t.Errorf("pairs from %.2f: %+v, want met %v, within noise %v", c.lo, tg, c.met, c.within)
 		}
 	}
 }
