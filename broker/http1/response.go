@@ -303,7 +303,7 @@ func (w *response) writeBody(p []byte) error {
 	}
 	bw := w.c.bw
 	if w.chunked {
-		bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(p)), 16)) // no string made
 		bw.WriteString("\r\n")
 		// Through the buffer in pieces it holds: bufio writes a larger one straight through,
 		// and the TLS connection would send its tail in a record of its own, before the CRLF.
