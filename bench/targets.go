@@ -238,7 +238,15 @@ func (s *summary) whyMissing(key string) string {
 // printTargets writes each target with its value, the pairs' range, and whether it is met.
 func (s *summary) printTargets(out io.Writer) {
 	fmt.Fprintln(out, "\ntargets (issue 25, issue 7's, issue 36's, issue 40's), each measured in this run:")
-	for _, t := range s.Targets {
+	ranges := make([]string, len(s.Targets))
+	nameW, rngW := 0, 0
+	for i, t := range s.Targets {
+		if t.Pairs > 0 {
+			ranges[i] = fmt.Sprintf("(%.2f to %.2f, %d pairs; CI %.2f-%.2f)", t.Min, t.Max, t.Pairs, t.Low, t.High)
+		}
+		nameW, rngW = max(nameW, len(t.Name)), max(rngW, len(ranges[i]))
+	}
+	for i, t := range s.Targets {
 		verdict := "not met"
 		if t.Met {
 			verdict = "met"
@@ -247,13 +255,9 @@ func (s *summary) printTargets(out io.Writer) {
 			verdict += ", within noise"
 		}
 		if t.Skipped != "" {
-			fmt.Fprintf(out, "  %-66s %s\n", t.Name, t.Skipped)
+			fmt.Fprintf(out, "  %-*s %s\n", nameW, t.Name, t.Skipped)
 			continue
 		}
-		rng := ""
-		if t.Pairs > 0 {
-			rng = fmt.Sprintf("(%.2f to %.2f, %d pairs; CI %.2f-%.2f)", t.Min, t.Max, t.Pairs, t.Low, t.High)
-		}
-		fmt.Fprintf(out, "  %-66s %9.3f %-3s %-40s %s %-6g %s\n", t.Name, t.Value, t.Unit, rng, t.Op, t.Limit, verdict)
+		fmt.Fprintf(out, "  %-*s %9.3f %-3s %-*s %s %-6g %s\n", nameW, t.Name, t.Value, t.Unit, rngW, ranges[i], t.Op, t.Limit, verdict)
 	}
 }

@@ -8,10 +8,10 @@ import (
 )
 
 // Every string exported passes through the scrubber of every secret the broker knows
-// (inject.Known.Everything), on the export goroutine: a span's name, attributes and status
-// and a log record's body and attributes as they are encoded (spanwire.go, logwire.go; the
-// strings that repeat through a cache), a metric point's attributes here. The request path
-// pays nothing for it.
+// (inject.Known.Everything): a span's name, attributes and status and a log record's body and
+// attributes as they are encoded, on the goroutine that ends the request (spanwire.go,
+// logwire.go; encoded.go says why there), and a metric point's attributes here, on the
+// export goroutine.
 
 func scrubValue(r *scrub.Replacer, v attribute.Value) (attribute.Value, bool) {
 	switch v.Type() {
