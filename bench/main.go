@@ -40,7 +40,26 @@ func main() {
 	flag.IntVar(&o.bulkPairs, "bulk-pairs", 15, "pairs of 256 MiB transfers each way for the bulk targets; one pair of the full download ranges from 0.6 to 1.2x the bare one on a 2-core machine, so 15 pairs know the median to about +-0.05 (its 95% interval is printed with the targets; -only bulk: intercept/relay and full/intercept alone)")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
-	flag.StringVar(&o.only, "only", "", "measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling); pairs: only the paired ratios of the targets (-pairs, -slice); floor: intercept/relay and full/intercept, paired; tunnel-pairs: tunnel/smokescreen, paired; proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired; otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector, then to a minimal OTLP sink, over it without, paired; sse: the SSE delay of each path; transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped); ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped); latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate; postgres-pairs: pgbench's default workload through the Postgres front door over direct, paired, with statement decisions off and on (-conns clients, 8 by default; -slice of at least 2s; root, Debian's postgresql and a Vault binary); curves: only the curves of -curves; charts: only draw the charts; bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs; secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs; per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges, and the CONNECT paired with a minimal CONNECT responder's (the floor); connect-pairs: only those pairs, -pairs of them; agent-h2-pairs: the bare intercepted path and the full pipeline with an HTTP/1.1 client (-conns connections) against an h2 client (one connection, -conns streams), paired, with the broker's CPU per request")
+	flag.StringVar(&o.only, "only", "", strings.Join([]string{
+		"measure only this path's (or this peer's: relay, squid...) throughput at -conns connections for -phase, then stop (for profiling)",
+		"pairs: only the paired ratios of the targets (-pairs, -slice)",
+		"floor: intercept/relay and full/intercept, paired",
+		"tunnel-pairs: tunnel/smokescreen, paired",
+		"proxy-pairs: the full pipeline chained through a forwarding squid over the full pipeline direct, and the tunnel chained through it over squid alone, paired",
+		"otel-pairs: the full pipeline exporting OTLP logs and traces to a local collector, then to a minimal OTLP sink, over it without, paired",
+		"sse: the SSE delay of each path",
+		"transparent: the transparent path beside the explicit intercepted one, paired (root and nft, else skipped)",
+		"ssh-clone: a clone of a -ssh-mib repository through the broker's SSH front door against ssh direct to the same sshd, in a quarter of -pairs (at least 3) alternating rounds (root and sshd, else skipped)",
+		"latency-pairs: only the added p50 of the full pipeline, the bare intercepted path and the relay over direct, and of the full pipeline over the relay, each in a quarter of -pairs (at least 3) of -latency-slice open-loop slices at -rate",
+		"postgres-pairs: pgbench's default workload through the Postgres front door over direct, paired, with statement decisions off and on (-conns clients, 8 by default, -slice of at least 2s, root, Debian's postgresql and a Vault binary)",
+		"curves: only the curves of -curves",
+		"charts: only draw the charts",
+		"bulk: 256 MiB transfers both ways, intercept/relay and full/intercept, in -bulk-pairs pairs",
+		"secrets: scrubbing with 100 keys over one, in this process, in -pairs pairs",
+		"per-command: a connection per request split into CONNECT, handshake and request, for two key exchanges, and the CONNECT paired with a minimal CONNECT responder's (the floor)",
+		"connect-pairs: only those pairs, -pairs of them",
+		"agent-h2-pairs: the bare intercepted path and the full pipeline with an HTTP/1.1 client (-conns connections) against an h2 client (one connection, -conns streams), paired, with the broker's CPU per request",
+	}, "; "))
 	flag.IntVar(&o.conns, "conns", 32, "connections for -only")
 	flag.IntVar(&o.sshMiB, "ssh-mib", 300, "-only ssh-clone: the size of the repository cloned, in MiB")
 	flag.BoolVar(&keepAlive, "keepalive", true, "clients keep their connections between requests; false: a connection (a CONNECT and a TLS handshake through a proxy) per request, as one curl command makes")
