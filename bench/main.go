@@ -37,7 +37,7 @@ func main() {
 	flag.IntVar(&o.newHosts, "new-hosts", 20, "hosts never seen before, for the first-request cost")
 	flag.IntVar(&o.idle, "idle", 200, "idle intercepted connections held for the memory figure")
 	flag.BoolVar(&o.big, "big", true, "measure the 256 MiB download and upload")
-	flag.IntVar(&o.bulkPairs, "bulk-pairs", 15, "pairs of 256 MiB transfers each way for the bulk targets; one pair of the full download ranges from 0.6 to 1.2x the bare one on a 2-core machine, so 15 pairs know the median to about +-0.05 (its 95% interval is printed with the targets; -only bulk: intercept/relay and full/intercept alone)")
+	flag.IntVar(&o.bulkPairs, "bulk-pairs", 15, "pairs of 256 MiB transfers each way for the bulk targets; one pair of the full download ranges from 0.6 to 1.2x the bare one on a 2-core machine, and the 95% interval of their median, printed with the targets, is about 0.3 wide with 15 pairs, 0.1 with 60 (-only bulk: intercept/relay and full/intercept alone)")
 	peers := flag.String("peers", "relay,mitmproxy,squid,smokescreen", "other proxies to measure beside the broker, comma-separated, or none (relay is the bench's own bare intercepting proxy)")
 	flag.StringVar(&o.out, "out", "bench/results/latest.json", "JSON summary file")
 	flag.StringVar(&o.only, "only", "", strings.Join([]string{
