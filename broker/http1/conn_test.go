@@ -263,6 +263,31 @@ func TestAgentGoneEndsContext(t *testing.T) {
 	s.roundTrip(t, "", "GET /first ", "GET /second ")
 }
 
+// TestWatchListCountsServes: a parked connection is served again by its park's goroutine,
+// whose Serve may add it to the watch list before the Serve that parked it has removed it. It
+// stays watched until both have removed it: a set lost it, and the agent going away then ended
+// none of its requests (TestAgentGoneEndsContext failed so, at times, under load).
+func TestWatchListCountsServes(t *testing.T) {
+	l := &watchList{conns: map[*Conn]int{}}
+	c := &Conn{}
+	listed := func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		_, ok := l.conns[c]
+		return ok
+	}
+	l.add(c)    // the Serve that parks it
+	l.add(c)    // the park's goroutine serves it again
+	l.remove(c) // the first Serve returns
+	if !listed() {
+		t.Fatal("the connection left the watch list while served again")
+	}
+	l.remove(c)
+	if listed() {
+		t.Fatal("the connection stayed on the watch list after its last Serve")
+	}
+}
+
 // TestFraming: responses are framed as net/http's server frames them.
 func TestFraming(t *testing.T) {
 	long := strings.Repeat("x", 3*shortBody)

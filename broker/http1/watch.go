@@ -17,11 +17,15 @@ import (
 const watchDelay = 5 * time.Millisecond
 
 // watched holds the connections being served (not parked), for the ticker.
-var watched = &watchList{conns: map[*Conn]struct{}{}}
+var watched = &watchList{conns: map[*Conn]int{}}
 
 type watchList struct {
-	mu      sync.Mutex
-	conns   map[*Conn]struct{}
+	mu sync.Mutex
+	// conns counts each connection's Serve calls under way. There can be two: a parked
+	// connection is served again by its park's goroutine, which may add it before the Serve
+	// that parked it has removed it. A set would then lose the connection while it serves,
+	// and no request of it would be watched again.
+	conns   map[*Conn]int
 	ticking bool
 	due     []*Conn
 }
@@ -29,7 +33,7 @@ type watchList struct {
 func (l *watchList) add(c *Conn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.conns[c] = struct{}{}
+	l.conns[c]++
 	if !l.ticking {
 		l.ticking = true
 		go l.tick()
@@ -38,7 +42,9 @@ func (l *watchList) add(c *Conn) {
 
 func (l *watchList) remove(c *Conn) {
 	l.mu.Lock()
-	delete(l.conns, c)
+	if l.conns[c]--; l.conns[c] <= 0 {
+		delete(l.conns, c)
+	}
 	l.mu.Unlock()
 }
 
