@@ -211,16 +211,17 @@ func (t *multi) find(pairs []pair, src []byte, pos int) (int, int) {
 	return -1, -1
 }
 
-// skip returns the first of j, j+s, j+2s... whose window passes the filter, or whose 16 bytes
-// from it do not all lie in src: where find looks closer. It is find's inner loop, apart so
-// that it keeps what it reads in registers (a window is read every s bytes of every response
-// from a host with keys bound to it).
+// skip returns the first of j, j+s, j+2s... whose window passes the filter, or the first from
+// which it reads no further (what it reads lies in src): where find looks closer, and tests
+// that window itself. It is find's inner loop, apart so that it keeps what it reads in
+// registers (a window is read every s bytes of every response from a host with keys bound to
+// it).
 func (t *multi) skip(src []byte, j int) int {
 	filter, shift, mask, s := t.bits, t.bitsShift, t.mask, t.s
 	if t.wide { // a loop each, so that each compiles without the other's work
 		// Two windows a turn: the second's hash is worked out while the first's is tested,
 		// about a tenth off a response's scrubbing (BenchmarkScrubSecrets; four a turn was
-		// slower). Then one at a time, up to the end.
+		// slower). At most one window is left after it, which find tests.
 		for ; j >= 0 && j+s+16 <= len(src); j += 2 * s {
 			w, v := src[j:j+16:j+16], src[j+s:j+s+16:j+s+16]
 			h1 := windowHash(binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:]), true)
@@ -230,12 +231,6 @@ func (t *multi) skip(src []byte, j int) int {
 			}
 			if passes(filter, shift, h2) {
 				return j + s
-			}
-		}
-		for ; j >= 0 && j+16 <= len(src); j += s {
-			w := src[j : j+16 : j+16]
-			if passes(filter, shift, windowHash(binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:]), true)) {
-				return j
 			}
 		}
 		return j
