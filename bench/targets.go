@@ -187,15 +187,11 @@ func (s *summary) checkTargets() {
 		if s.AgentH2 != nil {
 			i = slices.IndexFunc(s.AgentH2.Paths, func(pr agentH2Pair) bool { return pr.Path == name })
 		}
-		if i < 0 || s.AgentH2.Paths[i].Pairs == 0 {
+		if i < 0 || len(s.AgentH2.Paths[i].cpuRatios) == 0 {
 			add(t, false, "not measured")
 			continue
 		}
-		if pr := s.AgentH2.Paths[i]; len(pr.cpuRatios) > 0 {
-			t.of(pr.cpuRatios)
-		} else { // read back from a summary: no pairs' figures, no interval
-			t.Value, t.Min, t.Max, t.Pairs = pr.CPUH2OverH1.Median, pr.CPUH2OverH1.Min, pr.CPUH2OverH1.Max, pr.Pairs
-		}
+		t.of(s.AgentH2.Paths[i].cpuRatios)
 		add(t, false, "")
 	}
 	s.Targets = append(s.Targets, s.perCommandTarget())

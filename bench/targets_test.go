@@ -96,8 +96,8 @@ func TestLatencyMargin(t *testing.T) {
 
 func TestAgentH2Target(t *testing.T) {
 	s := &summary{AgentH2: &agentH2Result{Paths: []agentH2Pair{
-		{Path: "intercept", CPUH2OverH1: spread{Median: 1.04, Min: 0.9, Max: 1.2}, Pairs: 5},
-		{Path: "full", CPUH2OverH1: spread{Median: 1.2, Min: 1.1, Max: 1.3}, Pairs: 5},
+		{Path: "intercept", cpuRatios: []float64{1.2, 0.9, 1.04, 1.1, 1.0}},
+		{Path: "full", cpuRatios: []float64{1.3, 1.1, 1.2, 1.25, 1.15}},
 	}}}
 	s.checkTargets()
 	got := map[string]target{}
