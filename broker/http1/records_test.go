@@ -6,54 +6,14 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/capbroker/capbroker/internal/tcppair"
+	"github.com/capbroker/capbroker/internal/testkit"
 	"github.com/capbroker/capbroker/internal/testpki"
 )
-
-// recordConn records the TLS records written through it: the plaintext length of each
-// application-data record (its length less the TLS 1.3 AEAD overhead), once counting is on.
-type recordConn struct {
-	net.Conn
-	mu       sync.Mutex
-	counting bool
-	pending  []byte
-	records  []int
-}
-
-const tls13Overhead = 1 + 16 // the inner content type and the AEAD tag
-
-func (c *recordConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	if c.counting {
-		c.pending = append(c.pending, p...)
-		for len(c.pending) >= 5 {
-			n := int(c.pending[3])<<8 | int(c.pending[4])
-			if len(c.pending) < 5+n {
-				break
-			}
-			if c.pending[0] == 23 { // application data
-				c.records = append(c.records, n-tls13Overhead)
-			}
-			c.pending = c.pending[5+n:]
-		}
-	}
-	c.mu.Unlock()
-	return c.Conn.Write(p)
-}
-
-func (c *recordConn) take() []int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	r := c.records
-	c.records = nil
-	return r
-}
 
 // TestChunkInOneRecord: a streamed (chunked) body's chunk leaves in the TLS record of its
 // framing, and what is written goes in whole records: a chunk whose framing and data fit a
@@ -64,7 +24,7 @@ func TestChunkInOneRecord(t *testing.T) {
 	tailDelay = time.Hour // a held tail leaves with the next write, never on its own here
 	pki := testpki.New(t, "http1 records")
 	agentRaw, raw := tcppair.New(t)
-	rc := &recordConn{Conn: raw}
+	rc := &testkit.RecordConn{Conn: raw}
 	srvTLS := tls.Server(rc, &tls.Config{
 		Certificates:           []tls.Certificate{pki.Server(t, time.Now().Add(time.Hour), "agent.test")},
 		MinVersion:             tls.VersionTLS13,
@@ -81,9 +41,7 @@ func TestChunkInOneRecord(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	rc.mu.Lock()
-	rc.counting = true
-	rc.mu.Unlock()
+	rc.Count()
 
 	const fits = recordSize - len("3ff8\r\n") - len("\r\n") // the largest chunk one record holds
 	sizes := []int{fits, fits, 100, recordSize, 2 * recordSize}
@@ -91,11 +49,11 @@ func TestChunkInOneRecord(t *testing.T) {
 	s := &Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("start"))
 		w.(http.Flusher).Flush()
-		steps <- rc.take()
+		steps <- rc.Take()
 		for _, n := range sizes {
 			w.Write(bytes.Repeat([]byte{'x'}, n))
 			w.(http.Flusher).Flush()
-			steps <- rc.take()
+			steps <- rc.Take()
 		}
 	}), IdleTimeout: time.Minute, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
 	c := s.NewConn(srvTLS, func() {})
@@ -141,7 +99,7 @@ func TestChunkInOneRecord(t *testing.T) {
 	}
 	// The tails held (the framing of the last two chunks, a record's worth of data each)
 	// left with the chunked end.
-	if got, want := rc.take(), []int{len("4000\r\n\r\n") + len("8000\r\n\r\n") + len("0\r\n\r\n")}; !slicesEqual(got, want) {
+	if got, want := rc.Take(), []int{len("4000\r\n\r\n") + len("8000\r\n\r\n") + len("0\r\n\r\n")}; !slicesEqual(got, want) {
 		t.Errorf("the end: records %v, want %v", got, want)
 	}
 }
