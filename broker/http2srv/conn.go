@@ -101,7 +101,17 @@ type Conn struct {
 	henc        *hpack.Encoder
 	hbuf        writeBuf
 	werr        error // the first write's error: nothing is written after it
-	started     bool  // the server's SETTINGS were written: a GOAWAY may follow
+	// flushAll asks the flusher under way to write all of out, not its whole records alone.
+	flushAll bool
+	// held is len(out) when a flush of whole records left the rest for the next frames: out
+	// is that tail alone while len(out) is still held (frames only add to out, and a write
+	// that takes from it sets held again). tail sends it when nothing came by tailAt (see
+	// holdTailLocked).
+	held      int
+	tail      *time.Timer
+	tailAt    time.Time
+	tailArmed bool
+	started   bool // the server's SETTINGS were written: a GOAWAY may follow
 
 	// mu guards the streams and the flow-control windows; flow is signalled when a send
 	// window grows, or a stream or the connection ends.
@@ -664,6 +674,9 @@ func (c *Conn) close() {
 			_ = c.raw.SetWriteDeadline(time.Now().Add(closeLinger))
 			c.flushLocked(true)
 		}
+		if c.tail != nil {
+			c.tail.Stop()
+		}
 		c.wmu.Unlock()
 		_ = c.raw.Close()
 		c.cancel()
@@ -714,6 +727,18 @@ const maxPending = 4 * writeSize
 // where there was one per response. A yield finds nothing else to run quickly when there
 // is none.
 func (c *Conn) flushLocked(wait bool) {
+	c.flushAll = true
+	c.flushOut(wait)
+}
+
+// flushRecordsLocked writes out's whole TLS records' worth (writeSize each) and leaves the
+// rest in out, unless a flush of all of it was asked meanwhile; c.wmu is held. A DATA frame
+// of 16 KiB is 9 bytes more than a record: written whole, each would be two records and two
+// system calls, the second of 9 bytes.
+func (c *Conn) flushRecordsLocked() { c.flushOut(false) }
+
+// flushOut is flushLocked, of whole records alone unless c.flushAll.
+func (c *Conn) flushOut(wait bool) {
 	if c.flushing {
 		for wait && c.flushing {
 			c.flushed.Wait()
@@ -726,11 +751,23 @@ func (c *Conn) flushLocked(wait bool) {
 		runtime.Gosched()
 		c.wmu.Lock()
 	}
-	for len(c.out.b) > 0 && c.werr == nil {
+	for c.werr == nil {
+		n := len(c.out.b)
+		if !c.flushAll {
+			n -= n % writeSize
+		}
+		if n == 0 {
+			break
+		}
 		b := c.out.b
-		c.out.b, c.spare = c.spare[:0], nil // out and spare never share an array
+		// out and spare never share an array; what is left of out moves to spare's, held.
+		c.out.b = append(c.spare[:0], b[n:]...)
+		c.spare, c.held = nil, len(c.out.b)
+		if c.held == 0 {
+			c.flushAll = false
+		}
 		c.wmu.Unlock()
-		_, err := c.raw.Write(b)
+		_, err := c.raw.Write(b[:n])
 		c.wmu.Lock()
 		if cap(b) <= 2*maxPending {
 			c.spare = b[:0]
@@ -740,9 +777,61 @@ func (c *Conn) flushLocked(wait bool) {
 	}
 	if c.werr != nil {
 		c.out.b = c.out.b[:0]
+	} else if len(c.out.b) > 0 {
+		c.holdLocked()
 	}
 	c.flushing = false
 	c.flushed.Broadcast()
+}
+
+// tailDelay bounds how long holdTailLocked holds a record's tail. A variable for tests.
+var tailDelay = time.Millisecond
+
+// maxTail is the most holdTailLocked holds. Each 16 KiB DATA frame adds its 9 bytes of
+// header to what is carried: 1 KiB is a flush, and a short record, in 113 frames.
+const maxTail = 1 << 10
+
+// holdTailLocked is a flush that may leave what is over out's whole records for the next
+// frames: a body written about a record or more at a time (a download streamed as it
+// arrives, 16 KiB per upstream record) fills whole records, and each frame's header leaves 9
+// bytes over; flushed at once they would be a TLS record, and a write, of their own per
+// frame. They go with the next frames, or after tailDelay when none came, or with any flush
+// of all of out (a stream's end, the reader's frames, a writer waiting for the agent's
+// window). c.wmu is held. As broker/http1 holds a chunked body's tail.
+func (c *Conn) holdTailLocked() {
+	c.flushRecordsLocked()
+	if len(c.out.b) > maxTail {
+		c.flushLocked(false)
+	}
+}
+
+// holdLocked holds what a flush of whole records left in out (see held), and has the timer
+// send it tailDelay after the last hold; c.wmu is held.
+func (c *Conn) holdLocked() {
+	c.held, c.tailAt = len(c.out.b), time.Now().Add(tailDelay)
+	switch {
+	case c.tail == nil:
+		c.tail = time.AfterFunc(tailDelay, c.sendTail)
+	case !c.tailArmed:
+		c.tail.Reset(tailDelay)
+	}
+	c.tailArmed = true
+}
+
+// sendTail writes a tail holdTailLocked held, when nothing else has. When a later hold moved
+// tailAt, it waits until then instead: a download holds a tail after every frame, and
+// moving a Go timer that sleeps in the runtime's heap wakes its poller each time.
+func (c *Conn) sendTail() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if wait := time.Until(c.tailAt); wait > 0 {
+		c.tail.Reset(wait)
+		return
+	}
+	c.tailArmed = false
+	if c.werr == nil && (len(c.out.b) > 0 || c.flushing) {
+		c.flushLocked(false)
+	}
 }
 
 // roomLocked makes room in out after a frame was added: past a TLS record's worth it is
@@ -751,7 +840,7 @@ func (c *Conn) flushLocked(wait bool) {
 func (c *Conn) roomLocked() {
 	for len(c.out.b) >= writeSize && c.werr == nil {
 		if !c.flushing {
-			c.flushLocked(false)
+			c.flushRecordsLocked()
 			return
 		}
 		if len(c.out.b) < maxPending {
@@ -762,7 +851,8 @@ func (c *Conn) roomLocked() {
 }
 
 // flushIfDirty sends the frames the reader wrote (acknowledgements, resets, window updates),
-// and the windows returned since, before the reader waits for more.
+// and the windows returned since, before the reader waits for more: all of out, unless it
+// holds a held tail alone (see holdTailLocked), which waits for the next frames.
 func (c *Conn) flushIfDirty() {
 	c.mu.Lock()
 	ups := c.takeUpdates()
@@ -771,6 +861,17 @@ func (c *Conn) flushIfDirty() {
 	for _, u := range ups {
 		c.wrote(c.fr.WriteWindowUpdate(u.id, u.inc))
 	}
+	if len(c.out.b) > 0 && len(c.out.b) != c.held {
+		c.flushLocked(false)
+	}
+	c.wmu.Unlock()
+}
+
+// flushAllPending writes all of out, a held tail too, and the windows returned: a writer
+// about to wait for the agent's window (the agent returns it only for frames it has whole).
+func (c *Conn) flushAllPending() {
+	c.flushIfDirty()
+	c.wmu.Lock()
 	if len(c.out.b) > 0 {
 		c.flushLocked(false)
 	}

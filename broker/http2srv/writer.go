@@ -31,6 +31,7 @@ type responseWriter struct {
 	written       int64
 	noBody        bool   // HEAD, or a status without a body
 	buf           []byte // body not yet sent
+	unflushed     int    // body written since the last flush
 	sentHeader    bool
 	finished      bool // END_STREAM sent
 	done          bool // the handler has returned
@@ -116,6 +117,7 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 		return 0, http.ErrContentLength
 	}
 	w.written += int64(len(p))
+	w.unflushed += len(p)
 	if len(w.buf)+len(p) <= maxBuffered {
 		w.buf = append(w.buf, p...)
 		return len(p), nil
@@ -158,6 +160,18 @@ func (w *responseWriter) FlushError() error {
 		}
 		w.buf = w.buf[:0]
 	}
+	if w.unflushed >= writeSize/2 {
+		// A body written a record or more at a time: what is over whole records may wait
+		// for its next frame (holdTailLocked). A small write (an event) goes at once.
+		w.unflushed = 0
+		c := w.st.c
+		c.wmu.Lock()
+		c.holdTailLocked()
+		err := c.werr
+		c.wmu.Unlock()
+		return err
+	}
+	w.unflushed = 0
 	return w.flush()
 }
 
@@ -408,7 +422,7 @@ func (c *Conn) reserve(st *stream, n int) (int, error) {
 		}
 		if !flushed {
 			c.mu.Unlock()
-			c.flushIfDirty()
+			c.flushAllPending()
 			c.mu.Lock()
 			flushed = true
 			continue
