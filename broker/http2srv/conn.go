@@ -775,10 +775,13 @@ func (c *Conn) flushOut(wait bool) {
 		c.writeErr(err)
 		c.flushed.Broadcast() // room in out
 	}
-	if c.werr != nil {
+	switch {
+	case c.werr != nil:
 		c.out.b = c.out.b[:0]
-	} else if len(c.out.b) > 0 {
+	case len(c.out.b) > 0:
 		c.holdLocked()
+	default:
+		c.flushAll = false // nothing was left to write (the flush asked for found out empty)
 	}
 	c.flushing = false
 	c.flushed.Broadcast()

@@ -52,6 +52,15 @@ func serveTLS(t *testing.T, h http.Handler) (*http2.ClientConn, *testkit.RecordC
 	return cc, rc
 }
 
+// settle writes what the connection has pending and waits for any write under way: the
+// reader's own frames of the connection's start may be in a write when a handler begins.
+func settle(w http.ResponseWriter) {
+	c := w.(*responseWriter).st.c
+	c.wmu.Lock()
+	c.flushLocked(true)
+	c.wmu.Unlock()
+}
+
 // TestDataInWholeRecords: a body written and flushed a record at a time (a download streamed
 // as it arrives) leaves in whole TLS records. A 16 KiB DATA frame is 9 bytes more than a
 // record: each flush holds what is over for the next frame, where it went as a record of
@@ -65,6 +74,7 @@ func TestDataInWholeRecords(t *testing.T) {
 	cc, rc := serveTLS(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("start"))
 		w.(http.Flusher).Flush() // a small write: at once
+		settle(w)
 		steps <- rc.Take()
 		for range frames {
 			w.Write(bytes.Repeat([]byte{'x'}, writeSize))
@@ -176,6 +186,7 @@ func TestHeldTailWaitsForLastHold(t *testing.T) {
 	r, conn := dialRaw(t, testServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		<-started
 		defer close(failures)
+		settle(w) // the client sends nothing more: no other write from here
 		for range 2 {
 			w.Write(bytes.Repeat([]byte{'y'}, writeSize))
 			w.(http.Flusher).Flush()
