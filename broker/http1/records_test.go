@@ -179,8 +179,8 @@ func TestHeldTailWaitsForLastHold(t *testing.T) {
 			failures <- "the timer sent the tail before the last hold's deadline"
 		}
 		r.mu.Lock()
-		armed := r.tailArmed
-		r.tailAt = time.Now().Add(-time.Millisecond)
+		armed := r.tail.Armed()
+		r.tail.Set(-time.Millisecond, r.sendTail) // the deadline has passed (armed: no timer moved)
 		r.mu.Unlock()
 		if !armed {
 			failures <- "the timer was not armed again for the last hold's deadline"

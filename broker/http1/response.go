@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/capbroker/capbroker/broker/wire"
+	"github.com/capbroker/capbroker/internal/deadline"
 )
 
 // shortBody is how much of a body whose length the handler did not set is held back to learn
@@ -31,11 +32,10 @@ type response struct {
 	c   *Conn
 	mu  sync.Mutex    // the handler's writes and the body's 100 Continue
 	gen atomic.Uint64 // the request's; set under mu, read with it or not
-	// tail sends a record's tail held back by flush (see holdTail), when no write came.
-	tail      *time.Timer
-	tailGen   uint64    // the request whose tail it sends
-	tailAt    time.Time // when it sends it: tailDelay after the last hold
-	tailArmed bool      // tail will fire: a hold moves tailAt, not the timer
+	// tail sends a record's tail held back by flush (see holdTail), when no write came:
+	// tailDelay after the last hold.
+	tail    deadline.Timer
+	tailGen uint64 // the request whose tail it sends
 	responseState
 }
 
@@ -365,29 +365,20 @@ func (w *response) holdTail(gen uint64) bool {
 		return false
 	}
 	w.unflushed = 0
-	w.tailGen, w.tailAt = gen, time.Now().Add(tailDelay)
-	switch {
-	case w.tail == nil:
-		w.tail = time.AfterFunc(tailDelay, w.sendTail)
-	case !w.tailArmed:
-		w.tail.Reset(tailDelay)
-	}
-	w.tailArmed = true
+	w.tailGen = gen
+	w.tail.Set(tailDelay, w.sendTail)
 	return true
 }
 
 // sendTail flushes a tail holdTail held back, unless its response has ended (it was flushed
-// then) or moved on. When a later hold moved tailAt, it waits until then instead: a download
-// holds a tail after every chunk, and resetting the timer each time would cost a wake-up of
-// the runtime's poller each time (Go's timers wake it when one is moved while it sleeps).
+// then) or moved on. A download holds a tail after every chunk: a later hold moves the
+// deadline, not the timer, and sendTail then waits for it (internal/deadline says why).
 func (w *response) sendTail() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if wait := time.Until(w.tailAt); wait > 0 {
-		w.tail.Reset(wait)
+	if !w.tail.Due() {
 		return
 	}
-	w.tailArmed = false
 	if w.gen.Load() != w.tailGen || w.finished || w.c.hijacked || w.c.bw == nil || w.err != nil {
 		return
 	}

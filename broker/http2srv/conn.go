@@ -49,6 +49,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/capbroker/capbroker/internal/deadline"
 )
 
 // Server holds the settings of the connections it serves.
@@ -107,11 +109,9 @@ type Conn struct {
 	// is that tail alone while len(out) is still held (frames only add to out, and a write
 	// that takes from it sets held again). tail sends it when nothing came by tailAt (see
 	// holdTailLocked).
-	held      int
-	tail      *time.Timer
-	tailAt    time.Time
-	tailArmed bool
-	started   bool // the server's SETTINGS were written: a GOAWAY may follow
+	held    int
+	tail    deadline.Timer
+	started bool // the server's SETTINGS were written: a GOAWAY may follow
 
 	// mu guards the streams and the flow-control windows; flow is signalled when a send
 	// window grows, or a stream or the connection ends.
@@ -674,9 +674,7 @@ func (c *Conn) close() {
 			_ = c.raw.SetWriteDeadline(time.Now().Add(closeLinger))
 			c.flushLocked(true)
 		}
-		if c.tail != nil {
-			c.tail.Stop()
-		}
+		c.tail.Stop()
 		c.wmu.Unlock()
 		_ = c.raw.Close()
 		c.cancel()
@@ -811,27 +809,19 @@ func (c *Conn) holdTailLocked() {
 // holdLocked holds what a flush of whole records left in out (see held), and has the timer
 // send it tailDelay after the last hold; c.wmu is held.
 func (c *Conn) holdLocked() {
-	c.held, c.tailAt = len(c.out.b), time.Now().Add(tailDelay)
-	switch {
-	case c.tail == nil:
-		c.tail = time.AfterFunc(tailDelay, c.sendTail)
-	case !c.tailArmed:
-		c.tail.Reset(tailDelay)
-	}
-	c.tailArmed = true
+	c.held = len(c.out.b)
+	c.tail.Set(tailDelay, c.sendTail)
 }
 
-// sendTail writes a tail holdTailLocked held, when nothing else has. When a later hold moved
-// tailAt, it waits until then instead: a download holds a tail after every frame, and
-// moving a Go timer that sleeps in the runtime's heap wakes its poller each time.
+// sendTail writes a tail holdTailLocked held, when nothing else has. A download holds a tail
+// after every frame: a later hold moves the deadline, not the timer, and sendTail then waits
+// for it (internal/deadline says why).
 func (c *Conn) sendTail() {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if wait := time.Until(c.tailAt); wait > 0 {
-		c.tail.Reset(wait)
+	if !c.tail.Due() {
 		return
 	}
-	c.tailArmed = false
 	if c.werr == nil && (len(c.out.b) > 0 || c.flushing) {
 		c.flushLocked(false)
 	}

@@ -200,8 +200,8 @@ func TestHeldTailWaitsForLastHold(t *testing.T) {
 			failures <- "the timer sent the tail before the last hold's deadline"
 		}
 		c.wmu.Lock()
-		armed := c.tailArmed
-		c.tailAt = time.Now().Add(-time.Millisecond)
+		armed := c.tail.Armed()
+		c.tail.Set(-time.Millisecond, c.sendTail) // the deadline has passed (armed: no timer moved)
 		c.wmu.Unlock()
 		if !armed {
 			failures <- "the timer was not armed again for the last hold's deadline"
