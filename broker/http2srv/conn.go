@@ -107,8 +107,8 @@ type Conn struct {
 	flushAll bool
 	// held is len(out) when a flush of whole records left the rest for the next frames: out
 	// is that tail alone while len(out) is still held (frames only add to out, and a write
-	// that takes from it sets held again). tail sends it when nothing came by tailAt (see
-	// holdTailLocked).
+	// that takes from it sets held again). tail sends it when nothing came by its deadline
+	// (see holdTailLocked).
 	held    int
 	tail    deadline.Timer
 	started bool // the server's SETTINGS were written: a GOAWAY may follow
@@ -846,7 +846,11 @@ func (c *Conn) roomLocked() {
 // flushIfDirty sends the frames the reader wrote (acknowledgements, resets, window updates),
 // and the windows returned since, before the reader waits for more: all of out, unless it
 // holds a held tail alone (see holdTailLocked), which waits for the next frames.
-func (c *Conn) flushIfDirty() {
+func (c *Conn) flushIfDirty() { c.flushPending(false) }
+
+// flushPending is flushIfDirty, a held tail sent too when held: for a writer about to wait
+// for the agent's window, which the agent returns only for frames it has whole.
+func (c *Conn) flushPending(held bool) {
 	c.mu.Lock()
 	ups := c.takeUpdates()
 	c.mu.Unlock()
@@ -854,18 +858,7 @@ func (c *Conn) flushIfDirty() {
 	for _, u := range ups {
 		c.wrote(c.fr.WriteWindowUpdate(u.id, u.inc))
 	}
-	if len(c.out.b) > 0 && len(c.out.b) != c.held {
-		c.flushLocked(false)
-	}
-	c.wmu.Unlock()
-}
-
-// flushAllPending writes all of out, a held tail too, and the windows returned: a writer
-// about to wait for the agent's window (the agent returns it only for frames it has whole).
-func (c *Conn) flushAllPending() {
-	c.flushIfDirty()
-	c.wmu.Lock()
-	if len(c.out.b) > 0 {
+	if len(c.out.b) > 0 && (held || len(c.out.b) != c.held) {
 		c.flushLocked(false)
 	}
 	c.wmu.Unlock()

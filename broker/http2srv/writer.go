@@ -78,7 +78,7 @@ func (w *responseWriter) writeHeader(code int) {
 	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
 		// Informational: sent at once, with the header as it is; the final status follows.
 		w.sendHeaders(code, false, nil)
-		w.flush()
+		w.flush(false)
 		return
 	}
 	w.status = code
@@ -160,19 +160,11 @@ func (w *responseWriter) FlushError() error {
 		}
 		w.buf = w.buf[:0]
 	}
-	if w.unflushed >= writeSize/2 {
-		// A body written a record or more at a time: what is over whole records may wait
-		// for its next frame (holdTailLocked). A small write (an event) goes at once.
-		w.unflushed = 0
-		c := w.st.c
-		c.wmu.Lock()
-		c.holdTailLocked()
-		err := c.werr
-		c.wmu.Unlock()
-		return err
-	}
+	// A body written a record or more at a time: what is over whole records may wait for its
+	// next frame (holdTailLocked). A small write (an event) goes at once.
+	hold := w.unflushed >= writeSize/2
 	w.unflushed = 0
-	return w.flush()
+	return w.flush(hold)
 }
 
 func (w *responseWriter) Flush() { _ = w.FlushError() }
@@ -220,7 +212,7 @@ func (w *responseWriter) finishLocked() error {
 	if len(trailers) > 0 {
 		w.sendFields(trailers, true)
 	}
-	return w.flush()
+	return w.flush(false)
 }
 
 // endSent reports whether END_STREAM was sent; w.mu is held.
@@ -264,7 +256,7 @@ func (w *responseWriter) sendContinue() {
 		return
 	}
 	w.sendHeaders(http.StatusContinue, false, nil)
-	w.flush()
+	w.flush(false)
 }
 
 // skipped are the response fields HTTP/2 leaves out (RFC 9113, 8.2.2).
@@ -422,7 +414,7 @@ func (c *Conn) reserve(st *stream, n int) (int, error) {
 		}
 		if !flushed {
 			c.mu.Unlock()
-			c.flushAllPending()
+			c.flushPending(true)
 			c.mu.Lock()
 			flushed = true
 			continue
@@ -433,11 +425,16 @@ func (c *Conn) reserve(st *stream, n int) (int, error) {
 }
 
 // flush sends what the connection's writer holds, or leaves it to the write under way, which
-// sends it next (see flushLocked); w.mu is held.
-func (w *responseWriter) flush() error {
+// sends it next (see flushLocked); with hold, what is over whole records may wait for the
+// next frames (holdTailLocked). w.mu is held.
+func (w *responseWriter) flush(hold bool) error {
 	c := w.st.c
 	c.wmu.Lock()
-	c.flushLocked(false)
+	if hold {
+		c.holdTailLocked()
+	} else {
+		c.flushLocked(false)
+	}
 	err := c.werr
 	c.wmu.Unlock()
 	return err
