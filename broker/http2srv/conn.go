@@ -547,7 +547,7 @@ func (c *Conn) processData(f *http2.DataFrame) error {
 	if st.discard {
 		c.returnConn(int64(len(data)))
 	} else if len(data) > 0 {
-		st.body = append(st.body, data...)
+		st.body.write(data)
 		st.bodyCond.Signal()
 	}
 	if f.StreamEnded() {

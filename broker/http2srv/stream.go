@@ -32,8 +32,7 @@ type stream struct {
 	recvUnsent   int64 // read by the handler, not yet returned
 	declared     int64 // the request's Content-Length, or -1
 	bodyBytes    int64
-	body         []byte // received, not yet read by the handler
-	bodyOff      int
+	body         bodyBuf // received, not yet read by the handler
 	bodyCond     sync.Cond
 	bodyErr      error // why the body ends early (the stream or connection ended)
 	remoteDone   bool  // END_STREAM received
@@ -505,10 +504,9 @@ func (c *Conn) runHandler(st *stream, h http.Handler, req *http.Request) {
 	default:
 		c.mu.Lock()
 		st.localDone, st.discard = true, true
-		if n := int64(len(st.body) - st.bodyOff); n > 0 {
-			c.returnConn(n)
+		if n := st.body.reset(); n > 0 {
+			c.returnConn(int64(n))
 		}
-		st.body, st.bodyOff = nil, 0
 		remoteOpen := !st.remoteDone
 		if !remoteOpen {
 			st.reuse = true
@@ -548,10 +546,9 @@ func (c *Conn) endStreamLocked(st *stream, err error) {
 	if !st.remoteDone && st.bodyErr == nil {
 		st.bodyErr = err
 	}
-	if n := int64(len(st.body) - st.bodyOff); n > 0 {
-		c.returnConn(n)
+	if n := st.body.reset(); n > 0 {
+		c.returnConn(int64(n))
 	}
-	st.body, st.bodyOff = nil, 0
 	st.bodyCond.Broadcast()
 	c.flow.Broadcast()
 	st.cancel()
@@ -592,10 +589,10 @@ func (b *requestBody) Read(p []byte) (int, error) {
 		st.w.sendContinue()
 	}
 	c.mu.Lock()
-	for len(st.body) == st.bodyOff && !st.remoteDone && st.bodyErr == nil && !st.discard {
+	for st.body.len() == 0 && !st.remoteDone && st.bodyErr == nil && !st.discard {
 		st.bodyCond.Wait()
 	}
-	if len(st.body) == st.bodyOff {
+	if st.body.len() == 0 {
 		err := st.bodyErr
 		switch {
 		case err != nil:
@@ -613,11 +610,7 @@ func (b *requestBody) Read(p []byte) (int, error) {
 		c.mu.Unlock()
 		return 0, err
 	}
-	n := copy(p, st.body[st.bodyOff:])
-	st.bodyOff += n
-	if st.bodyOff == len(st.body) {
-		st.body, st.bodyOff = st.body[:0], 0
-	}
+	n := st.body.read(p)
 	c.returnConn(int64(n))
 	if !st.remoteDone {
 		st.recvUnsent += int64(n)
