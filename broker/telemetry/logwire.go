@@ -42,8 +42,8 @@ func encodeRecord(b []byte, r *scrub.Replacer, e *audit.Event, line []byte) []by
 	w.varint(fLRSeverity, severityInfo)
 	w.string(fLRSeverityText, "INFO")
 	body := r.Bytes(line) // line itself when it holds no secret
-	w.b = protowire.AppendTag(w.b, fLRBody, protowire.BytesType)
-	w.b = protowire.AppendVarint(w.b, uint64(protowire.SizeTag(fString)+protowire.SizeBytes(len(body))))
+	w.tag(fLRBody, protowire.BytesType)
+	w.uvarint(uint64(protowire.SizeTag(fString) + protowire.SizeBytes(len(body))))
 	w.bytes(fString, body)
 	event := "capbroker.approval"
 	if e != nil {
@@ -57,8 +57,7 @@ func encodeRecord(b []byte, r *scrub.Replacer, e *audit.Event, line []byte) []by
 			_, err1 := hex.Decode(traceID[:], []byte(e.TraceID))
 			_, err2 := hex.Decode(spanID[:], []byte(e.SpanID))
 			if err1 == nil && err2 == nil && traceID != [16]byte{} && spanID != [8]byte{} {
-				w.b = protowire.AppendTag(w.b, fLRFlags, protowire.Fixed32Type)
-				w.b = protowire.AppendFixed32(w.b, 1) // sampled
+				w.fixed32(fLRFlags, 1) // sampled
 				w.bytes(fLRTraceID, traceID[:])
 				w.bytes(fLRSpanID, spanID[:])
 			}
