@@ -13,7 +13,10 @@ import "sync"
 // 155 MiB of heap for a 64 MiB body). Chunks of a few sizes, reused, are what net/http's
 // HTTP/2 server keeps its bodies in too; a small body takes a small chunk.
 type bodyBuf struct {
-	chunks []*[]byte // each of its class's whole length; the bytes held run from r in the first to w in the last
+	// chunks[h:] hold the bytes, from r in the first to w in the last; each chunk is its
+	// class's whole length.
+	chunks []*[]byte
+	h      int
 	r, w   int
 	n      int // bytes held
 }
@@ -47,12 +50,14 @@ func putChunk(c *[]byte) {
 
 func (b *bodyBuf) len() int { return b.n }
 
+func (b *bodyBuf) empty() bool { return b.h == len(b.chunks) }
+
 // write appends p.
 func (b *bodyBuf) write(p []byte) {
 	b.n += len(p)
 	for len(p) > 0 {
-		if len(b.chunks) == 0 || b.w == len(*b.chunks[len(b.chunks)-1]) {
-			b.chunks = append(b.chunks, getChunk(len(p)))
+		if b.empty() || b.w == len(*b.chunks[len(b.chunks)-1]) {
+			b.add(getChunk(len(p)))
 			b.w = 0
 		}
 		k := copy((*b.chunks[len(b.chunks)-1])[b.w:], p)
@@ -61,13 +66,25 @@ func (b *bodyBuf) write(p []byte) {
 	}
 }
 
+// add appends a chunk to the list. A list that is full and at least half given back is moved
+// down instead of grown: a body read a frame behind the agent takes chunks and gives them back
+// one by one for as long as it lasts, and the list holds only what is unread.
+func (b *bodyBuf) add(c *[]byte) {
+	if len(b.chunks) == cap(b.chunks) && b.h > 0 && b.h >= len(b.chunks)/2 {
+		n := copy(b.chunks, b.chunks[b.h:])
+		clear(b.chunks[n:])
+		b.chunks, b.h = b.chunks[:n], 0
+	}
+	b.chunks = append(b.chunks, c)
+}
+
 // read moves up to len(p) of the bytes held, oldest first, to p.
 func (b *bodyBuf) read(p []byte) int {
 	n := 0
 	for len(p) > 0 && b.n > 0 {
-		c := *b.chunks[0]
+		c := *b.chunks[b.h]
 		end := len(c)
-		if len(b.chunks) == 1 {
+		if b.h == len(b.chunks)-1 {
 			end = b.w
 		}
 		k := copy(p, c[b.r:end])
@@ -84,23 +101,21 @@ func (b *bodyBuf) read(p []byte) int {
 
 // dropFirst gives the first chunk back.
 func (b *bodyBuf) dropFirst() {
-	putChunk(b.chunks[0])
-	copy(b.chunks, b.chunks[1:])
-	b.chunks[len(b.chunks)-1] = nil
-	b.chunks = b.chunks[:len(b.chunks)-1]
+	putChunk(b.chunks[b.h])
+	b.chunks[b.h] = nil
+	b.h++
 	b.r = 0
-	if len(b.chunks) == 0 {
-		b.w = 0
+	if b.empty() {
+		b.chunks, b.h, b.w = b.chunks[:0], 0, 0
 	}
 }
 
 // reset drops what is held and gives every chunk back; it returns how many bytes it dropped.
 func (b *bodyBuf) reset() int {
 	n := b.n
-	for len(b.chunks) > 0 {
+	for !b.empty() {
 		b.dropFirst()
 	}
 	b.n = 0
-	b.chunks = nil
 	return n
 }

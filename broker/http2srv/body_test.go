@@ -43,8 +43,8 @@ func TestBodyBufKeepsOrder(t *testing.T) {
 	if !bytes.Equal(in.Bytes(), out.Bytes()) {
 		t.Fatal("the bytes read are not the bytes written")
 	}
-	if len(b.chunks) != 0 {
-		t.Fatalf("an empty body holds %d chunks", len(b.chunks))
+	if !b.empty() || len(b.chunks) != 0 {
+		t.Fatalf("an empty body holds %d chunks", len(b.chunks)-b.h)
 	}
 }
 
@@ -60,11 +60,23 @@ func TestBodyBufHoldsWhatIsUnread(t *testing.T) {
 			t.Fatalf("read %d of a frame of %d", n, maxFrame)
 		}
 		if len(b.chunks) > 1 {
-			t.Fatalf("a body read as it comes holds %d chunks", len(b.chunks))
+			t.Fatalf("a body read as it comes holds %d chunks", len(b.chunks)-b.h)
 		}
 	}
+	// A reader a frame behind: the list holds what is unread, whatever the body's length.
+	b.write(frame)
+	for range 1000 {
+		b.write(frame)
+		if n := b.read(p); n != maxFrame {
+			t.Fatalf("read %d of a frame of %d", n, maxFrame)
+		}
+	}
+	if cap(b.chunks) > 4 {
+		t.Fatalf("a body a frame behind grew its list to %d", cap(b.chunks))
+	}
+	b.read(p)
 	b.write(frame[:100])
-	if len(b.chunks) != 1 || len(*b.chunks[0]) != chunkSizes[0] {
+	if len(b.chunks)-b.h != 1 || len(*b.chunks[b.h]) != chunkSizes[0] {
 		t.Fatal("a small body did not take a small chunk")
 	}
 	b.write(frame)
