@@ -565,7 +565,12 @@ func TestH2HostileAgent(t *testing.T) {
 		held           int
 	)
 	t.Cleanup(func() { close(release) })
+	var slowUpload func(w http.ResponseWriter, r *http.Request)
 	h := startH2specBroker(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow-upload" {
+			slowUpload(w, r)
+			return
+		}
 		if r.URL.Path != "/hold" {
 			_, _ = io.WriteString(w, h2specBody)
 			return
@@ -725,6 +730,80 @@ func TestH2HostileAgent(t *testing.T) {
 	// that size while the connection lasts. Frames of 1 MiB on many connections of one agent
 	// must not hold a MiB of the broker's memory each: the broker refuses frames over the
 	// protocol's default 16 KiB.
+	// An upload to an upstream slower than the agent (or one that reads slowly on purpose):
+	// the agent keeps the stream's window full, so the broker reads the body a frame or more
+	// behind what it has received for as long as the upload lasts. What it holds of the body
+	// must stay about one window, not grow with the upload (it held the whole body before).
+	t.Run("upload to a slow upstream", func(t *testing.T) {
+		const size, at = 96 << 20, 64 << 20
+		before := brokerRSS(t, h.broker)
+		reached, measured := make(chan struct{}), make(chan struct{})
+		slowUpload = func(w http.ResponseWriter, r *http.Request) {
+			// 64 KiB a millisecond: a quarter or less of what the agent sends on this machine.
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			p := make([]byte, 64<<10)
+			total := 0
+			for {
+				<-tick.C
+				n, err := io.ReadFull(r.Body, p)
+				if total < at && total+n >= at {
+					reached <- struct{}{} // the test reads the broker's memory now
+					<-measured
+				}
+				total += n
+				if err != nil {
+					break
+				}
+			}
+			_, _ = fmt.Fprint(w, total)
+		}
+		cc, err := (&http2.Transport{}).NewClientConn(h.h2Tunnel(t, h2specAgent))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "https://"+h.up+"/slow-upload", io.LimitReader(zeroReader{}, size))
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			status int
+			body   string
+			err    error
+		}
+		done := make(chan result, 1)
+		go func() {
+			resp, err := cc.RoundTrip(req)
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			done <- result{resp.StatusCode, string(body), err}
+		}()
+		var grew int
+		select {
+		case <-reached:
+			func() {
+				defer close(measured)
+				grew = brokerRSS(t, h.broker) - before
+			}()
+		case r := <-done:
+			t.Fatalf("the upload ended before the upstream had read %d MiB: %d %q %v", at>>20, r.status, r.body, r.err)
+		}
+		r := <-done
+		if r.err != nil || r.status != http.StatusOK || r.body != strconv.Itoa(size) {
+			t.Fatalf("the upload: %d, the upstream read %q bytes of %d, %v", r.status, r.body, size, r.err)
+		}
+		t.Logf("%d MiB into a %d MiB upload to a slow upstream, the broker's RSS had grown by %d MiB", at>>20, size>>20, grew>>20)
+		if grew > 24<<20 {
+			t.Errorf("the broker's memory grew by %d MiB while the upstream read %d MiB of an upload slowly", grew>>20, at>>20)
+		}
+		h.servesBystander(t)
+	})
+
 	t.Run("large frames", func(t *testing.T) {
 		const conns, size = 128, 1<<20 - 1
 		before := brokerRSS(t, h.broker)
@@ -759,4 +838,12 @@ func TestH2HostileAgent(t *testing.T) {
 		}
 		h.servesBystander(t)
 	})
+}
+
+// zeroReader is an endless body of zeros.
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }

@@ -7,11 +7,11 @@ import "sync"
 // stream holds at most its window (and a chunk) whatever the body's length.
 //
 // It was one slice that frames were appended to and that was emptied only when the handler
-// had read all of it. A handler that reads a frame behind the agent, as when the upstream
-// takes an upload more slowly than the agent sends it, never empties it: the slice kept the
-// body's every byte read, and the broker held the whole upload (TestSlowReaderHoldsAWindow:
-// 155 MiB of heap for a 64 MiB body). Chunks of a few sizes, reused, are what net/http's
-// HTTP/2 server keeps its bodies in too; a small body takes a small chunk.
+// had read all of it. A handler that stays a frame behind the agent never empties it, and the
+// slice kept every byte of the body (TestSlowReaderHoldsAWindow: 155 MiB of heap for a 64 MiB
+// body); the broker's own upload path happened to empty it often enough. Chunks of a few
+// sizes, reused, are what net/http's HTTP/2 server keeps its bodies in too; a small body
+// takes a small chunk.
 type bodyBuf struct {
 	// chunks[h:] hold the bytes, from r in the first to w in the last; each chunk is its
 	// class's whole length.
