@@ -3,16 +3,13 @@ package http1
 import (
 	"bufio"
 	"bytes"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
 	"testing"
 	"time"
 
-	"github.com/capbroker/capbroker/internal/tcppair"
 	"github.com/capbroker/capbroker/internal/testkit"
-	"github.com/capbroker/capbroker/internal/testpki"
 )
 
 // TestChunkInOneRecord: a streamed (chunked) body's chunk leaves in the TLS record of its
@@ -22,25 +19,7 @@ import (
 func TestChunkInOneRecord(t *testing.T) {
 	defer func(d time.Duration) { tailDelay = d }(tailDelay)
 	tailDelay = time.Hour // a held tail leaves with the next write, never on its own here
-	pki := testpki.New(t, "http1 records")
-	agentRaw, raw := tcppair.New(t)
-	rc := &testkit.RecordConn{Conn: raw}
-	srvTLS := tls.Server(rc, &tls.Config{
-		Certificates:           []tls.Certificate{pki.Server(t, time.Now().Add(time.Hour), "agent.test")},
-		MinVersion:             tls.VersionTLS13,
-		SessionTicketsDisabled: true,
-		// Full records from the first: crypto/tls otherwise starts small, and grows them.
-		DynamicRecordSizingDisabled: true,
-	})
-	agent := tls.Client(agentRaw, &tls.Config{RootCAs: pki.Pool, ServerName: "agent.test"})
-	errc := make(chan error, 1)
-	go func() { errc <- srvTLS.Handshake() }()
-	if err := agent.Handshake(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	agent, srvTLS, rc := testkit.RecordedTLS(t)
 	rc.Count()
 
 	const fits = recordSize - len("3ff8\r\n") - len("\r\n") // the largest chunk one record holds

@@ -2,7 +2,6 @@ package http2srv
 
 import (
 	"bytes"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,34 +11,14 @@ import (
 
 	"golang.org/x/net/http2"
 
-	"github.com/capbroker/capbroker/internal/tcppair"
 	"github.com/capbroker/capbroker/internal/testkit"
-	"github.com/capbroker/capbroker/internal/testpki"
 )
 
 // serveTLS serves h on one TLS connection whose records rc counts, and returns an HTTP/2
 // client connection to it.
 func serveTLS(t *testing.T, h http.Handler) (*http2.ClientConn, *testkit.RecordConn) {
 	t.Helper()
-	pki := testpki.New(t, "http2srv records")
-	agentRaw, raw := tcppair.New(t)
-	rc := &testkit.RecordConn{Conn: raw}
-	srvTLS := tls.Server(rc, &tls.Config{
-		Certificates: []tls.Certificate{pki.Server(t, time.Now().Add(time.Hour), "agent.test")},
-		MinVersion:   tls.VersionTLS13,
-		NextProtos:   []string{"h2"},
-		// Full records from the first: crypto/tls otherwise starts small, and grows them.
-		DynamicRecordSizingDisabled: true,
-	})
-	agent := tls.Client(agentRaw, &tls.Config{RootCAs: pki.Pool, ServerName: "agent.test", NextProtos: []string{"h2"}})
-	errc := make(chan error, 1)
-	go func() { errc <- srvTLS.Handshake() }()
-	if err := agent.Handshake(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	agent, srvTLS, rc := testkit.RecordedTLS(t, "h2")
 	s := &Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second, PingTimeout: 5 * time.Second,
 		MaxHeaderBytes: 64 << 10, MaxConcurrentStreams: 100}
 	go s.NewConn(srvTLS, func() {}).Serve()

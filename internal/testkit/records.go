@@ -1,9 +1,43 @@
 package testkit
 
 import (
+	"crypto/tls"
 	"net"
 	"sync"
+	"testing"
+	"time"
+
+	"github.com/capbroker/capbroker/internal/tcppair"
+	"github.com/capbroker/capbroker/internal/testpki"
 )
+
+// RecordedTLS is a TLS 1.3 connection over loopback TCP, its handshake done: the agent's end,
+// for "agent.test", and the server's, whose records rc counts once Count is called. The
+// server writes full records from the first (crypto/tls otherwise starts small, and grows
+// them) and sends no session ticket; alpn, when given, is what both offer.
+func RecordedTLS(t *testing.T, alpn ...string) (agent, server *tls.Conn, rc *RecordConn) {
+	t.Helper()
+	pki := testpki.New(t, "recorded TLS")
+	agentRaw, raw := tcppair.New(t)
+	rc = &RecordConn{Conn: raw}
+	server = tls.Server(rc, &tls.Config{
+		Certificates:                []tls.Certificate{pki.Server(t, time.Now().Add(time.Hour), "agent.test")},
+		MinVersion:                  tls.VersionTLS13,
+		NextProtos:                  alpn,
+		SessionTicketsDisabled:      true,
+		DynamicRecordSizingDisabled: true,
+	})
+	agent = tls.Client(agentRaw, &tls.Config{RootCAs: pki.Pool, ServerName: "agent.test", NextProtos: alpn})
+	errc := make(chan error, 1)
+	go func() { errc <- server.Handshake() }()
+	if err := agent.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	return agent, server, rc
+}
 
 // RecordConn records the TLS 1.3 records written through it, once Count is called: the
 // plaintext length of each application-data record (its length less the inner content type
